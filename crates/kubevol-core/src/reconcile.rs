@@ -1,0 +1,378 @@
+//! The reconciler's decisions: given both states of world, which operations are due.
+//!
+//! This is a pure function. The manager runs it whenever either state changes, hands the result
+//! to the operation executor (which drops keys already in flight or backing off), and never makes
+//! a syscall itself. The order follows the kubelet: first tear down what no pod wants any more,
+//! then attach, mount device and set up what pods want, then unmount devices and detach volumes
+//! that no pod uses.
+
+use crate::names::{PodUid, UniqueVolumeName};
+use crate::state::{ActualState, DesiredState, DeviceMountState, PodMountState};
+
+/// One operation the executor can run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Tear down one pod's use of a volume.
+    UnmountVolume {
+        /// The volume.
+        volume: UniqueVolumeName,
+        /// The pod.
+        pod: PodUid,
+    },
+    /// Attach a volume to the node.
+    Attach {
+        /// The volume.
+        volume: UniqueVolumeName,
+    },
+    /// Mount a volume once for the node (CSI stage).
+    MountDevice {
+        /// The volume.
+        volume: UniqueVolumeName,
+    },
+    /// Set up (or re-set-up) one pod's use of a volume.
+    MountVolume {
+        /// The volume.
+        volume: UniqueVolumeName,
+        /// The pod.
+        pod: PodUid,
+        /// Whether it is already set up and only its content must be rewritten.
+        remount: bool,
+    },
+    /// Undo a node-wide mount (CSI unstage).
+    UnmountDevice {
+        /// The volume.
+        volume: UniqueVolumeName,
+    },
+    /// Detach a volume from the node.
+    Detach {
+        /// The volume.
+        volume: UniqueVolumeName,
+    },
+}
+
+/// What the executor keys single-flight and backoff on: a volume, and for per-pod operations the
+/// pod. A volume-wide key (`pod: None`) excludes every pod key of the same volume.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OperationKey {
+    /// The volume.
+    pub volume: UniqueVolumeName,
+    /// The pod, for per-pod operations.
+    pub pod: Option<PodUid>,
+}
+
+impl Operation {
+    /// The operation's single-flight key.
+    pub fn key(&self) -> OperationKey {
+        match self {
+            Operation::UnmountVolume { volume, pod } | Operation::MountVolume { volume, pod, .. } => {
+                OperationKey {
+                    volume: volume.clone(),
+                    pod: Some(pod.clone()),
+                }
+            }
+            Operation::Attach { volume }
+            | Operation::MountDevice { volume }
+            | Operation::UnmountDevice { volume }
+            | Operation::Detach { volume } => OperationKey {
+                volume: volume.clone(),
+                pod: None,
+            },
+        }
+    }
+
+    /// The kubelet's metric name of the operation (`storage_operation_duration_seconds`).
+    pub fn metric_name(&self) -> &'static str {
+        match self {
+            Operation::UnmountVolume { .. } => "volume_unmount",
+            Operation::Attach { .. } => "volume_attach",
+            Operation::MountDevice { .. } => "volume_mount_device",
+            Operation::MountVolume { .. } => "volume_mount",
+            Operation::UnmountDevice { .. } => "unmount_device",
+            Operation::Detach { .. } => "volume_detach",
+        }
+    }
+
+    /// Whether the operation removes something (gated until every pod source has synced).
+    pub fn is_teardown(&self) -> bool {
+        matches!(
+            self,
+            Operation::UnmountVolume { .. } | Operation::UnmountDevice { .. } | Operation::Detach { .. }
+        )
+    }
+}
+
+/// The operations due now. `teardown_allowed` is false until every pod source has delivered a
+/// complete first listing: before that, a pod missing from the DSW may just not be listed yet.
+pub fn plan(dsw: &DesiredState, asw: &ActualState, teardown_allowed: bool) -> Vec<Operation> {
+    let mut ops = Vec::new();
+    if teardown_allowed {
+        for v in asw.volumes() {
+            for uid in v.pods.keys() {
+                if dsw.pod_volume(&v.name, uid).is_none() {
+                    ops.push(Operation::UnmountVolume {
+                        volume: v.name.clone(),
+                        pod: uid.clone(),
+                    });
+                }
+            }
+        }
+    }
+    for want in dsw.volumes() {
+        let have = asw.volume(&want.name);
+        if want.traits.attachable && !have.is_some_and(|h| h.attached) {
+            ops.push(Operation::Attach {
+                volume: want.name.clone(),
+            });
+            continue;
+        }
+        if want.traits.device_mountable
+            && !have.is_some_and(|h| h.device_state == DeviceMountState::Mounted)
+        {
+            ops.push(Operation::MountDevice {
+                volume: want.name.clone(),
+            });
+            continue;
+        }
+        for (uid, pv) in &want.pods {
+            let mounted = have.and_then(|h| h.pods.get(uid));
+            let due = match mounted {
+                None => Some(false),
+                Some(m) if m.state == PodMountState::Uncertain => Some(false),
+                Some(m) if m.content_generation < pv.content_generation => Some(true),
+                Some(_) => None,
+            };
+            if let Some(remount) = due {
+                ops.push(Operation::MountVolume {
+                    volume: want.name.clone(),
+                    pod: uid.clone(),
+                    remount,
+                });
+            }
+        }
+    }
+    if teardown_allowed {
+        for v in asw.volumes() {
+            if !v.pods.is_empty() || dsw.volume(&v.name).is_some() {
+                continue;
+            }
+            if v.device_state != DeviceMountState::NotMounted {
+                ops.push(Operation::UnmountDevice {
+                    volume: v.name.clone(),
+                });
+            } else if v.traits.attachable && v.attached {
+                ops.push(Operation::Detach {
+                    volume: v.name.clone(),
+                });
+            }
+        }
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{Pod, Volume};
+
+    use super::*;
+    use crate::names::PodRef;
+    use crate::state::*;
+
+    fn pod_ref(n: &str) -> PodRef {
+        PodRef {
+            namespace: "default".into(),
+            name: n.into(),
+            uid: PodUid(format!("uid-{n}")),
+        }
+    }
+
+    fn traits(attachable: bool, device_mountable: bool) -> VolumeTraits {
+        VolumeTraits {
+            plugin: "test/plugin".into(),
+            attachable,
+            device_mountable,
+        }
+    }
+
+    fn spec(name: &str) -> Arc<VolumeSpec> {
+        Arc::new(VolumeSpec {
+            volume: Volume {
+                name: name.into(),
+                ..Default::default()
+            },
+            persistent_volume: None,
+        })
+    }
+
+    fn wish(vol: &str, pod: &str, t: VolumeTraits, generation: u64) -> PodVolumeWish {
+        PodVolumeWish {
+            name: UniqueVolumeName(vol.into()),
+            traits: t,
+            pod_volume: DesiredPodVolume {
+                pod_ref: pod_ref(pod),
+                pod: Arc::new(Pod::default()),
+                outer_volume_name: "v".into(),
+                spec: spec("v"),
+                content_generation: generation,
+            },
+        }
+    }
+
+    fn mounted(pod: &str, state: PodMountState, generation: u64) -> MountedPodVolume {
+        MountedPodVolume {
+            pod_ref: pod_ref(pod),
+            outer_volume_name: "v".into(),
+            spec: spec("v"),
+            state,
+            path: PathBuf::from("/x"),
+            read_only: false,
+            content_generation: generation,
+        }
+    }
+
+    fn vol(n: &str) -> UniqueVolumeName {
+        UniqueVolumeName(n.into())
+    }
+
+    #[test]
+    fn wanted_volume_is_mounted() {
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", traits(false, false), 0)], BTreeMap::new());
+        let ops = plan(&dsw, &ActualState::default(), false);
+        assert_eq!(
+            ops,
+            vec![Operation::MountVolume {
+                volume: vol("v1"),
+                pod: PodUid("uid-a".into()),
+                remount: false
+            }]
+        );
+    }
+
+    #[test]
+    fn mounted_volume_needs_nothing() {
+        let mut dsw = DesiredState::default();
+        let t = traits(false, false);
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        let mut asw = ActualState::default();
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
+        assert!(plan(&dsw, &asw, true).is_empty());
+    }
+
+    #[test]
+    fn uncertain_volume_is_set_up_again() {
+        let mut dsw = DesiredState::default();
+        let t = traits(false, false);
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        let mut asw = ActualState::default();
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Uncertain, 0));
+        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { remount: false, .. }]));
+    }
+
+    #[test]
+    fn newer_content_generation_remounts() {
+        let mut dsw = DesiredState::default();
+        let t = traits(false, false);
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 2)], BTreeMap::new());
+        let mut asw = ActualState::default();
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 1));
+        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { remount: true, .. }]));
+    }
+
+    #[test]
+    fn unwanted_volume_is_unmounted_only_after_sources_synced() {
+        let t = traits(false, false);
+        let mut asw = ActualState::default();
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Uncertain, 0));
+        let dsw = DesiredState::default();
+        assert!(plan(&dsw, &asw, false).is_empty(), "no teardown before sources synced");
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::UnmountVolume {
+                volume: vol("v1"),
+                pod: PodUid("uid-a".into())
+            }]
+        );
+    }
+
+    #[test]
+    fn attachable_volume_is_attached_then_staged_then_set_up() {
+        let t = traits(true, true);
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        let mut asw = ActualState::default();
+        assert_eq!(plan(&dsw, &asw, true), vec![Operation::Attach { volume: vol("v1") }]);
+        asw.mark_attached(&vol("v1"), &t, Some("/dev/x".into()));
+        assert_eq!(plan(&dsw, &asw, true), vec![Operation::MountDevice { volume: vol("v1") }]);
+        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, Some("/g".into()));
+        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { .. }]));
+    }
+
+    #[test]
+    fn last_pod_gone_unmounts_device_then_detaches() {
+        let t = traits(true, true);
+        let dsw = DesiredState::default();
+        let mut asw = ActualState::default();
+        asw.mark_attached(&vol("v1"), &t, None);
+        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Uncertain, None);
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
+        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::UnmountVolume { .. }]));
+        asw.mark_pod_unmounted(&vol("v1"), &PodUid("uid-a".into()));
+        assert_eq!(plan(&dsw, &asw, true), vec![Operation::UnmountDevice { volume: vol("v1") }]);
+        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::NotMounted, None);
+        assert_eq!(plan(&dsw, &asw, true), vec![Operation::Detach { volume: vol("v1") }]);
+        asw.mark_detached(&vol("v1"));
+        assert!(asw.volume(&vol("v1")).is_none());
+        assert!(plan(&dsw, &asw, true).is_empty());
+    }
+
+    #[test]
+    fn shared_volume_stays_while_another_pod_wants_it() {
+        let t = traits(false, true);
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(pod_ref("b"), vec![wish("v1", "b", t.clone(), 0)], BTreeMap::new());
+        let mut asw = ActualState::default();
+        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, None);
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
+        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-b".into()), mounted("b", PodMountState::Mounted, 0));
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::UnmountVolume {
+                volume: vol("v1"),
+                pod: PodUid("uid-a".into())
+            }],
+            "pod a is torn down; the device stays for pod b"
+        );
+    }
+
+    #[test]
+    fn pod_volume_removed_from_spec_is_dropped_from_dsw() {
+        let t = traits(false, false);
+        let mut dsw = DesiredState::default();
+        let mut w2 = wish("v2", "a", t.clone(), 0);
+        w2.pod_volume.outer_volume_name = "w".into();
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0), w2], BTreeMap::new());
+        assert_eq!(dsw.volumes().count(), 2);
+        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t, 0)], BTreeMap::new());
+        assert_eq!(dsw.volumes().count(), 1);
+        assert!(dsw.remove_pod(&PodUid("uid-a".into())));
+        assert_eq!(dsw.volumes().count(), 0);
+    }
+
+    #[test]
+    fn operation_keys_nest_per_volume() {
+        let m = Operation::MountVolume {
+            volume: vol("v"),
+            pod: PodUid("p".into()),
+            remount: false,
+        };
+        let d = Operation::MountDevice { volume: vol("v") };
+        assert_eq!(m.key().volume, d.key().volume);
+        assert_eq!(d.key().pod, None);
+        assert!(Operation::Detach { volume: vol("v") }.is_teardown());
+        assert!(!d.is_teardown());
+    }
+}

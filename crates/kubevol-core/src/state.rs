@@ -1,0 +1,366 @@
+//! The desired state of world (DSW) and the actual state of world (ASW).
+//!
+//! The DSW says which pods need which volumes; only the populator (and the library API acting as
+//! a pod source) changes it. The ASW says what is attached, globally mounted and set up for each
+//! pod; only operation results (and, at start, reconstruction) change it. Both are plain values
+//! here; the manager wraps each in a lock with a single writer.
+//!
+//! Uncertain states are first class: an operation that timed out or was interrupted leaves its
+//! volume uncertain, never unmounted, so that teardown still happens for it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Volume};
+
+use crate::names::{PodRef, PodUid, UniqueVolumeName};
+
+/// What a plugin needs to know about one volume of one pod.
+#[derive(Clone, Debug)]
+pub struct VolumeSpec {
+    /// The pod's `spec.volumes[]` entry.
+    pub volume: Volume,
+    /// The PersistentVolume a claim resolved to, for `persistentVolumeClaim` volumes.
+    pub persistent_volume: Option<Arc<PersistentVolume>>,
+}
+
+/// Static facts about a volume, decided by its plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeTraits {
+    /// The plugin's name, e.g. `kubernetes.io/empty-dir`.
+    pub plugin: String,
+    /// Whether the volume must be attached to the node before use.
+    pub attachable: bool,
+    /// Whether the volume is mounted once per node (staged) before per-pod set-up.
+    pub device_mountable: bool,
+}
+
+/// One pod's wish for one volume.
+#[derive(Clone, Debug)]
+pub struct DesiredPodVolume {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// The whole pod, for plugins that read its labels, limits or security context.
+    pub pod: Arc<Pod>,
+    /// The volume's name in the pod's spec.
+    pub outer_volume_name: String,
+    /// The volume as the pod declares it.
+    pub spec: Arc<VolumeSpec>,
+    /// Bumped when the volume's content must be written again (a remount).
+    pub content_generation: u64,
+}
+
+/// A volume some pod needs.
+#[derive(Clone, Debug)]
+pub struct DesiredVolume {
+    /// The volume's key.
+    pub name: UniqueVolumeName,
+    /// Its plugin's facts.
+    pub traits: VolumeTraits,
+    /// Whether the node has reported the volume as in use (guards detach in cluster mode).
+    pub reported_in_use: bool,
+    /// The pods that need it.
+    pub pods: BTreeMap<PodUid, DesiredPodVolume>,
+}
+
+/// A pod the DSW knows, with the volumes it expects.
+#[derive(Clone, Debug)]
+pub struct DesiredPod {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// Outer volume name → unique name, for every volume that was processed.
+    pub volumes: BTreeMap<String, UniqueVolumeName>,
+    /// Outer volume name → why it could not be processed (unsupported type, bad reference).
+    pub failed_to_process: BTreeMap<String, String>,
+}
+
+/// One volume a pod wants, as the populator hands it to [`DesiredState::set_pod`].
+#[derive(Clone, Debug)]
+pub struct PodVolumeWish {
+    /// The volume's key.
+    pub name: UniqueVolumeName,
+    /// Its plugin's facts.
+    pub traits: VolumeTraits,
+    /// The pod's use of it.
+    pub pod_volume: DesiredPodVolume,
+}
+
+/// The desired state of world.
+#[derive(Clone, Debug, Default)]
+pub struct DesiredState {
+    volumes: BTreeMap<UniqueVolumeName, DesiredVolume>,
+    pods: BTreeMap<PodUid, DesiredPod>,
+}
+
+impl DesiredState {
+    /// Replaces everything the DSW knows about one pod.
+    pub fn set_pod(
+        &mut self,
+        pod_ref: PodRef,
+        wishes: Vec<PodVolumeWish>,
+        failed_to_process: BTreeMap<String, String>,
+    ) {
+        let uid = pod_ref.uid.clone();
+        let mut volumes = BTreeMap::new();
+        for w in &wishes {
+            volumes.insert(w.pod_volume.outer_volume_name.clone(), w.name.clone());
+        }
+        if let Some(old) = self.pods.get(&uid) {
+            let stale: Vec<UniqueVolumeName> = old
+                .volumes
+                .values()
+                .filter(|n| !volumes.values().any(|v| v == *n))
+                .cloned()
+                .collect();
+            for name in stale {
+                self.remove_pod_from_volume(&name, &uid);
+            }
+        }
+        for w in wishes {
+            let entry = self
+                .volumes
+                .entry(w.name.clone())
+                .or_insert_with(|| DesiredVolume {
+                    name: w.name.clone(),
+                    traits: w.traits.clone(),
+                    reported_in_use: false,
+                    pods: BTreeMap::new(),
+                });
+            entry.traits = w.traits;
+            entry.pods.insert(uid.clone(), w.pod_volume);
+        }
+        self.pods.insert(
+            uid,
+            DesiredPod {
+                pod_ref,
+                volumes,
+                failed_to_process,
+            },
+        );
+    }
+
+    fn remove_pod_from_volume(&mut self, name: &UniqueVolumeName, uid: &PodUid) {
+        if let Some(v) = self.volumes.get_mut(name) {
+            v.pods.remove(uid);
+            if v.pods.is_empty() {
+                self.volumes.remove(name);
+            }
+        }
+    }
+
+    /// Forgets a pod: its volumes are no longer wanted by it.
+    pub fn remove_pod(&mut self, uid: &PodUid) -> bool {
+        let Some(pod) = self.pods.remove(uid) else {
+            return false;
+        };
+        for name in pod.volumes.values() {
+            self.remove_pod_from_volume(name, uid);
+        }
+        true
+    }
+
+    /// Marks volumes as reported in use by the node; others lose the mark.
+    pub fn mark_reported_in_use(&mut self, names: &[UniqueVolumeName]) {
+        for v in self.volumes.values_mut() {
+            v.reported_in_use = names.contains(&v.name);
+        }
+    }
+
+    /// Every desired volume.
+    pub fn volumes(&self) -> impl Iterator<Item = &DesiredVolume> {
+        self.volumes.values()
+    }
+
+    /// One desired volume.
+    pub fn volume(&self, name: &UniqueVolumeName) -> Option<&DesiredVolume> {
+        self.volumes.get(name)
+    }
+
+    /// One pod's wish for one volume.
+    pub fn pod_volume(&self, name: &UniqueVolumeName, uid: &PodUid) -> Option<&DesiredPodVolume> {
+        self.volumes.get(name).and_then(|v| v.pods.get(uid))
+    }
+
+    /// Every desired pod.
+    pub fn pods(&self) -> impl Iterator<Item = &DesiredPod> {
+        self.pods.values()
+    }
+
+    /// One desired pod.
+    pub fn pod(&self, uid: &PodUid) -> Option<&DesiredPod> {
+        self.pods.get(uid)
+    }
+}
+
+/// How far a pod's use of a volume got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PodMountState {
+    /// Set up and verified.
+    Mounted,
+    /// An operation may or may not have set it up (timed out, interrupted, partly failed).
+    Uncertain,
+}
+
+/// How far the node-wide (device) mount of a volume got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DeviceMountState {
+    /// Not globally mounted.
+    NotMounted,
+    /// May or may not be globally mounted.
+    Uncertain,
+    /// Globally mounted.
+    Mounted,
+}
+
+/// One pod's use of a volume, as it is on the node.
+#[derive(Clone, Debug)]
+pub struct MountedPodVolume {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// The volume's name in the pod's spec.
+    pub outer_volume_name: String,
+    /// The spec it was set up from (teardown needs the same facts).
+    pub spec: Arc<VolumeSpec>,
+    /// How far set-up got.
+    pub state: PodMountState,
+    /// The path handed to the container runtime.
+    pub path: PathBuf,
+    /// Whether the runtime must mount it read-only.
+    pub read_only: bool,
+    /// The content generation that was written.
+    pub content_generation: u64,
+}
+
+/// A volume as it is on the node.
+#[derive(Clone, Debug)]
+pub struct ActualVolume {
+    /// The volume's key.
+    pub name: UniqueVolumeName,
+    /// Its plugin's facts.
+    pub traits: VolumeTraits,
+    /// Whether it is attached (always true for volumes that need no attach once known).
+    pub attached: bool,
+    /// The device path attach returned, if any.
+    pub device_path: Option<String>,
+    /// The node-wide mount state.
+    pub device_state: DeviceMountState,
+    /// Where it is globally mounted, if it is.
+    pub device_mount_path: Option<PathBuf>,
+    /// The pods it is set up for.
+    pub pods: BTreeMap<PodUid, MountedPodVolume>,
+}
+
+/// The actual state of world.
+#[derive(Clone, Debug, Default)]
+pub struct ActualState {
+    volumes: BTreeMap<UniqueVolumeName, ActualVolume>,
+}
+
+impl ActualState {
+    fn entry(&mut self, name: &UniqueVolumeName, traits: &VolumeTraits) -> &mut ActualVolume {
+        self.volumes
+            .entry(name.clone())
+            .or_insert_with(|| ActualVolume {
+                name: name.clone(),
+                traits: traits.clone(),
+                attached: !traits.attachable,
+                device_path: None,
+                device_state: DeviceMountState::NotMounted,
+                device_mount_path: None,
+                pods: BTreeMap::new(),
+            })
+    }
+
+    /// Records a successful attach.
+    pub fn mark_attached(
+        &mut self,
+        name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        device_path: Option<String>,
+    ) {
+        let v = self.entry(name, traits);
+        v.attached = true;
+        v.device_path = device_path;
+    }
+
+    /// Records the outcome of a mount-device operation.
+    pub fn mark_device_state(
+        &mut self,
+        name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        state: DeviceMountState,
+        path: Option<PathBuf>,
+    ) {
+        let v = self.entry(name, traits);
+        v.device_state = state;
+        if path.is_some() {
+            v.device_mount_path = path;
+        }
+        self.forget_if_unused(name);
+    }
+
+    /// Records a pod's volume as set up (or uncertain).
+    pub fn mark_pod_volume(
+        &mut self,
+        name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        uid: PodUid,
+        mounted: MountedPodVolume,
+    ) {
+        self.entry(name, traits).pods.insert(uid, mounted);
+    }
+
+    /// Records a pod's volume as torn down.
+    pub fn mark_pod_unmounted(&mut self, name: &UniqueVolumeName, uid: &PodUid) {
+        if let Some(v) = self.volumes.get_mut(name) {
+            v.pods.remove(uid);
+        }
+        self.forget_if_unused(name);
+    }
+
+    /// Records a detach: the volume is gone from the node.
+    pub fn mark_detached(&mut self, name: &UniqueVolumeName) {
+        if let Some(v) = self.volumes.get_mut(name) {
+            v.attached = false;
+        }
+        self.forget_if_unused(name);
+    }
+
+    /// A volume that needs no detach and has nothing mounted is no longer on the node.
+    fn forget_if_unused(&mut self, name: &UniqueVolumeName) {
+        let gone = self.volumes.get(name).is_some_and(|v| {
+            v.pods.is_empty()
+                && v.device_state == DeviceMountState::NotMounted
+                && (!v.traits.attachable || !v.attached)
+        });
+        if gone {
+            self.volumes.remove(name);
+        }
+    }
+
+    /// Every volume on the node.
+    pub fn volumes(&self) -> impl Iterator<Item = &ActualVolume> {
+        self.volumes.values()
+    }
+
+    /// One volume on the node.
+    pub fn volume(&self, name: &UniqueVolumeName) -> Option<&ActualVolume> {
+        self.volumes.get(name)
+    }
+
+    /// One pod's use of one volume.
+    pub fn pod_volume(&self, name: &UniqueVolumeName, uid: &PodUid) -> Option<&MountedPodVolume> {
+        self.volumes.get(name).and_then(|v| v.pods.get(uid))
+    }
+
+    /// Every volume a pod has on the node (mounted or uncertain), with its unique name.
+    pub fn pod_volumes<'a>(
+        &'a self,
+        uid: &'a PodUid,
+    ) -> impl Iterator<Item = (&'a UniqueVolumeName, &'a MountedPodVolume)> + 'a {
+        self.volumes
+            .iter()
+            .filter_map(move |(n, v)| v.pods.get(uid).map(|p| (n, p)))
+    }
+}

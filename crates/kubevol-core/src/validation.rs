@@ -1,0 +1,611 @@
+//! Pod validation, done before anything touches disk.
+//!
+//! A standalone node agent has no API server in front of it, so kubevol enforces the API
+//! server's volume rules itself, and a few stricter ones where a node-side path depends on them
+//! (an absolute hostPath, a canonical pod UID). Every violation is collected, each with its field
+//! path (`spec.volumes[2].name`), so the user can fix a manifest in one go.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+
+use crate::quantity::Quantity;
+
+/// One violation, with the field path the API server would name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field, e.g. `spec.volumes[2].name`.
+    pub field: String,
+    /// What is wrong with it.
+    pub kind: FieldErrorKind,
+}
+
+/// The kinds of violation, with the API server's wording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldErrorKind {
+    /// A required value is missing.
+    Required(String),
+    /// The value is invalid.
+    Invalid {
+        /// The offending value.
+        value: String,
+        /// Why.
+        detail: String,
+    },
+    /// The value repeats an earlier one.
+    Duplicate(String),
+    /// The value is not one of the allowed ones.
+    NotSupported {
+        /// The offending value.
+        value: String,
+        /// The allowed values.
+        allowed: Vec<&'static str>,
+    },
+    /// The value names something that does not exist.
+    NotFound(String),
+    /// The value is not allowed here.
+    Forbidden(String),
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let field = &self.field;
+        match &self.kind {
+            FieldErrorKind::Required(d) if d.is_empty() => write!(f, "{field}: Required value"),
+            FieldErrorKind::Required(d) => write!(f, "{field}: Required value: {d}"),
+            FieldErrorKind::Invalid { value, detail } => {
+                write!(f, "{field}: Invalid value: {value:?}: {detail}")
+            }
+            FieldErrorKind::Duplicate(v) => write!(f, "{field}: Duplicate value: {v:?}"),
+            FieldErrorKind::NotSupported { value, allowed } => {
+                let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+                write!(
+                    f,
+                    "{field}: Unsupported value: {value:?}: supported values: {}",
+                    allowed.join(", ")
+                )
+            }
+            FieldErrorKind::NotFound(v) => write!(f, "{field}: Not found: {v:?}"),
+            FieldErrorKind::Forbidden(d) => write!(f, "{field}: Forbidden: {d}"),
+        }
+    }
+}
+
+fn err(field: impl Into<String>, kind: FieldErrorKind) -> FieldError {
+    FieldError {
+        field: field.into(),
+        kind,
+    }
+}
+
+fn invalid(field: impl Into<String>, value: &str, detail: impl Into<String>) -> FieldError {
+    err(
+        field,
+        FieldErrorKind::Invalid {
+            value: value.to_string(),
+            detail: detail.into(),
+        },
+    )
+}
+
+const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// Why `s` is not a DNS-1123 label (at most 63 characters of `[a-z0-9-]`, alphanumeric at both
+/// ends), or `None` when it is one.
+pub fn dns1123_label_error(s: &str) -> Option<String> {
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let ok = !b.is_empty()
+        && alnum(&b[0])
+        && alnum(&b[b.len() - 1])
+        && b.iter().all(|c| alnum(c) || *c == b'-');
+    (!ok).then(|| DNS1123_LABEL_MSG.to_string())
+}
+
+/// Why `s` is not a DNS-1123 subdomain (at most 253 characters, dot-separated labels), or `None`.
+pub fn dns1123_subdomain_error(s: &str) -> Option<String> {
+    if s.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let ok = !b.is_empty()
+        && s.split('.').all(|part| {
+            let p = part.as_bytes();
+            !p.is_empty()
+                && alnum(&p[0])
+                && alnum(&p[p.len() - 1])
+                && p.iter().all(|c| alnum(c) || *c == b'-')
+        });
+    (!ok).then(|| DNS1123_SUBDOMAIN_MSG.to_string())
+}
+
+/// Whether `s` is a canonical lower-case UUID (`8-4-4-4-12` hex digits). The pod UID becomes a
+/// directory name, so nothing else may pass.
+pub fn is_canonical_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_digit() || (b'a'..=b'f').contains(c),
+        })
+}
+
+/// The API field names of every volume source set on `v`, in a fixed order.
+pub fn volume_source_names(v: &Volume) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    macro_rules! check {
+        ($($field:ident => $name:literal),* $(,)?) => {
+            $( if v.$field.is_some() { out.push($name); } )*
+        };
+    }
+    check!(
+        aws_elastic_block_store => "awsElasticBlockStore",
+        azure_disk => "azureDisk",
+        azure_file => "azureFile",
+        cephfs => "cephfs",
+        cinder => "cinder",
+        config_map => "configMap",
+        csi => "csi",
+        downward_api => "downwardAPI",
+        empty_dir => "emptyDir",
+        ephemeral => "ephemeral",
+        fc => "fc",
+        flex_volume => "flexVolume",
+        flocker => "flocker",
+        gce_persistent_disk => "gcePersistentDisk",
+        git_repo => "gitRepo",
+        glusterfs => "glusterfs",
+        host_path => "hostPath",
+        image => "image",
+        iscsi => "iscsi",
+        nfs => "nfs",
+        persistent_volume_claim => "persistentVolumeClaim",
+        photon_persistent_disk => "photonPersistentDisk",
+        portworx_volume => "portworxVolume",
+        projected => "projected",
+        quobyte => "quobyte",
+        rbd => "rbd",
+        scale_io => "scaleIO",
+        secret => "secret",
+        storageos => "storageos",
+        vsphere_volume => "vsphereVolume",
+    );
+    out
+}
+
+/// The hostPath types the kubelet knows.
+pub const HOST_PATH_TYPES: [&str; 8] = [
+    "",
+    "DirectoryOrCreate",
+    "Directory",
+    "FileOrCreate",
+    "File",
+    "Socket",
+    "CharDevice",
+    "BlockDevice",
+];
+
+/// Why a path is not a relative path without `..` elements (the API's
+/// `validateLocalDescendingPath`), or `None`.
+pub fn local_descending_path_error(p: &str) -> Option<&'static str> {
+    if p.starts_with('/') {
+        return Some("must be a relative path");
+    }
+    has_backsteps(p).then_some("must not contain '..'")
+}
+
+/// Whether a path has a `..` element, after converting `\` to `/` as the API server does.
+pub fn has_backsteps(p: &str) -> bool {
+    p.replace('\\', "/").split('/').any(|e| e == "..")
+}
+
+/// Validates a pod's identity and volumes. An empty result means the pod may be processed.
+pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let meta = &pod.metadata;
+    match meta.name.as_deref() {
+        None | Some("") => errs.push(err("metadata.name", FieldErrorKind::Required(String::new()))),
+        Some(n) => {
+            if let Some(d) = dns1123_subdomain_error(n) {
+                errs.push(invalid("metadata.name", n, d));
+            }
+        }
+    }
+    if let Some(ns) = meta.namespace.as_deref() {
+        if let Some(d) = dns1123_label_error(ns) {
+            errs.push(invalid("metadata.namespace", ns, d));
+        }
+    }
+    if let Some(uid) = meta.uid.as_deref() {
+        if !is_canonical_uuid(uid) {
+            errs.push(invalid(
+                "metadata.uid",
+                uid,
+                "must be a lower-case UUID such as 0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70 (it names the pod's directory); remove it to let kubevol derive one",
+            ));
+        }
+    }
+    let Some(spec) = &pod.spec else {
+        errs.push(err("spec", FieldErrorKind::Required(String::new())));
+        return errs;
+    };
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let mut by_name: BTreeMap<&str, &Volume> = BTreeMap::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let path = format!("spec.volumes[{i}]");
+        if v.name.is_empty() {
+            errs.push(err(format!("{path}.name"), FieldErrorKind::Required(String::new())));
+        } else if let Some(d) = dns1123_label_error(&v.name) {
+            errs.push(invalid(format!("{path}.name"), &v.name, d));
+        } else if by_name.insert(&v.name, v).is_some() {
+            errs.push(err(format!("{path}.name"), FieldErrorKind::Duplicate(v.name.clone())));
+        }
+        validate_volume_source(v, &path, &mut errs);
+    }
+
+    let containers = all_containers(pod);
+    let mut container_names = BTreeSet::new();
+    for (path, c) in &containers {
+        if let Some(d) = dns1123_label_error(&c.name) {
+            errs.push(invalid(format!("{path}.name"), &c.name, d));
+        } else if !container_names.insert(c.name.as_str()) {
+            errs.push(err(format!("{path}.name"), FieldErrorKind::Duplicate(c.name.clone())));
+        }
+        validate_container_mounts(c, path, &by_name, &mut errs);
+    }
+    errs
+}
+
+/// Every container of a pod (init, regular, ephemeral) with its field path.
+pub fn all_containers(pod: &Pod) -> Vec<(String, &Container)> {
+    let mut out = Vec::new();
+    if let Some(spec) = &pod.spec {
+        for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+            out.push((format!("spec.initContainers[{i}]"), c));
+        }
+        for (i, c) in spec.containers.iter().enumerate() {
+            out.push((format!("spec.containers[{i}]"), c));
+        }
+    }
+    out
+}
+
+fn validate_volume_source(v: &Volume, path: &str, errs: &mut Vec<FieldError>) {
+    let sources = volume_source_names(v);
+    match sources.len() {
+        0 => errs.push(err(path, FieldErrorKind::Required("must specify a volume type".into()))),
+        1 => {}
+        _ => errs.push(err(
+            path,
+            FieldErrorKind::Forbidden(format!(
+                "may not specify more than 1 volume type (found {})",
+                sources.join(", ")
+            )),
+        )),
+    }
+    if let Some(hp) = &v.host_path {
+        let p = format!("{path}.hostPath");
+        if hp.path.is_empty() {
+            errs.push(err(format!("{p}.path"), FieldErrorKind::Required(String::new())));
+        } else if !hp.path.starts_with('/') {
+            errs.push(invalid(format!("{p}.path"), &hp.path, "must be an absolute path"));
+        } else if has_backsteps(&hp.path) {
+            errs.push(invalid(format!("{p}.path"), &hp.path, "must not contain '..'"));
+        }
+        let t = hp.type_.as_deref().unwrap_or("");
+        if !HOST_PATH_TYPES.contains(&t) {
+            errs.push(err(
+                format!("{p}.type"),
+                FieldErrorKind::NotSupported {
+                    value: t.into(),
+                    allowed: HOST_PATH_TYPES.to_vec(),
+                },
+            ));
+        }
+    }
+    if let Some(ed) = &v.empty_dir {
+        let p = format!("{path}.emptyDir");
+        let medium = ed.medium.as_deref().unwrap_or("");
+        let ok = match medium {
+            "" | "Memory" | "HugePages" => true,
+            m => m
+                .strip_prefix("HugePages-")
+                .is_some_and(|size| Quantity::parse(size).is_ok_and(|q| q.value() > 0)),
+        };
+        if !ok {
+            errs.push(err(
+                format!("{p}.medium"),
+                FieldErrorKind::NotSupported {
+                    value: medium.into(),
+                    allowed: vec!["", "Memory", "HugePages", "HugePages-<size>"],
+                },
+            ));
+        }
+        if let Some(limit) = &ed.size_limit {
+            match Quantity::parse(&limit.0) {
+                Err(e) => errs.push(invalid(format!("{p}.sizeLimit"), &limit.0, e.to_string())),
+                Ok(q) if q.is_negative() => errs.push(invalid(
+                    format!("{p}.sizeLimit"),
+                    &limit.0,
+                    "SizeLimit field must be a valid resource quantity",
+                )),
+                Ok(q) if q.is_zero() => errs.push(invalid(
+                    format!("{p}.sizeLimit"),
+                    &limit.0,
+                    "must be greater than zero (a zero-size tmpfs would be unlimited); remove sizeLimit for no limit",
+                )),
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+const PROPAGATION: [&str; 3] = ["None", "HostToContainer", "Bidirectional"];
+const RECURSIVE_READ_ONLY: [&str; 3] = ["Disabled", "IfPossible", "Enabled"];
+
+fn validate_container_mounts(
+    c: &Container,
+    path: &str,
+    volumes: &BTreeMap<&str, &Volume>,
+    errs: &mut Vec<FieldError>,
+) {
+    let mut mount_paths = BTreeSet::new();
+    let mut device_paths = BTreeSet::new();
+    let mut device_names = BTreeSet::new();
+    for (i, d) in c.volume_devices.iter().flatten().enumerate() {
+        let p = format!("{path}.volumeDevices[{i}]");
+        match volumes.get(d.name.as_str()) {
+            None if d.name.is_empty() => {
+                errs.push(err(format!("{p}.name"), FieldErrorKind::Required(String::new())))
+            }
+            None => errs.push(err(format!("{p}.name"), FieldErrorKind::NotFound(d.name.clone()))),
+            Some(v) if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() => {
+                errs.push(invalid(
+                    format!("{p}.name"),
+                    &d.name,
+                    "can only use volume source type of PersistentVolumeClaim or Ephemeral for block mode",
+                ))
+            }
+            Some(_) => {}
+        }
+        if !device_names.insert(d.name.as_str()) {
+            errs.push(err(format!("{p}.name"), FieldErrorKind::Duplicate(d.name.clone())));
+        }
+        if d.device_path.is_empty() {
+            errs.push(err(format!("{p}.devicePath"), FieldErrorKind::Required(String::new())));
+        } else if has_backsteps(&d.device_path) {
+            errs.push(invalid(
+                format!("{p}.devicePath"),
+                &d.device_path,
+                "can not contain backsteps ('..')",
+            ));
+        } else if !device_paths.insert(d.device_path.as_str()) {
+            errs.push(err(
+                format!("{p}.devicePath"),
+                FieldErrorKind::Duplicate(d.device_path.clone()),
+            ));
+        }
+    }
+    let privileged = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+        let p = format!("{path}.volumeMounts[{i}]");
+        if m.name.is_empty() {
+            errs.push(err(format!("{p}.name"), FieldErrorKind::Required(String::new())));
+        } else if !volumes.contains_key(m.name.as_str()) {
+            errs.push(err(format!("{p}.name"), FieldErrorKind::NotFound(m.name.clone())));
+        }
+        if device_names.contains(m.name.as_str()) {
+            errs.push(invalid(
+                format!("{p}.name"),
+                &m.name,
+                "must not already exist in volumeDevices",
+            ));
+        }
+        if m.mount_path.is_empty() {
+            errs.push(err(format!("{p}.mountPath"), FieldErrorKind::Required(String::new())));
+        } else if !mount_paths.insert(m.mount_path.as_str()) {
+            errs.push(invalid(format!("{p}.mountPath"), &m.mount_path, "must be unique"));
+        } else if device_paths.contains(m.mount_path.as_str()) {
+            errs.push(invalid(
+                format!("{p}.mountPath"),
+                &m.mount_path,
+                "must not already exist as a path in volumeDevices",
+            ));
+        }
+        let sub_path = m.sub_path.as_deref().unwrap_or("");
+        if !sub_path.is_empty() {
+            if let Some(d) = local_descending_path_error(sub_path) {
+                errs.push(invalid(format!("{p}.subPath"), sub_path, d));
+            }
+        }
+        let sub_path_expr = m.sub_path_expr.as_deref().unwrap_or("");
+        if !sub_path_expr.is_empty() {
+            if !sub_path.is_empty() {
+                errs.push(invalid(
+                    format!("{p}.subPathExpr"),
+                    sub_path_expr,
+                    "subPathExpr and subPath are mutually exclusive",
+                ));
+            } else if let Some(d) = local_descending_path_error(sub_path_expr) {
+                errs.push(invalid(format!("{p}.subPathExpr"), sub_path_expr, d));
+            }
+        }
+        let propagation = m.mount_propagation.as_deref();
+        if let Some(mp) = propagation {
+            if !PROPAGATION.contains(&mp) {
+                errs.push(err(
+                    format!("{p}.mountPropagation"),
+                    FieldErrorKind::NotSupported {
+                        value: mp.into(),
+                        allowed: PROPAGATION.to_vec(),
+                    },
+                ));
+            } else if mp == "Bidirectional" && !privileged {
+                errs.push(err(
+                    format!("{p}.mountPropagation"),
+                    FieldErrorKind::Forbidden(
+                        "Bidirectional mount propagation is available only to privileged containers"
+                            .into(),
+                    ),
+                ));
+            }
+        }
+        if let Some(rro) = m.recursive_read_only.as_deref() {
+            if !RECURSIVE_READ_ONLY.contains(&rro) {
+                errs.push(err(
+                    format!("{p}.recursiveReadOnly"),
+                    FieldErrorKind::NotSupported {
+                        value: rro.into(),
+                        allowed: RECURSIVE_READ_ONLY.to_vec(),
+                    },
+                ));
+            } else if rro != "Disabled" {
+                if !m.read_only.unwrap_or(false) {
+                    errs.push(err(
+                        format!("{p}.recursiveReadOnly"),
+                        FieldErrorKind::Forbidden("may only be specified when readOnly is true".into()),
+                    ));
+                }
+                if propagation.is_some_and(|mp| mp != "None") {
+                    errs.push(err(
+                        format!("{p}.recursiveReadOnly"),
+                        FieldErrorKind::Forbidden(
+                            "may only be specified when mountPropagation is None or not specified"
+                                .into(),
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": spec,
+        }))
+        .expect("test pod parses")
+    }
+
+    fn with_volume(volume: serde_json::Value) -> Pod {
+        let name = volume["name"].as_str().unwrap_or("").to_string();
+        pod(json!({
+            "containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": name, "mountPath": "/m"}]}],
+            "volumes": [volume],
+        }))
+    }
+
+    /// (row name, pod, expected substring of the joined errors; "" means valid)
+    fn rows() -> Vec<(&'static str, Pod, &'static str)> {
+        vec![
+            ("valid emptyDir", with_volume(json!({"name": "a", "emptyDir": {}})), ""),
+            ("valid memory with limit", with_volume(json!({"name": "a", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}})), ""),
+            ("valid hugepages size", with_volume(json!({"name": "a", "emptyDir": {"medium": "HugePages-2Mi"}})), ""),
+            ("valid hostPath", with_volume(json!({"name": "a", "hostPath": {"path": "/var/log", "type": "Directory"}})), ""),
+            ("upper-case name", with_volume(json!({"name": "Data", "emptyDir": {}})), "spec.volumes[0].name: Invalid value: \"Data\": a lowercase RFC 1123 label"),
+            ("name too long", with_volume(json!({"name": "a".repeat(64), "emptyDir": {}})), "must be no more than 63 characters"),
+            ("empty name", pod(json!({"containers": [{"name": "c"}], "volumes": [{"name": "", "emptyDir": {}}]})), "spec.volumes[0].name: Required value"),
+            ("name ends with dash", with_volume(json!({"name": "a-", "emptyDir": {}})), "spec.volumes[0].name: Invalid value"),
+            ("no source", with_volume(json!({"name": "a"})), "spec.volumes[0]: Required value: must specify a volume type"),
+            ("two sources", with_volume(json!({"name": "a", "emptyDir": {}, "hostPath": {"path": "/x"}})), "may not specify more than 1 volume type (found emptyDir, hostPath)"),
+            ("relative hostPath", with_volume(json!({"name": "a", "hostPath": {"path": "var/log"}})), "spec.volumes[0].hostPath.path: Invalid value: \"var/log\": must be an absolute path"),
+            ("hostPath with ..", with_volume(json!({"name": "a", "hostPath": {"path": "/var/../etc"}})), "must not contain '..'"),
+            ("hostPath with ..\\", with_volume(json!({"name": "a", "hostPath": {"path": "/var/..\\etc"}})), "must not contain '..'"),
+            ("hostPath dots in a name are fine", with_volume(json!({"name": "a", "hostPath": {"path": "/var/..data"}})), ""),
+            ("empty hostPath", with_volume(json!({"name": "a", "hostPath": {"path": ""}})), "spec.volumes[0].hostPath.path: Required value"),
+            ("bad hostPath type", with_volume(json!({"name": "a", "hostPath": {"path": "/x", "type": "Dir"}})), "spec.volumes[0].hostPath.type: Unsupported value: \"Dir\""),
+            ("bad medium", with_volume(json!({"name": "a", "emptyDir": {"medium": "SSD"}})), "spec.volumes[0].emptyDir.medium: Unsupported value: \"SSD\""),
+            ("bad hugepage size", with_volume(json!({"name": "a", "emptyDir": {"medium": "HugePages-big"}})), "emptyDir.medium: Unsupported value"),
+            ("negative sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "-1Gi"}})), "emptyDir.sizeLimit: Invalid value: \"-1Gi\": SizeLimit field must be a valid resource quantity"),
+            ("garbage sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "lots"}})), "emptyDir.sizeLimit: Invalid value: \"lots\": quantities must match"),
+            ("zero sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "0"}})), "must be greater than zero"),
+            ("duplicate volume names", pod(json!({"containers": [{"name": "c"}], "volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]})), "spec.volumes[1].name: Duplicate value: \"a\""),
+            ("mount of missing volume", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "nope", "mountPath": "/m"}]}]})), "spec.containers[0].volumeMounts[0].name: Not found: \"nope\""),
+            ("duplicate mountPath", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m"}, {"name": "b", "mountPath": "/m"}]}], "volumes": [{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}}]})), "spec.containers[0].volumeMounts[1].mountPath: Invalid value: \"/m\": must be unique"),
+            ("same mountPath in two containers is fine", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m"}]}, {"name": "d", "volumeMounts": [{"name": "a", "mountPath": "/m"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), ""),
+            ("absolute subPath", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "subPath": "/etc"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "subPath: Invalid value: \"/etc\": must be a relative path"),
+            ("subPath backsteps", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "subPath": "x/../../y"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "subPath: Invalid value: \"x/../../y\": must not contain '..'"),
+            ("subPath and subPathExpr", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "subPath": "x", "subPathExpr": "$(A)"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "mutually exclusive"),
+            ("bidirectional unprivileged", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "mountPropagation": "Bidirectional"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "available only to privileged containers"),
+            ("bad propagation", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "mountPropagation": "Shared"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "mountPropagation: Unsupported value: \"Shared\""),
+            ("recursiveReadOnly needs readOnly", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m", "recursiveReadOnly": "Enabled"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "may only be specified when readOnly is true"),
+            ("device on emptyDir", pod(json!({"containers": [{"name": "c", "volumeDevices": [{"name": "a", "devicePath": "/dev/x"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "can only use volume source type of PersistentVolumeClaim"),
+            ("duplicate container names", pod(json!({"initContainers": [{"name": "c"}], "containers": [{"name": "c"}]})), "spec.containers[0].name: Duplicate value: \"c\""),
+            ("bad container name", pod(json!({"containers": [{"name": "C_1"}]})), "spec.containers[0].name: Invalid value: \"C_1\""),
+            ("bad uid", {
+                let mut p = with_volume(json!({"name": "a", "emptyDir": {}}));
+                p.metadata.uid = Some("../../etc".into());
+                p
+            }, "metadata.uid: Invalid value: \"../../etc\": must be a lower-case UUID"),
+            ("bad namespace", {
+                let mut p = with_volume(json!({"name": "a", "emptyDir": {}}));
+                p.metadata.namespace = Some("Prod".into());
+                p
+            }, "metadata.namespace: Invalid value: \"Prod\""),
+        ]
+    }
+
+    #[test]
+    fn validation_table() {
+        for (name, pod, want) in rows() {
+            let got: Vec<String> = validate_pod(&pod).iter().map(|e| e.to_string()).collect();
+            let joined = got.join("\n");
+            if want.is_empty() {
+                assert!(got.is_empty(), "row {name:?}: expected valid, got:\n{joined}");
+            } else {
+                assert!(joined.contains(want), "row {name:?}: expected {want:?} in:\n{joined}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_violation_is_listed() {
+        let p = pod(json!({
+            "containers": [{"name": "c", "volumeMounts": [{"name": "x", "mountPath": "/m"}]}],
+            "volumes": [{"name": "A", "emptyDir": {"medium": "Disk"}}, {"name": "b", "hostPath": {"path": "rel", "type": "Nope"}}],
+        }));
+        let fields: Vec<String> = validate_pod(&p).into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "spec.volumes[0].name",
+                "spec.volumes[0].emptyDir.medium",
+                "spec.volumes[1].hostPath.path",
+                "spec.volumes[1].hostPath.type",
+                "spec.containers[0].volumeMounts[0].name",
+            ]
+        );
+    }
+
+    #[test]
+    fn uuid_shape() {
+        assert!(is_canonical_uuid("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70"));
+        assert!(!is_canonical_uuid("0B3F4C2E-9A1D-4C55-8F0E-2D3C4B5A6F70"));
+        assert!(!is_canonical_uuid("0b3f4c2e9a1d4c558f0e2d3c4b5a6f70"));
+        assert!(!is_canonical_uuid("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f7/"));
+    }
+
+    #[test]
+    fn subdomain_rules() {
+        assert!(dns1123_subdomain_error("web.example-1").is_none());
+        assert!(dns1123_subdomain_error("web..x").is_some());
+        assert!(dns1123_subdomain_error(&"a".repeat(254)).is_some());
+    }
+}
