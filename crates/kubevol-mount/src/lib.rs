@@ -1,1 +1,228 @@
-//! placeholder
+//! kubevol's mount layer: the only code that calls mount(2) and umount(2), reads the mount table
+//! and creates or removes directories under the root directory.
+//!
+//! Everything above this crate talks to the kernel through the narrow [`Mounter`] trait (so the
+//! reconciler and executor can be unit-tested with [`FakeMounter`]) and through [`safe::Dir`],
+//! a directory handle whose every operation is relative to a file descriptor and never follows a
+//! symbolic link. This crate must never decide *what* to mount: it only does what it is told and
+//! reports the truth of the mount table.
+
+#![deny(unsafe_code)]
+
+pub mod fake;
+pub mod mountinfo;
+pub mod ns;
+pub mod safe;
+
+use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, UnmountFlags};
+
+pub use fake::FakeMounter;
+pub use mountinfo::MountInfo;
+
+/// An error of the mount layer, with the path and errno that caused it.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// mount(2) failed.
+    #[error("mount {fstype} {source_name:?} at {}: {errno}", target.display())]
+    Mount {
+        /// The mount source.
+        source_name: String,
+        /// The mount target.
+        target: PathBuf,
+        /// The filesystem type.
+        fstype: String,
+        /// The kernel's answer.
+        errno: Errno,
+    },
+    /// umount(2) failed.
+    #[error("unmount {}: {errno}", target.display())]
+    Unmount {
+        /// The mount point.
+        target: PathBuf,
+        /// The kernel's answer.
+        errno: Errno,
+    },
+    /// A file operation failed.
+    #[error("{op} {}: {errno}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The kernel's answer.
+        errno: Errno,
+    },
+    /// A path component is a symbolic link where none may be.
+    #[error("{} is a symbolic link; kubevol never follows links inside the root directory", path.display())]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// A path is not a plain relative path (absolute, or with `..`).
+    #[error("{} is not a plain relative path", path.display())]
+    NotRelative {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A removal met a mount point or another filesystem and stopped before touching it.
+    #[error("{} is a mount point (or another filesystem) inside the volume; unmount it first, its data was not touched", path.display())]
+    NestedMount {
+        /// The mount point found.
+        path: PathBuf,
+    },
+    /// An rmdir-only removal met something that is not an empty directory.
+    #[error("{} is not an empty directory; left in place", path.display())]
+    Leftover {
+        /// What was left.
+        path: PathBuf,
+    },
+    /// The mount table could not be read or parsed.
+    #[error("read mount table: {0}")]
+    Table(String),
+}
+
+impl MountError {
+    /// The errno behind the error, if there is one.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            MountError::Mount { errno, .. }
+            | MountError::Unmount { errno, .. }
+            | MountError::Io { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// Whether the failure may go away by itself (a busy mount, a full disk, a
+    /// nested mount someone will remove) rather than needing the user to change something.
+    pub fn is_transient(&self) -> bool {
+        match self.errno() {
+            Some(e) => !matches!(e, Errno::INVAL | Errno::NOTDIR | Errno::LOOP | Errno::NAMETOOLONG),
+            None => matches!(self, MountError::NestedMount { .. } | MountError::Leftover { .. }),
+        }
+    }
+}
+
+/// Flags and filesystem data for one mount, parsed in one place.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    /// `ro`.
+    pub read_only: bool,
+    /// `nosuid`.
+    pub nosuid: bool,
+    /// `nodev`.
+    pub nodev: bool,
+    /// `noexec`.
+    pub noexec: bool,
+    /// Filesystem-specific options (`size=67108864`, `pagesize=2M`), joined with commas.
+    pub data: Vec<String>,
+}
+
+impl MountOptions {
+    fn flags(&self) -> MountFlags {
+        let mut f = MountFlags::empty();
+        if self.read_only {
+            f |= MountFlags::RDONLY;
+        }
+        if self.nosuid {
+            f |= MountFlags::NOSUID;
+        }
+        if self.nodev {
+            f |= MountFlags::NODEV;
+        }
+        if self.noexec {
+            f |= MountFlags::NOEXEC;
+        }
+        f
+    }
+}
+
+/// What an unmount found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmounted {
+    /// A mount was removed.
+    Done,
+    /// Nothing was mounted there (EINVAL from umount), which is what was wanted.
+    NotMounted,
+}
+
+/// The mount operations kubevol needs, behind a trait so that logic above can be tested without
+/// root. Every implementation must be idempotent where the kernel is: unmounting what is not
+/// mounted is [`Unmounted::NotMounted`], not an error.
+pub trait Mounter: Send + Sync + 'static {
+    /// Mounts `source` of type `fstype` at `target`, which must be an existing directory.
+    fn mount(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &MountOptions,
+    ) -> Result<(), MountError>;
+
+    /// Unmounts `target` without following a symbolic link at its last component.
+    fn unmount(&self, target: &Path) -> Result<Unmounted, MountError>;
+
+    /// Whether `path` is the root of a mount.
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError>;
+
+    /// The mount table of this process's mount namespace.
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountError>;
+}
+
+/// The real [`Mounter`]: mount(2), umount2(2), statx(2) and `/proc/self/mountinfo`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinuxMounter;
+
+impl Mounter for LinuxMounter {
+    fn mount(
+        &self,
+        source: &str,
+        target: &Path,
+        fstype: &str,
+        options: &MountOptions,
+    ) -> Result<(), MountError> {
+        let data = options.data.join(",");
+        let data_c = std::ffi::CString::new(data).map_err(|_| MountError::Mount {
+            source_name: source.into(),
+            target: target.into(),
+            fstype: fstype.into(),
+            errno: Errno::INVAL,
+        })?;
+        let data_arg = if options.data.is_empty() {
+            None
+        } else {
+            Some(data_c.as_c_str())
+        };
+        rustix::mount::mount(source, target, fstype, options.flags(), data_arg).map_err(|errno| {
+            MountError::Mount {
+                source_name: source.into(),
+                target: target.into(),
+                fstype: fstype.into(),
+                errno,
+            }
+        })
+    }
+
+    fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {
+        match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
+            Ok(()) => Ok(Unmounted::Done),
+            Err(Errno::INVAL) => Ok(Unmounted::NotMounted),
+            Err(errno) => Err(MountError::Unmount {
+                target: target.into(),
+                errno,
+            }),
+        }
+    }
+
+    fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
+        safe::is_mount_root_at(rustix::fs::CWD, path)
+    }
+
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountError> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| MountError::Table(e.to_string()))?;
+        mountinfo::parse(&text).map_err(MountError::Table)
+    }
+}

@@ -1,0 +1,382 @@
+//! Directory operations that cannot be redirected by a symbolic link.
+//!
+//! Every path below the root directory is reached by a walk that opens one component at a time
+//! relative to its parent's file descriptor with `O_NOFOLLOW`, so a link planted anywhere in a
+//! pod directory can neither send a create nor a removal outside it. Removal is one-filesystem:
+//! it refuses to descend into anything that is a mount root or sits on another device, so a
+//! failed unmount can never delete the data of a mounted volume.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
+use rustix::io::Errno;
+
+use crate::MountError;
+
+/// An open directory and the path it was reached by (for messages only; never re-resolved).
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError + 'a {
+    move |errno| MountError::Io {
+        op,
+        path: path.to_path_buf(),
+        errno,
+    }
+}
+
+const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::RDONLY);
+
+fn components(rel: &Path) -> Result<Vec<&OsStr>, MountError> {
+    let mut out = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            _ => {
+                return Err(MountError::NotRelative {
+                    path: rel.to_path_buf(),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `path` (relative to `dir`) is the root of a mount. Uses statx's mount-root attribute
+/// and falls back to comparing devices with the parent on kernels without it.
+pub fn is_mount_root_at<Fd: AsFd>(dir: Fd, path: &Path) -> Result<bool, MountError> {
+    let st = rustix::fs::statx(
+        &dir,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    )
+    .map_err(io("statx", path))?;
+    if st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
+        return Ok(st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+    }
+    let parent = path.parent().unwrap_or(Path::new("/")).join(".");
+    let pst = rustix::fs::statx(&dir, &parent, AtFlags::empty(), StatxFlags::BASIC_STATS)
+        .map_err(io("statx", &parent))?;
+    Ok((st.stx_dev_major, st.stx_dev_minor) != (pst.stx_dev_major, pst.stx_dev_minor))
+}
+
+impl Dir {
+    /// Opens a trusted directory by absolute path (the operator-chosen root directory).
+    pub fn open(path: &Path) -> Result<Dir, MountError> {
+        let fd = rustix::fs::open(path, OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(io("open", path))?;
+        Ok(Dir {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Creates a trusted directory and its parents (mode 0750), then opens it.
+    pub fn create_root(path: &Path) -> Result<Dir, MountError> {
+        std::fs::create_dir_all(path).map_err(|e| MountError::Io {
+            op: "mkdir",
+            path: path.to_path_buf(),
+            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        })?;
+        Dir::open(path)
+    }
+
+    /// The path this directory was reached by.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory's file descriptor.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    fn child_path(&self, name: &OsStr) -> PathBuf {
+        self.path.join(name)
+    }
+
+    fn open_child(&self, name: &OsStr) -> Result<Dir, MountError> {
+        let path = self.child_path(name);
+        match rustix::fs::openat(&self.fd, name, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => Ok(Dir { fd, path }),
+            Err(Errno::LOOP) => Err(MountError::Symlink { path }),
+            Err(Errno::NOTDIR) => {
+                let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW);
+                if st.is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Symlink) {
+                    Err(MountError::Symlink { path })
+                } else {
+                    Err(io("open", &path)(Errno::NOTDIR))
+                }
+            }
+            Err(e) => Err(io("open", &path)(e)),
+        }
+    }
+
+    /// Opens a directory below this one, refusing `..`, absolute paths and symbolic links at
+    /// every component.
+    pub fn open_beneath(&self, rel: &Path) -> Result<Dir, MountError> {
+        let mut cur = self.open_child(OsStr::new("."))?;
+        cur.path = self.path.clone();
+        for name in components(rel)? {
+            cur = cur.open_child(name)?;
+        }
+        Ok(cur)
+    }
+
+    /// Creates the directories of `rel` below this one as needed and opens the last. Directories
+    /// it creates get exactly `mode` (not reduced by the umask); existing ones are left alone.
+    /// Returns the directory and whether the last component was created.
+    pub fn create_dir_all(&self, rel: &Path, mode: u32) -> Result<(Dir, bool), MountError> {
+        let mut cur = self.open_beneath(Path::new("."))?;
+        let mut created = false;
+        for name in components(rel)? {
+            created = match rustix::fs::mkdirat(&cur.fd, name, Mode::from_raw_mode(mode)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(e) => return Err(io("mkdir", &cur.child_path(name))(e)),
+            };
+            let next = cur.open_child(name)?;
+            if created {
+                rustix::fs::fchmod(&next.fd, Mode::from_raw_mode(mode))
+                    .map_err(io("chmod", &next.path))?;
+            }
+            cur = next;
+        }
+        Ok((cur, created))
+    }
+
+    /// Sets this directory's permission bits.
+    pub fn chmod(&self, mode: u32) -> Result<(), MountError> {
+        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).map_err(io("chmod", &self.path))
+    }
+
+    /// Whether the entry `name` of this directory is the root of a mount.
+    pub fn is_mount_root(&self, name: &str) -> Result<bool, MountError> {
+        is_mount_root_at(&self.fd, Path::new(name))
+    }
+
+    /// Whether this directory has an entry `name` (of any type, links not followed).
+    pub fn has_entry(&self, name: &str) -> Result<bool, MountError> {
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(io("stat", &self.child_path(OsStr::new(name)))(e)),
+        }
+    }
+
+    fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+        let dup = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
+            .map_err(io("open", &self.path))?;
+        let mut dir = rustix::fs::Dir::new(dup).map_err(io("readdir", &self.path))?;
+        let mut out = Vec::new();
+        while let Some(entry) = dir.read() {
+            let entry = entry.map_err(io("readdir", &self.path))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            out.push((name.to_vec(), entry.file_type()));
+        }
+        Ok(out)
+    }
+
+    fn device(&self) -> Result<(u32, u32), MountError> {
+        let st = rustix::fs::statx(&self.fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
+            .map_err(io("statx", &self.path))?;
+        Ok((st.stx_dev_major, st.stx_dev_minor))
+    }
+
+    /// Checks that nothing below this directory is a mount root or on another device.
+    fn check_one_fs(&self, dev: (u32, u32)) -> Result<(), MountError> {
+        for (name, ft) in self.entries()? {
+            let name = OsStr::from_bytes(&name);
+            let path = self.child_path(name);
+            let st = rustix::fs::statx(
+                &self.fd,
+                name,
+                AtFlags::SYMLINK_NOFOLLOW,
+                StatxFlags::BASIC_STATS,
+            )
+            .map_err(io("statx", &path))?;
+            let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+                && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+            if mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev {
+                return Err(MountError::NestedMount { path });
+            }
+            if ft == FileType::Directory {
+                self.open_child(name)?.check_one_fs(dev)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_one_fs(&self, dev: (u32, u32)) -> Result<(), MountError> {
+        for (name, ft) in self.entries()? {
+            let name = OsStr::from_bytes(&name);
+            let path = self.child_path(name);
+            if ft == FileType::Directory {
+                let child = self.open_child(name)?;
+                if child.device()? != dev || is_mount_root_at(&self.fd, Path::new(name))? {
+                    return Err(MountError::NestedMount { path });
+                }
+                child.remove_one_fs(dev)?;
+                rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)
+                    .map_err(io("rmdir", &path))?;
+            } else {
+                match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
+                    Err(e) => return Err(io("unlink", &path)(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes everything inside this directory, staying on its filesystem. It first checks the
+    /// whole tree and stops before removing anything if a mount point or another device is
+    /// found below; while removing it checks again, so a mount made in between is not entered.
+    pub fn remove_contents_one_fs(&self) -> Result<(), MountError> {
+        let dev = self.device()?;
+        self.check_one_fs(dev)?;
+        self.remove_one_fs(dev)
+    }
+
+    /// Removes the directory `name` of this directory if it exists, after removing its contents
+    /// on its own filesystem. A mount point at `name` itself is refused.
+    pub fn remove_dir_all_one_fs(&self, name: &str) -> Result<(), MountError> {
+        let path = self.child_path(OsStr::new(name));
+        let child = match self.open_child(OsStr::new(name)) {
+            Ok(c) => c,
+            Err(MountError::Io {
+                errno: Errno::NOENT,
+                ..
+            }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if self.is_mount_root(name)? {
+            return Err(MountError::NestedMount { path });
+        }
+        child.remove_contents_one_fs()?;
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io("rmdir", &path)(e)),
+        }
+    }
+
+    /// Removes the directory `name` and the empty directories below it with rmdir only: it never
+    /// unlinks a file and never enters a mount point. Anything else found is reported as
+    /// [`MountError::Leftover`] (or [`MountError::NestedMount`]) and left in place.
+    pub fn remove_empty_tree(&self, name: &str) -> Result<(), MountError> {
+        let path = self.child_path(OsStr::new(name));
+        let child = match self.open_child(OsStr::new(name)) {
+            Ok(c) => c,
+            Err(MountError::Io {
+                errno: Errno::NOENT,
+                ..
+            }) => return Ok(()),
+            Err(MountError::Io {
+                errno: Errno::NOTDIR,
+                ..
+            })
+            | Err(MountError::Symlink { .. }) => return Err(MountError::Leftover { path }),
+            Err(e) => return Err(e),
+        };
+        if self.is_mount_root(name)? {
+            return Err(MountError::NestedMount { path });
+        }
+        for (entry, ft) in child.entries()? {
+            let entry = String::from_utf8_lossy(&entry).into_owned();
+            if ft != FileType::Directory {
+                return Err(MountError::Leftover {
+                    path: path.join(entry),
+                });
+            }
+            child.remove_empty_tree(&entry)?;
+        }
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOTEMPTY) => Err(MountError::Leftover { path }),
+            Err(e) => Err(io("rmdir", &path)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn create_dir_all_sets_exact_mode_and_reports_creation() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        let (d, created) = root.create_dir_all(Path::new("a/b/c"), 0o777).unwrap();
+        assert!(created);
+        assert_eq!(d.path(), t.path().join("a/b/c"));
+        let mode = std::fs::metadata(t.path().join("a/b/c")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o777, "umask must not reduce the mode");
+        let (_, created) = root.create_dir_all(Path::new("a/b/c"), 0o777).unwrap();
+        assert!(!created);
+    }
+
+    #[test]
+    fn walk_refuses_symlinks_and_backsteps() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        let cases: [(&str, fn(&MountError) -> bool); 3] = [
+            ("link/x", |e| matches!(e, MountError::Symlink { .. })),
+            ("../x", |e| matches!(e, MountError::NotRelative { .. })),
+            ("/etc", |e| matches!(e, MountError::NotRelative { .. })),
+        ];
+        for (rel, want) in cases {
+            let err = root.create_dir_all(Path::new(rel), 0o755).unwrap_err();
+            assert!(want(&err), "row {rel}: {err}");
+        }
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing created outside");
+    }
+
+    #[test]
+    fn remove_contents_does_not_follow_links() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("canary"), b"keep").unwrap();
+        std::fs::create_dir_all(t.path().join("v/sub")).unwrap();
+        std::fs::write(t.path().join("v/sub/file"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("v/escape")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("canary"), t.path().join("v/sub/f2")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        root.remove_dir_all_one_fs("v").unwrap();
+        assert!(!t.path().join("v").exists());
+        assert_eq!(std::fs::read(outside.path().join("canary")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn remove_empty_tree_never_unlinks_files() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("pod/volumes/a")).unwrap();
+        std::fs::create_dir_all(t.path().join("pod/volumes/b")).unwrap();
+        std::fs::write(t.path().join("pod/volumes/b/data"), b"x").unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        let err = root.remove_empty_tree("pod").unwrap_err();
+        assert!(matches!(err, MountError::Leftover { .. }), "{err}");
+        assert!(t.path().join("pod/volumes/b/data").exists());
+        std::fs::remove_file(t.path().join("pod/volumes/b/data")).unwrap();
+        root.remove_empty_tree("pod").unwrap();
+        assert!(!t.path().join("pod").exists());
+        root.remove_empty_tree("pod").unwrap();
+    }
+}
