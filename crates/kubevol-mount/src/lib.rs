@@ -95,6 +95,11 @@ impl MountError {
         }
     }
 
+    /// Whether the error says that a path does not exist.
+    pub fn is_not_found(&self) -> bool {
+        self.errno() == Some(Errno::NOENT)
+    }
+
     /// Whether the failure may go away by itself (a busy mount, a full disk, a
     /// nested mount someone will remove) rather than needing the user to change something.
     pub fn is_transient(&self) -> bool {

@@ -1,0 +1,93 @@
+//! Errors of volume operations, each knowing what the executor should do with it.
+
+use std::path::PathBuf;
+
+use kubevol_mount::MountError;
+
+/// What a failed operation leaves behind, which decides the next state of the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ErrorClass {
+    /// Nothing was done; retrying only helps once the user or the node changes something.
+    Final,
+    /// Nothing lasting was done, and a retry may succeed by itself (busy, full, racing).
+    Transient,
+    /// The operation may have been partly done: the volume is *uncertain*, and must still be
+    /// torn down if the pod goes away.
+    Uncertain,
+}
+
+/// Why a volume operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The mount layer failed.
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    /// A mount succeeded or may have succeeded, but a later step of the same set-up failed.
+    #[error("{step} after mounting {}: {source}", path.display())]
+    AfterMount {
+        /// The step that failed.
+        step: &'static str,
+        /// The mount point.
+        path: PathBuf,
+        /// Why.
+        source: MountError,
+    },
+    /// A hostPath does not have the type the pod asks for.
+    #[error("hostPath type check failed: {} {detail}", path.display())]
+    HostPathType {
+        /// The host path.
+        path: PathBuf,
+        /// What is wrong, in words the user can act on.
+        detail: String,
+    },
+    /// A hostPath is outside the operator's allow-list.
+    #[error("hostPath {} resolves to {} which is outside the allowed host paths [{allowed}]; ask the node operator to allow it (--host-path-allow) or use another volume type", path.display(), resolved.display())]
+    HostPathNotAllowed {
+        /// The host path.
+        path: PathBuf,
+        /// Where it resolves to.
+        resolved: PathBuf,
+        /// The allowed prefixes.
+        allowed: String,
+    },
+    /// The node cannot back a HugePages emptyDir.
+    #[error("emptyDir medium {medium}: {detail}")]
+    HugePages {
+        /// The medium asked for.
+        medium: String,
+        /// Why it cannot be had.
+        detail: String,
+    },
+    /// The plugin cannot do this operation.
+    #[error("plugin {plugin} does not support {operation}")]
+    Unsupported {
+        /// The plugin.
+        plugin: &'static str,
+        /// The operation.
+        operation: &'static str,
+    },
+    /// A blocking task died.
+    #[error("operation task failed: {0}")]
+    Task(String),
+}
+
+impl VolumeError {
+    /// What the failure leaves behind.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            VolumeError::AfterMount { .. } => ErrorClass::Uncertain,
+            VolumeError::Mount(e) => {
+                if e.is_transient() {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::Final
+                }
+            }
+            VolumeError::Task(_) => ErrorClass::Uncertain,
+            VolumeError::HostPathType { .. }
+            | VolumeError::HostPathNotAllowed { .. }
+            | VolumeError::HugePages { .. }
+            | VolumeError::Unsupported { .. } => ErrorClass::Final,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Events about pods, with the kubelet's reasons, kept in memory per pod (the last
+//! [`EVENTS_PER_POD`]) and served by the status API. Repeats of the same event are folded into
+//! one with a count, as the API server's event correlator does.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kubevol_core::{PodRef, PodUid};
+use serde::{Deserialize, Serialize};
+
+/// How many events are kept per pod.
+pub const EVENTS_PER_POD: usize = 32;
+
+/// The kubelet's event reasons kubevol emits.
+pub mod reason {
+    /// A volume was set up for a pod.
+    pub const SUCCESSFUL_MOUNT_VOLUME: &str = "SuccessfulMountVolume";
+    /// Set-up failed.
+    pub const FAILED_MOUNT: &str = "FailedMount";
+    /// Teardown failed.
+    pub const FAILED_UNMOUNT: &str = "FailedUnMount";
+    /// A volume was torn down for a pod.
+    pub const SUCCESSFUL_UNMOUNT_VOLUME: &str = "SuccessfulUnMountVolume";
+    /// The pod was rejected before anything was done.
+    pub const FAILED_VALIDATION: &str = "FailedValidation";
+}
+
+/// One event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// The pod's UID.
+    pub uid: PodUid,
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The kubelet's reason.
+    pub reason: String,
+    /// What happened.
+    pub message: String,
+    /// How many times it happened.
+    pub count: u32,
+    /// When it first happened (seconds since the epoch).
+    pub first_timestamp: u64,
+    /// When it last happened (seconds since the epoch).
+    pub last_timestamp: u64,
+}
+
+/// The recorder.
+#[derive(Default)]
+pub struct EventRecorder {
+    per_pod: Mutex<BTreeMap<PodUid, VecDeque<Event>>>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl EventRecorder {
+    /// Records an event; `warning` selects the type.
+    pub fn record(&self, pod: &PodRef, warning: bool, reason: &str, message: String) {
+        if warning {
+            tracing::warn!(pod = %pod, reason, "{message}");
+        } else {
+            tracing::info!(pod = %pod, reason, "{message}");
+        }
+        let now = now_secs();
+        let mut map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        let q = map.entry(pod.uid.clone()).or_default();
+        if let Some(last) = q.iter_mut().find(|e| e.reason == reason && e.message == message) {
+            last.count += 1;
+            last.last_timestamp = now;
+            return;
+        }
+        if q.len() == EVENTS_PER_POD {
+            q.pop_front();
+        }
+        q.push_back(Event {
+            pod: pod.to_string(),
+            uid: pod.uid.clone(),
+            type_: if warning { "Warning" } else { "Normal" }.into(),
+            reason: reason.into(),
+            message,
+            count: 1,
+            first_timestamp: now,
+            last_timestamp: now,
+        });
+    }
+
+    /// A pod's events, oldest first.
+    pub fn for_pod(&self, uid: &PodUid) -> Vec<Event> {
+        let map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(uid).map(|q| q.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Every event, ordered by last occurrence.
+    pub fn all(&self) -> Vec<Event> {
+        let map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<Event> = map.values().flatten().cloned().collect();
+        v.sort_by_key(|e| e.last_timestamp);
+        v
+    }
+
+    /// Forgets a pod's events (the pod is gone and torn down).
+    pub fn forget(&self, uid: &PodUid) {
+        self.per_pod.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_fold_and_old_events_fall_off() {
+        let r = EventRecorder::default();
+        let pod = PodRef {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: PodUid("u".into()),
+        };
+        r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
+        r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
+        let ev = r.for_pod(&pod.uid);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].count, 2);
+        assert_eq!(ev[0].type_, "Warning");
+        for i in 0..EVENTS_PER_POD + 5 {
+            r.record(&pod, false, reason::SUCCESSFUL_MOUNT_VOLUME, format!("m{i}"));
+        }
+        assert_eq!(r.for_pod(&pod.uid).len(), EVENTS_PER_POD);
+    }
+}

@@ -1,0 +1,218 @@
+//! The operation executor's bookkeeping: single-flight per key, per-key exponential backoff,
+//! and the last error of each key for the status API and the waiters.
+//!
+//! At most one operation runs per (volume, pod) key, and a volume-wide operation (mount device,
+//! detach) excludes every pod operation on the same volume, as the kubelet's nested pending
+//! operations do. A failing key backs off alone; other keys are unaffected. This type holds no
+//! lock across an await: callers reserve a key, run the operation, and report the result.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use kubevol_core::backoff::{Backoff, BackoffPolicy};
+use kubevol_core::reconcile::OperationKey;
+use kubevol_core::UniqueVolumeName;
+use tokio::time::Instant;
+
+/// Why an operation was not started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotStarted {
+    /// An operation on the same key (or a conflicting one) is running.
+    Busy,
+    /// The key failed recently and may run again at this instant.
+    BackingOff(Instant),
+}
+
+/// The last failure of a key.
+#[derive(Clone, Debug)]
+pub struct LastError {
+    /// The message, naming pod, volume and what to do.
+    pub message: String,
+    /// When it happened.
+    pub at: SystemTime,
+    /// When the key may run again.
+    pub retry_at: Instant,
+    /// Consecutive failures.
+    pub failures: u32,
+}
+
+#[derive(Default)]
+struct State {
+    running: HashSet<OperationKey>,
+    volume_wide: HashSet<UniqueVolumeName>,
+    pod_ops: HashMap<UniqueVolumeName, usize>,
+    backoff: HashMap<OperationKey, Backoff>,
+    errors: BTreeMap<OperationKey, LastError>,
+}
+
+/// The bookkeeping.
+pub struct Executor {
+    policy: BackoffPolicy,
+    state: Mutex<State>,
+}
+
+/// Converts the runtime's instant (which a paused test clock controls) to the pure core's.
+fn std_instant(i: Instant) -> std::time::Instant {
+    i.into_std()
+}
+
+impl Executor {
+    /// An executor with a backoff policy.
+    pub fn new(policy: BackoffPolicy) -> Self {
+        Executor {
+            policy,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserves `key` if nothing conflicting runs and its backoff has expired.
+    pub fn try_start(&self, key: &OperationKey, now: Instant) -> Result<(), NotStarted> {
+        let mut s = self.lock();
+        let conflict = s.running.contains(key)
+            || s.volume_wide.contains(&key.volume)
+            || (key.pod.is_none() && s.pod_ops.get(&key.volume).copied().unwrap_or(0) > 0);
+        if conflict {
+            return Err(NotStarted::Busy);
+        }
+        if let Some(b) = s.backoff.get(key) {
+            if !b.is_ready(std_instant(now)) {
+                let wait = b.ready_at() - std_instant(now);
+                return Err(NotStarted::BackingOff(now + wait));
+            }
+        }
+        s.running.insert(key.clone());
+        if key.pod.is_none() {
+            s.volume_wide.insert(key.volume.clone());
+        } else {
+            *s.pod_ops.entry(key.volume.clone()).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// Releases `key` with the operation's outcome: success clears its backoff and error, failure
+    /// doubles its backoff and records the message.
+    pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) {
+        let mut s = self.lock();
+        s.running.remove(key);
+        if key.pod.is_none() {
+            s.volume_wide.remove(&key.volume);
+        } else if let Some(n) = s.pod_ops.get_mut(&key.volume) {
+            *n -= 1;
+            if *n == 0 {
+                s.pod_ops.remove(&key.volume);
+            }
+        }
+        match outcome {
+            Ok(()) => {
+                s.backoff.remove(key);
+                s.errors.remove(key);
+            }
+            Err(message) => {
+                let prev = s.backoff.get(key).copied();
+                let b = Backoff::fail(prev, self.policy, std_instant(now));
+                let retry_at = now + b.delay;
+                s.backoff.insert(key.clone(), b);
+                s.errors.insert(
+                    key.clone(),
+                    LastError {
+                        message,
+                        at: SystemTime::now(),
+                        retry_at,
+                        failures: b.failures,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The last error of a key, if its last run failed.
+    pub fn last_error(&self, key: &OperationKey) -> Option<LastError> {
+        self.lock().errors.get(key).cloned()
+    }
+
+    /// The last error of any key of a volume (pod key first, then the volume-wide key).
+    pub fn last_error_for(&self, volume: &UniqueVolumeName, pod: &kubevol_core::PodUid) -> Option<LastError> {
+        let s = self.lock();
+        s.errors
+            .get(&OperationKey {
+                volume: volume.clone(),
+                pod: Some(pod.clone()),
+            })
+            .or_else(|| {
+                s.errors.get(&OperationKey {
+                    volume: volume.clone(),
+                    pod: None,
+                })
+            })
+            .cloned()
+    }
+
+    /// Forgets errors and backoff of keys for which `keep` is false (their volume and pod are
+    /// gone from both states of world).
+    pub fn retain(&self, keep: impl Fn(&OperationKey) -> bool) {
+        let mut s = self.lock();
+        s.errors.retain(|k, _| keep(k));
+        s.backoff.retain(|k, _| keep(k));
+    }
+
+    /// How many operations are running.
+    pub fn running(&self) -> usize {
+        self.lock().running.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubevol_core::PodUid;
+    use std::time::Duration;
+
+    fn key(v: &str, p: Option<&str>) -> OperationKey {
+        OperationKey {
+            volume: UniqueVolumeName(v.into()),
+            pod: p.map(|p| PodUid(p.into())),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_operation_per_key_and_volume_wide_excludes_pod_keys() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        assert!(e.try_start(&key("v", Some("a")), now).is_ok());
+        assert_eq!(e.try_start(&key("v", Some("a")), now), Err(NotStarted::Busy));
+        assert!(e.try_start(&key("v", Some("b")), now).is_ok(), "another pod of the same volume may run");
+        assert_eq!(e.try_start(&key("v", None), now), Err(NotStarted::Busy), "volume-wide waits for pod ops");
+        e.finish(&key("v", Some("a")), Ok(()), now);
+        e.finish(&key("v", Some("b")), Ok(()), now);
+        assert!(e.try_start(&key("v", None), now).is_ok());
+        assert_eq!(e.try_start(&key("v", Some("c")), now), Err(NotStarted::Busy), "pod ops wait for volume-wide");
+        assert!(e.try_start(&key("w", Some("c")), now).is_ok(), "other volumes are unaffected");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_key_backs_off_alone_and_doubles() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let k = key("v", Some("a"));
+        let t0 = Instant::now();
+        e.try_start(&k, t0).unwrap();
+        e.finish(&k, Err("boom".into()), t0);
+        assert_eq!(e.try_start(&k, t0), Err(NotStarted::BackingOff(t0 + Duration::from_millis(500))));
+        assert!(e.try_start(&key("v", Some("b")), t0).is_ok(), "other keys run");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let t1 = Instant::now();
+        e.try_start(&k, t1).unwrap();
+        e.finish(&k, Err("boom".into()), t1);
+        assert_eq!(e.try_start(&k, t1), Err(NotStarted::BackingOff(t1 + Duration::from_secs(1))));
+        assert_eq!(e.last_error(&k).unwrap().failures, 2);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        e.try_start(&k, Instant::now()).unwrap();
+        e.finish(&k, Ok(()), Instant::now());
+        assert!(e.last_error(&k).is_none(), "success clears the error");
+        assert!(e.try_start(&k, Instant::now()).is_ok(), "and the backoff");
+    }
+}

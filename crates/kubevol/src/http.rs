@@ -1,0 +1,59 @@
+//! The HTTP server: health, readiness, Prometheus metrics, and the status API that
+//! `kubevol status` reads.
+//!
+//! - `GET /healthz`: 200 while the process runs.
+//! - `GET /readyz`: 200 once the reconciler's states are synced, 503 before.
+//! - `GET /metrics`: Prometheus text.
+//! - `GET /api/v1/pods`: the [`StatusReport`](crate::status::StatusReport) as JSON.
+//! - `GET /api/v1/events`: every recorded event as JSON.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::VolumeManager;
+
+/// The router, for serving on any listener.
+pub fn router(manager: VolumeManager) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/pods", get(pods))
+        .route("/api/v1/events", get(events))
+        .with_state(manager)
+}
+
+async fn readyz(State(m): State<VolumeManager>) -> impl IntoResponse {
+    if m.reconciler_states_synced() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "reconciler states not synced yet\n")
+    }
+}
+
+async fn metrics(State(m): State<VolumeManager>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        m.metrics_text(),
+    )
+}
+
+async fn pods(State(m): State<VolumeManager>) -> impl IntoResponse {
+    Json(m.status(true))
+}
+
+async fn events(State(m): State<VolumeManager>) -> impl IntoResponse {
+    Json(m.events())
+}
+
+/// Serves the router on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    manager: VolumeManager,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(manager)).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,142 @@
+//! Prometheus metrics with the kubelet's names and buckets.
+//!
+//! `volume_manager_total_volumes{plugin_name,state}` is computed from both states of world at
+//! scrape time; `storage_operation_duration_seconds` is observed by the executor for every
+//! operation; `kubevol_pod_volumes_ready_duration_seconds` measures from the moment a pod entered
+//! the desired state until all its volumes were mounted.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The kubelet's buckets for `storage_operation_duration_seconds`.
+pub const OPERATION_BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
+
+/// Buckets for pod volume-ready latency (finer at the low end, where kubevol lives).
+pub const READY_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// Labels of `volume_manager_total_volumes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TotalVolumesLabels {
+    /// The plugin.
+    pub plugin_name: String,
+    /// `desired_state_of_world` or `actual_state_of_world`.
+    pub state: String,
+}
+
+/// Labels of `storage_operation_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// The plugin.
+    pub volume_plugin: String,
+    /// The kubelet's operation name (`volume_mount`, `volume_unmount`, ...).
+    pub operation_name: String,
+    /// `success` or `fail-unknown`.
+    pub status: String,
+    /// Always `false`: kubevol does not migrate in-tree plugins.
+    pub migrated: String,
+}
+
+fn operation_histogram() -> Histogram {
+    Histogram::new(OPERATION_BUCKETS)
+}
+
+/// The metrics.
+pub struct Metrics {
+    registry: Registry,
+    total_volumes: Family<TotalVolumesLabels, Gauge>,
+    operation_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    pod_ready: Histogram,
+    render: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let total_volumes = Family::<TotalVolumesLabels, Gauge>::default();
+        let operation_duration =
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram);
+        let pod_ready = Histogram::new(READY_BUCKETS);
+        registry.register(
+            "volume_manager_total_volumes",
+            "Number of volumes in Volume Manager",
+            total_volumes.clone(),
+        );
+        registry.register(
+            "storage_operation_duration_seconds",
+            "Storage operation duration",
+            operation_duration.clone(),
+        );
+        registry.register(
+            "kubevol_pod_volumes_ready_duration_seconds",
+            "Time from a pod entering the desired state until all its volumes are mounted",
+            pod_ready.clone(),
+        );
+        Metrics {
+            registry,
+            total_volumes,
+            operation_duration,
+            pod_ready,
+            render: Mutex::new(()),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one finished operation.
+    pub fn observe_operation(&self, plugin: &str, operation: &str, success: bool, seconds: f64) {
+        self.operation_duration
+            .get_or_create(&OperationLabels {
+                volume_plugin: plugin.to_string(),
+                operation_name: operation.to_string(),
+                status: if success { "success" } else { "fail-unknown" }.to_string(),
+                migrated: "false".to_string(),
+            })
+            .observe(seconds);
+    }
+
+    /// Records how long a pod waited for its volumes.
+    pub fn observe_pod_ready(&self, seconds: f64) {
+        self.pod_ready.observe(seconds);
+    }
+
+    /// Renders the Prometheus text format, with the volume totals given per (plugin, state).
+    pub fn render(&self, totals: &BTreeMap<(String, &'static str), i64>) -> String {
+        let _one_at_a_time = self.render.lock().unwrap_or_else(|p| p.into_inner());
+        self.total_volumes.clear();
+        for ((plugin, state), n) in totals {
+            self.total_volumes
+                .get_or_create(&TotalVolumesLabels {
+                    plugin_name: plugin.clone(),
+                    state: state.to_string(),
+                })
+                .set(*n);
+        }
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_kubelet_names_and_labels() {
+        let m = Metrics::default();
+        m.observe_operation("kubernetes.io/empty-dir", "volume_mount", true, 0.01);
+        let mut totals = BTreeMap::new();
+        totals.insert(("kubernetes.io/empty-dir".to_string(), "desired_state_of_world"), 3);
+        let text = m.render(&totals);
+        assert!(text.contains(r#"volume_manager_total_volumes{plugin_name="kubernetes.io/empty-dir",state="desired_state_of_world"} 3"#), "{text}");
+        assert!(text.contains(r#"storage_operation_duration_seconds_bucket{le="0.1",volume_plugin="kubernetes.io/empty-dir",operation_name="volume_mount",status="success",migrated="false"} 1"#), "{text}");
+        assert!(text.contains("kubevol_pod_volumes_ready_duration_seconds"), "{text}");
+    }
+}

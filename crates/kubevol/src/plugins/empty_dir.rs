@@ -1,0 +1,283 @@
+//! emptyDir: a directory on the node's disk, a tmpfs (medium Memory) or a hugetlbfs (medium
+//! HugePages), at `pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`, mode 0777.
+//!
+//! Teardown of a disk volume removes its contents with a one-filesystem walk that stops before a
+//! mount nested inside the volume, so that mount's data is never touched.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::quantity::Quantity;
+use kubevol_core::state::VolumeSpec;
+use kubevol_mount::{MountError, MountOptions};
+
+use super::{blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin};
+use crate::error::VolumeError;
+
+/// The kubelet's name of the plugin.
+pub const PLUGIN_NAME: &str = "kubernetes.io/empty-dir";
+
+/// The emptyDir plugin.
+pub struct EmptyDirPlugin;
+
+/// What backs an emptyDir.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Medium {
+    Disk,
+    Memory,
+    HugePages(Option<String>),
+}
+
+fn medium(spec: &VolumeSpec) -> Medium {
+    let m = spec
+        .volume
+        .empty_dir
+        .as_ref()
+        .and_then(|e| e.medium.as_deref())
+        .unwrap_or("");
+    match m {
+        "Memory" => Medium::Memory,
+        "HugePages" => Medium::HugePages(None),
+        m => match m.strip_prefix("HugePages-") {
+            Some(size) => Medium::HugePages(Some(size.to_string())),
+            None => Medium::Disk,
+        },
+    }
+}
+
+/// The pod's memory limit as the kubelet computes it: the sum of the app containers' limits, or
+/// the largest init container's limit if that is larger. `None` when no container sets one.
+pub fn pod_memory_limit(pod: &Pod) -> Option<i64> {
+    let spec = pod.spec.as_ref()?;
+    let limit = |c: &k8s_openapi::api::core::v1::Container| -> Option<i64> {
+        let q = c.resources.as_ref()?.limits.as_ref()?.get("memory")?;
+        Quantity::parse(&q.0).ok().map(|q| q.value())
+    };
+    let app: Vec<i64> = spec.containers.iter().filter_map(limit).collect();
+    let init = spec.init_containers.iter().flatten().filter_map(limit).max();
+    let sum = (!app.is_empty()).then(|| app.iter().sum::<i64>());
+    match (sum, init) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+    }
+}
+
+/// The tmpfs size: the smaller of sizeLimit and the pod's memory limit, when either is set.
+pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec) -> Option<i64> {
+    let size_limit = spec
+        .volume
+        .empty_dir
+        .as_ref()
+        .and_then(|e| e.size_limit.as_ref())
+        .and_then(|q| Quantity::parse(&q.0).ok())
+        .map(|q| q.value())
+        .filter(|v| *v > 0);
+    match (size_limit, pod_memory_limit(pod).filter(|v| *v > 0)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The huge page size in bytes for a HugePages medium, from the medium itself or from the pod's
+/// `hugepages-<size>` resources.
+fn huge_page_size(pod: &Pod, explicit: Option<&str>, medium_name: &str) -> Result<i64, VolumeError> {
+    let err = |detail: String| VolumeError::HugePages {
+        medium: medium_name.to_string(),
+        detail,
+    };
+    let parse = |s: &str| {
+        Quantity::parse(s)
+            .map(|q| q.value())
+            .map_err(|e| err(format!("page size {s:?}: {e}")))
+    };
+    if let Some(size) = explicit {
+        return parse(size);
+    }
+    let mut sizes = std::collections::BTreeSet::new();
+    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
+        let Some(r) = &c.resources else { continue };
+        for map in [&r.limits, &r.requests].into_iter().flatten() {
+            for key in map.keys() {
+                if let Some(size) = key.strip_prefix("hugepages-") {
+                    sizes.insert(parse(size)?);
+                }
+            }
+        }
+    }
+    match sizes.len() {
+        1 => Ok(*sizes.iter().next().unwrap_or(&0)),
+        0 => Err(err("the pod's containers request no hugepages-<size> resource; request one or use medium HugePages-<size>".into())),
+        _ => Err(err("the pod's containers request more than one huge page size; use medium HugePages-<size> to pick one".into())),
+    }
+}
+
+/// Checks that the node has huge pages of `size` bytes reserved.
+fn check_node_huge_pages(dir: &Path, size: i64, medium_name: &str) -> Result<(), VolumeError> {
+    let kb = size / 1024;
+    let nr_path = dir.join(format!("hugepages-{kb}kB")).join("nr_hugepages");
+    let err = |detail: String| VolumeError::HugePages {
+        medium: medium_name.to_string(),
+        detail,
+    };
+    match std::fs::read_to_string(&nr_path) {
+        Err(_) => Err(err(format!(
+            "the node has no huge pages of {kb}kB ({} does not exist); use a page size the node supports, or medium \"\" or Memory",
+            nr_path.display()
+        ))),
+        Ok(n) if n.trim() == "0" => Err(err(format!(
+            "the node has no {kb}kB huge pages reserved ({} is 0); reserve some (vm.nr_hugepages) or use medium \"\" or Memory",
+            nr_path.display()
+        ))),
+        Ok(_) => Ok(()),
+    }
+}
+
+impl VolumePlugin for EmptyDirPlugin {
+    fn name(&self) -> &'static str {
+        PLUGIN_NAME
+    }
+
+    fn source_field(&self) -> &'static str {
+        "emptyDir"
+    }
+
+    fn can_support(&self, spec: &VolumeSpec) -> bool {
+        spec.volume.empty_dir.is_some()
+    }
+
+    fn set_up(&self, host: Arc<PluginHost>, req: SetUpRequest) -> BoxFuture<Result<SetUpResult, VolumeError>> {
+        blocking(move || {
+            let rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME).join(&req.outer_volume_name);
+            let path = host.root.join(&rel);
+            let medium = medium(&req.spec);
+            let medium_name = req
+                .spec
+                .volume
+                .empty_dir
+                .as_ref()
+                .and_then(|e| e.medium.clone())
+                .unwrap_or_default();
+            // Check what can fail for the user's reasons before creating anything.
+            let fs = match &medium {
+                Medium::Disk => None,
+                Medium::Memory => {
+                    let data = tmpfs_size(&req.pod, &req.spec)
+                        .map(|s| vec![format!("size={s}")])
+                        .unwrap_or_default();
+                    Some(("tmpfs", "tmpfs", data))
+                }
+                Medium::HugePages(size) => {
+                    let size = huge_page_size(&req.pod, size.as_deref(), &medium_name)?;
+                    check_node_huge_pages(&host.hugepages_dir, size, &medium_name)?;
+                    Some(("nodev", "hugetlbfs", vec![format!("pagesize={size}")]))
+                }
+            };
+            let root = host.root_dir()?;
+            let (dir, _) = root.create_dir_all(&rel, 0o777)?;
+            if let Some((source, fstype, data)) = fs {
+                if !host.mounter.is_mount_point(&path)? {
+                    let options = MountOptions {
+                        data,
+                        ..Default::default()
+                    };
+                    host.mounter.mount(source, &path, fstype, &options)?;
+                }
+                // The fresh filesystem's root, not the directory under it, must be 0777.
+                let mounted = root.open_beneath(&rel).map_err(|source| VolumeError::AfterMount {
+                    step: "open",
+                    path: path.clone(),
+                    source,
+                })?;
+                mounted.chmod(0o777).map_err(|source| VolumeError::AfterMount {
+                    step: "chmod",
+                    path: path.clone(),
+                    source,
+                })?;
+            } else {
+                drop(dir);
+            }
+            Ok(SetUpResult {
+                path,
+                read_only: false,
+            })
+        })
+    }
+
+    fn tear_down(&self, host: Arc<PluginHost>, req: TearDownRequest) -> BoxFuture<Result<(), VolumeError>> {
+        blocking(move || {
+            let plugin_rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME);
+            let root = host.root_dir()?;
+            let parent = match root.open_beneath(&plugin_rel) {
+                Ok(p) => p,
+                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            let name = req.outer_volume_name.as_str();
+            if parent.has_entry(name)? && parent.is_mount_root(name)? {
+                if medium(&req.spec) == Medium::Disk {
+                    // Something else is mounted over a disk volume: never unmount or enter it.
+                    return Err(MountError::NestedMount { path: req.path.clone() }.into());
+                }
+                host.mounter.unmount(&req.path)?;
+            }
+            parent.remove_dir_all_one_fs(name)?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(containers: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": containers}})).unwrap()
+    }
+
+    fn spec(ed: serde_json::Value) -> VolumeSpec {
+        VolumeSpec {
+            volume: serde_json::from_value(json!({"name": "v", "emptyDir": ed})).unwrap(),
+            persistent_volume: None,
+        }
+    }
+
+    #[test]
+    fn tmpfs_size_is_smaller_of_size_limit_and_pod_limit() {
+        let limited = pod(json!([{"name": "a", "resources": {"limits": {"memory": "32Mi"}}}, {"name": "b", "resources": {"limits": {"memory": "16Mi"}}}]));
+        let unlimited = pod(json!([{"name": "a"}]));
+        let rows = [
+            ("limit smaller than pod", &limited, json!({"medium": "Memory", "sizeLimit": "8Mi"}), Some(8 << 20)),
+            ("pod smaller than limit", &limited, json!({"medium": "Memory", "sizeLimit": "1Gi"}), Some(48 << 20)),
+            ("pod limit only", &limited, json!({"medium": "Memory"}), Some(48 << 20)),
+            ("size limit only", &unlimited, json!({"medium": "Memory", "sizeLimit": "64Mi"}), Some(64 << 20)),
+            ("neither", &unlimited, json!({"medium": "Memory"}), None),
+        ];
+        for (name, p, ed, want) in rows {
+            assert_eq!(tmpfs_size(p, &spec(ed)), want, "row {name}");
+        }
+    }
+
+    #[test]
+    fn huge_page_size_from_medium_or_resources() {
+        let p = pod(json!([{"name": "a", "resources": {"limits": {"hugepages-2Mi": "10Mi"}}}]));
+        assert_eq!(huge_page_size(&p, None, "HugePages").unwrap(), 2 << 20);
+        assert_eq!(huge_page_size(&p, Some("1Gi"), "HugePages-1Gi").unwrap(), 1 << 30);
+        let none = pod(json!([{"name": "a"}]));
+        assert!(huge_page_size(&none, None, "HugePages").unwrap_err().to_string().contains("request no hugepages"));
+    }
+
+    #[test]
+    fn node_without_huge_pages_is_a_clear_error() {
+        let t = tempfile::tempdir().unwrap();
+        let e = check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap_err();
+        assert!(e.to_string().contains("the node has no huge pages of 2048kB"), "{e}");
+        std::fs::create_dir_all(t.path().join("hugepages-2048kB")).unwrap();
+        std::fs::write(t.path().join("hugepages-2048kB/nr_hugepages"), "0\n").unwrap();
+        let e = check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap_err();
+        assert!(e.to_string().contains("no 2048kB huge pages reserved"), "{e}");
+        std::fs::write(t.path().join("hugepages-2048kB/nr_hugepages"), "4\n").unwrap();
+        check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap();
+    }
+}

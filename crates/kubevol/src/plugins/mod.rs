@@ -1,0 +1,181 @@
+//! Volume plugins: one type per volume source, as trait objects in a registry keyed by name.
+//!
+//! A plugin knows how to set up and tear down one kind of volume; it never decides *when* (the
+//! reconciler does) and never touches another plugin's directories. Adding a plugin means one
+//! file here and one line in [`PluginRegistry::standard`].
+
+mod empty_dir;
+mod host_path;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::names::escape_plugin_name;
+use kubevol_core::state::{VolumeSpec, VolumeTraits};
+use kubevol_core::{PodRef, UniqueVolumeName};
+use kubevol_mount::safe::Dir;
+use kubevol_mount::Mounter;
+
+pub use empty_dir::EmptyDirPlugin;
+pub use host_path::HostPathPlugin;
+
+use crate::error::VolumeError;
+
+/// A boxed future, so plugins can be trait objects.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What plugins get from the manager: the root directory, the mount layer and node settings.
+pub struct PluginHost {
+    /// The root directory (`/var/lib/kubevol`).
+    pub root: PathBuf,
+    /// The mount layer.
+    pub mounter: Arc<dyn Mounter>,
+    /// Host path prefixes pods may use; empty means any.
+    pub host_path_allow: Vec<PathBuf>,
+    /// Where the kernel lists huge page sizes (`/sys/kernel/mm/hugepages`).
+    pub hugepages_dir: PathBuf,
+}
+
+impl PluginHost {
+    /// `pods/<uid>/volumes/<escaped plugin>` relative to the root.
+    pub fn pod_plugin_dir(pod: &PodRef, plugin: &str) -> PathBuf {
+        Path::new("pods")
+            .join(pod.uid.as_str())
+            .join("volumes")
+            .join(escape_plugin_name(plugin))
+    }
+
+    /// The absolute path of a pod's volume directory.
+    pub fn pod_volume_path(&self, pod: &PodRef, plugin: &str, volume: &str) -> PathBuf {
+        self.root
+            .join(Self::pod_plugin_dir(pod, plugin))
+            .join(volume)
+    }
+
+    /// Opens the root directory.
+    pub fn root_dir(&self) -> Result<Dir, VolumeError> {
+        Ok(Dir::open(&self.root)?)
+    }
+}
+
+/// What set-up needs.
+#[derive(Clone)]
+pub struct SetUpRequest {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// The whole pod.
+    pub pod: Arc<Pod>,
+    /// The volume's name in the pod's spec.
+    pub outer_volume_name: String,
+    /// The volume.
+    pub spec: Arc<VolumeSpec>,
+}
+
+/// What set-up produced: the path the container runtime bind-mounts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetUpResult {
+    /// The path.
+    pub path: PathBuf,
+    /// Whether the runtime must mount it read-only whatever the container asks.
+    pub read_only: bool,
+}
+
+/// What teardown needs: the facts set-up had, and where it put the volume.
+#[derive(Clone)]
+pub struct TearDownRequest {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// The volume's name in the pod's spec.
+    pub outer_volume_name: String,
+    /// The volume.
+    pub spec: Arc<VolumeSpec>,
+    /// Where set-up put it.
+    pub path: PathBuf,
+}
+
+/// One kind of volume.
+pub trait VolumePlugin: Send + Sync + 'static {
+    /// The kubelet's plugin name, e.g. `kubernetes.io/empty-dir`.
+    fn name(&self) -> &'static str;
+
+    /// The API field name of the volume source it handles, e.g. `emptyDir`.
+    fn source_field(&self) -> &'static str;
+
+    /// Whether it handles this volume.
+    fn can_support(&self, spec: &VolumeSpec) -> bool;
+
+    /// Static facts about its volumes.
+    fn traits(&self) -> VolumeTraits {
+        VolumeTraits {
+            plugin: self.name().to_string(),
+            attachable: false,
+            device_mountable: false,
+        }
+    }
+
+    /// The volume's key in the states of world. Per-pod volumes by default.
+    fn volume_name(&self, pod: &PodRef, spec: &VolumeSpec) -> UniqueVolumeName {
+        UniqueVolumeName::for_pod_volume(self.name(), &pod.uid, &spec.volume.name)
+    }
+
+    /// Sets the volume up for one pod. Must be idempotent: it may run again on a volume that is
+    /// already set up, or was half set up by an interrupted attempt.
+    fn set_up(&self, host: Arc<PluginHost>, req: SetUpRequest) -> BoxFuture<Result<SetUpResult, VolumeError>>;
+
+    /// Tears the volume down for one pod. Must be idempotent and must never remove data that
+    /// is not the volume's own.
+    fn tear_down(&self, host: Arc<PluginHost>, req: TearDownRequest) -> BoxFuture<Result<(), VolumeError>>;
+}
+
+/// Runs blocking plugin work off the runtime's core threads.
+pub(crate) fn blocking<T, F>(f: F) -> BoxFuture<Result<T, VolumeError>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, VolumeError> + Send + 'static,
+{
+    Box::pin(async move {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| VolumeError::Task(e.to_string()))?
+    })
+}
+
+/// The plugins, keyed by name.
+#[derive(Clone)]
+pub struct PluginRegistry {
+    plugins: Vec<Arc<dyn VolumePlugin>>,
+}
+
+impl PluginRegistry {
+    /// The plugins kubevol ships.
+    pub fn standard() -> Self {
+        let mut r = PluginRegistry { plugins: Vec::new() };
+        r.register(Arc::new(EmptyDirPlugin));
+        r.register(Arc::new(HostPathPlugin));
+        r
+    }
+
+    /// Adds a plugin (an embedding agent may bring its own).
+    pub fn register(&mut self, plugin: Arc<dyn VolumePlugin>) {
+        self.plugins.retain(|p| p.name() != plugin.name());
+        self.plugins.push(plugin);
+    }
+
+    /// The plugin that handles a volume.
+    pub fn find(&self, spec: &VolumeSpec) -> Option<Arc<dyn VolumePlugin>> {
+        self.plugins.iter().find(|p| p.can_support(spec)).cloned()
+    }
+
+    /// A plugin by name.
+    pub fn by_name(&self, name: &str) -> Option<Arc<dyn VolumePlugin>> {
+        self.plugins.iter().find(|p| p.name() == name).cloned()
+    }
+
+    /// The volume source fields the registered plugins handle, for error messages.
+    pub fn supported_sources(&self) -> Vec<&'static str> {
+        self.plugins.iter().map(|p| p.source_field()).collect()
+    }
+}

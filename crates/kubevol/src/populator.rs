@@ -1,0 +1,178 @@
+//! The desired-state populator: turns the pods in the store into the desired state of world.
+//!
+//! It is woken by every store change (never polls), processes only pods whose object changed,
+//! and is the only writer of the DSW. An invalid pod is rejected whole before anything touches
+//! disk; if an earlier valid version of it is already desired, that version stays (a bad edit
+//! never takes volumes away). Volumes no container uses are skipped, as the kubelet does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, VolumeSpec};
+use kubevol_core::validation::{all_containers, validate_pod, volume_source_names};
+use kubevol_core::{PodRef, PodUid};
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::events::reason;
+use crate::manager::{Inner, Rejected};
+use crate::store::{StoredPod, DEFAULT_NAMESPACE};
+
+/// Whether a pod has finished or is being deleted: its volumes are torn down.
+pub fn is_terminated(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
+pub fn is_for_node(pod: &Pod, node: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_none_or(|n| n.is_empty() || n == node)
+}
+
+/// The volumes a pod's containers mount or map: only these are set up.
+pub fn used_volume_names(pod: &Pod) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (_, c) in all_containers(pod) {
+        out.extend(c.volume_mounts.iter().flatten().map(|m| m.name.clone()));
+        out.extend(c.volume_devices.iter().flatten().map(|d| d.name.clone()));
+    }
+    out
+}
+
+/// A pod's reference, for messages and keys.
+pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
+    PodRef {
+        namespace: pod.metadata.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: uid.clone(),
+    }
+}
+
+pub(crate) async fn run(inner: Arc<Inner>) {
+    let mut store_rx = inner.store.subscribe();
+    let mut stop = inner.shutdown.subscribe();
+    let mut seen: HashMap<PodUid, Arc<Pod>> = HashMap::new();
+    loop {
+        store_rx.borrow_and_update();
+        if *stop.borrow_and_update() {
+            return;
+        }
+        sync(&inner, &mut seen);
+        tokio::select! {
+            r = store_rx.changed() => if r.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One pass over the store.
+pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
+    // Read the sync flag before the pods: if it is true, this listing is complete.
+    let sources_synced = inner.store.all_sources_synced();
+    let mut wanted = HashSet::new();
+    let mut changed = false;
+    for (uid, stored) in inner.store.pods() {
+        let pod = &stored.pod;
+        if !is_for_node(pod, &inner.config.node_name) {
+            debug!(pod = ?pod.metadata.name, node = ?pod.spec.as_ref().and_then(|s| s.node_name.as_ref()), "pod is assigned to another node; ignored");
+            continue;
+        }
+        if is_terminated(pod) {
+            continue;
+        }
+        wanted.insert(uid.clone());
+        if seen.get(&uid).is_some_and(|p| Arc::ptr_eq(p, pod)) {
+            continue;
+        }
+        seen.insert(uid.clone(), pod.clone());
+        process_pod(inner, &uid, &stored);
+        changed = true;
+    }
+    let gone: Vec<PodUid> = seen.keys().filter(|u| !wanted.contains(*u)).cloned().collect();
+    for uid in gone {
+        seen.remove(&uid);
+        inner.dsw_mut().remove_pod(&uid);
+        inner.rejected_mut().remove(&uid);
+        inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        changed = true;
+    }
+    if sources_synced && !inner.dsw_synced.swap(true, Ordering::AcqRel) {
+        changed = true;
+    }
+    if changed {
+        inner.notify_changed();
+    }
+}
+
+fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
+    let pod = &stored.pod;
+    let pref = pod_ref(pod, uid);
+    let errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
+    if !errors.is_empty() {
+        let message = format!(
+            "{}: pod {pref} rejected, nothing was created for it; fix these fields: {}",
+            stored.origin,
+            errors.join("; ")
+        );
+        inner.events.record(&pref, true, reason::FAILED_VALIDATION, message);
+        inner.rejected_mut().insert(
+            uid.clone(),
+            Rejected {
+                pod_ref: pref,
+                origin: stored.origin.clone(),
+                errors,
+            },
+        );
+        return;
+    }
+    inner.rejected_mut().remove(uid);
+    let used = used_volume_names(pod);
+    let mut wishes = Vec::new();
+    let mut failed = BTreeMap::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        if !used.contains(&v.name) {
+            debug!(pod = %pref, volume = %v.name, "volume is not used by any container; skipped");
+            continue;
+        }
+        let spec = Arc::new(VolumeSpec {
+            volume: v.clone(),
+            persistent_volume: None,
+        });
+        match inner.plugins.find(&spec) {
+            Some(plugin) => wishes.push(PodVolumeWish {
+                name: plugin.volume_name(&pref, &spec),
+                traits: plugin.traits(),
+                pod_volume: DesiredPodVolume {
+                    pod_ref: pref.clone(),
+                    pod: pod.clone(),
+                    outer_volume_name: v.name.clone(),
+                    spec,
+                    content_generation: 0,
+                },
+            }),
+            None => {
+                let source = volume_source_names(v).first().copied().unwrap_or("unknown");
+                let message = format!(
+                    "{}: volume {:?} of pod {pref}: volume type {source} is not supported by kubevol yet (supported: {}); change the volume's type or remove it",
+                    stored.origin,
+                    v.name,
+                    inner.plugins.supported_sources().join(", ")
+                );
+                inner.events.record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                failed.insert(v.name.clone(), message);
+            }
+        }
+    }
+    inner.dsw_mut().set_pod(pref, wishes, failed);
+    inner
+        .pending_since
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(uid.clone())
+        .or_insert_with(Instant::now);
+}

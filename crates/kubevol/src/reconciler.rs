@@ -1,0 +1,259 @@
+//! The reconciler loop and the operations it starts.
+//!
+//! The loop asks the pure planner in `kubevol-core` what is due, hands each operation to the
+//! executor (which drops keys in flight or backing off), and sleeps until something changes: a
+//! DSW or ASW change, a finished operation, the earliest backoff expiry, or the slow safety-net
+//! resync. It never makes a syscall; operations do, through plugins, off the runtime's core
+//! threads. Operation results are the only writers of the actual state.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kubevol_core::reconcile::{plan, Operation};
+use kubevol_core::state::{MountedPodVolume, PodMountState};
+use kubevol_core::{PodUid, UniqueVolumeName};
+use tokio::time::Instant;
+use tracing::{info, instrument, warn};
+
+use crate::error::ErrorClass;
+use crate::events::reason;
+use crate::executor::NotStarted;
+use crate::manager::Inner;
+use crate::plugins::{SetUpRequest, TearDownRequest};
+use crate::status::PodPhase;
+
+pub(crate) async fn run(inner: Arc<Inner>) {
+    let mut stop = inner.shutdown.subscribe();
+    loop {
+        if *stop.borrow_and_update() {
+            return;
+        }
+        let now = Instant::now();
+        let teardown_allowed = inner.dsw_synced.load(Ordering::Acquire);
+        let ops = {
+            let dsw = inner.dsw();
+            let asw = inner.asw();
+            plan(&dsw, &asw, teardown_allowed)
+        };
+        let mut next = now + inner.config.resync_period;
+        for op in ops {
+            match inner.executor.try_start(&op.key(), now) {
+                Ok(()) => {
+                    let i = inner.clone();
+                    tokio::spawn(async move { run_operation(i, op).await });
+                }
+                Err(NotStarted::BackingOff(at)) => next = next.min(at),
+                Err(NotStarted::Busy) => {}
+            }
+        }
+        if teardown_allowed && !inner.states_synced.swap(true, Ordering::AcqRel) {
+            info!("reconciler states synced");
+            inner.changed.send_modify(|g| *g += 1);
+        }
+        prune_errors(&inner);
+        tokio::select! {
+            _ = inner.wake.notified() => {}
+            _ = tokio::time::sleep_until(next) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Forgets errors of keys whose volume and pod are in neither state of world.
+fn prune_errors(inner: &Inner) {
+    let dsw = inner.dsw();
+    let asw = inner.asw();
+    inner.executor.retain(|k| match &k.pod {
+        Some(p) => dsw.pod_volume(&k.volume, p).is_some() || asw.pod_volume(&k.volume, p).is_some(),
+        None => dsw.volume(&k.volume).is_some() || asw.volume(&k.volume).is_some(),
+    });
+}
+
+async fn run_operation(inner: Arc<Inner>, op: Operation) {
+    let permit = inner.operations.acquire().await;
+    let started = Instant::now();
+    let (plugin, outcome) = match &op {
+        Operation::MountVolume { volume, pod, remount } => mount_volume(&inner, volume, pod, *remount).await,
+        Operation::UnmountVolume { volume, pod } => unmount_volume(&inner, volume, pod).await,
+        Operation::Attach { volume }
+        | Operation::MountDevice { volume }
+        | Operation::UnmountDevice { volume }
+        | Operation::Detach { volume } => {
+            let plugin = inner
+                .dsw()
+                .volume(volume)
+                .map(|v| v.traits.plugin.clone())
+                .or_else(|| inner.asw().volume(volume).map(|v| v.traits.plugin.clone()))
+                .unwrap_or_default();
+            let msg = format!("{}: plugin {plugin} has no {} operation for volume {volume}", op.metric_name(), op.metric_name());
+            (plugin, Err(msg))
+        }
+    };
+    drop(permit);
+    inner
+        .metrics
+        .observe_operation(&plugin, op.metric_name(), outcome.is_ok(), started.elapsed().as_secs_f64());
+    inner.executor.finish(&op.key(), outcome, Instant::now());
+    inner.notify_changed();
+}
+
+#[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
+async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUid, remount: bool) -> (String, Result<(), String>) {
+    let want = {
+        let dsw = inner.dsw();
+        dsw.volume(volume)
+            .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
+    };
+    let Some((traits, want)) = want else {
+        return (String::new(), Ok(()));
+    };
+    let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
+        return (traits.plugin.clone(), Err(format!("no plugin {} for volume {volume}", traits.plugin)));
+    };
+    let req = SetUpRequest {
+        pod_ref: want.pod_ref.clone(),
+        pod: want.pod.clone(),
+        outer_volume_name: want.outer_volume_name.clone(),
+        spec: want.spec.clone(),
+    };
+    let result = plugin.set_up(inner.host.clone(), req).await;
+    let pref = &want.pod_ref;
+    match result {
+        Ok(done) => {
+            let was_mounted = inner.asw().pod_volume(volume, pod).is_some_and(|m| m.state == PodMountState::Mounted);
+            inner.asw_mut().mark_pod_volume(
+                volume,
+                &traits,
+                pod.clone(),
+                MountedPodVolume {
+                    pod_ref: pref.clone(),
+                    outer_volume_name: want.outer_volume_name.clone(),
+                    spec: want.spec.clone(),
+                    state: PodMountState::Mounted,
+                    path: done.path,
+                    read_only: done.read_only,
+                    content_generation: want.content_generation,
+                },
+            );
+            if !was_mounted && !remount {
+                inner.events.record(
+                    pref,
+                    false,
+                    reason::SUCCESSFUL_MOUNT_VOLUME,
+                    format!("MountVolume.SetUp succeeded for volume {:?}", want.outer_volume_name),
+                );
+            }
+            observe_pod_ready(inner, pod);
+            (traits.plugin, Ok(()))
+        }
+        Err(e) => {
+            let message = format!(
+                "MountVolume.SetUp failed for volume {:?} of pod {pref} ({}): {e}",
+                want.outer_volume_name,
+                inner.origin_of(pod)
+            );
+            if e.class() == ErrorClass::Uncertain {
+                let path = inner.host.pod_volume_path(pref, &traits.plugin, &want.outer_volume_name);
+                inner.asw_mut().mark_pod_volume(
+                    volume,
+                    &traits,
+                    pod.clone(),
+                    MountedPodVolume {
+                        pod_ref: pref.clone(),
+                        outer_volume_name: want.outer_volume_name.clone(),
+                        spec: want.spec.clone(),
+                        state: PodMountState::Uncertain,
+                        path,
+                        read_only: false,
+                        content_generation: want.content_generation,
+                    },
+                );
+            }
+            inner.events.record(pref, true, reason::FAILED_MOUNT, message.clone());
+            (traits.plugin, Err(message))
+        }
+    }
+}
+
+fn observe_pod_ready(inner: &Inner, pod: &PodUid) {
+    let since = inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).get(pod).copied();
+    let Some(since) = since else { return };
+    if inner.pod_status(pod, false).is_some_and(|s| s.phase == PodPhase::Ready) {
+        let removed = inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).remove(pod);
+        if removed.is_some() {
+            inner.metrics.observe_pod_ready(since.elapsed().as_secs_f64());
+        }
+    }
+}
+
+#[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_unmount"))]
+async fn unmount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUid) -> (String, Result<(), String>) {
+    let have = {
+        let asw = inner.asw();
+        asw.volume(volume)
+            .and_then(|v| v.pods.get(pod).map(|m| (v.traits.clone(), m.clone())))
+    };
+    let Some((traits, mounted)) = have else {
+        return (String::new(), Ok(()));
+    };
+    let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
+        return (traits.plugin.clone(), Err(format!("no plugin {} for volume {volume}", traits.plugin)));
+    };
+    let req = TearDownRequest {
+        pod_ref: mounted.pod_ref.clone(),
+        outer_volume_name: mounted.outer_volume_name.clone(),
+        spec: mounted.spec.clone(),
+        path: mounted.path.clone(),
+    };
+    let pref = mounted.pod_ref.clone();
+    match plugin.tear_down(inner.host.clone(), req).await {
+        Ok(()) => {
+            info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");
+            inner.asw_mut().mark_pod_unmounted(volume, pod);
+            cleanup_pod_dir(inner, pod).await;
+            (traits.plugin, Ok(()))
+        }
+        Err(e) => {
+            let message = format!(
+                "UnmountVolume.TearDown failed for volume {:?} of pod {pref}: {e}",
+                mounted.outer_volume_name
+            );
+            if e.class() == ErrorClass::Uncertain {
+                let mut asw = inner.asw_mut();
+                if let Some(m) = asw.pod_volume(volume, pod).cloned() {
+                    asw.mark_pod_volume(volume, &traits, pod.clone(), MountedPodVolume { state: PodMountState::Uncertain, ..m });
+                }
+            }
+            inner.events.record(&pref, true, reason::FAILED_UNMOUNT, message.clone());
+            (traits.plugin, Err(message))
+        }
+    }
+}
+
+/// Removes a gone pod's directory once nothing of it is mounted: rmdir only, never crossing a
+/// mount point, so a failed unmount can never lose a volume's data.
+async fn cleanup_pod_dir(inner: &Arc<Inner>, pod: &PodUid) {
+    let idle = inner.dsw().pod(pod).is_none() && inner.asw().pod_volumes(pod).next().is_none();
+    if !idle {
+        return;
+    }
+    let host = inner.host.clone();
+    let uid = pod.clone();
+    let result = tokio::task::spawn_blocking(move || -> Result<(), kubevol_mount::MountError> {
+        let pods = host.root_dir().map_err(|e| match e {
+            crate::error::VolumeError::Mount(m) => m,
+            other => kubevol_mount::MountError::Table(other.to_string()),
+        })?;
+        let pods = pods.open_beneath(std::path::Path::new("pods"))?;
+        pods.remove_empty_tree(uid.as_str())
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {
+            inner.events.forget(pod);
+            info!(pod = %pod, "pod directory removed");
+        }
+        Ok(Err(e)) => warn!(pod = %pod, dir = %inner.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}"),
+        Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
+    }
+}

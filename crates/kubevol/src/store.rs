@@ -1,0 +1,437 @@
+//! The object store: pods and the objects they reference, as delivered by pod sources.
+//!
+//! Sources (the manifest directory, the library API, later the API server) write here; the
+//! populator reads. Each object remembers where it came from, so an error can name the manifest
+//! file, and so a file's objects can be replaced or removed as a whole. Every change bumps a
+//! generation on a watch channel: readers are woken, never poll.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kubevol_core::PodUid;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// Where an object came from.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Origin {
+    /// A manifest file, and the 1-based index of the document in it.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The document.
+        document: usize,
+    },
+    /// The library API (an embedding node agent).
+    Api,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::File { path, document } => write!(f, "{} (document {document})", path.display()),
+            Origin::Api => f.write_str("library API"),
+        }
+    }
+}
+
+/// An object kept in the store.
+#[derive(Clone, Debug)]
+pub enum Object {
+    /// A pod (namespace and UID already filled in).
+    Pod(Pod),
+    /// A ConfigMap.
+    ConfigMap(ConfigMap),
+    /// A Secret.
+    Secret(Secret),
+    /// A PersistentVolume.
+    PersistentVolume(PersistentVolume),
+    /// A PersistentVolumeClaim.
+    PersistentVolumeClaim(PersistentVolumeClaim),
+    /// A CSIDriver.
+    CSIDriver(CSIDriver),
+}
+
+/// The namespace name of the kubelet's default namespace.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The namespace under which pod UIDs are derived (a fixed, random UUID).
+const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
+    0x5c, 0x1e, 0x7a, 0x43, 0x2b, 0x9d, 0x4f, 0x0e, 0x8a, 0x61, 0x3d, 0x77, 0xc2, 0x15, 0xe9, 0x04,
+]);
+
+/// A pod's UID: `metadata.uid` when set, else a UUID derived from its namespace and name, stable
+/// across restarts.
+pub fn pod_uid(pod: &Pod) -> PodUid {
+    if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        return PodUid(uid.to_string());
+    }
+    let ns = pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+    let name = pod.metadata.name.as_deref().unwrap_or("");
+    PodUid(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
+}
+
+/// Fills in a pod's defaults: the `default` namespace and its UID.
+pub fn normalize_pod(mut pod: Pod) -> Pod {
+    if pod.metadata.namespace.as_deref().unwrap_or("").is_empty() {
+        pod.metadata.namespace = Some(DEFAULT_NAMESPACE.to_string());
+    }
+    let uid = pod_uid(&pod);
+    pod.metadata.uid = Some(uid.0);
+    pod
+}
+
+/// A pod and where it came from.
+#[derive(Clone, Debug)]
+pub struct StoredPod {
+    /// The pod.
+    pub pod: Arc<Pod>,
+    /// Its origin.
+    pub origin: Origin,
+}
+
+/// A referenced object and where it came from.
+#[derive(Clone, Debug)]
+pub struct Stored<T> {
+    /// The object.
+    pub object: Arc<T>,
+    /// Its origin.
+    pub origin: Origin,
+}
+
+type NsName = (String, String);
+
+/// A problem with a manifest file as a whole or one of its documents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestError {
+    /// The file.
+    pub path: PathBuf,
+    /// The 1-based document index, when the problem is in one document.
+    pub document: Option<usize>,
+    /// The 1-based line, when known.
+    pub line: Option<usize>,
+    /// The 1-based column, when known.
+    pub column: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(d) = self.document {
+            write!(f, ": document {d}")?;
+        }
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, ", line {l}, column {c}")?,
+            (Some(l), None) => write!(f, ", line {l}")?,
+            _ => {}
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+#[derive(Default)]
+struct Objects {
+    pods: BTreeMap<PodUid, StoredPod>,
+    config_maps: BTreeMap<NsName, Stored<ConfigMap>>,
+    secrets: BTreeMap<NsName, Stored<Secret>>,
+    persistent_volumes: BTreeMap<String, Stored<PersistentVolume>>,
+    persistent_volume_claims: BTreeMap<NsName, Stored<PersistentVolumeClaim>>,
+    csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
+    file_errors: BTreeMap<PathBuf, Vec<ManifestError>>,
+}
+
+fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NsName {
+    (
+        meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn from_file(origin: &Origin, path: &std::path::Path) -> bool {
+    matches!(origin, Origin::File { path: p, .. } if p == path)
+}
+
+/// The store.
+pub struct ObjectStore {
+    objects: RwLock<Objects>,
+    changed: watch::Sender<u64>,
+    sources: Mutex<BTreeMap<String, bool>>,
+}
+
+impl Default for ObjectStore {
+    fn default() -> Self {
+        ObjectStore {
+            objects: RwLock::default(),
+            changed: watch::channel(0).0,
+            sources: Mutex::default(),
+        }
+    }
+}
+
+impl ObjectStore {
+    /// An empty store with no registered sources.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Objects> {
+        self.objects.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Objects> {
+        self.objects.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|g| *g += 1);
+    }
+
+    /// A receiver woken on every change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Registers a pod source that must deliver a complete listing before teardown may start.
+    pub fn register_source(&self, name: &str) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_string())
+            .or_insert(false);
+        self.bump();
+    }
+
+    /// Records that a source has delivered its complete first listing.
+    pub fn mark_source_synced(&self, name: &str) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), true);
+        self.bump();
+    }
+
+    /// Whether every registered source has synced.
+    pub fn all_sources_synced(&self) -> bool {
+        self.sources.lock().unwrap_or_else(|p| p.into_inner()).values().all(|s| *s)
+    }
+
+    /// Replaces every object that came from `path` with `objects`, and clears the file's errors
+    /// (setting `errors` instead). A pod whose UID another file already defines is not taken;
+    /// that is reported as an error of this file.
+    pub fn replace_file(&self, path: &std::path::Path, objects: Vec<(usize, Object)>, mut errors: Vec<ManifestError>) {
+        let mut o = self.write();
+        o.pods.retain(|_, p| !from_file(&p.origin, path));
+        o.config_maps.retain(|_, s| !from_file(&s.origin, path));
+        o.secrets.retain(|_, s| !from_file(&s.origin, path));
+        o.persistent_volumes.retain(|_, s| !from_file(&s.origin, path));
+        o.persistent_volume_claims.retain(|_, s| !from_file(&s.origin, path));
+        o.csi_drivers.retain(|_, s| !from_file(&s.origin, path));
+        for (document, obj) in objects {
+            let origin = Origin::File {
+                path: path.to_path_buf(),
+                document,
+            };
+            match obj {
+                Object::Pod(pod) => {
+                    let uid = pod_uid(&pod);
+                    if let Some(other) = o.pods.get(&uid) {
+                        errors.push(ManifestError {
+                            path: path.to_path_buf(),
+                            document: Some(document),
+                            line: None,
+                            column: None,
+                            message: format!(
+                                "pod {}/{} (uid {uid}) is already defined by {}; this definition is ignored: rename one of them",
+                                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                                pod.metadata.name.as_deref().unwrap_or_default(),
+                                other.origin
+                            ),
+                        });
+                        continue;
+                    }
+                    o.pods.insert(uid, StoredPod { pod: Arc::new(pod), origin });
+                }
+                Object::ConfigMap(c) => {
+                    let k = ns_name(&c.metadata);
+                    o.config_maps.insert(k, Stored { object: Arc::new(c), origin });
+                }
+                Object::Secret(s) => {
+                    let k = ns_name(&s.metadata);
+                    o.secrets.insert(k, Stored { object: Arc::new(s), origin });
+                }
+                Object::PersistentVolume(pv) => {
+                    let k = pv.metadata.name.clone().unwrap_or_default();
+                    o.persistent_volumes.insert(k, Stored { object: Arc::new(pv), origin });
+                }
+                Object::PersistentVolumeClaim(c) => {
+                    let k = ns_name(&c.metadata);
+                    o.persistent_volume_claims.insert(k, Stored { object: Arc::new(c), origin });
+                }
+                Object::CSIDriver(d) => {
+                    let k = d.metadata.name.clone().unwrap_or_default();
+                    o.csi_drivers.insert(k, Stored { object: Arc::new(d), origin });
+                }
+            }
+        }
+        if errors.is_empty() {
+            o.file_errors.remove(path);
+        } else {
+            o.file_errors.insert(path.to_path_buf(), errors);
+        }
+        drop(o);
+        self.bump();
+    }
+
+    /// Records errors for a file while keeping the objects it delivered before, so that a
+    /// broken edit never takes a running pod's volumes away.
+    pub fn set_file_errors(&self, path: &std::path::Path, errors: Vec<ManifestError>) {
+        self.write().file_errors.insert(path.to_path_buf(), errors);
+        self.bump();
+    }
+
+    /// Forgets everything a file delivered (the file was removed).
+    pub fn remove_file(&self, path: &std::path::Path) {
+        self.replace_file(path, Vec::new(), Vec::new());
+    }
+
+    /// The files that have delivered objects or errors.
+    pub fn known_files(&self) -> Vec<PathBuf> {
+        let o = self.read();
+        let mut files: Vec<PathBuf> = o
+            .pods
+            .values()
+            .map(|p| &p.origin)
+            .chain(o.config_maps.values().map(|s| &s.origin))
+            .chain(o.secrets.values().map(|s| &s.origin))
+            .chain(o.persistent_volumes.values().map(|s| &s.origin))
+            .chain(o.persistent_volume_claims.values().map(|s| &s.origin))
+            .chain(o.csi_drivers.values().map(|s| &s.origin))
+            .filter_map(|o| match o {
+                Origin::File { path, .. } => Some(path.clone()),
+                Origin::Api => None,
+            })
+            .chain(o.file_errors.keys().cloned())
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
+    /// Adds or replaces a pod given through the library API. Returns its UID.
+    pub fn upsert_pod(&self, pod: Pod) -> PodUid {
+        let pod = normalize_pod(pod);
+        let uid = pod_uid(&pod);
+        self.write().pods.insert(
+            uid.clone(),
+            StoredPod {
+                pod: Arc::new(pod),
+                origin: Origin::Api,
+            },
+        );
+        self.bump();
+        uid
+    }
+
+    /// Removes a pod given through the library API.
+    pub fn remove_pod(&self, uid: &PodUid) {
+        self.write().pods.remove(uid);
+        self.bump();
+    }
+
+    /// Every pod.
+    pub fn pods(&self) -> Vec<(PodUid, StoredPod)> {
+        self.read().pods.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// One pod.
+    pub fn pod(&self, uid: &PodUid) -> Option<StoredPod> {
+        self.read().pods.get(uid).cloned()
+    }
+
+    /// A ConfigMap by namespace and name.
+    pub fn config_map(&self, ns: &str, name: &str) -> Option<Stored<ConfigMap>> {
+        self.read().config_maps.get(&(ns.into(), name.into())).cloned()
+    }
+
+    /// A Secret by namespace and name.
+    pub fn secret(&self, ns: &str, name: &str) -> Option<Stored<Secret>> {
+        self.read().secrets.get(&(ns.into(), name.into())).cloned()
+    }
+
+    /// A PersistentVolume by name.
+    pub fn persistent_volume(&self, name: &str) -> Option<Stored<PersistentVolume>> {
+        self.read().persistent_volumes.get(name).cloned()
+    }
+
+    /// A PersistentVolumeClaim by namespace and name.
+    pub fn persistent_volume_claim(&self, ns: &str, name: &str) -> Option<Stored<PersistentVolumeClaim>> {
+        self.read().persistent_volume_claims.get(&(ns.into(), name.into())).cloned()
+    }
+
+    /// A CSIDriver by name.
+    pub fn csi_driver(&self, name: &str) -> Option<Stored<CSIDriver>> {
+        self.read().csi_drivers.get(name).cloned()
+    }
+
+    /// Every file error.
+    pub fn file_errors(&self) -> Vec<ManifestError> {
+        self.read().file_errors.values().flatten().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: Option<&str>, name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = ns.map(Into::into);
+        p
+    }
+
+    #[test]
+    fn derived_uid_is_stable_and_depends_on_namespace_and_name() {
+        let a = pod_uid(&pod(None, "web"));
+        assert_eq!(a, pod_uid(&pod(Some("default"), "web")), "namespace defaults to default");
+        assert_eq!(a, pod_uid(&pod(None, "web")));
+        assert_ne!(a, pod_uid(&pod(Some("prod"), "web")));
+        assert!(kubevol_core::validation::is_canonical_uuid(a.as_str()));
+        let mut explicit = pod(None, "web");
+        explicit.metadata.uid = Some("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70".into());
+        assert_eq!(pod_uid(&explicit).as_str(), "0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70");
+    }
+
+    #[test]
+    fn a_file_is_replaced_as_a_whole_and_duplicates_are_reported() {
+        let s = ObjectStore::new();
+        let a = PathBuf::from("/m/a.yaml");
+        let b = PathBuf::from("/m/b.yaml");
+        s.replace_file(&a, vec![(1, Object::Pod(normalize_pod(pod(None, "x")))), (2, Object::Pod(normalize_pod(pod(None, "y"))))], vec![]);
+        assert_eq!(s.pods().len(), 2);
+        s.replace_file(&b, vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))], vec![]);
+        assert_eq!(s.pods().len(), 2);
+        let errs = s.file_errors();
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().contains("/m/b.yaml: document 1: pod default/x"), "{}", errs[0]);
+        s.replace_file(&a, vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))], vec![]);
+        assert_eq!(s.pods().len(), 1, "x went away with the new version of a.yaml");
+        s.remove_file(&a);
+        assert!(s.pods().is_empty());
+    }
+
+    #[test]
+    fn sources_gate_until_all_synced() {
+        let s = ObjectStore::new();
+        assert!(s.all_sources_synced());
+        s.register_source("file");
+        assert!(!s.all_sources_synced());
+        s.mark_source_synced("file");
+        assert!(s.all_sources_synced());
+    }
+}
