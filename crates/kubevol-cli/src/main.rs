@@ -1,1 +1,282 @@
-fn main() {}
+//! The `kubevol` command: the standalone daemon (`run`), its status client (`status`) and the
+//! benchmark (`bench`).
+
+mod bench;
+mod client;
+mod table;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use kubevol::source::ManifestSource;
+use kubevol::status::{PodPhase, StatusReport, VolumePhase};
+use kubevol::{Config, VolumeManager};
+use kubevol_core::backoff::BackoffPolicy;
+
+/// The Kubernetes node volume manager.
+#[derive(Parser)]
+#[command(name = "kubevol", version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount what the pods in a manifest directory need, and keep it so.
+    Run(RunArgs),
+    /// Show the pods and volumes of a running daemon.
+    Status(StatusArgs),
+    /// Measure pod volume-ready latency and throughput against the raw mount syscalls.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Directory of Kubernetes YAML/JSON manifests (Pod, ConfigMap, Secret, PV, PVC, CSIDriver).
+    #[arg(long)]
+    manifests: PathBuf,
+    /// Root directory for pod volumes (`--root-dir /var/lib/kubelet` makes kubevol a drop-in).
+    #[arg(long, default_value = "/var/lib/kubevol")]
+    root_dir: PathBuf,
+    /// This node's name; pods whose spec.nodeName names another node are ignored.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Address of the HTTP server (health, metrics, status API). Not served with --once.
+    #[arg(long, default_value = "127.0.0.1:10258")]
+    listen: SocketAddr,
+    /// Mount what the manifests ask for, print a table and exit (0 only if every pod is ready).
+    #[arg(long)]
+    once: bool,
+    /// With --once: how long to wait for pods to settle.
+    #[arg(long, default_value = "123s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Host path prefix pods may use (repeatable); without any, every host path is allowed.
+    #[arg(long = "host-path-allow")]
+    host_path_allow: Vec<PathBuf>,
+    /// Delay after an operation's first failure.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    backoff_initial: Duration,
+    /// Longest delay between retries of a failing operation.
+    #[arg(long, default_value = "122s", value_parser = parse_duration)]
+    backoff_max: Duration,
+    /// Safety-net resync of the reconciler (it is otherwise driven by events).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    resync_period: Duration,
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// The daemon's HTTP address.
+    #[arg(long, default_value = "http://127.0.0.1:10258")]
+    server: String,
+    /// Output format: the table, the table with events, or the raw JSON.
+    #[arg(short = 'o', long = "output", value_enum)]
+    output: Option<Output>,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Output {
+    Wide,
+    Json,
+}
+
+/// Parses `500ms`, `10s`, `2m3s`, `1h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let n_end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if n_end == 0 {
+            return Err(format!("{s:?}: expected a number, e.g. 500ms, 10s, 2m3s"));
+        }
+        let n: u64 = rest[..n_end].parse().map_err(|e| format!("{s:?}: {e}"))?;
+        rest = &rest[n_end..];
+        let u_end = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..u_end] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            u => return Err(format!("{s:?}: unknown unit {u:?} (use ms, s, m or h)")),
+        };
+        total += unit;
+        rest = &rest[u_end..];
+    }
+    Ok(total)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Bench(args) = &cli.command {
+        // Before any thread exists: the benchmark mounts only in its own namespace.
+        if let Err(e) = kubevol_mount::ns::enter_private_mount_namespace() {
+            eprintln!("kubevol bench: {e} (the benchmark mounts for real and must run as root)");
+            return ExitCode::FAILURE;
+        }
+        init_logs(cli.log_format);
+        return report(bench::run(args));
+    }
+    init_logs(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kubevol: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Status(args) => status(args),
+        Command::Bench(_) => unreachable!("handled above"),
+    };
+    report(result)
+}
+
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kubevol: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut config = Config::new(&args.root_dir, args.node_name.clone().unwrap_or_else(hostname));
+    config.backoff = BackoffPolicy {
+        initial: args.backoff_initial,
+        max: args.backoff_max,
+    };
+    config.resync_period = args.resync_period;
+    config.host_path_allow = args.host_path_allow.clone();
+    let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
+        .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
+    let source = ManifestSource::new(&args.manifests, manager.store().clone())
+        .with_context(|| format!("cannot read manifest directory {}", args.manifests.display()))?;
+    let watch = source.start().context("cannot watch the manifest directory")?;
+    let running = tokio::spawn({
+        let m = manager.clone();
+        async move { m.run().await }
+    });
+    tracing::info!(root = %manager.config().root_dir.display(), node = %manager.config().node_name, "kubevol started");
+
+    let code = if args.once {
+        let report = settle(&manager, args.timeout).await;
+        table::print_report(&report, false, &mut std::io::stdout())?;
+        let all_ready = report.manifest_errors.is_empty() && report.pods.iter().all(|p| p.phase == PodPhase::Ready);
+        if all_ready {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    } else {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        tracing::info!(address = %args.listen, "serving /healthz, /readyz, /metrics, /api/v1/pods, /api/v1/events");
+        let server = tokio::spawn(kubevol::http::serve(listener, manager.clone(), shutdown_signal()));
+        shutdown_signal().await;
+        tracing::info!("stopping; mounts stay in place");
+        let _ = server.await;
+        ExitCode::SUCCESS
+    };
+    manager.shutdown();
+    watch.abort();
+    let _ = running.await;
+    Ok(code)
+}
+
+/// Waits until every pod is ready, rejected, or has had a first attempt at every volume.
+async fn settle(manager: &VolumeManager, timeout: Duration) -> StatusReport {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut changes = manager.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let report = manager.status(false);
+        let settled = report.states_synced
+            && report.pods.iter().all(|p| match p.phase {
+                PodPhase::Ready | PodPhase::Rejected => true,
+                PodPhase::Pending | PodPhase::Terminating => false,
+                PodPhase::Failed => p.volumes.iter().all(|v| v.state != VolumePhase::Pending && v.state != VolumePhase::Uncertain),
+            });
+        if settled {
+            return report;
+        }
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+            return report;
+        }
+    }
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let body = client::get(&args.server, "/api/v1/pods")?;
+    if args.output == Some(Output::Json) {
+        println!("{body}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report: StatusReport = serde_json::from_str(&body).context("the server's answer is not a kubevol status report")?;
+    table::print_report(&report, args.output == Some(Output::Wide), &mut std::io::stdout())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m3s").unwrap(), Duration::from_secs(123));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

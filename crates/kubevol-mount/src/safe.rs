@@ -134,13 +134,17 @@ impl Dir {
         Ok(cur)
     }
 
-    /// Creates the directories of `rel` below this one as needed and opens the last. Directories
-    /// it creates get exactly `mode` (not reduced by the umask); existing ones are left alone.
-    /// Returns the directory and whether the last component was created.
+    /// Creates the directories of `rel` below this one as needed and opens the last. The last
+    /// directory, if created, gets exactly `mode` (not reduced by the umask); parents it creates
+    /// get 0750, as the kubelet's pod directories; existing ones are left alone. Returns the
+    /// directory and whether the last component was created.
     pub fn create_dir_all(&self, rel: &Path, mode: u32) -> Result<(Dir, bool), MountError> {
         let mut cur = self.open_beneath(Path::new("."))?;
         let mut created = false;
-        for name in components(rel)? {
+        let names = components(rel)?;
+        let last = names.len().saturating_sub(1);
+        for (i, name) in names.into_iter().enumerate() {
+            let mode = if i == last { mode } else { 0o750 };
             created = match rustix::fs::mkdirat(&cur.fd, name, Mode::from_raw_mode(mode)) {
                 Ok(()) => true,
                 Err(Errno::EXIST) => false,
@@ -327,6 +331,8 @@ mod tests {
         assert_eq!(d.path(), t.path().join("a/b/c"));
         let mode = std::fs::metadata(t.path().join("a/b/c")).unwrap().permissions().mode();
         assert_eq!(mode & 0o7777, 0o777, "umask must not reduce the mode");
+        let parent = std::fs::metadata(t.path().join("a/b")).unwrap().permissions().mode();
+        assert_eq!(parent & 0o7777, 0o750, "parents are private");
         let (_, created) = root.create_dir_all(Path::new("a/b/c"), 0o777).unwrap();
         assert!(!created);
     }

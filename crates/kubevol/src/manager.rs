@@ -124,6 +124,7 @@ pub(crate) struct Inner {
     pub(crate) dsw_synced: AtomicBool,
     pub(crate) states_synced: AtomicBool,
     pub(crate) pending_since: Mutex<HashMap<PodUid, Instant>>,
+    pub(crate) pod_signals: Mutex<HashMap<PodUid, Arc<Notify>>>,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) operations: Semaphore,
 }
@@ -152,6 +153,32 @@ impl Inner {
     pub(crate) fn notify_changed(&self) {
         self.changed.send_modify(|g| *g += 1);
         self.wake.notify_one();
+    }
+
+    /// The signal a pod's waiters sleep on.
+    pub(crate) fn pod_signal(&self, uid: &PodUid) -> Arc<Notify> {
+        self.pod_signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(uid.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Wakes one pod's waiters (and the status subscribers and the reconciler).
+    pub(crate) fn notify_pod(&self, uid: &PodUid) {
+        let signal = self.pod_signals.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
+        if let Some(s) = signal {
+            s.notify_waiters();
+        }
+    }
+
+    /// Forgets a gone pod's signal unless a waiter still holds it.
+    pub(crate) fn forget_pod_signal(&self, uid: &PodUid) {
+        let mut map = self.pod_signals.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(uid).is_some_and(|s| Arc::strong_count(s) == 1) {
+            map.remove(uid);
+        }
     }
 
     /// Where the pod came from, for messages.
@@ -329,6 +356,7 @@ impl VolumeManager {
                 dsw_synced: AtomicBool::new(false),
                 states_synced: AtomicBool::new(false),
                 pending_since: Mutex::default(),
+                pod_signals: Mutex::default(),
                 shutdown: watch::channel(false).0,
             }),
         })
@@ -370,10 +398,13 @@ impl VolumeManager {
     async fn wait_until(&self, pod: &Pod, mut done: impl FnMut(&Inner, &PodUid) -> Result<bool, WaitError>, describe: impl Fn(&Inner, &PodUid) -> String) -> Result<(), WaitError> {
         let uid = pod_uid(pod);
         let deadline = Instant::now() + self.inner.config.wait_timeout;
-        let mut rx = self.inner.changed.subscribe();
+        let signal = self.inner.pod_signal(&uid);
         let mut stop = self.inner.shutdown.subscribe();
         loop {
-            rx.borrow_and_update();
+            // Register for the next signal before checking, so a change in between is not lost.
+            let notified = signal.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if done(&self.inner, &uid)? {
                 return Ok(());
             }
@@ -381,22 +412,19 @@ impl VolumeManager {
                 return Err(WaitError::Stopped);
             }
             tokio::select! {
-                r = tokio::time::timeout_at(deadline, rx.changed()) => match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(WaitError::Stopped),
-                    Err(_) => {
-                        let name = format!(
-                            "{}/{}",
-                            pod.metadata.namespace.as_deref().unwrap_or(crate::store::DEFAULT_NAMESPACE),
-                            pod.metadata.name.as_deref().unwrap_or("")
-                        );
-                        return Err(WaitError::Timeout {
-                            pod: name,
-                            timeout: self.inner.config.wait_timeout,
-                            detail: describe(&self.inner, &uid),
-                        });
-                    }
-                },
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let name = format!(
+                        "{}/{}",
+                        pod.metadata.namespace.as_deref().unwrap_or(crate::store::DEFAULT_NAMESPACE),
+                        pod.metadata.name.as_deref().unwrap_or("")
+                    );
+                    return Err(WaitError::Timeout {
+                        pod: name,
+                        timeout: self.inner.config.wait_timeout,
+                        detail: describe(&self.inner, &uid),
+                    });
+                }
                 _ = stop.changed() => return Err(WaitError::Stopped),
             }
         }
@@ -601,7 +629,8 @@ impl VolumeManager {
         self.inner.metrics.render(&totals)
     }
 
-    /// A receiver woken on every change of either state of world.
+    /// A receiver woken on every change of either state of world (for status watchers; a
+    /// pod's waiters sleep on the pod's own signal instead).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()
     }

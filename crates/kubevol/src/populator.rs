@@ -91,6 +91,7 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
         }
         seen.insert(uid.clone(), pod.clone());
         process_pod(inner, &uid, &stored);
+        inner.notify_pod(&uid);
         changed = true;
     }
     let gone: Vec<PodUid> = seen.keys().filter(|u| !wanted.contains(*u)).cloned().collect();
@@ -99,6 +100,7 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
         inner.dsw_mut().remove_pod(&uid);
         inner.rejected_mut().remove(&uid);
         inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        inner.notify_pod(&uid);
         changed = true;
     }
     if sources_synced && !inner.dsw_synced.swap(true, Ordering::AcqRel) {

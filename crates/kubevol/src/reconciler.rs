@@ -94,6 +94,18 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
         .metrics
         .observe_operation(&plugin, op.metric_name(), outcome.is_ok(), started.elapsed().as_secs_f64());
     inner.executor.finish(&op.key(), outcome, Instant::now());
+    match &op {
+        Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => inner.notify_pod(pod),
+        Operation::Attach { volume }
+        | Operation::MountDevice { volume }
+        | Operation::UnmountDevice { volume }
+        | Operation::Detach { volume } => {
+            let pods: Vec<PodUid> = inner.dsw().volume(volume).map(|v| v.pods.keys().cloned().collect()).unwrap_or_default();
+            for p in pods {
+                inner.notify_pod(&p);
+            }
+        }
+    }
     inner.notify_changed();
 }
 
@@ -251,6 +263,7 @@ async fn cleanup_pod_dir(inner: &Arc<Inner>, pod: &PodUid) {
     match result {
         Ok(Ok(())) => {
             inner.events.forget(pod);
+            inner.forget_pod_signal(pod);
             info!(pod = %pod, "pod directory removed");
         }
         Ok(Err(e)) => warn!(pod = %pod, dir = %inner.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}"),

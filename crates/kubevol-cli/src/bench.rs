@@ -1,0 +1,179 @@
+//! `kubevol bench`: N pods with M Memory emptyDir volumes (tmpfs mounts) arrive at once. It
+//! prints pod volume-ready latency, volume throughput, CPU, peak RSS and the CPU used while idle
+//! with every pod mounted, and, measured in the same run, the raw floor: the same mkdir, mount,
+//! chmod, umount and rmdir syscalls made directly in a loop, with kubevol's ratio to it.
+//!
+//! It runs in a private mount namespace (entered before any thread starts) on a temporary root,
+//! so nothing it mounts is visible outside or outlives it.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use kubevol::{Config, VolumeManager};
+use kubevol_mount::{LinuxMounter, MountOptions, Mounter};
+
+/// Benchmark options.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Pods arriving together.
+    #[arg(long, default_value_t = 1000)]
+    pods: usize,
+    /// Memory emptyDir volumes per pod.
+    #[arg(long, default_value_t = 4)]
+    volumes: usize,
+    /// Seconds to measure idle CPU with everything mounted.
+    #[arg(long, default_value_t = 10)]
+    idle_seconds: u64,
+}
+
+/// CPU seconds (user + system) of this process so far, from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of the file are the 12th and 13th after the command name.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let hz = 100.0;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// Peak resident set size in MiB, from /proc/self/status.
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn pod(i: usize, volumes: usize) -> Pod {
+    let vols: Vec<serde_json::Value> = (0..volumes)
+        .map(|v| serde_json::json!({"name": format!("v{v}"), "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}))
+        .collect();
+    let mounts: Vec<serde_json::Value> = (0..volumes)
+        .map(|v| serde_json::json!({"name": format!("v{v}"), "mountPath": format!("/v{v}")}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("bench-{i}"), "namespace": "bench"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": mounts}], "volumes": vols},
+    }))
+    .expect("benchmark pod is valid")
+}
+
+/// The raw floor: the same syscalls kubevol needs per volume, made directly.
+fn raw_floor(dir: &Path, count: usize) -> anyhow::Result<(Duration, Duration)> {
+    let m = LinuxMounter;
+    let opts = MountOptions {
+        data: vec![format!("size={}", 1 << 20)],
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    for i in 0..count {
+        let p = dir.join(i.to_string());
+        std::fs::create_dir(&p)?;
+        m.mount("tmpfs", &p, "tmpfs", &opts)?;
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    }
+    let mounted = t0.elapsed();
+    let t1 = Instant::now();
+    for i in 0..count {
+        let p = dir.join(i.to_string());
+        m.unmount(&p)?;
+        std::fs::remove_dir(&p)?;
+    }
+    Ok((mounted, t1.elapsed()))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs the benchmark and prints its figures.
+pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let total = args.pods * args.volumes;
+    let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir)?;
+    println!("kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts", args.pods, args.volumes);
+
+    let cpu0 = cpu_seconds();
+    let (floor_mount, floor_unmount) = raw_floor(&floor_dir, total).context("raw floor")?;
+    let floor_cpu = cpu_seconds() - cpu0;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let root = tmp.path().join("root");
+    let result = runtime.block_on(async {
+        let mut config = Config::new(&root, "bench-node");
+        config.wait_timeout = Duration::from_secs(600);
+        let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+        let running = tokio::spawn({
+            let m = manager.clone();
+            async move { m.run().await }
+        });
+        let pods: Vec<Pod> = (0..args.pods).map(|i| pod(i, args.volumes)).collect();
+        let cpu_start = cpu_seconds();
+        let start = tokio::time::Instant::now();
+        let mut waits = Vec::new();
+        for p in &pods {
+            manager.add_pod(p.clone());
+        }
+        for p in pods.iter().cloned() {
+            let m = manager.clone();
+            waits.push(tokio::spawn(async move {
+                m.wait_for_attach_and_mount(&p).await.map(|_| start.elapsed().as_secs_f64())
+            }));
+        }
+        let mut latencies = Vec::new();
+        for w in waits {
+            latencies.push(w.await??);
+        }
+        let mount_elapsed = start.elapsed();
+        let mount_cpu = cpu_seconds() - cpu_start;
+
+        let idle_start = cpu_seconds();
+        tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+        let idle_cpu = cpu_seconds() - idle_start;
+
+        let cpu_unmount_start = cpu_seconds();
+        let t = tokio::time::Instant::now();
+        for p in &pods {
+            manager.remove_pod(p);
+        }
+        manager.wait_for_all_pods_unmount(&pods).await?;
+        let unmount_elapsed = t.elapsed();
+        let unmount_cpu = cpu_seconds() - cpu_unmount_start;
+        manager.shutdown();
+        let _ = running.await;
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        anyhow::Ok((latencies, mount_elapsed, mount_cpu, idle_cpu, unmount_elapsed, unmount_cpu))
+    });
+    let (lat, mount_elapsed, mount_cpu, idle_cpu, unmount_elapsed, unmount_cpu) = result?;
+
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let kv_mount = rate(total, mount_elapsed);
+    let kv_unmount = rate(total, unmount_elapsed);
+    let fl_mount = rate(total, floor_mount);
+    let fl_unmount = rate(total, floor_unmount);
+    println!();
+    println!("pod volume-ready latency (all pods added at once):");
+    println!("  p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms", percentile(&lat, 0.5) * 1e3, percentile(&lat, 0.99) * 1e3, lat.last().copied().unwrap_or(0.0) * 1e3);
+    println!("throughput (volumes/s)        kubevol    raw floor   ratio");
+    println!("  set up (mkdir+mount+chmod) {kv_mount:9.0}  {fl_mount:10.0}   {:.2}", kv_mount / fl_mount);
+    println!("  tear down (umount+rmdir)   {kv_unmount:9.0}  {fl_unmount:10.0}   {:.2}", kv_unmount / fl_unmount);
+    println!("CPU seconds: kubevol set-up {mount_cpu:.2}, tear-down {unmount_cpu:.2}; raw floor both {floor_cpu:.2}");
+    println!("idle CPU with {total} volumes mounted: {:.3}% of one core over {} s", idle_cpu / args.idle_seconds as f64 * 100.0, args.idle_seconds);
+    println!("peak RSS: {:.1} MiB", peak_rss_mib());
+    Ok(ExitCode::SUCCESS)
+}

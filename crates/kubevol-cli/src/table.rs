@@ -1,0 +1,77 @@
+//! The kubectl-style table of `kubevol run --once` and `kubevol status`.
+
+use std::io::Write;
+
+use kubevol::status::StatusReport;
+
+/// Prints the report: one row per volume (or per rejected pod), then manifest errors; `wide`
+/// adds each pod's recent events.
+pub fn print_report(report: &StatusReport, wide: bool, out: &mut impl Write) -> std::io::Result<()> {
+    let mut rows: Vec<[String; 5]> = vec![[
+        "NAMESPACE/POD".into(),
+        "VOLUME".into(),
+        "TYPE".into(),
+        "STATE".into(),
+        "PATH OR ERROR".into(),
+    ]];
+    for pod in &report.pods {
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        if pod.volumes.is_empty() {
+            let detail = if pod.errors.is_empty() {
+                "no volumes used by containers".to_string()
+            } else {
+                format!("{}: {}", pod.source, pod.errors.join("; "))
+            };
+            rows.push([name.clone(), "-".into(), "-".into(), pod.phase.to_string(), detail]);
+        }
+        for v in &pod.volumes {
+            let detail = match (&v.path, &v.last_error) {
+                (_, Some(e)) => match v.next_retry_ms {
+                    Some(ms) => format!("{e} (retry in {:.1}s)", ms as f64 / 1000.0),
+                    None => e.clone(),
+                },
+                (Some(p), None) => {
+                    if v.read_only {
+                        format!("{p} (ro)")
+                    } else {
+                        p.clone()
+                    }
+                }
+                (None, None) => String::new(),
+            };
+            rows.push([name.clone(), v.name.clone(), v.type_.clone(), v.state.to_string(), detail]);
+        }
+    }
+    let widths: Vec<usize> = (0..4).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    for r in &rows {
+        writeln!(
+            out,
+            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        )?;
+    }
+    if wide {
+        for pod in report.pods.iter().filter(|p| !p.events.is_empty()) {
+            writeln!(out, "\nEvents of {}/{} ({}):", pod.namespace, pod.name, pod.source)?;
+            for e in &pod.events {
+                let count = if e.count > 1 { format!(" (x{})", e.count) } else { String::new() };
+                writeln!(out, "  {:7}  {:24}  {}{count}", e.type_, e.reason, e.message)?;
+            }
+        }
+    }
+    if !report.manifest_errors.is_empty() {
+        writeln!(out, "\nManifest errors:")?;
+        for e in &report.manifest_errors {
+            writeln!(out, "  {e}")?;
+        }
+    }
+    Ok(())
+}
