@@ -16,10 +16,10 @@ pub mod safe;
 
 use std::path::{Path, PathBuf};
 
-use rustix::io::Errno;
 use rustix::mount::{MountFlags, UnmountFlags};
 
 pub use fake::FakeMounter;
+pub use rustix::io::Errno;
 pub use mountinfo::MountInfo;
 
 /// An error of the mount layer, with the path and errno that caused it.

@@ -214,7 +214,7 @@ impl VolumePlugin for EmptyDirPlugin {
                 Err(e) => return Err(e.into()),
             };
             let name = req.outer_volume_name.as_str();
-            if parent.has_entry(name)? && parent.is_mount_root(name)? {
+            if parent.has_entry(name)? && host.mounter.is_mount_point(&req.path)? {
                 if medium(&req.spec) == Medium::Disk {
                     // Something else is mounted over a disk volume: never unmount or enter it.
                     return Err(MountError::NestedMount { path: req.path.clone() }.into());

@@ -1,0 +1,174 @@
+//! Test harness for tests that mount for real: each runs in its own process inside a private
+//! mount namespace (`unshare --mount --propagation private`), on a temporary root that is
+//! unmounted and removed when the test ends, so nothing is left on the machine.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol::status::{PodPhase, PodStatus};
+use kubevol::{Config, VolumeManager};
+
+const INSIDE: &str = "KUBEVOL_TEST_IN_PRIVATE_NS";
+
+/// Runs `body` inside a private mount namespace: the test re-executes its own binary for just
+/// this test under unshare(1), and asserts that the child passed.
+pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
+    if std::env::var(INSIDE).as_deref() == Ok(test) {
+        body();
+        return;
+    }
+    let uid = std::process::Command::new("id").arg("-u").output().expect("run id -u");
+    assert_eq!(
+        String::from_utf8_lossy(&uid.stdout).trim(),
+        "0",
+        "{test} mounts for real and must run as root (inside its own private mount namespace)"
+    );
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private"])
+        .arg(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(INSIDE, test)
+        .output()
+        .expect("run unshare(1): install util-linux");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} failed inside its mount namespace:\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+}
+
+/// Declares a test that runs inside its own private mount namespace.
+#[macro_export]
+macro_rules! mount_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $(#[$meta])*
+        #[test]
+        fn $name() {
+            common::in_private_mount_ns(stringify!($name), || $body);
+        }
+    };
+}
+
+/// A temporary directory that unmounts everything below it before it is removed.
+pub struct TestRoot {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl TestRoot {
+    pub fn new() -> Self {
+        TestRoot {
+            dir: Some(tempfile::Builder::new().prefix("kubevol-test").tempdir().expect("tempdir")),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("live").path()
+    }
+}
+
+/// Mount points at or below `dir`, deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String, String)> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mut v: Vec<(PathBuf, String, String)> = kubevol_mount::mountinfo::parse(&text)
+        .expect("parse mountinfo")
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(dir))
+        .map(|m| (m.mount_point, m.fs_type, m.super_options))
+        .collect();
+    v.sort_by_key(|m| std::cmp::Reverse(m.0.components().count()));
+    v
+}
+
+impl Drop for TestRoot {
+    fn drop(&mut self) {
+        let path = self.path().to_path_buf();
+        for (m, _, _) in mounts_under(&path) {
+            let _ = rustix_unmount(&m);
+        }
+        if let Some(d) = self.dir.take() {
+            let _ = d.close();
+        }
+    }
+}
+
+fn rustix_unmount(p: &Path) -> Result<(), kubevol_mount::MountError> {
+    use kubevol_mount::Mounter;
+    kubevol_mount::LinuxMounter.unmount(p).map(|_| ())
+}
+
+/// A multi-thread runtime for one test.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A manager over the real mount layer, with fast backoff for tests, running in the background.
+pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
+    let mut config = Config::new(root.join("root"), "test-node");
+    config.backoff.initial = Duration::from_millis(20);
+    config.backoff.max = Duration::from_millis(200);
+    config.wait_timeout = Duration::from_secs(20);
+    tweak(&mut config);
+    let m = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)).expect("manager");
+    let run = m.clone();
+    tokio::spawn(async move { run.run().await });
+    m
+}
+
+/// A pod from JSON.
+pub fn pod(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).expect("test pod parses")
+}
+
+/// A pod named `name` whose single container mounts every volume given.
+pub fn pod_with_volumes(name: &str, volumes: serde_json::Value) -> Pod {
+    let mounts: Vec<serde_json::Value> = volumes
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| serde_json::json!({"name": v["name"], "mountPath": format!("/mnt/{}", v["name"].as_str().unwrap_or(""))}))
+        .collect();
+    pod(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": mounts}], "volumes": volumes},
+    }))
+}
+
+/// Waits (woken by state changes) until `cond` holds for the pod's status, or panics after
+/// `secs` seconds with the last status.
+pub async fn wait_for_status(m: &VolumeManager, pod: &Pod, secs: u64, cond: impl Fn(&PodStatus) -> bool) -> PodStatus {
+    let uid = kubevol::pod_uid(pod);
+    let mut rx = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        rx.borrow_and_update();
+        let s = m.pod_status(&uid);
+        if let Some(s) = &s {
+            if cond(s) {
+                return s.clone();
+            }
+        }
+        if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            panic!("condition not reached within {secs}s; last status: {s:#?}");
+        }
+    }
+}
+
+/// Whether a pod's status is final for a first attempt: ready, rejected, or every volume tried.
+pub fn settled(s: &PodStatus) -> bool {
+    match s.phase {
+        PodPhase::Ready | PodPhase::Rejected => true,
+        PodPhase::Failed => s.volumes.iter().all(|v| v.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted),
+        _ => false,
+    }
+}
