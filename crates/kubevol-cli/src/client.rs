@@ -13,19 +13,25 @@ pub fn get(server: &str, path: &str) -> anyhow::Result<String> {
         .strip_prefix("http://")
         .with_context(|| format!("{server}: only http:// servers are supported"))?
         .trim_end_matches('/');
-    let mut stream = TcpStream::connect(authority)
-        .with_context(|| format!("cannot connect to {server}: is `kubevol run` running with --listen {authority}?"))?;
+    let mut stream = TcpStream::connect(authority).with_context(|| {
+        format!("cannot connect to {server}: is `kubevol run` running with --listen {authority}?")
+    })?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nAccept: application/json\r\n\r\n")?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP answer")?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP answer")?;
     let status = head.lines().next().unwrap_or("");
-    if !status.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    if status.split_whitespace().nth(1) != Some("200") {
         bail!("{server}{path}: {status}");
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return dechunk(body);
     }
     Ok(body.to_string())
@@ -48,6 +54,9 @@ fn dechunk(mut body: &str) -> anyhow::Result<String> {
 mod tests {
     #[test]
     fn dechunks() {
-        assert_eq!(super::dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").unwrap(), "hello world");
+        assert_eq!(
+            super::dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").unwrap(),
+            "hello world"
+        );
     }
 }

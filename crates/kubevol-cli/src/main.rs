@@ -103,13 +103,17 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("empty duration".into());
     }
     while !rest.is_empty() {
-        let n_end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let n_end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if n_end == 0 {
             return Err(format!("{s:?}: expected a number, e.g. 500ms, 10s, 2m3s"));
         }
         let n: u64 = rest[..n_end].parse().map_err(|e| format!("{s:?}: {e}"))?;
         rest = &rest[n_end..];
-        let u_end = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let u_end = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = match &rest[..u_end] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
@@ -129,10 +133,12 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-fn init_logs(format: LogFormat) {
+fn init_logs(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -147,11 +153,14 @@ fn main() -> ExitCode {
             eprintln!("kubevol bench: {e} (the benchmark mounts for real and must run as root)");
             return ExitCode::FAILURE;
         }
-        init_logs(cli.log_format);
+        init_logs(cli.log_format, "warn");
         return report(bench::run(args));
     }
-    init_logs(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    init_logs(cli.log_format, "info");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("kubevol: cannot start the runtime: {e}");
@@ -178,7 +187,10 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         std::future::pending::<()>().await;
         return;
     };
@@ -189,7 +201,10 @@ async fn shutdown_signal() {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut config = Config::new(&args.root_dir, args.node_name.clone().unwrap_or_else(hostname));
+    let mut config = Config::new(
+        &args.root_dir,
+        args.node_name.clone().unwrap_or_else(hostname),
+    );
     config.backoff = BackoffPolicy {
         initial: args.backoff_initial,
         max: args.backoff_max,
@@ -198,9 +213,16 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.host_path_allow = args.host_path_allow.clone();
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
         .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
-    let source = ManifestSource::new(&args.manifests, manager.store().clone())
-        .with_context(|| format!("cannot read manifest directory {}", args.manifests.display()))?;
-    let watch = source.start().context("cannot watch the manifest directory")?;
+    let source =
+        ManifestSource::new(&args.manifests, manager.store().clone()).with_context(|| {
+            format!(
+                "cannot read manifest directory {}",
+                args.manifests.display()
+            )
+        })?;
+    let watch = source
+        .start()
+        .context("cannot watch the manifest directory")?;
     let running = tokio::spawn({
         let m = manager.clone();
         async move { m.run().await }
@@ -210,7 +232,8 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let code = if args.once {
         let report = settle(&manager, args.timeout).await;
         table::print_report(&report, false, &mut std::io::stdout())?;
-        let all_ready = report.manifest_errors.is_empty() && report.pods.iter().all(|p| p.phase == PodPhase::Ready);
+        let all_ready = report.manifest_errors.is_empty()
+            && report.pods.iter().all(|p| p.phase == PodPhase::Ready);
         if all_ready {
             ExitCode::SUCCESS
         } else {
@@ -221,7 +244,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         tracing::info!(address = %args.listen, "serving /healthz, /readyz, /metrics, /api/v1/pods, /api/v1/events");
-        let server = tokio::spawn(kubevol::http::serve(listener, manager.clone(), shutdown_signal()));
+        let server = tokio::spawn(kubevol::http::serve(
+            listener,
+            manager.clone(),
+            shutdown_signal(),
+        ));
         shutdown_signal().await;
         tracing::info!("stopping; mounts stay in place");
         let _ = server.await;
@@ -244,12 +271,18 @@ async fn settle(manager: &VolumeManager, timeout: Duration) -> StatusReport {
             && report.pods.iter().all(|p| match p.phase {
                 PodPhase::Ready | PodPhase::Rejected => true,
                 PodPhase::Pending | PodPhase::Terminating => false,
-                PodPhase::Failed => p.volumes.iter().all(|v| v.state != VolumePhase::Pending && v.state != VolumePhase::Uncertain),
+                PodPhase::Failed => p
+                    .volumes
+                    .iter()
+                    .all(|v| v.state != VolumePhase::Pending && v.state != VolumePhase::Uncertain),
             });
         if settled {
             return report;
         }
-        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
             return report;
         }
     }
@@ -261,8 +294,13 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
     }
-    let report: StatusReport = serde_json::from_str(&body).context("the server's answer is not a kubevol status report")?;
-    table::print_report(&report, args.output == Some(Output::Wide), &mut std::io::stdout())?;
+    let report: StatusReport = serde_json::from_str(&body)
+        .context("the server's answer is not a kubevol status report")?;
+    table::print_report(
+        &report,
+        args.output == Some(Output::Wide),
+        &mut std::io::stdout(),
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

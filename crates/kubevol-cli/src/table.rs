@@ -6,7 +6,11 @@ use kubevol::status::StatusReport;
 
 /// Prints the report: one row per volume (or per rejected pod), then manifest errors; `wide`
 /// adds each pod's recent events.
-pub fn print_report(report: &StatusReport, wide: bool, out: &mut impl Write) -> std::io::Result<()> {
+pub fn print_report(
+    report: &StatusReport,
+    wide: bool,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let mut rows: Vec<[String; 5]> = vec![[
         "NAMESPACE/POD".into(),
         "VOLUME".into(),
@@ -22,7 +26,13 @@ pub fn print_report(report: &StatusReport, wide: bool, out: &mut impl Write) -> 
             } else {
                 format!("{}: {}", pod.source, pod.errors.join("; "))
             };
-            rows.push([name.clone(), "-".into(), "-".into(), pod.phase.to_string(), detail]);
+            rows.push([
+                name.clone(),
+                "-".into(),
+                "-".into(),
+                pod.phase.to_string(),
+                detail,
+            ]);
         }
         for v in &pod.volumes {
             let detail = match (&v.path, &v.last_error) {
@@ -39,10 +49,18 @@ pub fn print_report(report: &StatusReport, wide: bool, out: &mut impl Write) -> 
                 }
                 (None, None) => String::new(),
             };
-            rows.push([name.clone(), v.name.clone(), v.type_.clone(), v.state.to_string(), detail]);
+            rows.push([
+                name.clone(),
+                v.name.clone(),
+                v.type_.clone(),
+                v.state.to_string(),
+                detail,
+            ]);
         }
     }
-    let widths: Vec<usize> = (0..4).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..4)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
     for r in &rows {
         writeln!(
             out,
@@ -60,10 +78,22 @@ pub fn print_report(report: &StatusReport, wide: bool, out: &mut impl Write) -> 
     }
     if wide {
         for pod in report.pods.iter().filter(|p| !p.events.is_empty()) {
-            writeln!(out, "\nEvents of {}/{} ({}):", pod.namespace, pod.name, pod.source)?;
+            writeln!(
+                out,
+                "\nEvents of {}/{} ({}):",
+                pod.namespace, pod.name, pod.source
+            )?;
             for e in &pod.events {
-                let count = if e.count > 1 { format!(" (x{})", e.count) } else { String::new() };
-                writeln!(out, "  {:7}  {:24}  {}{count}", e.type_, e.reason, e.message)?;
+                let count = if e.count > 1 {
+                    format!(" (x{})", e.count)
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "  {:7}  {:24}  {}{count}",
+                    e.type_, e.reason, e.message
+                )?;
             }
         }
     }

@@ -13,13 +13,18 @@ fn examples() -> std::path::PathBuf {
 
 fn in_namespace(args: &[&str]) -> Command {
     let mut c = Command::new("unshare");
-    c.args(["--mount", "--propagation", "private", BIN]).args(args);
+    c.args(["--mount", "--propagation", "private", BIN])
+        .args(args);
     c
 }
 
 fn require_root() {
     let out = Command::new("id").arg("-u").output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "these tests mount for real: run them as root");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "these tests mount for real: run them as root"
+    );
 }
 
 #[test]
@@ -27,21 +32,60 @@ fn run_once_prints_what_was_mounted_where() {
     require_root();
     let root = tempfile::tempdir().unwrap();
     let root_s = root.path().to_str().unwrap();
-    let out = in_namespace(&["run", "--once", "--manifests", examples().to_str().unwrap(), "--root-dir", root_s, "--node-name", "demo"])
-        .output()
-        .unwrap();
+    let out = in_namespace(&[
+        "run",
+        "--once",
+        "--manifests",
+        examples().to_str().unwrap(),
+        "--root-dir",
+        root_s,
+        "--node-name",
+        "demo",
+    ])
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
-    assert!(lines[0].starts_with("NAMESPACE/POD") && lines[0].contains("PATH OR ERROR"), "{stdout}");
-    let row = |pod: &str, vol: &str| lines.iter().find(|l| l.starts_with(pod) && l.split_whitespace().nth(1) == Some(vol)).copied();
+    assert!(
+        lines[0].starts_with("NAMESPACE/POD") && lines[0].contains("PATH OR ERROR"),
+        "{stdout}"
+    );
+    let row = |pod: &str, vol: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(pod) && l.split_whitespace().nth(1) == Some(vol))
+            .copied()
+    };
     let cache = row("default/web", "cache").expect("cache row");
-    assert!(cache.contains("emptyDir") && cache.contains("Mounted") && cache.contains(&format!("{root_s}/pods/")), "{cache}");
-    assert!(cache.ends_with("/volumes/kubernetes.io~empty-dir/cache"), "{cache}");
+    assert!(
+        cache.contains("emptyDir")
+            && cache.contains("Mounted")
+            && cache.contains(&format!("{root_s}/pods/")),
+        "{cache}"
+    );
+    assert!(
+        cache.ends_with("/volumes/kubernetes.io~empty-dir/cache"),
+        "{cache}"
+    );
     let certs = row("default/web", "certs").expect("certs row");
-    assert!(certs.contains("hostPath") && certs.ends_with("/etc/ssl/certs"), "{certs}");
-    assert!(row("jobs/batch", "work").is_some(), "flow-style document in a multi-document file");
-    assert!(!stdout.contains("elsewhere"), "the other node's pod is ignored");
+    assert!(
+        certs.contains("hostPath") && certs.ends_with("/etc/ssl/certs"),
+        "{certs}"
+    );
+    assert!(
+        row("jobs/batch", "work").is_some(),
+        "flow-style document in a multi-document file"
+    );
+    assert!(
+        !stdout.contains("elsewhere"),
+        "the other node's pod is ignored"
+    );
 }
 
 #[test]
@@ -51,23 +95,55 @@ fn run_once_exits_non_zero_and_explains_invalid_pods() {
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("ok.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, emptyDir: {}}]}\n").unwrap();
     std::fs::write(manifests.path().join("bad.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, hostPath: {path: /tmp, type: Folder}}]}\n").unwrap();
-    let out = in_namespace(&["run", "--once", "--manifests", manifests.path().to_str().unwrap(), "--root-dir", root.path().to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = in_namespace(&[
+        "run",
+        "--once",
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.lines().any(|l| l.starts_with("default/ok") && l.contains("Mounted")), "{stdout}");
-    let bad = stdout.lines().find(|l| l.starts_with("default/bad")).expect("rejected pod row");
-    assert!(bad.contains("Rejected") && bad.contains("bad.yaml (document 1)") && bad.contains("spec.volumes[0].hostPath.type: Unsupported value: \"Folder\""), "{bad}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("default/ok") && l.contains("Mounted")),
+        "{stdout}"
+    );
+    let bad = stdout
+        .lines()
+        .find(|l| l.starts_with("default/bad"))
+        .expect("rejected pod row");
+    assert!(
+        bad.contains("Rejected")
+            && bad.contains("bad.yaml (document 1)")
+            && bad.contains("spec.volumes[0].hostPath.type: Unsupported value: \"Folder\""),
+        "{bad}"
+    );
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn status(server: &str, extra: &[&str]) -> String {
-    let out = Command::new(BIN).args(["status", "--server", server]).args(extra).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["status", "--server", server])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -78,11 +154,19 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let server = format!("http://{listen}");
-    let mut child = in_namespace(&["run", "--manifests", examples().to_str().unwrap(), "--root-dir", root.path().to_str().unwrap(), "--listen", &listen])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = in_namespace(&[
+        "run",
+        "--manifests",
+        examples().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+        "--listen",
+        &listen,
+    ])
+    .stderr(Stdio::piped())
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut synced = false;
     let mut serving = false;
@@ -99,9 +183,17 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     assert!(synced && serving && mounted == 7, "daemon did not come up");
 
     let table = status(&server, &[]);
-    assert!(table.lines().any(|l| l.starts_with("default/web") && l.contains("cache") && l.contains("Mounted")), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("default/web") && l.contains("cache") && l.contains("Mounted")),
+        "{table}"
+    );
     let wide = status(&server, &["-o", "wide"]);
-    assert!(wide.contains("Events of default/web") && wide.contains("SuccessfulMountVolume"), "{wide}");
+    assert!(
+        wide.contains("Events of default/web") && wide.contains("SuccessfulMountVolume"),
+        "{wide}"
+    );
     let json: serde_json::Value = serde_json::from_str(&status(&server, &["-o", "json"])).unwrap();
     assert_eq!(json["states_synced"], true);
     assert_eq!(json["pods"].as_array().unwrap().len(), 3);
@@ -116,15 +208,26 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     let metrics = get("/metrics");
     assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 4"), "{metrics}");
     assert!(metrics.contains("storage_operation_duration_seconds_bucket{le=\"0.1\",volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3"), "{metrics}");
-    assert!(metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 3"), "{metrics}");
-    assert!(get("/readyz").starts_with("HTTP/1.0 200") || get("/readyz").starts_with("HTTP/1.1 200"));
+    assert!(
+        metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 3"),
+        "{metrics}"
+    );
+    assert!(
+        get("/readyz").starts_with("HTTP/1.0 200") || get("/readyz").starts_with("HTTP/1.1 200")
+    );
     assert!(get("/healthz").contains("ok"));
     assert!(get("/api/v1/events").contains("SuccessfulMountVolume"));
 
-    let st = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(st.success());
     let code = child.wait().unwrap();
     assert!(code.success(), "SIGTERM stops the daemon cleanly: {code:?}");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    assert!(rest.iter().any(|l| l.contains("mounts stay in place")), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("mounts stay in place")),
+        "{rest:?}"
+    );
 }

@@ -93,6 +93,9 @@ mod tests {
 
     #[test]
     fn plugin_directory_escapes_slash() {
-        assert_eq!(escape_plugin_name("kubernetes.io/host-path"), "kubernetes.io~host-path");
+        assert_eq!(
+            escape_plugin_name("kubernetes.io/host-path"),
+            "kubernetes.io~host-path"
+        );
     }
 }

@@ -75,7 +75,11 @@ impl Quantity {
             "E" => (1_000_000_000_000_000_000, 0),
             exp if exp.starts_with(['e', 'E']) => {
                 let e: i32 = exp[1..].parse().map_err(|_| QuantityError::Syntax)?;
-                if !exp[1..].trim_start_matches(['+', '-']).bytes().all(|b| b.is_ascii_digit()) {
+                if !exp[1..]
+                    .trim_start_matches(['+', '-'])
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                {
                     return Err(QuantityError::Syntax);
                 }
                 if e >= 0 {
@@ -88,7 +92,9 @@ impl Quantity {
             _ => return Err(QuantityError::Syntax),
         };
         scaled = scaled.checked_mul(mul).ok_or(QuantityError::TooLarge)?;
-        decimals = decimals.checked_add(div_pow).ok_or(QuantityError::TooLarge)?;
+        decimals = decimals
+            .checked_add(div_pow)
+            .ok_or(QuantityError::TooLarge)?;
         let q = Quantity {
             negative: negative && scaled != 0,
             scaled,
@@ -178,7 +184,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for s in ["", "Mi", "1.2.3", "1Xi", "1 Mi", "--1", "1e", "e3", ".", "1mi", "1e+-3"] {
+        for s in [
+            "", "Mi", "1.2.3", "1Xi", "1 Mi", "--1", "1e", "e3", ".", "1mi", "1e+-3",
+        ] {
             assert!(Quantity::parse(s).is_err(), "row {s:?} must be rejected");
         }
     }

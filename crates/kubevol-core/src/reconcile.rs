@@ -64,12 +64,11 @@ impl Operation {
     /// The operation's single-flight key.
     pub fn key(&self) -> OperationKey {
         match self {
-            Operation::UnmountVolume { volume, pod } | Operation::MountVolume { volume, pod, .. } => {
-                OperationKey {
-                    volume: volume.clone(),
-                    pod: Some(pod.clone()),
-                }
-            }
+            Operation::UnmountVolume { volume, pod }
+            | Operation::MountVolume { volume, pod, .. } => OperationKey {
+                volume: volume.clone(),
+                pod: Some(pod.clone()),
+            },
             Operation::Attach { volume }
             | Operation::MountDevice { volume }
             | Operation::UnmountDevice { volume }
@@ -96,7 +95,9 @@ impl Operation {
     pub fn is_teardown(&self) -> bool {
         matches!(
             self,
-            Operation::UnmountVolume { .. } | Operation::UnmountDevice { .. } | Operation::Detach { .. }
+            Operation::UnmountVolume { .. }
+                | Operation::UnmountDevice { .. }
+                | Operation::Detach { .. }
         )
     }
 }
@@ -240,7 +241,11 @@ mod tests {
     #[test]
     fn wanted_volume_is_mounted() {
         let mut dsw = DesiredState::default();
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", traits(false, false), 0)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", traits(false, false), 0)],
+            BTreeMap::new(),
+        );
         let ops = plan(&dsw, &ActualState::default(), false);
         assert_eq!(
             ops,
@@ -256,9 +261,18 @@ mod tests {
     fn mounted_volume_needs_nothing() {
         let mut dsw = DesiredState::default();
         let t = traits(false, false);
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0)],
+            BTreeMap::new(),
+        );
         let mut asw = ActualState::default();
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Mounted, 0),
+        );
         assert!(plan(&dsw, &asw, true).is_empty());
     }
 
@@ -266,29 +280,61 @@ mod tests {
     fn uncertain_volume_is_set_up_again() {
         let mut dsw = DesiredState::default();
         let t = traits(false, false);
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0)],
+            BTreeMap::new(),
+        );
         let mut asw = ActualState::default();
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Uncertain, 0));
-        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { remount: false, .. }]));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Uncertain, 0),
+        );
+        assert!(matches!(
+            plan(&dsw, &asw, true)[..],
+            [Operation::MountVolume { remount: false, .. }]
+        ));
     }
 
     #[test]
     fn newer_content_generation_remounts() {
         let mut dsw = DesiredState::default();
         let t = traits(false, false);
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 2)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 2)],
+            BTreeMap::new(),
+        );
         let mut asw = ActualState::default();
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 1));
-        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { remount: true, .. }]));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Mounted, 1),
+        );
+        assert!(matches!(
+            plan(&dsw, &asw, true)[..],
+            [Operation::MountVolume { remount: true, .. }]
+        ));
     }
 
     #[test]
     fn unwanted_volume_is_unmounted_only_after_sources_synced() {
         let t = traits(false, false);
         let mut asw = ActualState::default();
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Uncertain, 0));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Uncertain, 0),
+        );
         let dsw = DesiredState::default();
-        assert!(plan(&dsw, &asw, false).is_empty(), "no teardown before sources synced");
+        assert!(
+            plan(&dsw, &asw, false).is_empty(),
+            "no teardown before sources synced"
+        );
         assert_eq!(
             plan(&dsw, &asw, true),
             vec![Operation::UnmountVolume {
@@ -302,13 +348,26 @@ mod tests {
     fn attachable_volume_is_attached_then_staged_then_set_up() {
         let t = traits(true, true);
         let mut dsw = DesiredState::default();
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0)],
+            BTreeMap::new(),
+        );
         let mut asw = ActualState::default();
-        assert_eq!(plan(&dsw, &asw, true), vec![Operation::Attach { volume: vol("v1") }]);
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::Attach { volume: vol("v1") }]
+        );
         asw.mark_attached(&vol("v1"), &t, Some("/dev/x".into()));
-        assert_eq!(plan(&dsw, &asw, true), vec![Operation::MountDevice { volume: vol("v1") }]);
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::MountDevice { volume: vol("v1") }]
+        );
         asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, Some("/g".into()));
-        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::MountVolume { .. }]));
+        assert!(matches!(
+            plan(&dsw, &asw, true)[..],
+            [Operation::MountVolume { .. }]
+        ));
     }
 
     #[test]
@@ -318,12 +377,26 @@ mod tests {
         let mut asw = ActualState::default();
         asw.mark_attached(&vol("v1"), &t, None);
         asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Uncertain, None);
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
-        assert!(matches!(plan(&dsw, &asw, true)[..], [Operation::UnmountVolume { .. }]));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Mounted, 0),
+        );
+        assert!(matches!(
+            plan(&dsw, &asw, true)[..],
+            [Operation::UnmountVolume { .. }]
+        ));
         asw.mark_pod_unmounted(&vol("v1"), &PodUid("uid-a".into()));
-        assert_eq!(plan(&dsw, &asw, true), vec![Operation::UnmountDevice { volume: vol("v1") }]);
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::UnmountDevice { volume: vol("v1") }]
+        );
         asw.mark_device_state(&vol("v1"), &t, DeviceMountState::NotMounted, None);
-        assert_eq!(plan(&dsw, &asw, true), vec![Operation::Detach { volume: vol("v1") }]);
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::Detach { volume: vol("v1") }]
+        );
         asw.mark_detached(&vol("v1"));
         assert!(asw.volume(&vol("v1")).is_none());
         assert!(plan(&dsw, &asw, true).is_empty());
@@ -333,11 +406,25 @@ mod tests {
     fn shared_volume_stays_while_another_pod_wants_it() {
         let t = traits(false, true);
         let mut dsw = DesiredState::default();
-        dsw.set_pod(pod_ref("b"), vec![wish("v1", "b", t.clone(), 0)], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("b"),
+            vec![wish("v1", "b", t.clone(), 0)],
+            BTreeMap::new(),
+        );
         let mut asw = ActualState::default();
         asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, None);
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-a".into()), mounted("a", PodMountState::Mounted, 0));
-        asw.mark_pod_volume(&vol("v1"), &t, PodUid("uid-b".into()), mounted("b", PodMountState::Mounted, 0));
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-a".into()),
+            mounted("a", PodMountState::Mounted, 0),
+        );
+        asw.mark_pod_volume(
+            &vol("v1"),
+            &t,
+            PodUid("uid-b".into()),
+            mounted("b", PodMountState::Mounted, 0),
+        );
         assert_eq!(
             plan(&dsw, &asw, true),
             vec![Operation::UnmountVolume {
@@ -354,7 +441,11 @@ mod tests {
         let mut dsw = DesiredState::default();
         let mut w2 = wish("v2", "a", t.clone(), 0);
         w2.pod_volume.outer_volume_name = "w".into();
-        dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t.clone(), 0), w2], BTreeMap::new());
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0), w2],
+            BTreeMap::new(),
+        );
         assert_eq!(dsw.volumes().count(), 2);
         dsw.set_pod(pod_ref("a"), vec![wish("v1", "a", t, 0)], BTreeMap::new());
         assert_eq!(dsw.volumes().count(), 1);

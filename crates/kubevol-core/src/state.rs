@@ -255,6 +255,8 @@ pub struct ActualVolume {
 #[derive(Clone, Debug, Default)]
 pub struct ActualState {
     volumes: BTreeMap<UniqueVolumeName, ActualVolume>,
+    /// Pod → the volumes it has on the node, so per-pod questions never scan every volume.
+    by_pod: BTreeMap<PodUid, std::collections::BTreeSet<UniqueVolumeName>>,
 }
 
 impl ActualState {
@@ -308,6 +310,10 @@ impl ActualState {
         uid: PodUid,
         mounted: MountedPodVolume,
     ) {
+        self.by_pod
+            .entry(uid.clone())
+            .or_default()
+            .insert(name.clone());
         self.entry(name, traits).pods.insert(uid, mounted);
     }
 
@@ -315,6 +321,12 @@ impl ActualState {
     pub fn mark_pod_unmounted(&mut self, name: &UniqueVolumeName, uid: &PodUid) {
         if let Some(v) = self.volumes.get_mut(name) {
             v.pods.remove(uid);
+        }
+        if let Some(set) = self.by_pod.get_mut(uid) {
+            set.remove(name);
+            if set.is_empty() {
+                self.by_pod.remove(uid);
+            }
         }
         self.forget_if_unused(name);
     }
@@ -359,8 +371,16 @@ impl ActualState {
         &'a self,
         uid: &'a PodUid,
     ) -> impl Iterator<Item = (&'a UniqueVolumeName, &'a MountedPodVolume)> + 'a {
-        self.volumes
-            .iter()
+        self.by_pod
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(move |n| self.volumes.get_key_value(n))
             .filter_map(move |(n, v)| v.pods.get(uid).map(|p| (n, p)))
+    }
+
+    /// Every pod that has something on the node.
+    pub fn pods(&self) -> impl Iterator<Item = &PodUid> {
+        self.by_pod.keys()
     }
 }

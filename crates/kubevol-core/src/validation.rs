@@ -210,7 +210,10 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let meta = &pod.metadata;
     match meta.name.as_deref() {
-        None | Some("") => errs.push(err("metadata.name", FieldErrorKind::Required(String::new()))),
+        None | Some("") => errs.push(err(
+            "metadata.name",
+            FieldErrorKind::Required(String::new()),
+        )),
         Some(n) => {
             if let Some(d) = dns1123_subdomain_error(n) {
                 errs.push(invalid("metadata.name", n, d));
@@ -240,11 +243,17 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     for (i, v) in volumes.iter().enumerate() {
         let path = format!("spec.volumes[{i}]");
         if v.name.is_empty() {
-            errs.push(err(format!("{path}.name"), FieldErrorKind::Required(String::new())));
+            errs.push(err(
+                format!("{path}.name"),
+                FieldErrorKind::Required(String::new()),
+            ));
         } else if let Some(d) = dns1123_label_error(&v.name) {
             errs.push(invalid(format!("{path}.name"), &v.name, d));
         } else if by_name.insert(&v.name, v).is_some() {
-            errs.push(err(format!("{path}.name"), FieldErrorKind::Duplicate(v.name.clone())));
+            errs.push(err(
+                format!("{path}.name"),
+                FieldErrorKind::Duplicate(v.name.clone()),
+            ));
         }
         validate_volume_source(v, &path, &mut errs);
     }
@@ -255,7 +264,10 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         if let Some(d) = dns1123_label_error(&c.name) {
             errs.push(invalid(format!("{path}.name"), &c.name, d));
         } else if !container_names.insert(c.name.as_str()) {
-            errs.push(err(format!("{path}.name"), FieldErrorKind::Duplicate(c.name.clone())));
+            errs.push(err(
+                format!("{path}.name"),
+                FieldErrorKind::Duplicate(c.name.clone()),
+            ));
         }
         validate_container_mounts(c, path, &by_name, &mut errs);
     }
@@ -279,7 +291,10 @@ pub fn all_containers(pod: &Pod) -> Vec<(String, &Container)> {
 fn validate_volume_source(v: &Volume, path: &str, errs: &mut Vec<FieldError>) {
     let sources = volume_source_names(v);
     match sources.len() {
-        0 => errs.push(err(path, FieldErrorKind::Required("must specify a volume type".into()))),
+        0 => errs.push(err(
+            path,
+            FieldErrorKind::Required("must specify a volume type".into()),
+        )),
         1 => {}
         _ => errs.push(err(
             path,
@@ -292,11 +307,22 @@ fn validate_volume_source(v: &Volume, path: &str, errs: &mut Vec<FieldError>) {
     if let Some(hp) = &v.host_path {
         let p = format!("{path}.hostPath");
         if hp.path.is_empty() {
-            errs.push(err(format!("{p}.path"), FieldErrorKind::Required(String::new())));
+            errs.push(err(
+                format!("{p}.path"),
+                FieldErrorKind::Required(String::new()),
+            ));
         } else if !hp.path.starts_with('/') {
-            errs.push(invalid(format!("{p}.path"), &hp.path, "must be an absolute path"));
+            errs.push(invalid(
+                format!("{p}.path"),
+                &hp.path,
+                "must be an absolute path",
+            ));
         } else if has_backsteps(&hp.path) {
-            errs.push(invalid(format!("{p}.path"), &hp.path, "must not contain '..'"));
+            errs.push(invalid(
+                format!("{p}.path"),
+                &hp.path,
+                "must not contain '..'",
+            ));
         }
         let t = hp.type_.as_deref().unwrap_or("");
         if !HOST_PATH_TYPES.contains(&t) {
@@ -375,10 +401,16 @@ fn validate_container_mounts(
             Some(_) => {}
         }
         if !device_names.insert(d.name.as_str()) {
-            errs.push(err(format!("{p}.name"), FieldErrorKind::Duplicate(d.name.clone())));
+            errs.push(err(
+                format!("{p}.name"),
+                FieldErrorKind::Duplicate(d.name.clone()),
+            ));
         }
         if d.device_path.is_empty() {
-            errs.push(err(format!("{p}.devicePath"), FieldErrorKind::Required(String::new())));
+            errs.push(err(
+                format!("{p}.devicePath"),
+                FieldErrorKind::Required(String::new()),
+            ));
         } else if has_backsteps(&d.device_path) {
             errs.push(invalid(
                 format!("{p}.devicePath"),
@@ -400,9 +432,15 @@ fn validate_container_mounts(
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let p = format!("{path}.volumeMounts[{i}]");
         if m.name.is_empty() {
-            errs.push(err(format!("{p}.name"), FieldErrorKind::Required(String::new())));
+            errs.push(err(
+                format!("{p}.name"),
+                FieldErrorKind::Required(String::new()),
+            ));
         } else if !volumes.contains_key(m.name.as_str()) {
-            errs.push(err(format!("{p}.name"), FieldErrorKind::NotFound(m.name.clone())));
+            errs.push(err(
+                format!("{p}.name"),
+                FieldErrorKind::NotFound(m.name.clone()),
+            ));
         }
         if device_names.contains(m.name.as_str()) {
             errs.push(invalid(
@@ -412,9 +450,16 @@ fn validate_container_mounts(
             ));
         }
         if m.mount_path.is_empty() {
-            errs.push(err(format!("{p}.mountPath"), FieldErrorKind::Required(String::new())));
+            errs.push(err(
+                format!("{p}.mountPath"),
+                FieldErrorKind::Required(String::new()),
+            ));
         } else if !mount_paths.insert(m.mount_path.as_str()) {
-            errs.push(invalid(format!("{p}.mountPath"), &m.mount_path, "must be unique"));
+            errs.push(invalid(
+                format!("{p}.mountPath"),
+                &m.mount_path,
+                "must be unique",
+            ));
         } else if device_paths.contains(m.mount_path.as_str()) {
             errs.push(invalid(
                 format!("{p}.mountPath"),
@@ -473,7 +518,9 @@ fn validate_container_mounts(
                 if !m.read_only.unwrap_or(false) {
                     errs.push(err(
                         format!("{p}.recursiveReadOnly"),
-                        FieldErrorKind::Forbidden("may only be specified when readOnly is true".into()),
+                        FieldErrorKind::Forbidden(
+                            "may only be specified when readOnly is true".into(),
+                        ),
                     ));
                 }
                 if propagation.is_some_and(|mp| mp != "None") {
@@ -568,9 +615,15 @@ mod tests {
             let got: Vec<String> = validate_pod(&pod).iter().map(|e| e.to_string()).collect();
             let joined = got.join("\n");
             if want.is_empty() {
-                assert!(got.is_empty(), "row {name:?}: expected valid, got:\n{joined}");
+                assert!(
+                    got.is_empty(),
+                    "row {name:?}: expected valid, got:\n{joined}"
+                );
             } else {
-                assert!(joined.contains(want), "row {name:?}: expected {want:?} in:\n{joined}");
+                assert!(
+                    joined.contains(want),
+                    "row {name:?}: expected {want:?} in:\n{joined}"
+                );
             }
         }
     }

@@ -81,9 +81,10 @@ impl FakeMounter {
     }
 
     fn injected(state: &mut State, op: FakeOp, target: &Path) -> Option<Errno> {
-        let slot = state.failures.iter_mut().find(|(o, t, _, n)| {
-            *o == op && *n > 0 && t.as_deref().is_none_or(|t| t == target)
-        })?;
+        let slot = state
+            .failures
+            .iter_mut()
+            .find(|(o, t, _, n)| *o == op && *n > 0 && t.as_deref().is_none_or(|t| t == target))?;
         slot.3 -= 1;
         Some(slot.2)
     }

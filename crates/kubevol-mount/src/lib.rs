@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use rustix::mount::{MountFlags, UnmountFlags};
 
 pub use fake::FakeMounter;
-pub use rustix::io::Errno;
 pub use mountinfo::MountInfo;
+pub use rustix::io::Errno;
 
 /// An error of the mount layer, with the path and errno that caused it.
 #[derive(Debug, thiserror::Error)]
@@ -104,8 +104,14 @@ impl MountError {
     /// nested mount someone will remove) rather than needing the user to change something.
     pub fn is_transient(&self) -> bool {
         match self.errno() {
-            Some(e) => !matches!(e, Errno::INVAL | Errno::NOTDIR | Errno::LOOP | Errno::NAMETOOLONG),
-            None => matches!(self, MountError::NestedMount { .. } | MountError::Leftover { .. }),
+            Some(e) => !matches!(
+                e,
+                Errno::INVAL | Errno::NOTDIR | Errno::LOOP | Errno::NAMETOOLONG
+            ),
+            None => matches!(
+                self,
+                MountError::NestedMount { .. } | MountError::Leftover { .. }
+            ),
         }
     }
 }

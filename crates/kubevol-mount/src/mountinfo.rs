@@ -62,7 +62,10 @@ fn parse_line(line: &str) -> Result<MountInfo, String> {
     if sep < 6 || fields.len() < sep + 4 {
         return Err(format!("short mountinfo line {line:?}"));
     }
-    let num = |s: &str| s.parse::<u32>().map_err(|_| format!("bad number in {line:?}"));
+    let num = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("bad number in {line:?}"))
+    };
     Ok(MountInfo {
         id: num(fields[0])?,
         parent_id: num(fields[1])?,
@@ -101,8 +104,9 @@ mod tests {
 
     #[test]
     fn reads_this_process_table() {
+        use std::path::Path;
         let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let m = parse(&text).unwrap();
-        assert!(m.iter().any(|e| e.mount_point == PathBuf::from("/")));
+        assert!(m.iter().any(|e| e.mount_point == Path::new("/")));
     }
 }

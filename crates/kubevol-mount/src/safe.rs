@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
 use crate::MountError;
@@ -124,14 +124,49 @@ impl Dir {
     }
 
     /// Opens a directory below this one, refusing `..`, absolute paths and symbolic links at
-    /// every component.
+    /// every component. One openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) call where the kernel
+    /// has it; otherwise an O_NOFOLLOW walk, one component at a time.
     pub fn open_beneath(&self, rel: &Path) -> Result<Dir, MountError> {
-        let mut cur = self.open_child(OsStr::new("."))?;
-        cur.path = self.path.clone();
-        for name in components(rel)? {
+        let names = components(rel)?;
+        if names.is_empty() {
+            return self.reopen();
+        }
+        let path = self.path.join(rel);
+        let resolve =
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        match rustix::fs::openat2(&self.fd, rel, DIR_FLAGS, Mode::empty(), resolve) {
+            Ok(fd) => return Ok(Dir { fd, path }),
+            Err(Errno::NOSYS | Errno::LOOP | Errno::XDEV | Errno::AGAIN | Errno::NOTDIR) => {
+                // No openat2, or a link or escape somewhere: the walk says exactly where.
+            }
+            Err(e) => return Err(io("open", &path)(e)),
+        }
+        self.walk(&names)
+    }
+
+    fn reopen(&self) -> Result<Dir, MountError> {
+        let mut d = self.open_child(OsStr::new("."))?;
+        d.path = self.path.clone();
+        Ok(d)
+    }
+
+    fn walk(&self, names: &[&OsStr]) -> Result<Dir, MountError> {
+        let mut cur = self.reopen()?;
+        for name in names {
             cur = cur.open_child(name)?;
         }
         Ok(cur)
+    }
+
+    /// The walk of [`Dir::open_beneath`], without the openat2 fast path (for tests).
+    pub fn open_beneath_by_walk(&self, rel: &Path) -> Result<Dir, MountError> {
+        let names = components(rel)?;
+        self.walk(&names)
+    }
+
+    /// Opens the directory entry `name` of this directory, refusing a symbolic link.
+    pub fn open_dir(&self, name: &str) -> Result<Dir, MountError> {
+        self.open_child(OsStr::new(name))
     }
 
     /// Creates the directories of `rel` below this one as needed and opens the last. The last
@@ -139,7 +174,12 @@ impl Dir {
     /// get 0750, as the kubelet's pod directories; existing ones are left alone. Returns the
     /// directory and whether the last component was created.
     pub fn create_dir_all(&self, rel: &Path, mode: u32) -> Result<(Dir, bool), MountError> {
-        let mut cur = self.open_beneath(Path::new("."))?;
+        match self.open_beneath(rel) {
+            Ok(d) => return Ok((d, false)),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        let mut cur = self.reopen()?;
         let mut created = false;
         let names = components(rel)?;
         let last = names.len().saturating_sub(1);
@@ -329,9 +369,15 @@ mod tests {
         let (d, created) = root.create_dir_all(Path::new("a/b/c"), 0o777).unwrap();
         assert!(created);
         assert_eq!(d.path(), t.path().join("a/b/c"));
-        let mode = std::fs::metadata(t.path().join("a/b/c")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(t.path().join("a/b/c"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o7777, 0o777, "umask must not reduce the mode");
-        let parent = std::fs::metadata(t.path().join("a/b")).unwrap().permissions().mode();
+        let parent = std::fs::metadata(t.path().join("a/b"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(parent & 0o7777, 0o750, "parents are private");
         let (_, created) = root.create_dir_all(Path::new("a/b/c"), 0o777).unwrap();
         assert!(!created);
@@ -343,7 +389,8 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
         let root = Dir::open(t.path()).unwrap();
-        let cases: [(&str, fn(&MountError) -> bool); 3] = [
+        type Check = fn(&MountError) -> bool;
+        let cases: [(&str, Check); 3] = [
             ("link/x", |e| matches!(e, MountError::Symlink { .. })),
             ("../x", |e| matches!(e, MountError::NotRelative { .. })),
             ("/etc", |e| matches!(e, MountError::NotRelative { .. })),
@@ -352,7 +399,40 @@ mod tests {
             let err = root.create_dir_all(Path::new(rel), 0o755).unwrap_err();
             assert!(want(&err), "row {rel}: {err}");
         }
-        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing created outside");
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "nothing created outside"
+        );
+    }
+
+    #[test]
+    fn fast_path_and_walk_agree_on_refusals() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink("/", t.path().join("a/root")).unwrap();
+        std::os::unix::fs::symlink("b", t.path().join("a/rel")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        for rel in ["a/root", "a/root/etc", "a/rel"] {
+            let fast = root.open_beneath(Path::new(rel)).unwrap_err();
+            let walk = root.open_beneath_by_walk(Path::new(rel)).unwrap_err();
+            assert!(
+                matches!(fast, MountError::Symlink { .. }),
+                "row {rel}: {fast}"
+            );
+            assert!(
+                matches!(walk, MountError::Symlink { .. }),
+                "row {rel}: {walk}"
+            );
+        }
+        assert_eq!(
+            root.open_beneath(Path::new("a/b")).unwrap().path(),
+            t.path().join("a/b")
+        );
+        assert!(root
+            .open_beneath(Path::new("a/missing"))
+            .unwrap_err()
+            .is_not_found());
     }
 
     #[test]
@@ -363,11 +443,15 @@ mod tests {
         std::fs::create_dir_all(t.path().join("v/sub")).unwrap();
         std::fs::write(t.path().join("v/sub/file"), b"x").unwrap();
         std::os::unix::fs::symlink(outside.path(), t.path().join("v/escape")).unwrap();
-        std::os::unix::fs::symlink(outside.path().join("canary"), t.path().join("v/sub/f2")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("canary"), t.path().join("v/sub/f2"))
+            .unwrap();
         let root = Dir::open(t.path()).unwrap();
         root.remove_dir_all_one_fs("v").unwrap();
         assert!(!t.path().join("v").exists());
-        assert_eq!(std::fs::read(outside.path().join("canary")).unwrap(), b"keep");
+        assert_eq!(
+            std::fs::read(outside.path().join("canary")).unwrap(),
+            b"keep"
+        );
     }
 
     #[test]

@@ -55,7 +55,10 @@ pub struct EventRecorder {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl EventRecorder {
@@ -69,7 +72,10 @@ impl EventRecorder {
         let now = now_secs();
         let mut map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
         let q = map.entry(pod.uid.clone()).or_default();
-        if let Some(last) = q.iter_mut().find(|e| e.reason == reason && e.message == message) {
+        if let Some(last) = q
+            .iter_mut()
+            .find(|e| e.reason == reason && e.message == message)
+        {
             last.count += 1;
             last.last_timestamp = now;
             return;
@@ -92,7 +98,9 @@ impl EventRecorder {
     /// A pod's events, oldest first.
     pub fn for_pod(&self, uid: &PodUid) -> Vec<Event> {
         let map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(uid).map(|q| q.iter().cloned().collect()).unwrap_or_default()
+        map.get(uid)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Every event, ordered by last occurrence.
@@ -105,7 +113,10 @@ impl EventRecorder {
 
     /// Forgets a pod's events (the pod is gone and torn down).
     pub fn forget(&self, uid: &PodUid) {
-        self.per_pod.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.per_pod
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
     }
 }
 
@@ -128,7 +139,12 @@ mod tests {
         assert_eq!(ev[0].count, 2);
         assert_eq!(ev[0].type_, "Warning");
         for i in 0..EVENTS_PER_POD + 5 {
-            r.record(&pod, false, reason::SUCCESSFUL_MOUNT_VOLUME, format!("m{i}"));
+            r.record(
+                &pod,
+                false,
+                reason::SUCCESSFUL_MOUNT_VOLUME,
+                format!("m{i}"),
+            );
         }
         assert_eq!(r.for_pod(&pod.uid).len(), EVENTS_PER_POD);
     }

@@ -136,7 +136,11 @@ impl Executor {
     }
 
     /// The last error of any key of a volume (pod key first, then the volume-wide key).
-    pub fn last_error_for(&self, volume: &UniqueVolumeName, pod: &kubevol_core::PodUid) -> Option<LastError> {
+    pub fn last_error_for(
+        &self,
+        volume: &UniqueVolumeName,
+        pod: &kubevol_core::PodUid,
+    ) -> Option<LastError> {
         let s = self.lock();
         s.errors
             .get(&OperationKey {
@@ -184,14 +188,31 @@ mod tests {
         let e = Executor::new(BackoffPolicy::KUBELET);
         let now = Instant::now();
         assert!(e.try_start(&key("v", Some("a")), now).is_ok());
-        assert_eq!(e.try_start(&key("v", Some("a")), now), Err(NotStarted::Busy));
-        assert!(e.try_start(&key("v", Some("b")), now).is_ok(), "another pod of the same volume may run");
-        assert_eq!(e.try_start(&key("v", None), now), Err(NotStarted::Busy), "volume-wide waits for pod ops");
+        assert_eq!(
+            e.try_start(&key("v", Some("a")), now),
+            Err(NotStarted::Busy)
+        );
+        assert!(
+            e.try_start(&key("v", Some("b")), now).is_ok(),
+            "another pod of the same volume may run"
+        );
+        assert_eq!(
+            e.try_start(&key("v", None), now),
+            Err(NotStarted::Busy),
+            "volume-wide waits for pod ops"
+        );
         e.finish(&key("v", Some("a")), Ok(()), now);
         e.finish(&key("v", Some("b")), Ok(()), now);
         assert!(e.try_start(&key("v", None), now).is_ok());
-        assert_eq!(e.try_start(&key("v", Some("c")), now), Err(NotStarted::Busy), "pod ops wait for volume-wide");
-        assert!(e.try_start(&key("w", Some("c")), now).is_ok(), "other volumes are unaffected");
+        assert_eq!(
+            e.try_start(&key("v", Some("c")), now),
+            Err(NotStarted::Busy),
+            "pod ops wait for volume-wide"
+        );
+        assert!(
+            e.try_start(&key("w", Some("c")), now).is_ok(),
+            "other volumes are unaffected"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -201,13 +222,22 @@ mod tests {
         let t0 = Instant::now();
         e.try_start(&k, t0).unwrap();
         e.finish(&k, Err("boom".into()), t0);
-        assert_eq!(e.try_start(&k, t0), Err(NotStarted::BackingOff(t0 + Duration::from_millis(500))));
-        assert!(e.try_start(&key("v", Some("b")), t0).is_ok(), "other keys run");
+        assert_eq!(
+            e.try_start(&k, t0),
+            Err(NotStarted::BackingOff(t0 + Duration::from_millis(500)))
+        );
+        assert!(
+            e.try_start(&key("v", Some("b")), t0).is_ok(),
+            "other keys run"
+        );
         tokio::time::advance(Duration::from_millis(500)).await;
         let t1 = Instant::now();
         e.try_start(&k, t1).unwrap();
         e.finish(&k, Err("boom".into()), t1);
-        assert_eq!(e.try_start(&k, t1), Err(NotStarted::BackingOff(t1 + Duration::from_secs(1))));
+        assert_eq!(
+            e.try_start(&k, t1),
+            Err(NotStarted::BackingOff(t1 + Duration::from_secs(1)))
+        );
         assert_eq!(e.last_error(&k).unwrap().failures, 2);
         tokio::time::advance(Duration::from_secs(1)).await;
         e.try_start(&k, Instant::now()).unwrap();

@@ -30,13 +30,19 @@ async fn readyz(State(m): State<VolumeManager>) -> impl IntoResponse {
     if m.reconciler_states_synced() {
         (StatusCode::OK, "ok\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "reconciler states not synced yet\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "reconciler states not synced yet\n",
+        )
     }
 }
 
 async fn metrics(State(m): State<VolumeManager>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         m.metrics_text(),
     )
 }
@@ -55,5 +61,7 @@ pub async fn serve(
     manager: VolumeManager,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(manager)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(manager))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

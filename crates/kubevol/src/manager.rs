@@ -145,7 +145,9 @@ impl Inner {
     pub(crate) fn rejected(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PodUid, Rejected>> {
         self.rejected.read().unwrap_or_else(|p| p.into_inner())
     }
-    pub(crate) fn rejected_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<PodUid, Rejected>> {
+    pub(crate) fn rejected_mut(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<PodUid, Rejected>> {
         self.rejected.write().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -167,7 +169,12 @@ impl Inner {
 
     /// Wakes one pod's waiters (and the status subscribers and the reconciler).
     pub(crate) fn notify_pod(&self, uid: &PodUid) {
-        let signal = self.pod_signals.lock().unwrap_or_else(|p| p.into_inner()).get(uid).cloned();
+        let signal = self
+            .pod_signals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uid)
+            .cloned();
         if let Some(s) = signal {
             s.notify_waiters();
         }
@@ -196,9 +203,28 @@ impl Inner {
             .unwrap_or_else(|| plugin.to_string())
     }
 
+    /// Whether every volume the pod's containers use is mounted (the cheap check waiters run on
+    /// every wake; [`Inner::pod_status`] builds the full picture).
+    pub(crate) fn pod_ready(&self, uid: &PodUid) -> bool {
+        let dsw = self.dsw();
+        let Some(dp) = dsw.pod(uid) else { return false };
+        if !dp.failed_to_process.is_empty() {
+            return false;
+        }
+        let asw = self.asw();
+        dp.volumes.values().all(|u| {
+            asw.pod_volume(u, uid)
+                .is_some_and(|m| m.state == PodMountState::Mounted)
+        })
+    }
+
     /// Builds one pod's status from both states of world and the executor's errors.
     pub(crate) fn pod_status(&self, uid: &PodUid, with_events: bool) -> Option<PodStatus> {
-        let events = if with_events { self.events.for_pod(uid) } else { Vec::new() };
+        let events = if with_events {
+            self.events.for_pod(uid)
+        } else {
+            Vec::new()
+        };
         if let Some(r) = self.rejected().get(uid) {
             if self.dsw().pod(uid).is_none() {
                 return Some(PodStatus {
@@ -221,7 +247,10 @@ impl Inner {
             let mut all_mounted = true;
             let mut any_failed = !dp.failed_to_process.is_empty();
             for (outer, unique) in &dp.volumes {
-                let plugin = dsw.volume(unique).map(|v| v.traits.plugin.clone()).unwrap_or_default();
+                let plugin = dsw
+                    .volume(unique)
+                    .map(|v| v.traits.plugin.clone())
+                    .unwrap_or_default();
                 let mounted = asw.pod_volume(unique, uid);
                 let err = self.executor.last_error_for(unique, uid);
                 let state = match (mounted.map(|m| m.state), &err) {
@@ -254,7 +283,11 @@ impl Inner {
                     .and_then(|p| p.pod.spec.as_ref())
                     .and_then(|s| s.volumes.as_ref())
                     .and_then(|vs| vs.iter().find(|v| &v.name == outer))
-                    .and_then(|v| kubevol_core::validation::volume_source_names(v).first().copied())
+                    .and_then(|v| {
+                        kubevol_core::validation::volume_source_names(v)
+                            .first()
+                            .copied()
+                    })
                     .unwrap_or("unknown");
                 volumes.push(VolumeStatus {
                     name: outer.clone(),
@@ -283,7 +316,11 @@ impl Inner {
                 let err = self.executor.last_error_for(unique, uid);
                 volumes.push(VolumeStatus {
                     name: m.outer_volume_name.clone(),
-                    type_: self.volume_type(&asw.volume(unique).map(|v| v.traits.plugin.clone()).unwrap_or_default()),
+                    type_: self.volume_type(
+                        &asw.volume(unique)
+                            .map(|v| v.traits.plugin.clone())
+                            .unwrap_or_default(),
+                    ),
                     unique_name: Some(unique.to_string()),
                     state: VolumePhase::Unmounting,
                     path: Some(m.path.display().to_string()),
@@ -325,15 +362,21 @@ impl VolumeManager {
     }
 
     /// A manager with a chosen plugin registry.
-    pub fn with_plugins(config: Config, mounter: Arc<dyn Mounter>, plugins: PluginRegistry) -> std::io::Result<Self> {
+    pub fn with_plugins(
+        config: Config,
+        mounter: Arc<dyn Mounter>,
+        plugins: PluginRegistry,
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(config.root_dir.join("pods"))?;
         let root = std::fs::canonicalize(&config.root_dir)?;
         let config = Config {
             root_dir: root.clone(),
             ..config
         };
+        let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
         let host = Arc::new(PluginHost {
             root,
+            root_dir,
             mounter,
             host_path_allow: config.host_path_allow.clone(),
             hugepages_dir: config.hugepages_dir.clone(),
@@ -390,12 +433,29 @@ impl VolumeManager {
         self.inner.store.upsert_pod(pod)
     }
 
+    /// Adds or replaces many pods at once (one wake-up of the populator, as a manifest file with
+    /// many pods is delivered). Returns their UIDs.
+    pub fn add_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
+        self.inner.store.upsert_pods(pods)
+    }
+
+    /// Removes many pods at once: their volumes are torn down.
+    pub fn remove_pods(&self, pods: &[Pod]) {
+        let uids: Vec<PodUid> = pods.iter().map(pod_uid).collect();
+        self.inner.store.remove_pods(&uids);
+    }
+
     /// Removes a pod added with [`VolumeManager::add_pod`]: its volumes are torn down.
     pub fn remove_pod(&self, pod: &Pod) {
         self.inner.store.remove_pod(&pod_uid(pod));
     }
 
-    async fn wait_until(&self, pod: &Pod, mut done: impl FnMut(&Inner, &PodUid) -> Result<bool, WaitError>, describe: impl Fn(&Inner, &PodUid) -> String) -> Result<(), WaitError> {
+    async fn wait_until(
+        &self,
+        pod: &Pod,
+        mut done: impl FnMut(&Inner, &PodUid) -> Result<bool, WaitError>,
+        describe: impl Fn(&Inner, &PodUid) -> String,
+    ) -> Result<(), WaitError> {
         let uid = pod_uid(pod);
         let deadline = Instant::now() + self.inner.config.wait_timeout;
         let signal = self.inner.pod_signal(&uid);
@@ -436,14 +496,21 @@ impl VolumeManager {
     pub async fn wait_for_attach_and_mount(&self, pod: &Pod) -> Result<(), WaitError> {
         self.wait_until(
             pod,
-            |inner, uid| match inner.pod_status(uid, false) {
-                Some(s) if s.phase == PodPhase::Ready => Ok(true),
-                Some(s) if s.phase == PodPhase::Rejected => Err(WaitError::Rejected {
-                    pod: format!("{}/{}", s.namespace, s.name),
-                    source_: s.source,
-                    errors: s.errors,
-                }),
-                _ => Ok(false),
+            |inner, uid| {
+                if inner.pod_ready(uid) {
+                    return Ok(true);
+                }
+                if !inner.rejected().contains_key(uid) {
+                    return Ok(false);
+                }
+                match inner.pod_status(uid, false) {
+                    Some(s) if s.phase == PodPhase::Rejected => Err(WaitError::Rejected {
+                        pod: format!("{}/{}", s.namespace, s.name),
+                        source_: s.source,
+                        errors: s.errors,
+                    }),
+                    _ => Ok(false),
+                }
             },
             |inner, uid| match inner.pod_status(uid, false) {
                 None => "the pod is not known to the volume manager: add it to a pod source, and check its spec.nodeName".into(),
@@ -488,11 +555,17 @@ impl VolumeManager {
 
     /// Waits until none of `pods` has anything mounted.
     pub async fn wait_for_all_pods_unmount(&self, pods: &[Pod]) -> Result<(), WaitError> {
-        let waits = pods.iter().map(|p| self.wait_for_unmount(p));
+        let mut waits = tokio::task::JoinSet::new();
+        for p in pods {
+            let (m, p) = (self.clone(), p.clone());
+            waits.spawn(async move { m.wait_for_unmount(&p).await });
+        }
         let mut errors = Vec::new();
-        for r in futures_join_all(waits).await {
-            if let Err(e) = r {
-                errors.push(e.to_string());
+        while let Some(r) = waits.join_next().await {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(e.to_string()),
+                Err(e) => errors.push(e.to_string()),
             }
         }
         if errors.is_empty() {
@@ -598,17 +671,31 @@ impl VolumeManager {
 
     /// The whole status report.
     pub fn status(&self, with_events: bool) -> StatusReport {
-        let mut uids: BTreeSet<PodUid> = self.inner.dsw().pods().map(|p| p.pod_ref.uid.clone()).collect();
+        let mut uids: BTreeSet<PodUid> = self
+            .inner
+            .dsw()
+            .pods()
+            .map(|p| p.pod_ref.uid.clone())
+            .collect();
         uids.extend(self.inner.rejected().keys().cloned());
-        uids.extend(self.inner.asw().volumes().flat_map(|v| v.pods.keys().cloned()));
-        let mut pods: Vec<PodStatus> = uids.iter().filter_map(|u| self.inner.pod_status(u, with_events)).collect();
+        uids.extend(self.inner.asw().pods().cloned());
+        let mut pods: Vec<PodStatus> = uids
+            .iter()
+            .filter_map(|u| self.inner.pod_status(u, with_events))
+            .collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         StatusReport {
             node_name: self.inner.config.node_name.clone(),
             root_dir: self.inner.config.root_dir.display().to_string(),
             states_synced: self.reconciler_states_synced(),
             pods,
-            manifest_errors: self.inner.store.file_errors().iter().map(|e| e.to_string()).collect(),
+            manifest_errors: self
+                .inner
+                .store
+                .file_errors()
+                .iter()
+                .map(|e| e.to_string())
+                .collect(),
         }
     }
 
@@ -621,10 +708,14 @@ impl VolumeManager {
     pub fn metrics_text(&self) -> String {
         let mut totals: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
         for v in self.inner.dsw().volumes() {
-            *totals.entry((v.traits.plugin.clone(), "desired_state_of_world")).or_default() += v.pods.len() as i64;
+            *totals
+                .entry((v.traits.plugin.clone(), "desired_state_of_world"))
+                .or_default() += v.pods.len() as i64;
         }
         for v in self.inner.asw().volumes() {
-            *totals.entry((v.traits.plugin.clone(), "actual_state_of_world")).or_default() += v.pods.len() as i64;
+            *totals
+                .entry((v.traits.plugin.clone(), "actual_state_of_world"))
+                .or_default() += v.pods.len() as i64;
         }
         self.inner.metrics.render(&totals)
     }
@@ -634,28 +725,4 @@ impl VolumeManager {
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()
     }
-}
-
-/// Awaits futures concurrently and returns their outputs in order (a small `join_all`).
-async fn futures_join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }

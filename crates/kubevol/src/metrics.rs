@@ -15,10 +15,14 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// The kubelet's buckets for `storage_operation_duration_seconds`.
-pub const OPERATION_BUCKETS: [f64; 13] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0];
+pub const OPERATION_BUCKETS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
 
 /// Buckets for pod volume-ready latency (finer at the low end, where kubevol lives).
-pub const READY_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+pub const READY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// Labels of `volume_manager_total_volumes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,7 +64,9 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let total_volumes = Family::<TotalVolumesLabels, Gauge>::default();
         let operation_duration =
-            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(operation_histogram);
+            Family::<OperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                operation_histogram,
+            );
         let pod_ready = Histogram::new(READY_BUCKETS);
         registry.register(
             "volume_manager_total_volumes",
@@ -133,10 +139,19 @@ mod tests {
         let m = Metrics::default();
         m.observe_operation("kubernetes.io/empty-dir", "volume_mount", true, 0.01);
         let mut totals = BTreeMap::new();
-        totals.insert(("kubernetes.io/empty-dir".to_string(), "desired_state_of_world"), 3);
+        totals.insert(
+            (
+                "kubernetes.io/empty-dir".to_string(),
+                "desired_state_of_world",
+            ),
+            3,
+        );
         let text = m.render(&totals);
         assert!(text.contains(r#"volume_manager_total_volumes{plugin_name="kubernetes.io/empty-dir",state="desired_state_of_world"} 3"#), "{text}");
         assert!(text.contains(r#"storage_operation_duration_seconds_bucket{le="0.1",volume_plugin="kubernetes.io/empty-dir",operation_name="volume_mount",status="success",migrated="false"} 1"#), "{text}");
-        assert!(text.contains("kubevol_pod_volumes_ready_duration_seconds"), "{text}");
+        assert!(
+            text.contains("kubevol_pod_volumes_ready_duration_seconds"),
+            "{text}"
+        );
     }
 }

@@ -47,7 +47,11 @@ pub fn used_volume_names(pod: &Pod) -> BTreeSet<String> {
 /// A pod's reference, for messages and keys.
 pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
     PodRef {
-        namespace: pod.metadata.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: uid.clone(),
     }
@@ -94,12 +98,20 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
         inner.notify_pod(&uid);
         changed = true;
     }
-    let gone: Vec<PodUid> = seen.keys().filter(|u| !wanted.contains(*u)).cloned().collect();
+    let gone: Vec<PodUid> = seen
+        .keys()
+        .filter(|u| !wanted.contains(*u))
+        .cloned()
+        .collect();
     for uid in gone {
         seen.remove(&uid);
         inner.dsw_mut().remove_pod(&uid);
         inner.rejected_mut().remove(&uid);
-        inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        inner
+            .pending_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
         inner.notify_pod(&uid);
         changed = true;
     }
@@ -121,7 +133,9 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
             stored.origin,
             errors.join("; ")
         );
-        inner.events.record(&pref, true, reason::FAILED_VALIDATION, message);
+        inner
+            .events
+            .record(&pref, true, reason::FAILED_VALIDATION, message);
         inner.rejected_mut().insert(
             uid.clone(),
             Rejected {
@@ -165,7 +179,9 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
                     v.name,
                     inner.plugins.supported_sources().join(", ")
                 );
-                inner.events.record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                inner
+                    .events
+                    .record(&pref, true, reason::FAILED_MOUNT, message.clone());
                 failed.insert(v.name.clone(), message);
             }
         }

@@ -20,7 +20,6 @@ use crate::events::reason;
 use crate::executor::NotStarted;
 use crate::manager::Inner;
 use crate::plugins::{SetUpRequest, TearDownRequest};
-use crate::status::PodPhase;
 
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut stop = inner.shutdown.subscribe();
@@ -72,9 +71,19 @@ fn prune_errors(inner: &Inner) {
 async fn run_operation(inner: Arc<Inner>, op: Operation) {
     let permit = inner.operations.acquire().await;
     let started = Instant::now();
-    let (plugin, outcome) = match &op {
-        Operation::MountVolume { volume, pod, remount } => mount_volume(&inner, volume, pod, *remount).await,
-        Operation::UnmountVolume { volume, pod } => unmount_volume(&inner, volume, pod).await,
+    let (plugin, outcome, replan) = match &op {
+        Operation::MountVolume {
+            volume,
+            pod,
+            remount,
+        } => mount_volume(&inner, volume, pod, *remount).await,
+        Operation::UnmountVolume { volume, pod } => {
+            let (plugin, outcome) = unmount_volume(&inner, volume, pod).await;
+            // Still on the node (device unmount, detach due) or wanted again by the pod.
+            let replan = inner.asw().volume(volume).is_some()
+                || inner.dsw().pod_volume(volume, pod).is_some();
+            (plugin, outcome, replan)
+        }
         Operation::Attach { volume }
         | Operation::MountDevice { volume }
         | Operation::UnmountDevice { volume }
@@ -85,42 +94,72 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
                 .map(|v| v.traits.plugin.clone())
                 .or_else(|| inner.asw().volume(volume).map(|v| v.traits.plugin.clone()))
                 .unwrap_or_default();
-            let msg = format!("{}: plugin {plugin} has no {} operation for volume {volume}", op.metric_name(), op.metric_name());
-            (plugin, Err(msg))
+            let msg = format!(
+                "{}: plugin {plugin} has no {} operation for volume {volume}",
+                op.metric_name(),
+                op.metric_name()
+            );
+            (plugin, Err(msg), true)
         }
     };
     drop(permit);
-    inner
-        .metrics
-        .observe_operation(&plugin, op.metric_name(), outcome.is_ok(), started.elapsed().as_secs_f64());
+    inner.metrics.observe_operation(
+        &plugin,
+        op.metric_name(),
+        outcome.is_ok(),
+        started.elapsed().as_secs_f64(),
+    );
+    let failed = outcome.is_err();
     inner.executor.finish(&op.key(), outcome, Instant::now());
     match &op {
-        Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => inner.notify_pod(pod),
+        Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => {
+            inner.notify_pod(pod)
+        }
         Operation::Attach { volume }
         | Operation::MountDevice { volume }
         | Operation::UnmountDevice { volume }
         | Operation::Detach { volume } => {
-            let pods: Vec<PodUid> = inner.dsw().volume(volume).map(|v| v.pods.keys().cloned().collect()).unwrap_or_default();
+            let pods: Vec<PodUid> = inner
+                .dsw()
+                .volume(volume)
+                .map(|v| v.pods.keys().cloned().collect())
+                .unwrap_or_default();
             for p in pods {
                 inner.notify_pod(&p);
             }
         }
     }
-    inner.notify_changed();
+    // Re-planning the whole world after every operation would be quadratic: a pass is needed
+    // only when the operation failed (a backoff to schedule) or may have enabled a follow-up
+    // (`replan`: the volume is still on the node after an unmount, the pod's wish changed while
+    // its set-up ran, or a volume-wide operation finished).
+    inner.changed.send_modify(|g| *g += 1);
+    if failed || replan {
+        inner.wake.notify_one();
+    }
 }
 
 #[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
-async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUid, remount: bool) -> (String, Result<(), String>) {
+async fn mount_volume(
+    inner: &Arc<Inner>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    remount: bool,
+) -> (String, Result<(), String>, bool) {
     let want = {
         let dsw = inner.dsw();
         dsw.volume(volume)
             .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
     };
     let Some((traits, want)) = want else {
-        return (String::new(), Ok(()));
+        return (String::new(), Ok(()), true);
     };
     let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
-        return (traits.plugin.clone(), Err(format!("no plugin {} for volume {volume}", traits.plugin)));
+        return (
+            traits.plugin.clone(),
+            Err(format!("no plugin {} for volume {volume}", traits.plugin)),
+            true,
+        );
     };
     let req = SetUpRequest {
         pod_ref: want.pod_ref.clone(),
@@ -132,7 +171,10 @@ async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUi
     let pref = &want.pod_ref;
     match result {
         Ok(done) => {
-            let was_mounted = inner.asw().pod_volume(volume, pod).is_some_and(|m| m.state == PodMountState::Mounted);
+            let was_mounted = inner
+                .asw()
+                .pod_volume(volume, pod)
+                .is_some_and(|m| m.state == PodMountState::Mounted);
             inner.asw_mut().mark_pod_volume(
                 volume,
                 &traits,
@@ -152,11 +194,17 @@ async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUi
                     pref,
                     false,
                     reason::SUCCESSFUL_MOUNT_VOLUME,
-                    format!("MountVolume.SetUp succeeded for volume {:?}", want.outer_volume_name),
+                    format!(
+                        "MountVolume.SetUp succeeded for volume {:?}",
+                        want.outer_volume_name
+                    ),
                 );
             }
             observe_pod_ready(inner, pod);
-            (traits.plugin, Ok(()))
+            let unchanged = inner.dsw().pod_volume(volume, pod).is_some_and(|w| {
+                Arc::ptr_eq(&w.pod, &want.pod) && w.content_generation == want.content_generation
+            });
+            (traits.plugin, Ok(()), !unchanged)
         }
         Err(e) => {
             let message = format!(
@@ -165,7 +213,10 @@ async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUi
                 inner.origin_of(pod)
             );
             if e.class() == ErrorClass::Uncertain {
-                let path = inner.host.pod_volume_path(pref, &traits.plugin, &want.outer_volume_name);
+                let path =
+                    inner
+                        .host
+                        .pod_volume_path(pref, &traits.plugin, &want.outer_volume_name);
                 inner.asw_mut().mark_pod_volume(
                     volume,
                     &traits,
@@ -181,25 +232,42 @@ async fn mount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUi
                     },
                 );
             }
-            inner.events.record(pref, true, reason::FAILED_MOUNT, message.clone());
-            (traits.plugin, Err(message))
+            inner
+                .events
+                .record(pref, true, reason::FAILED_MOUNT, message.clone());
+            (traits.plugin, Err(message), true)
         }
     }
 }
 
 fn observe_pod_ready(inner: &Inner, pod: &PodUid) {
-    let since = inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).get(pod).copied();
+    let since = inner
+        .pending_since
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(pod)
+        .copied();
     let Some(since) = since else { return };
-    if inner.pod_status(pod, false).is_some_and(|s| s.phase == PodPhase::Ready) {
-        let removed = inner.pending_since.lock().unwrap_or_else(|p| p.into_inner()).remove(pod);
+    if inner.pod_ready(pod) {
+        let removed = inner
+            .pending_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pod);
         if removed.is_some() {
-            inner.metrics.observe_pod_ready(since.elapsed().as_secs_f64());
+            inner
+                .metrics
+                .observe_pod_ready(since.elapsed().as_secs_f64());
         }
     }
 }
 
 #[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_unmount"))]
-async fn unmount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &PodUid) -> (String, Result<(), String>) {
+async fn unmount_volume(
+    inner: &Arc<Inner>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+) -> (String, Result<(), String>) {
     let have = {
         let asw = inner.asw();
         asw.volume(volume)
@@ -209,7 +277,10 @@ async fn unmount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &Pod
         return (String::new(), Ok(()));
     };
     let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
-        return (traits.plugin.clone(), Err(format!("no plugin {} for volume {volume}", traits.plugin)));
+        return (
+            traits.plugin.clone(),
+            Err(format!("no plugin {} for volume {volume}", traits.plugin)),
+        );
     };
     let req = TearDownRequest {
         pod_ref: mounted.pod_ref.clone(),
@@ -233,10 +304,20 @@ async fn unmount_volume(inner: &Arc<Inner>, volume: &UniqueVolumeName, pod: &Pod
             if e.class() == ErrorClass::Uncertain {
                 let mut asw = inner.asw_mut();
                 if let Some(m) = asw.pod_volume(volume, pod).cloned() {
-                    asw.mark_pod_volume(volume, &traits, pod.clone(), MountedPodVolume { state: PodMountState::Uncertain, ..m });
+                    asw.mark_pod_volume(
+                        volume,
+                        &traits,
+                        pod.clone(),
+                        MountedPodVolume {
+                            state: PodMountState::Uncertain,
+                            ..m
+                        },
+                    );
                 }
             }
-            inner.events.record(&pref, true, reason::FAILED_UNMOUNT, message.clone());
+            inner
+                .events
+                .record(&pref, true, reason::FAILED_UNMOUNT, message.clone());
             (traits.plugin, Err(message))
         }
     }
@@ -252,11 +333,7 @@ async fn cleanup_pod_dir(inner: &Arc<Inner>, pod: &PodUid) {
     let host = inner.host.clone();
     let uid = pod.clone();
     let result = tokio::task::spawn_blocking(move || -> Result<(), kubevol_mount::MountError> {
-        let pods = host.root_dir().map_err(|e| match e {
-            crate::error::VolumeError::Mount(m) => m,
-            other => kubevol_mount::MountError::Table(other.to_string()),
-        })?;
-        let pods = pods.open_beneath(std::path::Path::new("pods"))?;
+        let pods = host.root_dir.open_beneath(std::path::Path::new("pods"))?;
         pods.remove_empty_tree(uid.as_str())
     })
     .await;
@@ -264,9 +341,11 @@ async fn cleanup_pod_dir(inner: &Arc<Inner>, pod: &PodUid) {
         Ok(Ok(())) => {
             inner.events.forget(pod);
             inner.forget_pod_signal(pod);
-            info!(pod = %pod, "pod directory removed");
+            tracing::debug!(pod = %pod, "pod directory removed");
         }
-        Ok(Err(e)) => warn!(pod = %pod, dir = %inner.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}"),
+        Ok(Err(e)) => {
+            warn!(pod = %pod, dir = %inner.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}")
+        }
         Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
     }
 }

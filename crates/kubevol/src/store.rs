@@ -32,14 +32,18 @@ pub enum Origin {
 impl std::fmt::Display for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Origin::File { path, document } => write!(f, "{} (document {document})", path.display()),
+            Origin::File { path, document } => {
+                write!(f, "{} (document {document})", path.display())
+            }
             Origin::Api => f.write_str("library API"),
         }
     }
 }
 
-/// An object kept in the store.
+/// An object kept in the store. The variants differ in size, but objects are parsed once and
+/// moved into `Arc`s right away, so boxing them would only add an allocation.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Object {
     /// A pod (namespace and UID already filled in).
     Pod(Pod),
@@ -69,7 +73,11 @@ pub fn pod_uid(pod: &Pod) -> PodUid {
     if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
         return PodUid(uid.to_string());
     }
-    let ns = pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+    let ns = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE);
     let name = pod.metadata.name.as_deref().unwrap_or("");
     PodUid(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
 }
@@ -147,7 +155,10 @@ struct Objects {
 
 fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NsName {
     (
-        meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
+        meta.namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
         meta.name.clone().unwrap_or_default(),
     )
 }
@@ -217,19 +228,30 @@ impl ObjectStore {
 
     /// Whether every registered source has synced.
     pub fn all_sources_synced(&self) -> bool {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner()).values().all(|s| *s)
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .all(|s| *s)
     }
 
     /// Replaces every object that came from `path` with `objects`, and clears the file's errors
     /// (setting `errors` instead). A pod whose UID another file already defines is not taken;
     /// that is reported as an error of this file.
-    pub fn replace_file(&self, path: &std::path::Path, objects: Vec<(usize, Object)>, mut errors: Vec<ManifestError>) {
+    pub fn replace_file(
+        &self,
+        path: &std::path::Path,
+        objects: Vec<(usize, Object)>,
+        mut errors: Vec<ManifestError>,
+    ) {
         let mut o = self.write();
         o.pods.retain(|_, p| !from_file(&p.origin, path));
         o.config_maps.retain(|_, s| !from_file(&s.origin, path));
         o.secrets.retain(|_, s| !from_file(&s.origin, path));
-        o.persistent_volumes.retain(|_, s| !from_file(&s.origin, path));
-        o.persistent_volume_claims.retain(|_, s| !from_file(&s.origin, path));
+        o.persistent_volumes
+            .retain(|_, s| !from_file(&s.origin, path));
+        o.persistent_volume_claims
+            .retain(|_, s| !from_file(&s.origin, path));
         o.csi_drivers.retain(|_, s| !from_file(&s.origin, path));
         for (document, obj) in objects {
             let origin = Origin::File {
@@ -254,27 +276,63 @@ impl ObjectStore {
                         });
                         continue;
                     }
-                    o.pods.insert(uid, StoredPod { pod: Arc::new(pod), origin });
+                    o.pods.insert(
+                        uid,
+                        StoredPod {
+                            pod: Arc::new(pod),
+                            origin,
+                        },
+                    );
                 }
                 Object::ConfigMap(c) => {
                     let k = ns_name(&c.metadata);
-                    o.config_maps.insert(k, Stored { object: Arc::new(c), origin });
+                    o.config_maps.insert(
+                        k,
+                        Stored {
+                            object: Arc::new(c),
+                            origin,
+                        },
+                    );
                 }
                 Object::Secret(s) => {
                     let k = ns_name(&s.metadata);
-                    o.secrets.insert(k, Stored { object: Arc::new(s), origin });
+                    o.secrets.insert(
+                        k,
+                        Stored {
+                            object: Arc::new(s),
+                            origin,
+                        },
+                    );
                 }
                 Object::PersistentVolume(pv) => {
                     let k = pv.metadata.name.clone().unwrap_or_default();
-                    o.persistent_volumes.insert(k, Stored { object: Arc::new(pv), origin });
+                    o.persistent_volumes.insert(
+                        k,
+                        Stored {
+                            object: Arc::new(pv),
+                            origin,
+                        },
+                    );
                 }
                 Object::PersistentVolumeClaim(c) => {
                     let k = ns_name(&c.metadata);
-                    o.persistent_volume_claims.insert(k, Stored { object: Arc::new(c), origin });
+                    o.persistent_volume_claims.insert(
+                        k,
+                        Stored {
+                            object: Arc::new(c),
+                            origin,
+                        },
+                    );
                 }
                 Object::CSIDriver(d) => {
                     let k = d.metadata.name.clone().unwrap_or_default();
-                    o.csi_drivers.insert(k, Stored { object: Arc::new(d), origin });
+                    o.csi_drivers.insert(
+                        k,
+                        Stored {
+                            object: Arc::new(d),
+                            origin,
+                        },
+                    );
                 }
             }
         }
@@ -324,28 +382,55 @@ impl ObjectStore {
 
     /// Adds or replaces a pod given through the library API. Returns its UID.
     pub fn upsert_pod(&self, pod: Pod) -> PodUid {
-        let pod = normalize_pod(pod);
-        let uid = pod_uid(&pod);
-        self.write().pods.insert(
-            uid.clone(),
-            StoredPod {
-                pod: Arc::new(pod),
-                origin: Origin::Api,
-            },
-        );
+        self.upsert_pods([pod]).remove(0)
+    }
+
+    /// Adds or replaces many pods given through the library API in one change (one wake-up of
+    /// the populator). Returns their UIDs.
+    pub fn upsert_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
+        let mut uids = Vec::new();
+        {
+            let mut o = self.write();
+            for pod in pods {
+                let pod = normalize_pod(pod);
+                let uid = pod_uid(&pod);
+                o.pods.insert(
+                    uid.clone(),
+                    StoredPod {
+                        pod: Arc::new(pod),
+                        origin: Origin::Api,
+                    },
+                );
+                uids.push(uid);
+            }
+        }
         self.bump();
-        uid
+        uids
     }
 
     /// Removes a pod given through the library API.
     pub fn remove_pod(&self, uid: &PodUid) {
-        self.write().pods.remove(uid);
+        self.remove_pods(std::slice::from_ref(uid));
+    }
+
+    /// Removes many pods in one change.
+    pub fn remove_pods(&self, uids: &[PodUid]) {
+        {
+            let mut o = self.write();
+            for uid in uids {
+                o.pods.remove(uid);
+            }
+        }
         self.bump();
     }
 
     /// Every pod.
     pub fn pods(&self) -> Vec<(PodUid, StoredPod)> {
-        self.read().pods.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.read()
+            .pods
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// One pod.
@@ -355,7 +440,10 @@ impl ObjectStore {
 
     /// A ConfigMap by namespace and name.
     pub fn config_map(&self, ns: &str, name: &str) -> Option<Stored<ConfigMap>> {
-        self.read().config_maps.get(&(ns.into(), name.into())).cloned()
+        self.read()
+            .config_maps
+            .get(&(ns.into(), name.into()))
+            .cloned()
     }
 
     /// A Secret by namespace and name.
@@ -369,8 +457,15 @@ impl ObjectStore {
     }
 
     /// A PersistentVolumeClaim by namespace and name.
-    pub fn persistent_volume_claim(&self, ns: &str, name: &str) -> Option<Stored<PersistentVolumeClaim>> {
-        self.read().persistent_volume_claims.get(&(ns.into(), name.into())).cloned()
+    pub fn persistent_volume_claim(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Option<Stored<PersistentVolumeClaim>> {
+        self.read()
+            .persistent_volume_claims
+            .get(&(ns.into(), name.into()))
+            .cloned()
     }
 
     /// A CSIDriver by name.
@@ -380,7 +475,12 @@ impl ObjectStore {
 
     /// Every file error.
     pub fn file_errors(&self) -> Vec<ManifestError> {
-        self.read().file_errors.values().flatten().cloned().collect()
+        self.read()
+            .file_errors
+            .values()
+            .flatten()
+            .cloned()
+            .collect()
     }
 }
 
@@ -398,13 +498,20 @@ mod tests {
     #[test]
     fn derived_uid_is_stable_and_depends_on_namespace_and_name() {
         let a = pod_uid(&pod(None, "web"));
-        assert_eq!(a, pod_uid(&pod(Some("default"), "web")), "namespace defaults to default");
+        assert_eq!(
+            a,
+            pod_uid(&pod(Some("default"), "web")),
+            "namespace defaults to default"
+        );
         assert_eq!(a, pod_uid(&pod(None, "web")));
         assert_ne!(a, pod_uid(&pod(Some("prod"), "web")));
         assert!(kubevol_core::validation::is_canonical_uuid(a.as_str()));
         let mut explicit = pod(None, "web");
         explicit.metadata.uid = Some("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70".into());
-        assert_eq!(pod_uid(&explicit).as_str(), "0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70");
+        assert_eq!(
+            pod_uid(&explicit).as_str(),
+            "0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70"
+        );
     }
 
     #[test]
@@ -412,15 +519,40 @@ mod tests {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
         let b = PathBuf::from("/m/b.yaml");
-        s.replace_file(&a, vec![(1, Object::Pod(normalize_pod(pod(None, "x")))), (2, Object::Pod(normalize_pod(pod(None, "y"))))], vec![]);
+        s.replace_file(
+            &a,
+            vec![
+                (1, Object::Pod(normalize_pod(pod(None, "x")))),
+                (2, Object::Pod(normalize_pod(pod(None, "y")))),
+            ],
+            vec![],
+        );
         assert_eq!(s.pods().len(), 2);
-        s.replace_file(&b, vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))], vec![]);
+        s.replace_file(
+            &b,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
+            vec![],
+        );
         assert_eq!(s.pods().len(), 2);
         let errs = s.file_errors();
         assert_eq!(errs.len(), 1);
-        assert!(errs[0].to_string().contains("/m/b.yaml: document 1: pod default/x"), "{}", errs[0]);
-        s.replace_file(&a, vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))], vec![]);
-        assert_eq!(s.pods().len(), 1, "x went away with the new version of a.yaml");
+        assert!(
+            errs[0]
+                .to_string()
+                .contains("/m/b.yaml: document 1: pod default/x"),
+            "{}",
+            errs[0]
+        );
+        s.replace_file(
+            &a,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
+            vec![],
+        );
+        assert_eq!(
+            s.pods().len(),
+            1,
+            "x went away with the new version of a.yaml"
+        );
         s.remove_file(&a);
         assert!(s.pods().is_empty());
     }

@@ -38,14 +38,35 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     let m = start(t.path(), fake.clone());
     let p = pod("retry");
     let uid = m.add_pod(p.clone());
-    m.wait_for_attach_and_mount(&p).await.expect("third attempt mounts");
-    let target = m.config().root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/m"));
-    let mounts: Vec<MountCall> = fake.calls().into_iter().filter(|c| matches!(c, MountCall::Mount { .. })).collect();
+    m.wait_for_attach_and_mount(&p)
+        .await
+        .expect("third attempt mounts");
+    let target = m
+        .config()
+        .root_dir
+        .join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/m"));
+    let mounts: Vec<MountCall> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, MountCall::Mount { .. }))
+        .collect();
     assert_eq!(mounts.len(), 3, "two failures, one success: {mounts:?}");
-    let MountCall::Mount { target: t0, fstype, options, .. } = &mounts[2] else { unreachable!() };
+    let MountCall::Mount {
+        target: t0,
+        fstype,
+        options,
+        ..
+    } = &mounts[2]
+    else {
+        unreachable!()
+    };
     assert_eq!(t0, &target);
     assert_eq!(fstype, "tmpfs");
-    assert_eq!(options.data, vec![format!("size={}", 16 << 20)], "pod memory limit sizes the tmpfs");
+    assert_eq!(
+        options.data,
+        vec![format!("size={}", 16 << 20)],
+        "pod memory limit sizes the tmpfs"
+    );
     assert!(fake.is_mounted(&target));
 
     m.remove_pod(&p);
@@ -53,8 +74,14 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     assert!(!fake.is_mounted(&target));
     assert!(!target.exists());
     let text = m.metrics_text();
-    assert!(text.contains(r#"operation_name="volume_mount",status="fail-unknown""#), "{text}");
-    assert!(text.contains(r#"operation_name="volume_unmount",status="success""#), "{text}");
+    assert!(
+        text.contains(r#"operation_name="volume_mount",status="fail-unknown""#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"operation_name="volume_unmount",status="success""#),
+        "{text}"
+    );
     m.shutdown();
 }
 
@@ -70,12 +97,17 @@ async fn unmount_waits_until_sources_synced() {
     m.store().register_source("slow-source");
     let p = pod("gated");
     let uid = m.add_pod(p.clone());
-    m.wait_for_attach_and_mount(&p).await.expect("mounting does not wait for sources");
+    m.wait_for_attach_and_mount(&p)
+        .await
+        .expect("mounting does not wait for sources");
     assert!(!m.reconciler_states_synced());
 
     m.remove_pod(&p);
     let early = tokio::time::timeout(Duration::from_millis(300), m.wait_for_unmount(&p)).await;
-    assert!(early.is_err(), "nothing is torn down before every source has synced");
+    assert!(
+        early.is_err(),
+        "nothing is torn down before every source has synced"
+    );
     assert!(m.has_possibly_mounted_volumes(&uid));
 
     m.store().mark_source_synced("slow-source");
@@ -90,18 +122,31 @@ async fn library_queries_answer_from_the_states_of_world() {
     let fake = Arc::new(FakeMounter::new());
     let m = start(t.path(), fake);
     let mut p = pod("lib");
-    p.spec.as_mut().unwrap().security_context = Some(k8s_openapi::api::core::v1::PodSecurityContext {
-        supplemental_groups: Some(vec![5]),
-        ..Default::default()
-    });
+    p.spec.as_mut().unwrap().security_context =
+        Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            supplemental_groups: Some(vec![5]),
+            ..Default::default()
+        });
     let uid = m.add_pod(p.clone());
     m.wait_for_attach_and_mount(&p).await.unwrap();
     assert!(m.has_possibly_mounted_volumes(&uid));
-    assert_eq!(m.mounted_volumes_for_pod(&uid).keys().collect::<Vec<_>>(), vec!["m"]);
-    assert!(m.volumes_in_use().is_empty(), "emptyDir is neither attachable nor device-mountable");
+    assert_eq!(
+        m.mounted_volumes_for_pod(&uid).keys().collect::<Vec<_>>(),
+        vec!["m"]
+    );
+    assert!(
+        m.volumes_in_use().is_empty(),
+        "emptyDir is neither attachable nor device-mountable"
+    );
     let name = kubevol_core::UniqueVolumeName::for_pod_volume("kubernetes.io/empty-dir", &uid, "m");
-    assert!(m.volume_is_attached(&name), "a volume that needs no attach is attached once set up");
-    assert!(m.extra_supplemental_groups_for_pod(&p).is_empty(), "no PersistentVolume, no extra group");
+    assert!(
+        m.volume_is_attached(&name),
+        "a volume that needs no attach is attached once set up"
+    );
+    assert!(
+        m.extra_supplemental_groups_for_pod(&p).is_empty(),
+        "no PersistentVolume, no extra group"
+    );
     m.mark_volumes_reported_in_use(&[name]);
     m.shutdown();
 }

@@ -12,7 +12,9 @@ use kubevol_core::quantity::Quantity;
 use kubevol_core::state::VolumeSpec;
 use kubevol_mount::{MountError, MountOptions};
 
-use super::{blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin};
+use super::{
+    blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin,
+};
 use crate::error::VolumeError;
 
 /// The kubelet's name of the plugin.
@@ -55,7 +57,12 @@ pub fn pod_memory_limit(pod: &Pod) -> Option<i64> {
         Quantity::parse(&q.0).ok().map(|q| q.value())
     };
     let app: Vec<i64> = spec.containers.iter().filter_map(limit).collect();
-    let init = spec.init_containers.iter().flatten().filter_map(limit).max();
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter_map(limit)
+        .max();
     let sum = (!app.is_empty()).then(|| app.iter().sum::<i64>());
     match (sum, init) {
         (None, None) => None,
@@ -81,7 +88,11 @@ pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec) -> Option<i64> {
 
 /// The huge page size in bytes for a HugePages medium, from the medium itself or from the pod's
 /// `hugepages-<size>` resources.
-fn huge_page_size(pod: &Pod, explicit: Option<&str>, medium_name: &str) -> Result<i64, VolumeError> {
+fn huge_page_size(
+    pod: &Pod,
+    explicit: Option<&str>,
+    medium_name: &str,
+) -> Result<i64, VolumeError> {
     let err = |detail: String| VolumeError::HugePages {
         medium: medium_name.to_string(),
         detail,
@@ -95,7 +106,11 @@ fn huge_page_size(pod: &Pod, explicit: Option<&str>, medium_name: &str) -> Resul
         return parse(size);
     }
     let mut sizes = std::collections::BTreeSet::new();
-    for c in pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())) {
+    for c in pod.spec.iter().flat_map(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+    }) {
         let Some(r) = &c.resources else { continue };
         for map in [&r.limits, &r.requests].into_iter().flatten() {
             for key in map.keys() {
@@ -146,10 +161,14 @@ impl VolumePlugin for EmptyDirPlugin {
         spec.volume.empty_dir.is_some()
     }
 
-    fn set_up(&self, host: Arc<PluginHost>, req: SetUpRequest) -> BoxFuture<Result<SetUpResult, VolumeError>> {
+    fn set_up(
+        &self,
+        host: Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         blocking(move || {
-            let rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME).join(&req.outer_volume_name);
-            let path = host.root.join(&rel);
+            let parent_rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME);
+            let path = host.root.join(&parent_rel).join(&req.outer_volume_name);
             let medium = medium(&req.spec);
             let medium_name = req
                 .spec
@@ -173,8 +192,9 @@ impl VolumePlugin for EmptyDirPlugin {
                     Some(("nodev", "hugetlbfs", vec![format!("pagesize={size}")]))
                 }
             };
-            let root = host.root_dir()?;
-            let (dir, _) = root.create_dir_all(&rel, 0o777)?;
+            let (parent, _) = host.root_dir.create_dir_all(&parent_rel, 0o750)?;
+            let name = req.outer_volume_name.as_str();
+            parent.create_dir_all(Path::new(name), 0o777)?;
             if let Some((source, fstype, data)) = fs {
                 if !host.mounter.is_mount_point(&path)? {
                     let options = MountOptions {
@@ -184,18 +204,13 @@ impl VolumePlugin for EmptyDirPlugin {
                     host.mounter.mount(source, &path, fstype, &options)?;
                 }
                 // The fresh filesystem's root, not the directory under it, must be 0777.
-                let mounted = root.open_beneath(&rel).map_err(|source| VolumeError::AfterMount {
-                    step: "open",
+                let after = |step, source| VolumeError::AfterMount {
+                    step,
                     path: path.clone(),
                     source,
-                })?;
-                mounted.chmod(0o777).map_err(|source| VolumeError::AfterMount {
-                    step: "chmod",
-                    path: path.clone(),
-                    source,
-                })?;
-            } else {
-                drop(dir);
+                };
+                let mounted = parent.open_dir(name).map_err(|e| after("open", e))?;
+                mounted.chmod(0o777).map_err(|e| after("chmod", e))?;
             }
             Ok(SetUpResult {
                 path,
@@ -204,11 +219,14 @@ impl VolumePlugin for EmptyDirPlugin {
         })
     }
 
-    fn tear_down(&self, host: Arc<PluginHost>, req: TearDownRequest) -> BoxFuture<Result<(), VolumeError>> {
+    fn tear_down(
+        &self,
+        host: Arc<PluginHost>,
+        req: TearDownRequest,
+    ) -> BoxFuture<Result<(), VolumeError>> {
         blocking(move || {
             let plugin_rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME);
-            let root = host.root_dir()?;
-            let parent = match root.open_beneath(&plugin_rel) {
+            let parent = match host.root_dir.open_beneath(&plugin_rel) {
                 Ok(p) => p,
                 Err(e) if e.is_not_found() => return Ok(()),
                 Err(e) => return Err(e.into()),
@@ -217,7 +235,10 @@ impl VolumePlugin for EmptyDirPlugin {
             if parent.has_entry(name)? && host.mounter.is_mount_point(&req.path)? {
                 if medium(&req.spec) == Medium::Disk {
                     // Something else is mounted over a disk volume: never unmount or enter it.
-                    return Err(MountError::NestedMount { path: req.path.clone() }.into());
+                    return Err(MountError::NestedMount {
+                        path: req.path.clone(),
+                    }
+                    .into());
                 }
                 host.mounter.unmount(&req.path)?;
             }
@@ -233,7 +254,10 @@ mod tests {
     use serde_json::json;
 
     fn pod(containers: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": containers}})).unwrap()
+        serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": containers}}),
+        )
+        .unwrap()
     }
 
     fn spec(ed: serde_json::Value) -> VolumeSpec {
@@ -245,13 +269,35 @@ mod tests {
 
     #[test]
     fn tmpfs_size_is_smaller_of_size_limit_and_pod_limit() {
-        let limited = pod(json!([{"name": "a", "resources": {"limits": {"memory": "32Mi"}}}, {"name": "b", "resources": {"limits": {"memory": "16Mi"}}}]));
+        let limited = pod(
+            json!([{"name": "a", "resources": {"limits": {"memory": "32Mi"}}}, {"name": "b", "resources": {"limits": {"memory": "16Mi"}}}]),
+        );
         let unlimited = pod(json!([{"name": "a"}]));
         let rows = [
-            ("limit smaller than pod", &limited, json!({"medium": "Memory", "sizeLimit": "8Mi"}), Some(8 << 20)),
-            ("pod smaller than limit", &limited, json!({"medium": "Memory", "sizeLimit": "1Gi"}), Some(48 << 20)),
-            ("pod limit only", &limited, json!({"medium": "Memory"}), Some(48 << 20)),
-            ("size limit only", &unlimited, json!({"medium": "Memory", "sizeLimit": "64Mi"}), Some(64 << 20)),
+            (
+                "limit smaller than pod",
+                &limited,
+                json!({"medium": "Memory", "sizeLimit": "8Mi"}),
+                Some(8 << 20),
+            ),
+            (
+                "pod smaller than limit",
+                &limited,
+                json!({"medium": "Memory", "sizeLimit": "1Gi"}),
+                Some(48 << 20),
+            ),
+            (
+                "pod limit only",
+                &limited,
+                json!({"medium": "Memory"}),
+                Some(48 << 20),
+            ),
+            (
+                "size limit only",
+                &unlimited,
+                json!({"medium": "Memory", "sizeLimit": "64Mi"}),
+                Some(64 << 20),
+            ),
             ("neither", &unlimited, json!({"medium": "Memory"}), None),
         ];
         for (name, p, ed, want) in rows {
@@ -263,20 +309,33 @@ mod tests {
     fn huge_page_size_from_medium_or_resources() {
         let p = pod(json!([{"name": "a", "resources": {"limits": {"hugepages-2Mi": "10Mi"}}}]));
         assert_eq!(huge_page_size(&p, None, "HugePages").unwrap(), 2 << 20);
-        assert_eq!(huge_page_size(&p, Some("1Gi"), "HugePages-1Gi").unwrap(), 1 << 30);
+        assert_eq!(
+            huge_page_size(&p, Some("1Gi"), "HugePages-1Gi").unwrap(),
+            1 << 30
+        );
         let none = pod(json!([{"name": "a"}]));
-        assert!(huge_page_size(&none, None, "HugePages").unwrap_err().to_string().contains("request no hugepages"));
+        assert!(huge_page_size(&none, None, "HugePages")
+            .unwrap_err()
+            .to_string()
+            .contains("request no hugepages"));
     }
 
     #[test]
     fn node_without_huge_pages_is_a_clear_error() {
         let t = tempfile::tempdir().unwrap();
         let e = check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap_err();
-        assert!(e.to_string().contains("the node has no huge pages of 2048kB"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("the node has no huge pages of 2048kB"),
+            "{e}"
+        );
         std::fs::create_dir_all(t.path().join("hugepages-2048kB")).unwrap();
         std::fs::write(t.path().join("hugepages-2048kB/nr_hugepages"), "0\n").unwrap();
         let e = check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap_err();
-        assert!(e.to_string().contains("no 2048kB huge pages reserved"), "{e}");
+        assert!(
+            e.to_string().contains("no 2048kB huge pages reserved"),
+            "{e}"
+        );
         std::fs::write(t.path().join("hugepages-2048kB/nr_hugepages"), "4\n").unwrap();
         check_node_huge_pages(t.path(), 2 << 20, "HugePages-2Mi").unwrap();
     }

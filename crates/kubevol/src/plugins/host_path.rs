@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use kubevol_core::state::VolumeSpec;
 
-use super::{blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin};
+use super::{
+    blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin,
+};
 use crate::error::VolumeError;
 
 /// The kubelet's name of the plugin.
@@ -141,7 +143,11 @@ pub fn check_allowed(path: &Path, allow: &[PathBuf]) -> Result<(), VolumeError> 
     Err(VolumeError::HostPathNotAllowed {
         path: path.to_path_buf(),
         resolved,
-        allowed: allow.iter().map(|a| a.display().to_string()).collect::<Vec<_>>().join(", "),
+        allowed: allow
+            .iter()
+            .map(|a| a.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
     })
 }
 
@@ -158,17 +164,28 @@ impl VolumePlugin for HostPathPlugin {
         spec.volume.host_path.is_some()
     }
 
-    fn set_up(&self, host: Arc<PluginHost>, req: SetUpRequest) -> BoxFuture<Result<SetUpResult, VolumeError>> {
+    fn set_up(
+        &self,
+        host: Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         blocking(move || {
             let hp = req.spec.volume.host_path.clone().unwrap_or_default();
             let path = PathBuf::from(&hp.path);
             check_allowed(&path, &host.host_path_allow)?;
             check_host_path_type(&path, hp.type_.as_deref().unwrap_or(""))?;
-            Ok(SetUpResult { path, read_only: false })
+            Ok(SetUpResult {
+                path,
+                read_only: false,
+            })
         })
     }
 
-    fn tear_down(&self, _host: Arc<PluginHost>, _req: TearDownRequest) -> BoxFuture<Result<(), VolumeError>> {
+    fn tear_down(
+        &self,
+        _host: Arc<PluginHost>,
+        _req: TearDownRequest,
+    ) -> BoxFuture<Result<(), VolumeError>> {
         // The volume is the host's own path: there is nothing of kubevol's to remove.
         Box::pin(async { Ok(()) })
     }
@@ -187,9 +204,15 @@ mod tests {
         std::os::unix::fs::symlink("/etc", data.join("etc-link")).unwrap();
         let allow = vec![data.clone()];
         assert!(check_allowed(&data.join("x/y"), &allow).is_ok());
-        assert!(check_allowed(&t.path().join("database"), &allow).is_err(), "/data must not allow /database");
+        assert!(
+            check_allowed(&t.path().join("database"), &allow).is_err(),
+            "/data must not allow /database"
+        );
         let e = check_allowed(&data.join("etc-link"), &allow).unwrap_err();
         assert!(e.to_string().contains("resolves to /etc"), "{e}");
-        assert!(check_allowed(Path::new("/etc"), &[]).is_ok(), "no list allows all");
+        assert!(
+            check_allowed(Path::new("/etc"), &[]).is_ok(),
+            "no list allows all"
+        );
     }
 }

@@ -31,6 +31,8 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub struct PluginHost {
     /// The root directory (`/var/lib/kubevol`).
     pub root: PathBuf,
+    /// The root directory, opened once: every path below it is reached relative to this.
+    pub root_dir: Dir,
     /// The mount layer.
     pub mounter: Arc<dyn Mounter>,
     /// Host path prefixes pods may use; empty means any.
@@ -53,11 +55,6 @@ impl PluginHost {
         self.root
             .join(Self::pod_plugin_dir(pod, plugin))
             .join(volume)
-    }
-
-    /// Opens the root directory.
-    pub fn root_dir(&self) -> Result<Dir, VolumeError> {
-        Ok(Dir::open(&self.root)?)
     }
 }
 
@@ -123,11 +120,19 @@ pub trait VolumePlugin: Send + Sync + 'static {
 
     /// Sets the volume up for one pod. Must be idempotent: it may run again on a volume that is
     /// already set up, or was half set up by an interrupted attempt.
-    fn set_up(&self, host: Arc<PluginHost>, req: SetUpRequest) -> BoxFuture<Result<SetUpResult, VolumeError>>;
+    fn set_up(
+        &self,
+        host: Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> BoxFuture<Result<SetUpResult, VolumeError>>;
 
     /// Tears the volume down for one pod. Must be idempotent and must never remove data that
     /// is not the volume's own.
-    fn tear_down(&self, host: Arc<PluginHost>, req: TearDownRequest) -> BoxFuture<Result<(), VolumeError>>;
+    fn tear_down(
+        &self,
+        host: Arc<PluginHost>,
+        req: TearDownRequest,
+    ) -> BoxFuture<Result<(), VolumeError>>;
 }
 
 /// Runs blocking plugin work off the runtime's core threads.
@@ -152,7 +157,9 @@ pub struct PluginRegistry {
 impl PluginRegistry {
     /// The plugins kubevol ships.
     pub fn standard() -> Self {
-        let mut r = PluginRegistry { plugins: Vec::new() };
+        let mut r = PluginRegistry {
+            plugins: Vec::new(),
+        };
         r.register(Arc::new(EmptyDirPlugin));
         r.register(Arc::new(HostPathPlugin));
         r

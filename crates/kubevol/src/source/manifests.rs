@@ -30,7 +30,12 @@ pub fn is_manifest_file(path: &Path) -> bool {
     !hidden && matches!(ext, "yaml" | "yml" | "json")
 }
 
-fn manifest_error(path: &Path, document: Option<usize>, loc: Option<(usize, usize)>, message: String) -> ManifestError {
+fn manifest_error(
+    path: &Path,
+    document: Option<usize>,
+    loc: Option<(usize, usize)>,
+    message: String,
+) -> ManifestError {
     ManifestError {
         path: path.to_path_buf(),
         document,
@@ -56,9 +61,15 @@ fn strip_location(msg: &str) -> String {
             .find(" column ")
             .map(|c| {
                 let after = &rest[c + " column ".len()..];
-                c + " column ".len() + after.find(|ch: char| !ch.is_ascii_digit()).unwrap_or(after.len())
+                c + " column ".len()
+                    + after
+                        .find(|ch: char| !ch.is_ascii_digit())
+                        .unwrap_or(after.len())
             })
-            .unwrap_or_else(|| rest.find(|ch: char| !ch.is_ascii_digit()).unwrap_or(rest.len()));
+            .unwrap_or_else(|| {
+                rest.find(|ch: char| !ch.is_ascii_digit())
+                    .unwrap_or(rest.len())
+            });
         out.replace_range(i..i + " at line ".len() + end, "");
     }
     out
@@ -66,17 +77,36 @@ fn strip_location(msg: &str) -> String {
 
 /// Turns one document into objects (a `List` gives several). `typed` re-parses the document
 /// with location information when a typed conversion fails.
-fn convert<F>(value: serde_json::Value, path: &Path, document: usize, relocate: &F, out: &mut Vec<(usize, Object)>, errs: &mut Vec<ManifestError>)
-where
+fn convert<F>(
+    value: serde_json::Value,
+    path: &Path,
+    document: usize,
+    relocate: &F,
+    out: &mut Vec<(usize, Object)>,
+    errs: &mut Vec<ManifestError>,
+) where
     F: Fn(&str) -> Option<(Option<(usize, usize)>, String)>,
 {
     if value.is_null() {
         return;
     }
-    let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
-    let api_version = value.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("").to_string();
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
     if kind.is_empty() {
-        errs.push(manifest_error(path, Some(document), None, "the document has no kind; add `kind:` and `apiVersion:`".into()));
+        errs.push(manifest_error(
+            path,
+            Some(document),
+            None,
+            "the document has no kind; add `kind:` and `apiVersion:`".into(),
+        ));
         return;
     }
     fn typed<T: DeserializeOwned, F: Fn(&str) -> Option<(Option<(usize, usize)>, String)>>(
@@ -91,13 +121,20 @@ where
             Ok(t) => Some(t),
             Err(e) => {
                 let (loc, msg) = relocate(kind).unwrap_or((None, e.to_string()));
-                errs.push(manifest_error(path, Some(document), loc, format!("invalid {kind}: {msg}")));
+                errs.push(manifest_error(
+                    path,
+                    Some(document),
+                    loc,
+                    format!("invalid {kind}: {msg}"),
+                ));
                 None
             }
         }
     }
     let want_version = match kind.as_str() {
-        "Pod" | "ConfigMap" | "Secret" | "PersistentVolume" | "PersistentVolumeClaim" | "List" => "v1",
+        "Pod" | "ConfigMap" | "Secret" | "PersistentVolume" | "PersistentVolumeClaim" | "List" => {
+            "v1"
+        }
         "CSIDriver" => "storage.k8s.io/v1",
         other => {
             debug!(file = %path.display(), document, kind = other, "skipping object of a kind kubevol does not use");
@@ -109,7 +146,9 @@ where
             path,
             Some(document),
             None,
-            format!("apiVersion {api_version:?} is not supported for kind {kind}; use {want_version:?}"),
+            format!(
+                "apiVersion {api_version:?} is not supported for kind {kind}; use {want_version:?}"
+            ),
         ));
         return;
     }
@@ -122,14 +161,23 @@ where
             }
             return;
         }
-        "Pod" => typed::<Pod, F>(value, &kind, path, document, relocate, errs).map(|p| Object::Pod(normalize_pod(p))),
-        "ConfigMap" => typed::<ConfigMap, F>(value, &kind, path, document, relocate, errs).map(Object::ConfigMap),
-        "Secret" => typed::<Secret, F>(value, &kind, path, document, relocate, errs).map(Object::Secret),
-        "PersistentVolume" => typed::<PersistentVolume, F>(value, &kind, path, document, relocate, errs).map(Object::PersistentVolume),
-        "PersistentVolumeClaim" => {
-            typed::<PersistentVolumeClaim, F>(value, &kind, path, document, relocate, errs).map(Object::PersistentVolumeClaim)
+        "Pod" => typed::<Pod, F>(value, &kind, path, document, relocate, errs)
+            .map(|p| Object::Pod(normalize_pod(p))),
+        "ConfigMap" => typed::<ConfigMap, F>(value, &kind, path, document, relocate, errs)
+            .map(Object::ConfigMap),
+        "Secret" => {
+            typed::<Secret, F>(value, &kind, path, document, relocate, errs).map(Object::Secret)
         }
-        _ => typed::<CSIDriver, F>(value, &kind, path, document, relocate, errs).map(Object::CSIDriver),
+        "PersistentVolume" => {
+            typed::<PersistentVolume, F>(value, &kind, path, document, relocate, errs)
+                .map(Object::PersistentVolume)
+        }
+        "PersistentVolumeClaim" => {
+            typed::<PersistentVolumeClaim, F>(value, &kind, path, document, relocate, errs)
+                .map(Object::PersistentVolumeClaim)
+        }
+        _ => typed::<CSIDriver, F>(value, &kind, path, document, relocate, errs)
+            .map(Object::CSIDriver),
     };
     out.extend(obj.map(|o| (document, o)));
 }
@@ -154,7 +202,12 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
                 convert(v, path, 1, &relocate, &mut out, &mut errs);
             }
             Err(e) => {
-                errs.push(manifest_error(path, Some(1), Some((e.line(), e.column())), strip_location(&e.to_string())));
+                errs.push(manifest_error(
+                    path,
+                    Some(1),
+                    Some((e.line(), e.column())),
+                    strip_location(&e.to_string()),
+                ));
             }
         }
         return (out, errs);
@@ -203,7 +256,10 @@ impl ManifestSource {
     pub fn new(dir: &Path, store: Arc<ObjectStore>) -> std::io::Result<Self> {
         let dir = std::fs::canonicalize(dir)?;
         if !dir.is_dir() {
-            return Err(std::io::Error::new(std::io::ErrorKind::NotADirectory, format!("{} is not a directory", dir.display())));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", dir.display()),
+            ));
         }
         store.register_source(Self::NAME);
         Ok(ManifestSource { dir, store })
@@ -293,7 +349,9 @@ impl ManifestSource {
                 for ev in batch {
                     match ev {
                         Ok(ev) if ev.need_rescan() => rescan = true,
-                        Ok(ev) => paths.extend(ev.paths.into_iter().filter(|p| is_manifest_file(p))),
+                        Ok(ev) => {
+                            paths.extend(ev.paths.into_iter().filter(|p| is_manifest_file(p)))
+                        }
                         Err(e) => {
                             warn!(dir = %self.dir.display(), "watch error, re-reading the directory: {e}");
                             rescan = true;
@@ -337,7 +395,9 @@ mod tests {
         assert_eq!(objs.len(), 2);
         assert_eq!(objs[0].0, 1);
         assert_eq!(objs[1].0, 3);
-        let Object::Pod(p) = &objs[0].1 else { panic!("pod expected") };
+        let Object::Pod(p) = &objs[0].1 else {
+            panic!("pod expected")
+        };
         assert_eq!(p.metadata.namespace.as_deref(), Some("default"));
         assert!(p.metadata.uid.is_some());
     }
@@ -361,26 +421,51 @@ mod tests {
 
     #[test]
     fn type_error_is_located() {
-        let (objs, errs) = parse("/m/t.yaml", "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers: notalist\n");
+        let (objs, errs) = parse(
+            "/m/t.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  containers: notalist\n",
+        );
         assert!(objs.is_empty());
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert!(errs[0].starts_with("/m/t.yaml: document 1, line 6, column"), "{}", errs[0]);
+        assert!(
+            errs[0].starts_with("/m/t.yaml: document 1, line 6, column"),
+            "{}",
+            errs[0]
+        );
         assert!(errs[0].contains("invalid Pod"), "{}", errs[0]);
     }
 
     #[test]
     fn json_files_and_their_errors() {
-        let (objs, errs) = parse("/m/p.json", r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[]}}"#);
+        let (objs, errs) = parse(
+            "/m/p.json",
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[]}}"#,
+        );
         assert_eq!((objs.len(), errs.len()), (1, 0));
         let (_, errs) = parse("/m/p.json", "{\n  \"kind\": \"Pod\",\n  oops\n}");
-        assert!(errs[0].starts_with("/m/p.json: document 1, line 3, column"), "{}", errs[0]);
+        assert!(
+            errs[0].starts_with("/m/p.json: document 1, line 3, column"),
+            "{}",
+            errs[0]
+        );
     }
 
     #[test]
     fn wrong_api_version_and_missing_kind() {
-        let (_, errs) = parse("/m/v.yaml", "apiVersion: v2\nkind: Pod\n---\nmetadata: {name: x}\n");
-        assert!(errs[0].contains("document 1: apiVersion \"v2\" is not supported for kind Pod"), "{}", errs[0]);
-        assert!(errs[1].contains("document 2: the document has no kind"), "{}", errs[1]);
+        let (_, errs) = parse(
+            "/m/v.yaml",
+            "apiVersion: v2\nkind: Pod\n---\nmetadata: {name: x}\n",
+        );
+        assert!(
+            errs[0].contains("document 1: apiVersion \"v2\" is not supported for kind Pod"),
+            "{}",
+            errs[0]
+        );
+        assert!(
+            errs[1].contains("document 2: the document has no kind"),
+            "{}",
+            errs[1]
+        );
     }
 
     #[test]

@@ -21,7 +21,10 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
         body();
         return;
     }
-    let uid = std::process::Command::new("id").arg("-u").output().expect("run id -u");
+    let uid = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .expect("run id -u");
     assert_eq!(
         String::from_utf8_lossy(&uid.stdout).trim(),
         "0",
@@ -63,7 +66,12 @@ pub struct TestRoot {
 impl TestRoot {
     pub fn new() -> Self {
         TestRoot {
-            dir: Some(tempfile::Builder::new().prefix("kubevol-test").tempdir().expect("tempdir")),
+            dir: Some(
+                tempfile::Builder::new()
+                    .prefix("kubevol-test")
+                    .tempdir()
+                    .expect("tempdir"),
+            ),
         }
     }
 
@@ -146,7 +154,12 @@ pub fn pod_with_volumes(name: &str, volumes: serde_json::Value) -> Pod {
 
 /// Waits (woken by state changes) until `cond` holds for the pod's status, or panics after
 /// `secs` seconds with the last status.
-pub async fn wait_for_status(m: &VolumeManager, pod: &Pod, secs: u64, cond: impl Fn(&PodStatus) -> bool) -> PodStatus {
+pub async fn wait_for_status(
+    m: &VolumeManager,
+    pod: &Pod,
+    secs: u64,
+    cond: impl Fn(&PodStatus) -> bool,
+) -> PodStatus {
     let uid = kubevol::pod_uid(pod);
     let mut rx = m.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -158,7 +171,10 @@ pub async fn wait_for_status(m: &VolumeManager, pod: &Pod, secs: u64, cond: impl
                 return s.clone();
             }
         }
-        if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+        if tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_err()
+        {
             panic!("condition not reached within {secs}s; last status: {s:#?}");
         }
     }
@@ -168,7 +184,10 @@ pub async fn wait_for_status(m: &VolumeManager, pod: &Pod, secs: u64, cond: impl
 pub fn settled(s: &PodStatus) -> bool {
     match s.phase {
         PodPhase::Ready | PodPhase::Rejected => true,
-        PodPhase::Failed => s.volumes.iter().all(|v| v.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted),
+        PodPhase::Failed => s
+            .volumes
+            .iter()
+            .all(|v| v.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted),
         _ => false,
     }
 }
