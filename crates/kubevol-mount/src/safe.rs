@@ -297,17 +297,20 @@ impl Dir {
         self.remove_one_fs(dev)
     }
 
+    fn open_child_if_exists(&self, name: &str) -> Result<Option<Dir>, MountError> {
+        match self.open_child(OsStr::new(name)) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes the directory `name` of this directory if it exists, after removing its contents
     /// on its own filesystem. A mount point at `name` itself is refused.
     pub fn remove_dir_all_one_fs(&self, name: &str) -> Result<(), MountError> {
         let path = self.child_path(OsStr::new(name));
-        let child = match self.open_child(OsStr::new(name)) {
-            Ok(c) => c,
-            Err(MountError::Io {
-                errno: Errno::NOENT,
-                ..
-            }) => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(child) = self.open_child_if_exists(name)? else {
+            return Ok(());
         };
         if self.is_mount_root(name)? {
             return Err(MountError::NestedMount { path });
@@ -324,12 +327,9 @@ impl Dir {
     /// [`MountError::Leftover`] (or [`MountError::NestedMount`]) and left in place.
     pub fn remove_empty_tree(&self, name: &str) -> Result<(), MountError> {
         let path = self.child_path(OsStr::new(name));
-        let child = match self.open_child(OsStr::new(name)) {
-            Ok(c) => c,
-            Err(MountError::Io {
-                errno: Errno::NOENT,
-                ..
-            }) => return Ok(()),
+        let child = match self.open_child_if_exists(name) {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(()),
             Err(MountError::Io {
                 errno: Errno::NOTDIR,
                 ..

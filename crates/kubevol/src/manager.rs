@@ -268,12 +268,7 @@ impl Inner {
                     state,
                     path: mounted.map(|m| m.path.display().to_string()),
                     read_only: mounted.is_some_and(|m| m.read_only),
-                    last_error: err.as_ref().map(|e| e.message.clone()),
-                    failures: err.as_ref().map(|e| e.failures).unwrap_or(0),
-                    next_retry_ms: err
-                        .as_ref()
-                        .filter(|e| e.retry_at > now)
-                        .map(|e| (e.retry_at - now).as_millis() as u64),
+                    ..error_fields(err.as_ref(), now)
                 });
             }
             for (outer, why) in &dp.failed_to_process {
@@ -325,12 +320,7 @@ impl Inner {
                     state: VolumePhase::Unmounting,
                     path: Some(m.path.display().to_string()),
                     read_only: m.read_only,
-                    last_error: err.as_ref().map(|e| e.message.clone()),
-                    failures: err.as_ref().map(|e| e.failures).unwrap_or(0),
-                    next_retry_ms: err
-                        .as_ref()
-                        .filter(|e| e.retry_at > now)
-                        .map(|e| (e.retry_at - now).as_millis() as u64),
+                    ..error_fields(err.as_ref(), now)
                 });
             }
             (pod_ref?, PodPhase::Terminating)
@@ -346,6 +336,24 @@ impl Inner {
             volumes,
             events,
         })
+    }
+}
+
+/// The error part of a volume's status: last error, failures, time to the next retry. The
+/// other fields are placeholders for the caller to fill.
+fn error_fields(err: Option<&crate::executor::LastError>, now: Instant) -> VolumeStatus {
+    VolumeStatus {
+        name: String::new(),
+        type_: String::new(),
+        unique_name: None,
+        state: VolumePhase::Pending,
+        path: None,
+        read_only: false,
+        last_error: err.map(|e| e.message.clone()),
+        failures: err.map(|e| e.failures).unwrap_or(0),
+        next_retry_ms: err
+            .filter(|e| e.retry_at > now)
+            .map(|e| (e.retry_at - now).as_millis() as u64),
     }
 }
 
@@ -720,8 +728,9 @@ impl VolumeManager {
         self.inner.metrics.render(&totals)
     }
 
-    /// A receiver woken on every change of either state of world (for status watchers; a
-    /// pod's waiters sleep on the pod's own signal instead).
+    /// A receiver woken on every change of the status report: either state of world, an
+    /// operation's outcome, or the object store (manifest errors). For status watchers; a pod's
+    /// waiters sleep on the pod's own signal instead.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()
     }

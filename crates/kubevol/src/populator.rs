@@ -67,6 +67,8 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             return;
         }
         sync(&inner, &mut seen);
+        // The status report shows manifest errors too: status watchers hear of every store change.
+        inner.changed.send_modify(|g| *g += 1);
         tokio::select! {
             r = store_rx.changed() => if r.is_err() { return },
             _ = stop.changed() => return,

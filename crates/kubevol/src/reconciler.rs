@@ -179,15 +179,7 @@ async fn mount_volume(
                 volume,
                 &traits,
                 pod.clone(),
-                MountedPodVolume {
-                    pod_ref: pref.clone(),
-                    outer_volume_name: want.outer_volume_name.clone(),
-                    spec: want.spec.clone(),
-                    state: PodMountState::Mounted,
-                    path: done.path,
-                    read_only: done.read_only,
-                    content_generation: want.content_generation,
-                },
+                as_mounted(&want, PodMountState::Mounted, done.path, done.read_only),
             );
             if !was_mounted && !remount {
                 inner.events.record(
@@ -221,15 +213,7 @@ async fn mount_volume(
                     volume,
                     &traits,
                     pod.clone(),
-                    MountedPodVolume {
-                        pod_ref: pref.clone(),
-                        outer_volume_name: want.outer_volume_name.clone(),
-                        spec: want.spec.clone(),
-                        state: PodMountState::Uncertain,
-                        path,
-                        read_only: false,
-                        content_generation: want.content_generation,
-                    },
+                    as_mounted(&want, PodMountState::Uncertain, path, false),
                 );
             }
             inner
@@ -237,6 +221,24 @@ async fn mount_volume(
                 .record(pref, true, reason::FAILED_MOUNT, message.clone());
             (traits.plugin, Err(message), true)
         }
+    }
+}
+
+/// The ASW record of a pod's wish after a set-up attempt.
+fn as_mounted(
+    want: &kubevol_core::state::DesiredPodVolume,
+    state: PodMountState,
+    path: std::path::PathBuf,
+    read_only: bool,
+) -> MountedPodVolume {
+    MountedPodVolume {
+        pod_ref: want.pod_ref.clone(),
+        outer_volume_name: want.outer_volume_name.clone(),
+        spec: want.spec.clone(),
+        state,
+        path,
+        read_only,
+        content_generation: want.content_generation,
     }
 }
 

@@ -153,6 +153,106 @@ struct Objects {
     file_errors: BTreeMap<PathBuf, Vec<ManifestError>>,
 }
 
+/// Whether two objects are the same object with the same content.
+fn same_object(a: &Object, b: &Object) -> bool {
+    match (a, b) {
+        (Object::Pod(x), Object::Pod(y)) => x == y,
+        (Object::ConfigMap(x), Object::ConfigMap(y)) => x == y,
+        (Object::Secret(x), Object::Secret(y)) => x == y,
+        (Object::PersistentVolume(x), Object::PersistentVolume(y)) => x == y,
+        (Object::PersistentVolumeClaim(x), Object::PersistentVolumeClaim(y)) => x == y,
+        (Object::CSIDriver(x), Object::CSIDriver(y)) => x == y,
+        _ => false,
+    }
+}
+
+impl Objects {
+    /// What a file delivered, ordered by document.
+    fn delivered_by(&self, path: &std::path::Path) -> Vec<(usize, Object)> {
+        fn doc(origin: &Origin) -> usize {
+            match origin {
+                Origin::File { document, .. } => *document,
+                Origin::Api => 0,
+            }
+        }
+        let mut out: Vec<(usize, Object)> = Vec::new();
+        let mine = |o: &Origin| from_file(o, path);
+        out.extend(
+            self.pods
+                .values()
+                .filter(|p| mine(&p.origin))
+                .map(|p| (doc(&p.origin), Object::Pod((*p.pod).clone()))),
+        );
+        out.extend(
+            self.config_maps
+                .values()
+                .filter(|s| mine(&s.origin))
+                .map(|s| (doc(&s.origin), Object::ConfigMap((*s.object).clone()))),
+        );
+        out.extend(
+            self.secrets
+                .values()
+                .filter(|s| mine(&s.origin))
+                .map(|s| (doc(&s.origin), Object::Secret((*s.object).clone()))),
+        );
+        out.extend(
+            self.persistent_volumes
+                .values()
+                .filter(|s| mine(&s.origin))
+                .map(|s| {
+                    (
+                        doc(&s.origin),
+                        Object::PersistentVolume((*s.object).clone()),
+                    )
+                }),
+        );
+        out.extend(
+            self.persistent_volume_claims
+                .values()
+                .filter(|s| mine(&s.origin))
+                .map(|s| {
+                    (
+                        doc(&s.origin),
+                        Object::PersistentVolumeClaim((*s.object).clone()),
+                    )
+                }),
+        );
+        out.extend(
+            self.csi_drivers
+                .values()
+                .filter(|s| mine(&s.origin))
+                .map(|s| (doc(&s.origin), Object::CSIDriver((*s.object).clone()))),
+        );
+        out.sort_by_key(|(d, _)| *d);
+        out
+    }
+
+    /// Whether a file's new content is what the store already has from it.
+    fn file_unchanged(
+        &self,
+        path: &std::path::Path,
+        objects: &[(usize, Object)],
+        errors: &[ManifestError],
+    ) -> bool {
+        let have_errors = self
+            .file_errors
+            .get(path)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if have_errors != errors {
+            return false;
+        }
+        let mut want: Vec<&(usize, Object)> = objects.iter().collect();
+        want.sort_by_key(|(d, _)| *d);
+        let have = self.delivered_by(path);
+        have.len() == want.len()
+            && have
+                .iter()
+                .zip(want)
+                .all(|((da, a), (db, b))| da == db && same_object(a, b))
+    }
+}
+
 fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NsName {
     (
         meta.namespace
@@ -245,6 +345,10 @@ impl ObjectStore {
         mut errors: Vec<ManifestError>,
     ) {
         let mut o = self.write();
+        if o.file_unchanged(path, &objects, &errors) {
+            // A reload of identical content keeps the same objects: nothing to reprocess.
+            return;
+        }
         o.pods.retain(|_, p| !from_file(&p.origin, path));
         o.config_maps.retain(|_, s| !from_file(&s.origin, path));
         o.secrets.retain(|_, s| !from_file(&s.origin, path));
@@ -348,7 +452,13 @@ impl ObjectStore {
     /// Records errors for a file while keeping the objects it delivered before, so that a
     /// broken edit never takes a running pod's volumes away.
     pub fn set_file_errors(&self, path: &std::path::Path, errors: Vec<ManifestError>) {
-        self.write().file_errors.insert(path.to_path_buf(), errors);
+        {
+            let mut o = self.write();
+            if o.file_errors.get(path) == Some(&errors) {
+                return;
+            }
+            o.file_errors.insert(path.to_path_buf(), errors);
+        }
         self.bump();
     }
 
@@ -555,6 +665,29 @@ mod tests {
         );
         s.remove_file(&a);
         assert!(s.pods().is_empty());
+    }
+
+    #[test]
+    fn reloading_identical_content_changes_nothing() {
+        let s = ObjectStore::new();
+        let a = PathBuf::from("/m/a.yaml");
+        let objs = || vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))];
+        s.replace_file(&a, objs(), vec![]);
+        let before = s.pods()[0].1.pod.clone();
+        let mut rx = s.subscribe();
+        rx.borrow_and_update();
+        s.replace_file(&a, objs(), vec![]);
+        assert!(!rx.has_changed().unwrap(), "no change announced");
+        assert!(
+            Arc::ptr_eq(&before, &s.pods()[0].1.pod),
+            "the same object is kept"
+        );
+        s.replace_file(
+            &a,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
+            vec![],
+        );
+        assert!(rx.has_changed().unwrap());
     }
 
     #[test]

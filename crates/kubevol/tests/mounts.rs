@@ -255,7 +255,7 @@ mount_test! {
             while m.status(false).manifest_errors.is_empty() {
                 tokio::time::timeout(Duration::from_secs(10), rx.changed()).await.expect("error reported").unwrap();
             }
-            assert!(m.has_possibly_mounted_volumes(&kubevol::pod_uid(&fixed)));
+            assert!(m.has_possibly_mounted_volumes(&kubevol::pod_uid(&fixed)), "{:#?}", m.status(true));
             watch.abort();
             m.shutdown();
         });

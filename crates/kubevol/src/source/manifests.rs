@@ -241,6 +241,20 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
     (out, errs)
 }
 
+/// Whether an inotify event leaves a file in a state worth reading: the writer closed it, or it
+/// appeared, moved or went away. A plain modification is not: `write(2)` after `O_TRUNC` shows
+/// an empty or half-written file, and reading it then would take its pods away.
+pub fn settles_file(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Create(_)
+            | EventKind::Remove(_)
+            | EventKind::Modify(ModifyKind::Name(_))
+    )
+}
+
 /// The manifest-directory source.
 #[derive(Clone)]
 pub struct ManifestSource {
@@ -349,9 +363,11 @@ impl ManifestSource {
                 for ev in batch {
                     match ev {
                         Ok(ev) if ev.need_rescan() => rescan = true,
-                        Ok(ev) => {
+                        Ok(ev) if settles_file(&ev.kind) => {
                             paths.extend(ev.paths.into_iter().filter(|p| is_manifest_file(p)))
                         }
+                        // Opens (kubevol's own reads among them) and writes in progress.
+                        Ok(_) => {}
                         Err(e) => {
                             warn!(dir = %self.dir.display(), "watch error, re-reading the directory: {e}");
                             rescan = true;
@@ -466,6 +482,29 @@ mod tests {
             "{}",
             errs[1]
         );
+    }
+
+    #[test]
+    fn only_settled_files_are_read() {
+        use notify::event::{
+            AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind,
+            RenameMode,
+        };
+        assert!(settles_file(&EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        ))));
+        assert!(settles_file(&EventKind::Create(CreateKind::File)));
+        assert!(settles_file(&EventKind::Remove(RemoveKind::File)));
+        assert!(settles_file(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::To
+        ))));
+        assert!(
+            !settles_file(&EventKind::Modify(ModifyKind::Data(DataChange::Any))),
+            "a write in progress"
+        );
+        assert!(!settles_file(&EventKind::Access(AccessKind::Open(
+            AccessMode::Any
+        ))));
     }
 
     #[test]
