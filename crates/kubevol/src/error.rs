@@ -22,16 +22,6 @@ pub enum VolumeError {
     /// The mount layer failed.
     #[error(transparent)]
     Mount(#[from] MountError),
-    /// A mount succeeded or may have succeeded, but a later step of the same set-up failed.
-    #[error("{step} after mounting {}: {source}", path.display())]
-    AfterMount {
-        /// The step that failed.
-        step: &'static str,
-        /// The mount point.
-        path: PathBuf,
-        /// Why.
-        source: MountError,
-    },
     /// A hostPath does not have the type the pod asks for.
     #[error("hostPath type check failed: {} {detail}", path.display())]
     HostPathType {
@@ -75,7 +65,6 @@ impl VolumeError {
     /// What the failure leaves behind.
     pub fn class(&self) -> ErrorClass {
         match self {
-            VolumeError::AfterMount { .. } => ErrorClass::Uncertain,
             VolumeError::Mount(e) => {
                 if e.is_transient() {
                     ErrorClass::Transient

@@ -64,7 +64,7 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     assert_eq!(fstype, "tmpfs");
     assert_eq!(
         options.data,
-        vec![format!("size={}", 16 << 20)],
+        vec![format!("size={}", 16 << 20), "mode=0777".to_string()],
         "pod memory limit sizes the tmpfs"
     );
     assert!(fake.is_mounted(&target));

@@ -194,23 +194,19 @@ impl VolumePlugin for EmptyDirPlugin {
             };
             let (parent, _) = host.root_dir.create_dir_all(&parent_rel, 0o750)?;
             let name = req.outer_volume_name.as_str();
-            parent.create_dir_all(Path::new(name), 0o777)?;
-            if let Some((source, fstype, data)) = fs {
-                if !host.mounter.is_mount_point(&path)? {
+            let (_, created) = parent.create_dir_all(Path::new(name), 0o777)?;
+            if let Some((source, fstype, mut data)) = fs {
+                // A directory made a moment ago cannot be a mount point: only an existing one
+                // (a repeated or interrupted set-up) needs the check that keeps this idempotent.
+                if created || !host.mounter.is_mount_point(&path)? {
+                    // The new filesystem's root, not the directory it covers, must be 0777.
+                    data.push("mode=0777".to_string());
                     let options = MountOptions {
                         data,
                         ..Default::default()
                     };
                     host.mounter.mount(source, &path, fstype, &options)?;
                 }
-                // The fresh filesystem's root, not the directory under it, must be 0777.
-                let after = |step, source| VolumeError::AfterMount {
-                    step,
-                    path: path.clone(),
-                    source,
-                };
-                let mounted = parent.open_dir(name).map_err(|e| after("open", e))?;
-                mounted.chmod(0o777).map_err(|e| after("chmod", e))?;
             }
             Ok(SetUpResult {
                 path,
