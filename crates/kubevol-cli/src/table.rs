@@ -35,8 +35,8 @@ pub fn print_report(
             ]);
         }
         for v in &pod.volumes {
-            let detail = match (&v.path, &v.last_error) {
-                (_, Some(e)) => match v.next_retry_ms {
+            let detail = match (&v.path, &v.retry.last_error) {
+                (_, Some(e)) => match v.retry.next_retry_ms {
                     Some(ms) => format!("{e} (retry in {:.1}s)", ms as f64 / 1000.0),
                     None => e.clone(),
                 },

@@ -454,6 +454,28 @@ mod tests {
     }
 
     #[test]
+    fn reported_in_use_marks_exactly_the_named_volumes() {
+        let t = traits(true, false);
+        let mut dsw = DesiredState::default();
+        let mut w2 = wish("v2", "a", t.clone(), 0);
+        w2.pod_volume.outer_volume_name = "w".into();
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t, 0), w2],
+            BTreeMap::new(),
+        );
+        dsw.mark_reported_in_use(&[vol("v1")]);
+        assert!(dsw.volume(&vol("v1")).unwrap().reported_in_use);
+        assert!(!dsw.volume(&vol("v2")).unwrap().reported_in_use);
+        dsw.mark_reported_in_use(&[vol("v2")]);
+        assert!(
+            !dsw.volume(&vol("v1")).unwrap().reported_in_use,
+            "a mark not repeated is cleared"
+        );
+        assert!(dsw.volume(&vol("v2")).unwrap().reported_in_use);
+    }
+
+    #[test]
     fn operation_keys_nest_per_volume() {
         let m = Operation::MountVolume {
             volume: vol("v"),

@@ -317,6 +317,13 @@ impl ActualState {
         self.entry(name, traits).pods.insert(uid, mounted);
     }
 
+    /// Changes how far a pod's use of a volume got (e.g. to uncertain after a failed teardown).
+    pub fn set_pod_state(&mut self, name: &UniqueVolumeName, uid: &PodUid, state: PodMountState) {
+        if let Some(m) = self.volumes.get_mut(name).and_then(|v| v.pods.get_mut(uid)) {
+            m.state = state;
+        }
+    }
+
     /// Records a pod's volume as torn down.
     pub fn mark_pod_unmounted(&mut self, name: &UniqueVolumeName, uid: &PodUid) {
         if let Some(v) = self.volumes.get_mut(name) {

@@ -194,26 +194,16 @@ impl Mounter for LinuxMounter {
         fstype: &str,
         options: &MountOptions,
     ) -> Result<(), MountError> {
-        let data = options.data.join(",");
-        let data_c = std::ffi::CString::new(data).map_err(|_| MountError::Mount {
+        let failed = |errno| MountError::Mount {
             source_name: source.into(),
             target: target.into(),
             fstype: fstype.into(),
-            errno: Errno::INVAL,
-        })?;
-        let data_arg = if options.data.is_empty() {
-            None
-        } else {
-            Some(data_c.as_c_str())
+            errno,
         };
-        rustix::mount::mount(source, target, fstype, options.flags(), data_arg).map_err(|errno| {
-            MountError::Mount {
-                source_name: source.into(),
-                target: target.into(),
-                fstype: fstype.into(),
-                errno,
-            }
-        })
+        let data =
+            std::ffi::CString::new(options.data.join(",")).map_err(|_| failed(Errno::INVAL))?;
+        let data = (!options.data.is_empty()).then_some(data.as_c_str());
+        rustix::mount::mount(source, target, fstype, options.flags(), data).map_err(failed)
     }
 
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {

@@ -82,24 +82,9 @@ impl Dir {
         })
     }
 
-    /// Creates a trusted directory and its parents (mode 0750), then opens it.
-    pub fn create_root(path: &Path) -> Result<Dir, MountError> {
-        std::fs::create_dir_all(path).map_err(|e| MountError::Io {
-            op: "mkdir",
-            path: path.to_path_buf(),
-            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        Dir::open(path)
-    }
-
     /// The path this directory was reached by.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// The directory's file descriptor.
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
     }
 
     fn child_path(&self, name: &OsStr) -> PathBuf {
@@ -156,17 +141,6 @@ impl Dir {
             cur = cur.open_child(name)?;
         }
         Ok(cur)
-    }
-
-    /// The walk of [`Dir::open_beneath`], without the openat2 fast path (for tests).
-    pub fn open_beneath_by_walk(&self, rel: &Path) -> Result<Dir, MountError> {
-        let names = components(rel)?;
-        self.walk(&names)
-    }
-
-    /// Opens the directory entry `name` of this directory, refusing a symbolic link.
-    pub fn open_dir(&self, name: &str) -> Result<Dir, MountError> {
-        self.open_child(OsStr::new(name))
     }
 
     /// Creates the directories of `rel` below this one as needed and opens the last. The last
@@ -415,7 +389,7 @@ mod tests {
         let root = Dir::open(t.path()).unwrap();
         for rel in ["a/root", "a/root/etc", "a/rel"] {
             let fast = root.open_beneath(Path::new(rel)).unwrap_err();
-            let walk = root.open_beneath_by_walk(Path::new(rel)).unwrap_err();
+            let walk = root.walk(&components(Path::new(rel)).unwrap()).unwrap_err();
             assert!(
                 matches!(fast, MountError::Symlink { .. }),
                 "row {rel}: {fast}"

@@ -70,7 +70,7 @@ impl EventRecorder {
             tracing::info!(pod = %pod, reason, "{message}");
         }
         let now = now_secs();
-        let mut map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = crate::sync::lock(&self.per_pod);
         let q = map.entry(pod.uid.clone()).or_default();
         if let Some(last) = q
             .iter_mut()
@@ -97,7 +97,7 @@ impl EventRecorder {
 
     /// A pod's events, oldest first.
     pub fn for_pod(&self, uid: &PodUid) -> Vec<Event> {
-        let map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        let map = crate::sync::lock(&self.per_pod);
         map.get(uid)
             .map(|q| q.iter().cloned().collect())
             .unwrap_or_default()
@@ -105,7 +105,7 @@ impl EventRecorder {
 
     /// Every event, ordered by last occurrence.
     pub fn all(&self) -> Vec<Event> {
-        let map = self.per_pod.lock().unwrap_or_else(|p| p.into_inner());
+        let map = crate::sync::lock(&self.per_pod);
         let mut v: Vec<Event> = map.values().flatten().cloned().collect();
         v.sort_by_key(|e| e.last_timestamp);
         v
@@ -113,10 +113,7 @@ impl EventRecorder {
 
     /// Forgets a pod's events (the pod is gone and torn down).
     pub fn forget(&self, uid: &PodUid) {
-        self.per_pod
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        crate::sync::lock(&self.per_pod).remove(uid);
     }
 }
 

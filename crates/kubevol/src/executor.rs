@@ -67,7 +67,7 @@ impl Executor {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Reserves `key` if nothing conflicting runs and its backoff has expired.
@@ -162,11 +162,6 @@ impl Executor {
         let mut s = self.lock();
         s.errors.retain(|k, _| keep(k));
         s.backoff.retain(|k, _| keep(k));
-    }
-
-    /// How many operations are running.
-    pub fn running(&self) -> usize {
-        self.lock().running.len()
     }
 }
 

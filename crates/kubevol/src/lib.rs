@@ -41,6 +41,7 @@ mod reconciler;
 pub mod source;
 pub mod status;
 pub mod store;
+mod sync;
 
 pub use manager::{Config, MountedVolume, VolumeManager, WaitError};
 pub use store::pod_uid;

@@ -2,8 +2,9 @@
 //!
 //! It owns the desired state (written only by the populator and the library's pod calls through
 //! the store), the actual state (written only by operation results), the executor and the plugin
-//! registry. Every change bumps a watch channel that the waiters and the reconciler sleep on;
-//! nothing here polls. Locks are never held across an `.await`.
+//! registry. Nothing here polls: each pod's waiters sleep on the pod's own signal, the
+//! reconciler on a `Notify`, status watchers on a watch channel. Locks are never held across an
+//! `.await`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ use crate::events::EventRecorder;
 use crate::executor::Executor;
 use crate::metrics::Metrics;
 use crate::plugins::{PluginHost, PluginRegistry};
-use crate::status::{PodPhase, PodStatus, StatusReport, VolumePhase, VolumeStatus};
+use crate::status::{PodPhase, PodStatus, RetryInfo, StatusReport, VolumePhase, VolumeStatus};
 use crate::store::{pod_uid, ObjectStore, Origin};
 
 /// How the manager is set up.
@@ -94,12 +95,12 @@ pub enum WaitError {
         detail: String,
     },
     /// The pod is invalid and will never be processed.
-    #[error("pod {pod} was rejected ({source_}): {}", errors.join("; "))]
+    #[error("pod {pod} was rejected ({origin}): {}", errors.join("; "))]
     Rejected {
         /// The pod.
         pod: String,
-        /// Where it came from.
-        source_: String,
+        /// Where it came from (manifest file and document, or the library API).
+        origin: String,
         /// Its validation errors.
         errors: Vec<String>,
     },
@@ -131,27 +132,27 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn dsw(&self) -> std::sync::RwLockReadGuard<'_, DesiredState> {
-        self.dsw.read().unwrap_or_else(|p| p.into_inner())
+        crate::sync::read(&self.dsw)
     }
     pub(crate) fn dsw_mut(&self) -> std::sync::RwLockWriteGuard<'_, DesiredState> {
-        self.dsw.write().unwrap_or_else(|p| p.into_inner())
+        crate::sync::write(&self.dsw)
     }
     pub(crate) fn asw(&self) -> std::sync::RwLockReadGuard<'_, ActualState> {
-        self.asw.read().unwrap_or_else(|p| p.into_inner())
+        crate::sync::read(&self.asw)
     }
     pub(crate) fn asw_mut(&self) -> std::sync::RwLockWriteGuard<'_, ActualState> {
-        self.asw.write().unwrap_or_else(|p| p.into_inner())
+        crate::sync::write(&self.asw)
     }
     pub(crate) fn rejected(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<PodUid, Rejected>> {
-        self.rejected.read().unwrap_or_else(|p| p.into_inner())
+        crate::sync::read(&self.rejected)
     }
     pub(crate) fn rejected_mut(
         &self,
     ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<PodUid, Rejected>> {
-        self.rejected.write().unwrap_or_else(|p| p.into_inner())
+        crate::sync::write(&self.rejected)
     }
 
-    /// Wakes the reconciler and every waiter.
+    /// Wakes the reconciler and the status watchers (a pod's waiters: [`Inner::notify_pod`]).
     pub(crate) fn notify_changed(&self) {
         self.changed.send_modify(|g| *g += 1);
         self.wake.notify_one();
@@ -159,22 +160,15 @@ impl Inner {
 
     /// The signal a pod's waiters sleep on.
     pub(crate) fn pod_signal(&self, uid: &PodUid) -> Arc<Notify> {
-        self.pod_signals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.pod_signals)
             .entry(uid.clone())
             .or_default()
             .clone()
     }
 
-    /// Wakes one pod's waiters (and the status subscribers and the reconciler).
+    /// Wakes one pod's waiters.
     pub(crate) fn notify_pod(&self, uid: &PodUid) {
-        let signal = self
-            .pod_signals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(uid)
-            .cloned();
+        let signal = crate::sync::lock(&self.pod_signals).get(uid).cloned();
         if let Some(s) = signal {
             s.notify_waiters();
         }
@@ -182,7 +176,7 @@ impl Inner {
 
     /// Forgets a gone pod's signal unless a waiter still holds it.
     pub(crate) fn forget_pod_signal(&self, uid: &PodUid) {
-        let mut map = self.pod_signals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = crate::sync::lock(&self.pod_signals);
         if map.get(uid).is_some_and(|s| Arc::strong_count(s) == 1) {
             map.remove(uid);
         }
@@ -268,12 +262,12 @@ impl Inner {
                     state,
                     path: mounted.map(|m| m.path.display().to_string()),
                     read_only: mounted.is_some_and(|m| m.read_only),
-                    ..error_fields(err.as_ref(), now)
+                    retry: RetryInfo::from_error(err.as_ref(), now),
                 });
             }
+            let stored = self.store.pod(uid);
             for (outer, why) in &dp.failed_to_process {
-                let pod = self.store.pod(uid);
-                let type_ = pod
+                let type_ = stored
                     .as_ref()
                     .and_then(|p| p.pod.spec.as_ref())
                     .and_then(|s| s.volumes.as_ref())
@@ -291,9 +285,10 @@ impl Inner {
                     state: VolumePhase::Unsupported,
                     path: None,
                     read_only: false,
-                    last_error: Some(why.clone()),
-                    failures: 0,
-                    next_retry_ms: None,
+                    retry: RetryInfo {
+                        last_error: Some(why.clone()),
+                        ..RetryInfo::default()
+                    },
                 });
             }
             let phase = if any_failed {
@@ -320,7 +315,7 @@ impl Inner {
                     state: VolumePhase::Unmounting,
                     path: Some(m.path.display().to_string()),
                     read_only: m.read_only,
-                    ..error_fields(err.as_ref(), now)
+                    retry: RetryInfo::from_error(err.as_ref(), now),
                 });
             }
             (pod_ref?, PodPhase::Terminating)
@@ -339,21 +334,15 @@ impl Inner {
     }
 }
 
-/// The error part of a volume's status: last error, failures, time to the next retry. The
-/// other fields are placeholders for the caller to fill.
-fn error_fields(err: Option<&crate::executor::LastError>, now: Instant) -> VolumeStatus {
-    VolumeStatus {
-        name: String::new(),
-        type_: String::new(),
-        unique_name: None,
-        state: VolumePhase::Pending,
-        path: None,
-        read_only: false,
-        last_error: err.map(|e| e.message.clone()),
-        failures: err.map(|e| e.failures).unwrap_or(0),
-        next_retry_ms: err
-            .filter(|e| e.retry_at > now)
-            .map(|e| (e.retry_at - now).as_millis() as u64),
+impl crate::status::RetryInfo {
+    fn from_error(err: Option<&crate::executor::LastError>, now: Instant) -> Self {
+        crate::status::RetryInfo {
+            last_error: err.map(|e| e.message.clone()),
+            failures: err.map(|e| e.failures).unwrap_or(0),
+            next_retry_ms: err
+                .filter(|e| e.retry_at > now)
+                .map(|e| (e.retry_at - now).as_millis() as u64),
+        }
     }
 }
 
@@ -508,14 +497,12 @@ impl VolumeManager {
                 if inner.pod_ready(uid) {
                     return Ok(true);
                 }
-                if !inner.rejected().contains_key(uid) {
-                    return Ok(false);
-                }
-                match inner.pod_status(uid, false) {
-                    Some(s) if s.phase == PodPhase::Rejected => Err(WaitError::Rejected {
-                        pod: format!("{}/{}", s.namespace, s.name),
-                        source_: s.source,
-                        errors: s.errors,
+                // Rejected, and no earlier valid version is desired: it will never be ready.
+                match crate::sync::read(&inner.rejected).get(uid) {
+                    Some(r) if inner.dsw().pod(uid).is_none() => Err(WaitError::Rejected {
+                        pod: r.pod_ref.to_string(),
+                        origin: r.origin.to_string(),
+                        errors: r.errors.clone(),
                     }),
                     _ => Ok(false),
                 }
@@ -523,7 +510,7 @@ impl VolumeManager {
             |inner, uid| match inner.pod_status(uid, false) {
                 None => "the pod is not known to the volume manager: add it to a pod source, and check its spec.nodeName".into(),
                 Some(s) => {
-                    let describe = |v: &VolumeStatus| match &v.last_error {
+                    let describe = |v: &VolumeStatus| match &v.retry.last_error {
                         Some(e) => format!("{} ({e})", v.name),
                         None => v.name.clone(),
                     };
@@ -568,21 +555,24 @@ impl VolumeManager {
             let (m, p) = (self.clone(), p.clone());
             waits.spawn(async move { m.wait_for_unmount(&p).await });
         }
-        let mut errors = Vec::new();
+        let mut timeouts = Vec::new();
         while let Some(r) = waits.join_next().await {
             match r {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => errors.push(e.to_string()),
-                Err(e) => errors.push(e.to_string()),
+                Ok(Err(WaitError::Timeout { detail, pod, .. })) => {
+                    timeouts.push(format!("{pod}: {detail}"))
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(WaitError::Stopped),
             }
         }
-        if errors.is_empty() {
+        if timeouts.is_empty() {
             Ok(())
         } else {
             Err(WaitError::Timeout {
-                pod: format!("{} pods", errors.len()),
+                pod: format!("{} of {} pods", timeouts.len(), pods.len()),
                 timeout: self.inner.config.wait_timeout,
-                detail: errors.join("; "),
+                detail: timeouts.join("; "),
             })
         }
     }
@@ -733,5 +723,70 @@ impl VolumeManager {
     /// waiters sleep on the pod's own signal instead.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
+    use kubevol_core::state::{MountedPodVolume, VolumeSpec, VolumeTraits};
+
+    #[test]
+    fn extra_supplemental_groups_come_from_mounted_persistent_volumes() {
+        let t = tempfile::tempdir().unwrap();
+        let m = VolumeManager::new(
+            Config::new(t.path(), "n"),
+            Arc::new(kubevol_mount::FakeMounter::new()),
+        )
+        .unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [], "securityContext": {"supplementalGroups": [5]}}
+        }))
+        .unwrap();
+        let uid = pod_uid(&pod);
+        let pv = |gid: &str| {
+            let mut pv = PersistentVolume::default();
+            pv.metadata.annotations =
+                Some([("pv.beta.kubernetes.io/gid".to_string(), gid.to_string())].into());
+            Arc::new(pv)
+        };
+        let traits = VolumeTraits {
+            plugin: "test/pv".into(),
+            attachable: false,
+            device_mountable: false,
+        };
+        // (volume, PV gid annotation): 5 is already the pod's, "x" is not a number.
+        for (name, gid) in [
+            ("a", Some("1234")),
+            ("b", Some("5")),
+            ("c", Some("x")),
+            ("d", None),
+            ("e", Some("1234")),
+        ] {
+            let spec = Arc::new(VolumeSpec {
+                volume: Volume {
+                    name: name.into(),
+                    ..Default::default()
+                },
+                persistent_volume: gid.map(pv),
+            });
+            m.inner.asw_mut().mark_pod_volume(
+                &UniqueVolumeName(format!("test/pv/{name}")),
+                &traits,
+                uid.clone(),
+                MountedPodVolume {
+                    pod_ref: crate::populator::pod_ref(&pod, &uid),
+                    outer_volume_name: name.into(),
+                    spec,
+                    state: PodMountState::Mounted,
+                    path: PathBuf::from("/x"),
+                    read_only: false,
+                    content_generation: 0,
+                },
+            );
+        }
+        assert_eq!(m.extra_supplemental_groups_for_pod(&pod), vec![1234]);
     }
 }

@@ -113,7 +113,7 @@ impl Metrics {
 
     /// Renders the Prometheus text format, with the volume totals given per (plugin, state).
     pub fn render(&self, totals: &BTreeMap<(String, &'static str), i64>) -> String {
-        let _one_at_a_time = self.render.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = crate::sync::lock(&self.render);
         self.total_volumes.clear();
         for ((plugin, state), n) in totals {
             self.total_volumes

@@ -66,7 +66,9 @@ pub(crate) async fn run(inner: Arc<Inner>) {
         if *stop.borrow_and_update() {
             return;
         }
-        sync(&inner, &mut seen);
+        if sync(&inner, &mut seen) {
+            inner.wake.notify_one();
+        }
         // The status report shows manifest errors too: status watchers hear of every store change.
         inner.changed.send_modify(|g| *g += 1);
         tokio::select! {
@@ -76,8 +78,8 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     }
 }
 
-/// One pass over the store.
-pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
+/// One pass over the store. Returns whether the DSW changed (the reconciler must look).
+pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) -> bool {
     // Read the sync flag before the pods: if it is true, this listing is complete.
     let sources_synced = inner.store.all_sources_synced();
     let mut wanted = HashSet::new();
@@ -109,20 +111,14 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) {
         seen.remove(&uid);
         inner.dsw_mut().remove_pod(&uid);
         inner.rejected_mut().remove(&uid);
-        inner
-            .pending_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&uid);
+        crate::sync::lock(&inner.pending_since).remove(&uid);
         inner.notify_pod(&uid);
         changed = true;
     }
     if sources_synced && !inner.dsw_synced.swap(true, Ordering::AcqRel) {
         changed = true;
     }
-    if changed {
-        inner.notify_changed();
-    }
+    changed
 }
 
 fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
@@ -189,10 +185,7 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
         }
     }
     inner.dsw_mut().set_pod(pref, wishes, failed);
-    inner
-        .pending_since
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    crate::sync::lock(&inner.pending_since)
         .entry(uid.clone())
         .or_insert_with(Instant::now);
 }

@@ -95,8 +95,7 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
                 .or_else(|| inner.asw().volume(volume).map(|v| v.traits.plugin.clone()))
                 .unwrap_or_default();
             let msg = format!(
-                "{}: plugin {plugin} has no {} operation for volume {volume}",
-                op.metric_name(),
+                "volume {volume}: plugin {plugin} does not support {}",
                 op.metric_name()
             );
             (plugin, Err(msg), true)
@@ -157,7 +156,10 @@ async fn mount_volume(
     let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
         return (
             traits.plugin.clone(),
-            Err(format!("no plugin {} for volume {volume}", traits.plugin)),
+            Err(format!(
+                "volume {:?} of pod {}: no plugin {} is registered",
+                want.outer_volume_name, want.pod_ref, traits.plugin
+            )),
             true,
         );
     };
@@ -243,20 +245,9 @@ fn as_mounted(
 }
 
 fn observe_pod_ready(inner: &Inner, pod: &PodUid) {
-    let since = inner
-        .pending_since
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(pod)
-        .copied();
-    let Some(since) = since else { return };
-    if inner.pod_ready(pod) {
-        let removed = inner
-            .pending_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(pod);
-        if removed.is_some() {
+    let mut pending = crate::sync::lock(&inner.pending_since);
+    if pending.contains_key(pod) && inner.pod_ready(pod) {
+        if let Some(since) = pending.remove(pod) {
             inner
                 .metrics
                 .observe_pod_ready(since.elapsed().as_secs_f64());
@@ -281,7 +272,10 @@ async fn unmount_volume(
     let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
         return (
             traits.plugin.clone(),
-            Err(format!("no plugin {} for volume {volume}", traits.plugin)),
+            Err(format!(
+                "volume {:?} of pod {}: no plugin {} is registered",
+                mounted.outer_volume_name, mounted.pod_ref, traits.plugin
+            )),
         );
     };
     let req = TearDownRequest {
@@ -304,18 +298,9 @@ async fn unmount_volume(
                 mounted.outer_volume_name
             );
             if e.class() == ErrorClass::Uncertain {
-                let mut asw = inner.asw_mut();
-                if let Some(m) = asw.pod_volume(volume, pod).cloned() {
-                    asw.mark_pod_volume(
-                        volume,
-                        &traits,
-                        pod.clone(),
-                        MountedPodVolume {
-                            state: PodMountState::Uncertain,
-                            ..m
-                        },
-                    );
-                }
+                inner
+                    .asw_mut()
+                    .set_pod_state(volume, pod, PodMountState::Uncertain);
             }
             inner
                 .events

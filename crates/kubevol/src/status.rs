@@ -65,6 +65,14 @@ pub struct VolumeStatus {
     pub path: Option<String>,
     /// Whether the runtime must mount it read-only.
     pub read_only: bool,
+    /// The last error and the retry schedule.
+    #[serde(flatten)]
+    pub retry: RetryInfo,
+}
+
+/// A volume's last failure and when it is tried again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RetryInfo {
     /// The last error, naming what to change.
     pub last_error: Option<String>,
     /// Consecutive failures.

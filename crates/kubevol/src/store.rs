@@ -153,81 +153,70 @@ struct Objects {
     file_errors: BTreeMap<PathBuf, Vec<ManifestError>>,
 }
 
-/// Whether two objects are the same object with the same content.
-fn same_object(a: &Object, b: &Object) -> bool {
-    match (a, b) {
-        (Object::Pod(x), Object::Pod(y)) => x == y,
-        (Object::ConfigMap(x), Object::ConfigMap(y)) => x == y,
-        (Object::Secret(x), Object::Secret(y)) => x == y,
-        (Object::PersistentVolume(x), Object::PersistentVolume(y)) => x == y,
-        (Object::PersistentVolumeClaim(x), Object::PersistentVolumeClaim(y)) => x == y,
-        (Object::CSIDriver(x), Object::CSIDriver(y)) => x == y,
-        _ => false,
-    }
-}
-
 impl Objects {
-    /// What a file delivered, ordered by document.
-    fn delivered_by(&self, path: &std::path::Path) -> Vec<(usize, Object)> {
-        fn doc(origin: &Origin) -> usize {
-            match origin {
-                Origin::File { document, .. } => *document,
-                Origin::Api => 0,
-            }
-        }
-        let mut out: Vec<(usize, Object)> = Vec::new();
-        let mine = |o: &Origin| from_file(o, path);
-        out.extend(
-            self.pods
-                .values()
-                .filter(|p| mine(&p.origin))
-                .map(|p| (doc(&p.origin), Object::Pod((*p.pod).clone()))),
-        );
-        out.extend(
-            self.config_maps
-                .values()
-                .filter(|s| mine(&s.origin))
-                .map(|s| (doc(&s.origin), Object::ConfigMap((*s.object).clone()))),
-        );
-        out.extend(
-            self.secrets
-                .values()
-                .filter(|s| mine(&s.origin))
-                .map(|s| (doc(&s.origin), Object::Secret((*s.object).clone()))),
-        );
-        out.extend(
-            self.persistent_volumes
-                .values()
-                .filter(|s| mine(&s.origin))
-                .map(|s| {
-                    (
-                        doc(&s.origin),
-                        Object::PersistentVolume((*s.object).clone()),
-                    )
-                }),
-        );
-        out.extend(
-            self.persistent_volume_claims
-                .values()
-                .filter(|s| mine(&s.origin))
-                .map(|s| {
-                    (
-                        doc(&s.origin),
-                        Object::PersistentVolumeClaim((*s.object).clone()),
-                    )
-                }),
-        );
-        out.extend(
-            self.csi_drivers
-                .values()
-                .filter(|s| mine(&s.origin))
-                .map(|s| (doc(&s.origin), Object::CSIDriver((*s.object).clone()))),
-        );
-        out.sort_by_key(|(d, _)| *d);
-        out
+    /// The origin of every object held.
+    fn origins(&self) -> impl Iterator<Item = &Origin> {
+        self.pods
+            .values()
+            .map(|p| &p.origin)
+            .chain(self.config_maps.values().map(|s| &s.origin))
+            .chain(self.secrets.values().map(|s| &s.origin))
+            .chain(self.persistent_volumes.values().map(|s| &s.origin))
+            .chain(self.persistent_volume_claims.values().map(|s| &s.origin))
+            .chain(self.csi_drivers.values().map(|s| &s.origin))
     }
 
-    /// Whether a file's new content is what the store already has from it.
+    /// Drops every object a file delivered.
+    fn forget_file(&mut self, path: &std::path::Path) {
+        self.pods.retain(|_, p| !from_file(&p.origin, path));
+        self.config_maps.retain(|_, s| !from_file(&s.origin, path));
+        self.secrets.retain(|_, s| !from_file(&s.origin, path));
+        self.persistent_volumes
+            .retain(|_, s| !from_file(&s.origin, path));
+        self.persistent_volume_claims
+            .retain(|_, s| !from_file(&s.origin, path));
+        self.csi_drivers.retain(|_, s| !from_file(&s.origin, path));
+    }
+
+    /// Whether the store holds exactly `obj`, delivered by document `document` of `path`.
+    fn holds(&self, path: &std::path::Path, document: usize, obj: &Object) -> bool {
+        let here = |o: &Origin| matches!(o, Origin::File { path: p, document: d } if p == path && *d == document);
+        fn same<T: PartialEq>(
+            s: Option<&Stored<T>>,
+            obj: &T,
+            here: impl Fn(&Origin) -> bool,
+        ) -> bool {
+            s.is_some_and(|s| here(&s.origin) && *s.object == *obj)
+        }
+        match obj {
+            Object::Pod(p) => self
+                .pods
+                .get(&pod_uid(p))
+                .is_some_and(|s| here(&s.origin) && *s.pod == *p),
+            Object::ConfigMap(c) => same(self.config_maps.get(&ns_name(&c.metadata)), c, here),
+            Object::Secret(x) => same(self.secrets.get(&ns_name(&x.metadata)), x, here),
+            Object::PersistentVolume(pv) => same(
+                self.persistent_volumes
+                    .get(pv.metadata.name.as_deref().unwrap_or_default()),
+                pv,
+                here,
+            ),
+            Object::PersistentVolumeClaim(c) => same(
+                self.persistent_volume_claims.get(&ns_name(&c.metadata)),
+                c,
+                here,
+            ),
+            Object::CSIDriver(d) => same(
+                self.csi_drivers
+                    .get(d.metadata.name.as_deref().unwrap_or_default()),
+                d,
+                here,
+            ),
+        }
+    }
+
+    /// Whether a file's new content is what the store already has from it (compared in place,
+    /// without copying what it holds).
     fn file_unchanged(
         &self,
         path: &std::path::Path,
@@ -239,17 +228,9 @@ impl Objects {
             .get(path)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        if have_errors != errors {
-            return false;
-        }
-        let mut want: Vec<&(usize, Object)> = objects.iter().collect();
-        want.sort_by_key(|(d, _)| *d);
-        let have = self.delivered_by(path);
-        have.len() == want.len()
-            && have
-                .iter()
-                .zip(want)
-                .all(|((da, a), (db, b))| da == db && same_object(a, b))
+        have_errors == errors
+            && self.origins().filter(|o| from_file(o, path)).count() == objects.len()
+            && objects.iter().all(|(d, obj)| self.holds(path, *d, obj))
     }
 }
 
@@ -291,11 +272,11 @@ impl ObjectStore {
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Objects> {
-        self.objects.write().unwrap_or_else(|p| p.into_inner())
+        crate::sync::write(&self.objects)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Objects> {
-        self.objects.read().unwrap_or_else(|p| p.into_inner())
+        crate::sync::read(&self.objects)
     }
 
     fn bump(&self) {
@@ -309,9 +290,7 @@ impl ObjectStore {
 
     /// Registers a pod source that must deliver a complete listing before teardown may start.
     pub fn register_source(&self, name: &str) {
-        self.sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.sources)
             .entry(name.to_string())
             .or_insert(false);
         self.bump();
@@ -319,20 +298,13 @@ impl ObjectStore {
 
     /// Records that a source has delivered its complete first listing.
     pub fn mark_source_synced(&self, name: &str) {
-        self.sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), true);
+        crate::sync::lock(&self.sources).insert(name.to_string(), true);
         self.bump();
     }
 
     /// Whether every registered source has synced.
     pub fn all_sources_synced(&self) -> bool {
-        self.sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .all(|s| *s)
+        crate::sync::lock(&self.sources).values().all(|s| *s)
     }
 
     /// Replaces every object that came from `path` with `objects`, and clears the file's errors
@@ -349,14 +321,7 @@ impl ObjectStore {
             // A reload of identical content keeps the same objects: nothing to reprocess.
             return;
         }
-        o.pods.retain(|_, p| !from_file(&p.origin, path));
-        o.config_maps.retain(|_, s| !from_file(&s.origin, path));
-        o.secrets.retain(|_, s| !from_file(&s.origin, path));
-        o.persistent_volumes
-            .retain(|_, s| !from_file(&s.origin, path));
-        o.persistent_volume_claims
-            .retain(|_, s| !from_file(&s.origin, path));
-        o.csi_drivers.retain(|_, s| !from_file(&s.origin, path));
+        o.forget_file(path);
         for (document, obj) in objects {
             let origin = Origin::File {
                 path: path.to_path_buf(),
@@ -471,14 +436,7 @@ impl ObjectStore {
     pub fn known_files(&self) -> Vec<PathBuf> {
         let o = self.read();
         let mut files: Vec<PathBuf> = o
-            .pods
-            .values()
-            .map(|p| &p.origin)
-            .chain(o.config_maps.values().map(|s| &s.origin))
-            .chain(o.secrets.values().map(|s| &s.origin))
-            .chain(o.persistent_volumes.values().map(|s| &s.origin))
-            .chain(o.persistent_volume_claims.values().map(|s| &s.origin))
-            .chain(o.csi_drivers.values().map(|s| &s.origin))
+            .origins()
             .filter_map(|o| match o {
                 Origin::File { path, .. } => Some(path.clone()),
                 Origin::Api => None,

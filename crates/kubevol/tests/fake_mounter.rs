@@ -147,6 +147,5 @@ async fn library_queries_answer_from_the_states_of_world() {
         m.extra_supplemental_groups_for_pod(&p).is_empty(),
         "no PersistentVolume, no extra group"
     );
-    m.mark_volumes_reported_in_use(&[name]);
     m.shutdown();
 }

@@ -52,41 +52,52 @@ fn yaml_message(e: &serde_yaml_ng::Error) -> (Option<(usize, usize)>, String) {
     (loc, strip_location(&e.to_string()))
 }
 
-/// Removes the ` at line N column M` that parsers put into their messages.
+/// Removes the ` at line N column M` that parsers put into their messages (the location is
+/// reported in its own fields).
 fn strip_location(msg: &str) -> String {
-    let mut out = msg.to_string();
-    while let Some(i) = out.find(" at line ") {
-        let rest = &out[i + " at line ".len()..];
-        let end = rest
-            .find(" column ")
-            .map(|c| {
-                let after = &rest[c + " column ".len()..];
-                c + " column ".len()
-                    + after
-                        .find(|ch: char| !ch.is_ascii_digit())
-                        .unwrap_or(after.len())
-            })
-            .unwrap_or_else(|| {
-                rest.find(|ch: char| !ch.is_ascii_digit())
-                    .unwrap_or(rest.len())
-            });
-        out.replace_range(i..i + " at line ".len() + end, "");
+    let digits = |s: &str| s.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find(" at line ") {
+        out.push_str(&rest[..i]);
+        let after_line = &rest[i + " at line ".len()..];
+        let after_line = &after_line[after_line.len() - digits(after_line)..];
+        rest = match after_line.strip_prefix(" column ") {
+            Some(col) => &col[col.len() - digits(col)..],
+            None => after_line,
+        };
     }
+    out.push_str(rest);
     out
 }
 
-/// Turns one document into objects (a `List` gives several). `typed` re-parses the document
-/// with location information when a typed conversion fails.
-fn convert<F>(
+/// The typed deserialization error of a document of `kind`, with the deserializer's location,
+/// or `None` when the kind is not one kubevol keeps or the document deserializes fine.
+fn deserialize_error<'de, D: serde::Deserializer<'de>>(kind: &str, d: D) -> Option<D::Error> {
+    match kind {
+        "Pod" => Pod::deserialize(d).err(),
+        "ConfigMap" => ConfigMap::deserialize(d).err(),
+        "Secret" => Secret::deserialize(d).err(),
+        "PersistentVolume" => PersistentVolume::deserialize(d).err(),
+        "PersistentVolumeClaim" => PersistentVolumeClaim::deserialize(d).err(),
+        "CSIDriver" => CSIDriver::deserialize(d).err(),
+        _ => None,
+    }
+}
+
+/// Re-parses a document as a kind, for the location of its error: `(line, column)`, message.
+type Relocate<'a> = &'a dyn Fn(&str) -> Option<(Option<(usize, usize)>, String)>;
+
+/// Turns one document into objects (a `List` gives several). When a typed conversion fails,
+/// `relocate` re-parses the document with location information.
+fn convert(
     value: serde_json::Value,
     path: &Path,
     document: usize,
-    relocate: &F,
+    relocate: Relocate<'_>,
     out: &mut Vec<(usize, Object)>,
     errs: &mut Vec<ManifestError>,
-) where
-    F: Fn(&str) -> Option<(Option<(usize, usize)>, String)>,
-{
+) {
     if value.is_null() {
         return;
     }
@@ -109,12 +120,12 @@ fn convert<F>(
         ));
         return;
     }
-    fn typed<T: DeserializeOwned, F: Fn(&str) -> Option<(Option<(usize, usize)>, String)>>(
+    fn typed<T: DeserializeOwned>(
         value: serde_json::Value,
         kind: &str,
         path: &Path,
         document: usize,
-        relocate: &F,
+        relocate: Relocate<'_>,
         errs: &mut Vec<ManifestError>,
     ) -> Option<T> {
         match serde_json::from_value::<T>(value) {
@@ -152,33 +163,36 @@ fn convert<F>(
         ));
         return;
     }
-    let obj = match kind.as_str() {
-        "List" => {
-            if let Some(items) = value.get("items").and_then(|i| i.as_array()) {
-                for item in items.clone() {
-                    convert(item, path, document, relocate, out, errs);
+    let obj =
+        match kind.as_str() {
+            "List" => {
+                if let Some(items) = value.get("items").and_then(|i| i.as_array()) {
+                    // Re-parsing the whole List as one item's kind would point at the wrong place.
+                    let no_location = |_: &str| None;
+                    for item in items.clone() {
+                        convert(item, path, document, &no_location, out, errs);
+                    }
                 }
+                return;
             }
-            return;
-        }
-        "Pod" => typed::<Pod, F>(value, &kind, path, document, relocate, errs)
-            .map(|p| Object::Pod(normalize_pod(p))),
-        "ConfigMap" => typed::<ConfigMap, F>(value, &kind, path, document, relocate, errs)
-            .map(Object::ConfigMap),
-        "Secret" => {
-            typed::<Secret, F>(value, &kind, path, document, relocate, errs).map(Object::Secret)
-        }
-        "PersistentVolume" => {
-            typed::<PersistentVolume, F>(value, &kind, path, document, relocate, errs)
-                .map(Object::PersistentVolume)
-        }
-        "PersistentVolumeClaim" => {
-            typed::<PersistentVolumeClaim, F>(value, &kind, path, document, relocate, errs)
-                .map(Object::PersistentVolumeClaim)
-        }
-        _ => typed::<CSIDriver, F>(value, &kind, path, document, relocate, errs)
-            .map(Object::CSIDriver),
-    };
+            "Pod" => typed::<Pod>(value, &kind, path, document, relocate, errs)
+                .map(|p| Object::Pod(normalize_pod(p))),
+            "ConfigMap" => typed::<ConfigMap>(value, &kind, path, document, relocate, errs)
+                .map(Object::ConfigMap),
+            "Secret" => {
+                typed::<Secret>(value, &kind, path, document, relocate, errs).map(Object::Secret)
+            }
+            "PersistentVolume" => {
+                typed::<PersistentVolume>(value, &kind, path, document, relocate, errs)
+                    .map(Object::PersistentVolume)
+            }
+            "PersistentVolumeClaim" => {
+                typed::<PersistentVolumeClaim>(value, &kind, path, document, relocate, errs)
+                    .map(Object::PersistentVolumeClaim)
+            }
+            _ => typed::<CSIDriver>(value, &kind, path, document, relocate, errs)
+                .map(Object::CSIDriver),
+        };
     out.extend(obj.map(|o| (document, o)));
 }
 
@@ -190,14 +204,9 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
-                let relocate = |kind: &str| -> Option<(Option<(usize, usize)>, String)> {
-                    let r = match kind {
-                        "Pod" => serde_json::from_str::<Pod>(text).err(),
-                        "ConfigMap" => serde_json::from_str::<ConfigMap>(text).err(),
-                        "Secret" => serde_json::from_str::<Secret>(text).err(),
-                        _ => None,
-                    }?;
-                    Some((Some((r.line(), r.column())), strip_location(&r.to_string())))
+                let relocate = |kind: &str| {
+                    let e = deserialize_error(kind, &mut serde_json::Deserializer::from_str(text))?;
+                    Some((Some((e.line(), e.column())), strip_location(&e.to_string())))
                 };
                 convert(v, path, 1, &relocate, &mut out, &mut errs);
             }
@@ -223,18 +232,9 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
                 break;
             }
         };
-        let relocate = |kind: &str| -> Option<(Option<(usize, usize)>, String)> {
+        let relocate = |kind: &str| {
             let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i)?;
-            let r = match kind {
-                "Pod" => Pod::deserialize(doc).err(),
-                "ConfigMap" => ConfigMap::deserialize(doc).err(),
-                "Secret" => Secret::deserialize(doc).err(),
-                "PersistentVolume" => PersistentVolume::deserialize(doc).err(),
-                "PersistentVolumeClaim" => PersistentVolumeClaim::deserialize(doc).err(),
-                "CSIDriver" => CSIDriver::deserialize(doc).err(),
-                _ => None,
-            }?;
-            Some(yaml_message(&r))
+            deserialize_error(kind, doc).map(|e| yaml_message(&e))
         };
         convert(value, path, document, &relocate, &mut out, &mut errs);
     }
@@ -464,6 +464,35 @@ mod tests {
             "{}",
             errs[0]
         );
+    }
+
+    #[test]
+    fn every_kind_is_located_in_json_too() {
+        let (_, errs) = parse(
+            "/m/pv.json",
+            "{\"apiVersion\": \"v1\", \"kind\": \"PersistentVolume\",\n \"metadata\": {\"name\": \"pv\"},\n \"spec\": {\"capacity\": 5}}",
+        );
+        assert!(
+            errs[0].starts_with("/m/pv.json: document 1, line 3, column"),
+            "{}",
+            errs[0]
+        );
+    }
+
+    #[test]
+    fn locations_are_stripped_from_messages() {
+        let rows = [
+            ("bad at line 3 column 7", "bad"),
+            (
+                "bad at line 3 column 7, while parsing",
+                "bad, while parsing",
+            ),
+            ("bad at line 12", "bad"),
+            ("no location here", "no location here"),
+        ];
+        for (msg, want) in rows {
+            assert_eq!(strip_location(msg), want, "row {msg:?}");
+        }
     }
 
     #[test]

@@ -82,9 +82,10 @@ impl TestRoot {
 
 /// Mount points at or below `dir`, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String, String)> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let mut v: Vec<(PathBuf, String, String)> = kubevol_mount::mountinfo::parse(&text)
-        .expect("parse mountinfo")
+    use kubevol_mount::Mounter;
+    let mut v: Vec<(PathBuf, String, String)> = kubevol_mount::LinuxMounter
+        .mount_table()
+        .expect("read the mount table")
         .into_iter()
         .filter(|m| m.mount_point.starts_with(dir))
         .map(|m| (m.mount_point, m.fs_type, m.super_options))
@@ -184,10 +185,9 @@ pub async fn wait_for_status(
 pub fn settled(s: &PodStatus) -> bool {
     match s.phase {
         PodPhase::Ready | PodPhase::Rejected => true,
-        PodPhase::Failed => s
-            .volumes
-            .iter()
-            .all(|v| v.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted),
+        PodPhase::Failed => s.volumes.iter().all(|v| {
+            v.retry.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted
+        }),
         _ => false,
     }
 }
