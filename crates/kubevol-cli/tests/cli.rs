@@ -125,6 +125,42 @@ fn run_once_exits_non_zero_and_explains_invalid_pods() {
     );
 }
 
+#[test]
+fn json_logs_are_one_json_object_per_line() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, emptyDir: {}}]}\n").unwrap();
+    let out = in_namespace(&[
+        "--log-format",
+        "json",
+        "run",
+        "--once",
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["reason"] == "SuccessfulMountVolume" && l["level"] == "INFO"),
+        "{stderr}"
+    );
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

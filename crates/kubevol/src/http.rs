@@ -65,3 +65,35 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn readyz_is_unavailable_until_states_are_synced() {
+        let t = tempfile::tempdir().unwrap();
+        let m = VolumeManager::new(
+            crate::Config::new(t.path(), "n"),
+            Arc::new(kubevol_mount::FakeMounter::new()),
+        )
+        .unwrap();
+        m.store().register_source("file");
+        let run = tokio::spawn({
+            let m = m.clone();
+            async move { m.run().await }
+        });
+        let status =
+            |m: VolumeManager| async move { readyz(State(m)).await.into_response().status() };
+        assert_eq!(status(m.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
+        let mut changes = m.subscribe();
+        m.store().mark_source_synced("file");
+        while !m.reconciler_states_synced() {
+            changes.changed().await.unwrap();
+        }
+        assert_eq!(status(m.clone()).await, StatusCode::OK);
+        m.shutdown();
+        run.await.unwrap();
+    }
+}

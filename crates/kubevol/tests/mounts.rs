@@ -271,6 +271,8 @@ mount_test! {
             let uid = m.add_pod(p.clone());
             m.wait_for_attach_and_mount(&p).await.unwrap();
             let vol = m.mounted_volumes_for_pod(&uid)["data"].path.clone();
+            let mode = std::fs::metadata(&vol).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o777, "a disk emptyDir is 0777, as the kubelet makes it");
             std::fs::write(vol.join("scratch"), b"goes away").unwrap();
             let nested = vol.join("sub/nested");
             std::fs::create_dir_all(&nested).unwrap();
