@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod names;
+pub mod projection;
 pub mod quantity;
 pub mod reconcile;
 pub mod state;

@@ -12,6 +12,9 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 
 use crate::quantity::Quantity;
 
+mod content;
+pub use content::*;
+
 /// One violation, with the field path the API server would name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
@@ -46,6 +49,8 @@ pub enum FieldErrorKind {
     NotFound(String),
     /// The value is not allowed here.
     Forbidden(String),
+    /// The value is longer than the given number of bytes.
+    TooLong(usize),
 }
 
 impl fmt::Display for FieldError {
@@ -68,6 +73,9 @@ impl fmt::Display for FieldError {
             }
             FieldErrorKind::NotFound(v) => write!(f, "{field}: Not found: {v:?}"),
             FieldErrorKind::Forbidden(d) => write!(f, "{field}: Forbidden: {d}"),
+            FieldErrorKind::TooLong(n) => {
+                write!(f, "{field}: Too long: may not be more than {n} bytes")
+            }
         }
     }
 }
@@ -239,6 +247,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         return errs;
     };
     let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let container_names = content::container_names(pod);
     let mut by_name: BTreeMap<&str, &Volume> = BTreeMap::new();
     for (i, v) in volumes.iter().enumerate() {
         let path = format!("spec.volumes[{i}]");
@@ -256,14 +265,15 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
             ));
         }
         validate_volume_source(v, &path, &mut errs);
+        content::validate_content_source(v, &path, &container_names, &mut errs);
     }
 
     let containers = all_containers(pod);
-    let mut container_names = BTreeSet::new();
+    let mut seen_containers = BTreeSet::new();
     for (path, c) in &containers {
         if let Some(d) = dns1123_label_error(&c.name) {
             errs.push(invalid(format!("{path}.name"), &c.name, d));
-        } else if !container_names.insert(c.name.as_str()) {
+        } else if !seen_containers.insert(c.name.as_str()) {
             errs.push(err(
                 format!("{path}.name"),
                 FieldErrorKind::Duplicate(c.name.clone()),
