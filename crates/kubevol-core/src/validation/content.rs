@@ -224,13 +224,11 @@ pub fn validate_secret(secret: &Secret) -> Vec<FieldError> {
         }
         "kubernetes.io/dockercfg" => json(".dockercfg", &mut errs),
         "kubernetes.io/dockerconfigjson" => json(".dockerconfigjson", &mut errs),
-        "kubernetes.io/basic-auth" => {
-            if !has("username") && !has("password") {
-                errs.push(err(
-                    "data[username]",
-                    FieldErrorKind::Required("one of username or password must be provided".into()),
-                ));
-            }
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            errs.push(err(
+                "data[username]",
+                FieldErrorKind::Required("one of username or password must be provided".into()),
+            ));
         }
         "kubernetes.io/ssh-auth" => require("ssh-privatekey", &mut errs),
         "kubernetes.io/tls" => {
