@@ -231,6 +231,7 @@ mod tests {
             path: PathBuf::from("/x"),
             read_only: false,
             content_generation: generation,
+            sub_paths: Vec::new(),
         }
     }
 

@@ -230,6 +230,21 @@ pub struct MountedPodVolume {
     pub read_only: bool,
     /// The content generation that was written.
     pub content_generation: u64,
+    /// The subPath mounts made for the pod's containers.
+    pub sub_paths: Vec<SubPathMount>,
+}
+
+/// A subPath bind mount made for one of a container's volumeMounts.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubPathMount {
+    /// The container.
+    pub container: String,
+    /// The mount's index in the container's volumeMounts.
+    pub index: usize,
+    /// The subPath, expanded.
+    pub sub_path: String,
+    /// The bind mount the runtime mounts into the container instead of the volume.
+    pub path: PathBuf,
 }
 
 /// A volume as it is on the node.

@@ -129,6 +129,18 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
+    fn bind_fd(
+        &self,
+        _source: std::os::fd::BorrowedFd<'_>,
+        source_path: &Path,
+        target_dir: &crate::safe::Dir,
+        name: &str,
+    ) -> Result<(), MountError> {
+        let options = MountOptions::default();
+        let source = source_path.display().to_string();
+        self.mount(&source, &target_dir.path().join(name), "bind", &options)
+    }
+
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {
         let mut s = self.lock();
         s.calls.push(MountCall::Unmount {

@@ -9,11 +9,14 @@
 
 #![deny(unsafe_code)]
 
+pub mod atomic;
 pub mod fake;
 pub mod mountinfo;
 pub mod ns;
 pub mod safe;
+pub mod subpath;
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{MountFlags, UnmountFlags};
@@ -78,6 +81,16 @@ pub enum MountError {
     Leftover {
         /// What was left.
         path: PathBuf,
+    },
+    /// Something kubevol did not create sits where it writes (a link planted at `..data`, at a
+    /// visible key, inside a payload directory, or a subPath leading out of its volume). Nothing
+    /// was read, written or removed through it.
+    #[error("{}: {reason}; kubevol reads, writes and removes nothing through it: remove it", path.display())]
+    Unsafe {
+        /// The offending entry.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// The mount table could not be read or parsed.
     #[error("read mount table: {0}")]
@@ -172,6 +185,18 @@ pub trait Mounter: Send + Sync + 'static {
         options: &MountOptions,
     ) -> Result<(), MountError>;
 
+    /// Bind-mounts the file or directory open at `source` (an `O_PATH` descriptor obtained by a
+    /// safe walk) onto the entry `name` of `target_dir`, which must exist and be of the same
+    /// kind. No path is resolved for the source, so nothing can swap it between the walk and the
+    /// mount. `source_path` is for messages only.
+    fn bind_fd(
+        &self,
+        source: BorrowedFd<'_>,
+        source_path: &Path,
+        target_dir: &safe::Dir,
+        name: &str,
+    ) -> Result<(), MountError>;
+
     /// Unmounts `target` without following a symbolic link at its last component.
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError>;
 
@@ -204,6 +229,48 @@ impl Mounter for LinuxMounter {
             std::ffi::CString::new(options.data.join(",")).map_err(|_| failed(Errno::INVAL))?;
         let data = (!options.data.is_empty()).then_some(data.as_c_str());
         rustix::mount::mount(source, target, fstype, options.flags(), data).map_err(failed)
+    }
+
+    fn bind_fd(
+        &self,
+        source: BorrowedFd<'_>,
+        source_path: &Path,
+        target_dir: &safe::Dir,
+        name: &str,
+    ) -> Result<(), MountError> {
+        use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+        let target = target_dir.path().join(name);
+        let failed = |errno| MountError::Mount {
+            source_name: source_path.display().to_string(),
+            target: target.clone(),
+            fstype: "bind".into(),
+            errno,
+        };
+        match rustix::mount::open_tree(
+            source,
+            "",
+            OpenTreeFlags::OPEN_TREE_CLONE
+                | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                | OpenTreeFlags::AT_EMPTY_PATH,
+        ) {
+            Ok(tree) => rustix::mount::move_mount(
+                &tree,
+                "",
+                target_dir.fd(),
+                name,
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )
+            .map_err(failed),
+            Err(Errno::NOSYS) => {
+                // Kernels before 5.2: bind the descriptor through its /proc link, which names
+                // exactly the open inode.
+                let proc_source = format!("/proc/self/fd/{}", source.as_raw_fd());
+                let proc_target = format!("/proc/self/fd/{}/{name}", target_dir.fd().as_raw_fd());
+                rustix::mount::mount_bind(proc_source.as_str(), proc_target.as_str())
+                    .map_err(failed)
+            }
+            Err(e) => Err(failed(e)),
+        }
     }
 
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {

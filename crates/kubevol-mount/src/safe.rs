@@ -16,14 +16,24 @@ use rustix::io::Errno;
 
 use crate::MountError;
 
+/// When `fsGroup` ownership is applied (`securityContext.fsGroupChangePolicy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FsGroupPolicy {
+    /// Every time the volume is set up.
+    #[default]
+    Always,
+    /// Only when the volume's root does not already have the group and permission bits.
+    OnRootMismatch,
+}
+
 /// An open directory and the path it was reached by (for messages only; never re-resolved).
 #[derive(Debug)]
 pub struct Dir {
-    fd: OwnedFd,
-    path: PathBuf,
+    pub(crate) fd: OwnedFd,
+    pub(crate) path: PathBuf,
 }
 
-fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError + 'a {
+pub(crate) fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError + 'a {
     move |errno| MountError::Io {
         op,
         path: path.to_path_buf(),
@@ -31,7 +41,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError 
     }
 }
 
-const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+pub(crate) const DIR_FLAGS: OFlags = OFlags::DIRECTORY
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC)
     .union(OFlags::RDONLY);
@@ -82,16 +92,21 @@ impl Dir {
         })
     }
 
+    /// The directory's descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// The path this directory was reached by.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    fn child_path(&self, name: &OsStr) -> PathBuf {
+    pub(crate) fn child_path(&self, name: &OsStr) -> PathBuf {
         self.path.join(name)
     }
 
-    fn open_child(&self, name: &OsStr) -> Result<Dir, MountError> {
+    pub(crate) fn open_child(&self, name: &OsStr) -> Result<Dir, MountError> {
         let path = self.child_path(name);
         match rustix::fs::openat(&self.fd, name, DIR_FLAGS, Mode::empty()) {
             Ok(fd) => Ok(Dir { fd, path }),
@@ -148,6 +163,16 @@ impl Dir {
     /// get 0750, as the kubelet's pod directories; existing ones are left alone. Returns the
     /// directory and whether the last component was created.
     pub fn create_dir_all(&self, rel: &Path, mode: u32) -> Result<(Dir, bool), MountError> {
+        self.create_dir_all_with(rel, mode, 0o750)
+    }
+
+    /// [`Dir::create_dir_all`] with the mode of created parents given.
+    pub fn create_dir_all_with(
+        &self,
+        rel: &Path,
+        mode: u32,
+        parent_mode: u32,
+    ) -> Result<(Dir, bool), MountError> {
         match self.open_beneath(rel) {
             Ok(d) => return Ok((d, false)),
             Err(e) if e.is_not_found() => {}
@@ -158,7 +183,7 @@ impl Dir {
         let names = components(rel)?;
         let last = names.len().saturating_sub(1);
         for (i, name) in names.into_iter().enumerate() {
-            let mode = if i == last { mode } else { 0o750 };
+            let mode = if i == last { mode } else { parent_mode };
             created = match rustix::fs::mkdirat(&cur.fd, name, Mode::from_raw_mode(mode)) {
                 Ok(()) => true,
                 Err(Errno::EXIST) => false,
@@ -193,7 +218,7 @@ impl Dir {
         }
     }
 
-    fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+    pub(crate) fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
         let dup = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
             .map_err(io("open", &self.path))?;
         let mut dir = rustix::fs::Dir::new(dup).map_err(io("readdir", &self.path))?;
@@ -209,7 +234,7 @@ impl Dir {
         Ok(out)
     }
 
-    fn device(&self) -> Result<(u32, u32), MountError> {
+    pub(crate) fn device(&self) -> Result<(u32, u32), MountError> {
         let st = rustix::fs::statx(&self.fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
             .map_err(io("statx", &self.path))?;
         Ok((st.stx_dev_major, st.stx_dev_minor))
@@ -262,6 +287,103 @@ impl Dir {
         Ok(())
     }
 
+    /// Gives the tree below (and including) this directory the pod's fsGroup, as the kubelet
+    /// does for `securityContext.fsGroup`: group `gid` on every file and directory, group
+    /// read/write (read only for read-only volumes) added to the mode, search and set-group-ID
+    /// on directories. Symbolic links are skipped, never followed; nothing on another filesystem
+    /// or below a mount point is touched. With [`FsGroupPolicy::OnRootMismatch`] nothing is
+    /// walked when this directory already has the group and the bits. Returns whether it
+    /// walked.
+    pub fn apply_fs_group(
+        &self,
+        gid: u32,
+        read_only: bool,
+        policy: FsGroupPolicy,
+    ) -> Result<bool, MountError> {
+        let mask = if read_only { 0o440 } else { 0o660 };
+        let dir_bits = mask | 0o110;
+        if policy == FsGroupPolicy::OnRootMismatch {
+            let st = rustix::fs::fstat(&self.fd).map_err(io("stat", &self.path))?;
+            if st.st_gid == gid && st.st_mode & dir_bits == dir_bits && st.st_mode & 0o2000 != 0 {
+                return Ok(false);
+            }
+        }
+        let dev = self.device()?;
+        self.chown_chmod_dir(gid, mask, dev)?;
+        Ok(true)
+    }
+
+    fn chown_chmod_dir(&self, gid: u32, mask: u32, dev: (u32, u32)) -> Result<(), MountError> {
+        let st = rustix::fs::fstat(&self.fd).map_err(io("stat", &self.path))?;
+        rustix::fs::fchown(&self.fd, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .map_err(io("chown", &self.path))?;
+        let mode = (st.st_mode & 0o7777) | mask | 0o110 | 0o2000;
+        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).map_err(io("chmod", &self.path))?;
+        for (name, ft) in self.entries()? {
+            let name = OsStr::from_bytes(&name);
+            let path = self.child_path(name);
+            let st = rustix::fs::statx(
+                &self.fd,
+                name,
+                AtFlags::SYMLINK_NOFOLLOW,
+                StatxFlags::BASIC_STATS,
+            )
+            .map_err(io("statx", &path))?;
+            let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+                && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+            if mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev {
+                continue;
+            }
+            match ft {
+                FileType::Symlink => {}
+                FileType::Directory => match self.open_child(name) {
+                    Ok(child) => child.chown_chmod_dir(gid, mask, dev)?,
+                    Err(MountError::Symlink { .. }) => {}
+                    Err(e) => return Err(e),
+                },
+                FileType::RegularFile => {
+                    let fd = match rustix::fs::openat(
+                        &self.fd,
+                        name,
+                        OFlags::RDONLY
+                            | OFlags::NOFOLLOW
+                            | OFlags::NONBLOCK
+                            | OFlags::NOCTTY
+                            | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    ) {
+                        Ok(fd) => fd,
+                        // Swapped for a link or removed since it was listed: not ours to touch.
+                        Err(Errno::LOOP | Errno::NOENT) => continue,
+                        Err(e) => return Err(io("open", &path)(e)),
+                    };
+                    let st = rustix::fs::fstat(&fd).map_err(io("stat", &path))?;
+                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                        continue;
+                    }
+                    rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(gid)))
+                        .map_err(io("chown", &path))?;
+                    rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode & 0o7777) | mask))
+                        .map_err(io("chmod", &path))?;
+                }
+                _ => {
+                    // Sockets, FIFOs and devices: change the group without opening them.
+                    match rustix::fs::chownat(
+                        &self.fd,
+                        name,
+                        None,
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    ) {
+                        Ok(()) | Err(Errno::NOENT) => {}
+                        Err(e) => return Err(io("chown", &path)(e)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Removes everything inside this directory, staying on its filesystem. It first checks the
     /// whole tree and stops before removing anything if a mount point or another device is
     /// found below; while removing it checks again, so a mount made in between is not entered.
@@ -271,7 +393,7 @@ impl Dir {
         self.remove_one_fs(dev)
     }
 
-    fn open_child_if_exists(&self, name: &str) -> Result<Option<Dir>, MountError> {
+    pub(crate) fn open_child_if_exists(&self, name: &str) -> Result<Option<Dir>, MountError> {
         match self.open_child(OsStr::new(name)) {
             Ok(c) => Ok(Some(c)),
             Err(e) if e.is_not_found() => Ok(None),

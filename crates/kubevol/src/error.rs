@@ -56,6 +56,19 @@ pub enum VolumeError {
         /// The operation.
         operation: &'static str,
     },
+    /// The content of a configMap, secret, downwardAPI or projected volume cannot be computed.
+    #[error(transparent)]
+    Content(#[from] kubevol_core::projection::ProjectionError),
+    /// A container's subPath cannot be mounted for a reason in the pod's spec.
+    #[error("container {container:?}, volumeMounts[{index}]: {detail}")]
+    SubPath {
+        /// The container.
+        container: String,
+        /// The mount's index in the container's volumeMounts.
+        index: usize,
+        /// What is wrong.
+        detail: String,
+    },
     /// A blocking task died.
     #[error("operation task failed: {0}")]
     Task(String),
@@ -73,6 +86,8 @@ impl VolumeError {
                 }
             }
             VolumeError::Task(_) => ErrorClass::Uncertain,
+            VolumeError::Content(e) if e.is_transient() => ErrorClass::Transient,
+            VolumeError::Content(_) | VolumeError::SubPath { .. } => ErrorClass::Final,
             VolumeError::HostPathType { .. }
             | VolumeError::HostPathNotAllowed { .. }
             | VolumeError::HugePages { .. }

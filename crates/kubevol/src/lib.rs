@@ -35,12 +35,14 @@ pub mod executor;
 pub mod http;
 mod manager;
 pub mod metrics;
+pub mod node;
 pub mod plugins;
 pub mod populator;
 mod reconciler;
 pub mod source;
 pub mod status;
 pub mod store;
+mod subpath;
 mod sync;
 
 pub use manager::{Config, MountedVolume, VolumeManager, WaitError};

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::backoff::BackoffPolicy;
-use kubevol_core::state::{ActualState, DesiredState, PodMountState};
+use kubevol_core::state::{ActualState, DesiredState, PodMountState, SubPathMount};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use kubevol_mount::Mounter;
 use tokio::sync::{watch, Notify, Semaphore};
@@ -46,6 +46,9 @@ pub struct Config {
     pub host_path_allow: Vec<PathBuf>,
     /// Where the kernel lists huge page sizes.
     pub hugepages_dir: PathBuf,
+    /// What a container without limits is limited by (downward API); `None` measures the
+    /// node: its CPUs, its memory and the size of the root directory's filesystem.
+    pub node_allocatable: Option<kubevol_core::projection::NodeAllocatable>,
 }
 
 impl Config {
@@ -60,6 +63,7 @@ impl Config {
             max_concurrent_operations: 64,
             host_path_allow: Vec::new(),
             hugepages_dir: PathBuf::from("/sys/kernel/mm/hugepages"),
+            node_allocatable: None,
         }
     }
 }
@@ -79,6 +83,9 @@ pub struct MountedVolume {
     pub path: PathBuf,
     /// Whether it must be mounted read-only.
     pub read_only: bool,
+    /// The subPath mounts: for these container mounts the runtime bind-mounts the subPath's
+    /// own mount instead of `path`.
+    pub sub_paths: Vec<SubPathMount>,
 }
 
 /// Why a wait ended without success.
@@ -118,6 +125,8 @@ pub(crate) struct Inner {
     pub(crate) asw: RwLock<ActualState>,
     pub(crate) rejected: RwLock<BTreeMap<PodUid, Rejected>>,
     pub(crate) executor: Executor,
+    /// The last content generation handed out (see `DesiredPodVolume::content_generation`).
+    pub(crate) content_generation: std::sync::atomic::AtomicU64,
     pub(crate) events: EventRecorder,
     pub(crate) metrics: Metrics,
     pub(crate) changed: watch::Sender<u64>,
@@ -371,19 +380,26 @@ impl VolumeManager {
             ..config
         };
         let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
+        let store = Arc::new(ObjectStore::new());
         let host = Arc::new(PluginHost {
             root,
             root_dir,
             mounter,
             host_path_allow: config.host_path_allow.clone(),
             hugepages_dir: config.hugepages_dir.clone(),
+            store: store.clone(),
+            node_name: config.node_name.clone(),
+            node_allocatable: config
+                .node_allocatable
+                .unwrap_or_else(|| crate::node::allocatable(&config.root_dir)),
         });
         Ok(VolumeManager {
             inner: Arc::new(Inner {
                 executor: Executor::new(config.backoff),
+                content_generation: std::sync::atomic::AtomicU64::new(0),
                 operations: Semaphore::new(config.max_concurrent_operations.max(1)),
                 config,
-                store: Arc::new(ObjectStore::new()),
+                store,
                 plugins,
                 host,
                 dsw: RwLock::default(),
@@ -589,6 +605,7 @@ impl VolumeManager {
                     MountedVolume {
                         path: m.path.clone(),
                         read_only: m.read_only,
+                        sub_paths: m.sub_paths.clone(),
                     },
                 )
             })
@@ -784,6 +801,7 @@ mod tests {
                     path: PathBuf::from("/x"),
                     read_only: false,
                     content_generation: 0,
+                    sub_paths: Vec::new(),
                 },
             );
         }

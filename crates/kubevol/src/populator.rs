@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::projection::{referenced_objects, ObjectKind};
 use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, VolumeSpec};
 use kubevol_core::validation::{all_containers, validate_pod, volume_source_names};
 use kubevol_core::{PodRef, PodUid};
@@ -60,7 +61,7 @@ pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut store_rx = inner.store.subscribe();
     let mut stop = inner.shutdown.subscribe();
-    let mut seen: HashMap<PodUid, Arc<Pod>> = HashMap::new();
+    let mut seen: HashMap<PodUid, Seen> = HashMap::new();
     loop {
         store_rx.borrow_and_update();
         if *stop.borrow_and_update() {
@@ -78,8 +79,54 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     }
 }
 
+/// The version of an object a pod's volume reads, compared by identity: the store replaces an
+/// object's `Arc` exactly when the object changes.
+#[derive(Clone, Debug)]
+enum Version {
+    Missing,
+    ConfigMap(Arc<k8s_openapi::api::core::v1::ConfigMap>),
+    Secret(Arc<k8s_openapi::api::core::v1::Secret>),
+}
+
+impl PartialEq for Version {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Version::Missing, Version::Missing) => true,
+            (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
+            (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// What the populator last processed of a pod: the pod object and the objects its volumes read.
+pub(crate) struct Seen {
+    pod: Arc<Pod>,
+    objects: Vec<Version>,
+}
+
+/// The current versions of the objects a pod's volumes read, in a fixed order.
+fn object_versions(inner: &Inner, pod: &Pod) -> Vec<Version> {
+    let mut out = Vec::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        for r in referenced_objects(pod, v) {
+            out.push(match r.kind {
+                ObjectKind::ConfigMap => inner
+                    .store
+                    .config_map(&r.namespace, &r.name)
+                    .map_or(Version::Missing, |s| Version::ConfigMap(s.object)),
+                ObjectKind::Secret => inner
+                    .store
+                    .secret(&r.namespace, &r.name)
+                    .map_or(Version::Missing, |s| Version::Secret(s.object)),
+            });
+        }
+    }
+    out
+}
+
 /// One pass over the store. Returns whether the DSW changed (the reconciler must look).
-pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) -> bool {
+pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Seen>) -> bool {
     // Read the sync flag before the pods: if it is true, this listing is complete.
     let sources_synced = inner.store.all_sources_synced();
     let mut wanted = HashSet::new();
@@ -94,10 +141,24 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Arc<Pod>>) -> bool 
             continue;
         }
         wanted.insert(uid.clone());
-        if seen.get(&uid).is_some_and(|p| Arc::ptr_eq(p, pod)) {
+        let objects = object_versions(inner, pod);
+        let (same_pod, same_objects) = seen.get(&uid).map_or((false, false), |s| {
+            (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
+        });
+        if same_pod && same_objects {
             continue;
         }
-        seen.insert(uid.clone(), pod.clone());
+        if !same_objects {
+            // An object appeared or changed: retry this pod's volumes now, not after backoff.
+            inner.executor.retain(|k| k.pod.as_ref() != Some(&uid));
+        }
+        seen.insert(
+            uid.clone(),
+            Seen {
+                pod: pod.clone(),
+                objects,
+            },
+        );
         process_pod(inner, &uid, &stored);
         inner.notify_pod(&uid);
         changed = true;
@@ -166,7 +227,13 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
                     pod: pod.clone(),
                     outer_volume_name: v.name.clone(),
                     spec,
-                    content_generation: 0,
+                    // The pod or an object it reads changed: content volumes are written
+                    // again (the writer leaves unchanged content alone).
+                    content_generation: if plugin.requires_remount() {
+                        inner.content_generation.fetch_add(1, Ordering::Relaxed) + 1
+                    } else {
+                        0
+                    },
                 },
             }),
             None => {

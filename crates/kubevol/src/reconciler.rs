@@ -169,10 +169,18 @@ async fn mount_volume(
         outer_volume_name: want.outer_volume_name.clone(),
         spec: want.spec.clone(),
     };
-    let result = plugin.set_up(inner.host.clone(), req).await;
+    // The volume first, then its subPath mounts: if those fail the volume is set up but the
+    // pod cannot use it yet, so it is recorded as uncertain (torn down if the pod goes away).
+    let result = match plugin.set_up(inner.host.clone(), req).await {
+        Ok(done) => match crate::subpath::bind_all(inner.host.clone(), &want, &done.path).await {
+            Ok(subs) => Ok((done, subs)),
+            Err(e) => Err((e, Some(done.path))),
+        },
+        Err(e) => Err((e, None)),
+    };
     let pref = &want.pod_ref;
     match result {
-        Ok(done) => {
+        Ok((done, subs)) => {
             let was_mounted = inner
                 .asw()
                 .pod_volume(volume, pod)
@@ -181,7 +189,13 @@ async fn mount_volume(
                 volume,
                 &traits,
                 pod.clone(),
-                as_mounted(&want, PodMountState::Mounted, done.path, done.read_only),
+                as_mounted(
+                    &want,
+                    PodMountState::Mounted,
+                    done.path,
+                    done.read_only,
+                    subs,
+                ),
             );
             if !was_mounted && !remount {
                 inner.events.record(
@@ -200,22 +214,23 @@ async fn mount_volume(
             });
             (traits.plugin, Ok(()), !unchanged)
         }
-        Err(e) => {
+        Err((e, set_up_path)) => {
             let message = format!(
                 "MountVolume.SetUp failed for volume {:?} of pod {pref} ({}): {e}",
                 want.outer_volume_name,
                 inner.origin_of(pod)
             );
-            if e.class() == ErrorClass::Uncertain {
-                let path =
+            if set_up_path.is_some() || e.class() == ErrorClass::Uncertain {
+                let path = set_up_path.unwrap_or_else(|| {
                     inner
                         .host
-                        .pod_volume_path(pref, &traits.plugin, &want.outer_volume_name);
+                        .pod_volume_path(pref, &traits.plugin, &want.outer_volume_name)
+                });
                 inner.asw_mut().mark_pod_volume(
                     volume,
                     &traits,
                     pod.clone(),
-                    as_mounted(&want, PodMountState::Uncertain, path, false),
+                    as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new()),
                 );
             }
             inner
@@ -232,6 +247,7 @@ fn as_mounted(
     state: PodMountState,
     path: std::path::PathBuf,
     read_only: bool,
+    sub_paths: Vec<kubevol_core::state::SubPathMount>,
 ) -> MountedPodVolume {
     MountedPodVolume {
         pod_ref: want.pod_ref.clone(),
@@ -241,6 +257,7 @@ fn as_mounted(
         path,
         read_only,
         content_generation: want.content_generation,
+        sub_paths,
     }
 }
 
@@ -285,7 +302,18 @@ async fn unmount_volume(
         path: mounted.path.clone(),
     };
     let pref = mounted.pod_ref.clone();
-    match plugin.tear_down(inner.host.clone(), req).await {
+    // subPath mounts go first: they keep the volume busy.
+    let torn = match crate::subpath::unmount_all(
+        inner.host.clone(),
+        &mounted.pod_ref,
+        &mounted.outer_volume_name,
+    )
+    .await
+    {
+        Ok(()) => plugin.tear_down(inner.host.clone(), req).await,
+        Err(e) => Err(e),
+    };
+    match torn {
         Ok(()) => {
             info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");
             inner.asw_mut().mark_pod_unmounted(volume, pod);

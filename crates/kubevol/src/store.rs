@@ -11,6 +11,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kubevol_core::projection::ObjectKind;
+use kubevol_core::validation::FieldError;
 use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -92,6 +95,12 @@ pub fn normalize_pod(mut pod: Pod) -> Pod {
     pod
 }
 
+/// Fills in what the API server would: `stringData` merged into `data`.
+pub fn normalize_secret(mut secret: Secret) -> Secret {
+    kubevol_core::validation::merge_string_data(&mut secret);
+    secret
+}
+
 /// A pod and where it came from.
 #[derive(Clone, Debug)]
 pub struct StoredPod {
@@ -108,6 +117,22 @@ pub struct Stored<T> {
     pub object: Arc<T>,
     /// Its origin.
     pub origin: Origin,
+    /// Why it is invalid (origin and field errors), when it is: pods that use it fail with this.
+    pub invalid: Option<Arc<str>>,
+}
+
+impl<T> Stored<T> {
+    fn new(object: T, origin: Origin, errors: &[kubevol_core::validation::FieldError]) -> Self {
+        let invalid = (!errors.is_empty()).then(|| {
+            let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            Arc::from(format!("{origin}: {}", list.join("; ")))
+        });
+        Stored {
+            object: Arc::new(object),
+            origin,
+            invalid,
+        }
+    }
 }
 
 type NsName = (String, String);
@@ -164,6 +189,73 @@ impl Objects {
             .chain(self.persistent_volumes.values().map(|s| &s.origin))
             .chain(self.persistent_volume_claims.values().map(|s| &s.origin))
             .chain(self.csi_drivers.values().map(|s| &s.origin))
+    }
+
+    /// Adds or replaces one object. Returns an error to report for its origin: an invalid
+    /// ConfigMap or Secret (kept, so that pods using it fail with the reason), or a pod whose
+    /// UID another origin already defines (not taken).
+    fn insert(&mut self, origin: Origin, obj: Object) -> Result<(), String> {
+        use kubevol_core::validation::{validate_config_map, validate_secret};
+        let invalid = |kind: &str, meta: &ObjectMeta, errs: &[FieldError]| {
+            let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+            let (ns, name) = ns_name(meta);
+            format!(
+                "{kind} {ns}/{name} is invalid and pods that use it will fail; fix these fields: {}",
+                list.join("; ")
+            )
+        };
+        match obj {
+            Object::Pod(pod) => {
+                let uid = pod_uid(&pod);
+                if let Some(other) = self.pods.get(&uid).filter(|o| o.origin != origin) {
+                    return Err(format!(
+                        "pod {}/{} (uid {uid}) is already defined by {}; this definition is ignored: rename one of them",
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        other.origin
+                    ));
+                }
+                self.pods.insert(
+                    uid,
+                    StoredPod {
+                        pod: Arc::new(pod),
+                        origin,
+                    },
+                );
+                Ok(())
+            }
+            Object::ConfigMap(c) => {
+                let errs = validate_config_map(&c);
+                let report = (!errs.is_empty()).then(|| invalid("ConfigMap", &c.metadata, &errs));
+                self.config_maps
+                    .insert(ns_name(&c.metadata), Stored::new(c, origin, &errs));
+                report.map_or(Ok(()), Err)
+            }
+            Object::Secret(x) => {
+                let errs = validate_secret(&x);
+                let report = (!errs.is_empty()).then(|| invalid("Secret", &x.metadata, &errs));
+                self.secrets
+                    .insert(ns_name(&x.metadata), Stored::new(x, origin, &errs));
+                report.map_or(Ok(()), Err)
+            }
+            Object::PersistentVolume(pv) => {
+                let k = pv.metadata.name.clone().unwrap_or_default();
+                self.persistent_volumes
+                    .insert(k, Stored::new(pv, origin, &[]));
+                Ok(())
+            }
+            Object::PersistentVolumeClaim(c) => {
+                let k = ns_name(&c.metadata);
+                self.persistent_volume_claims
+                    .insert(k, Stored::new(c, origin, &[]));
+                Ok(())
+            }
+            Object::CSIDriver(d) => {
+                let k = d.metadata.name.clone().unwrap_or_default();
+                self.csi_drivers.insert(k, Stored::new(d, origin, &[]));
+                Ok(())
+            }
+        }
     }
 
     /// Drops every object a file delivered.
@@ -234,7 +326,7 @@ impl Objects {
     }
 }
 
-fn ns_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> NsName {
+fn ns_name(meta: &ObjectMeta) -> NsName {
     (
         meta.namespace
             .clone()
@@ -327,82 +419,14 @@ impl ObjectStore {
                 path: path.to_path_buf(),
                 document,
             };
-            match obj {
-                Object::Pod(pod) => {
-                    let uid = pod_uid(&pod);
-                    if let Some(other) = o.pods.get(&uid) {
-                        errors.push(ManifestError {
-                            path: path.to_path_buf(),
-                            document: Some(document),
-                            line: None,
-                            column: None,
-                            message: format!(
-                                "pod {}/{} (uid {uid}) is already defined by {}; this definition is ignored: rename one of them",
-                                pod.metadata.namespace.as_deref().unwrap_or_default(),
-                                pod.metadata.name.as_deref().unwrap_or_default(),
-                                other.origin
-                            ),
-                        });
-                        continue;
-                    }
-                    o.pods.insert(
-                        uid,
-                        StoredPod {
-                            pod: Arc::new(pod),
-                            origin,
-                        },
-                    );
-                }
-                Object::ConfigMap(c) => {
-                    let k = ns_name(&c.metadata);
-                    o.config_maps.insert(
-                        k,
-                        Stored {
-                            object: Arc::new(c),
-                            origin,
-                        },
-                    );
-                }
-                Object::Secret(s) => {
-                    let k = ns_name(&s.metadata);
-                    o.secrets.insert(
-                        k,
-                        Stored {
-                            object: Arc::new(s),
-                            origin,
-                        },
-                    );
-                }
-                Object::PersistentVolume(pv) => {
-                    let k = pv.metadata.name.clone().unwrap_or_default();
-                    o.persistent_volumes.insert(
-                        k,
-                        Stored {
-                            object: Arc::new(pv),
-                            origin,
-                        },
-                    );
-                }
-                Object::PersistentVolumeClaim(c) => {
-                    let k = ns_name(&c.metadata);
-                    o.persistent_volume_claims.insert(
-                        k,
-                        Stored {
-                            object: Arc::new(c),
-                            origin,
-                        },
-                    );
-                }
-                Object::CSIDriver(d) => {
-                    let k = d.metadata.name.clone().unwrap_or_default();
-                    o.csi_drivers.insert(
-                        k,
-                        Stored {
-                            object: Arc::new(d),
-                            origin,
-                        },
-                    );
-                }
+            if let Err(message) = o.insert(origin, obj) {
+                errors.push(ManifestError {
+                    path: path.to_path_buf(),
+                    document: Some(document),
+                    line: None,
+                    column: None,
+                    message,
+                });
             }
         }
         if errors.is_empty() {
@@ -474,6 +498,41 @@ impl ObjectStore {
         }
         self.bump();
         uids
+    }
+
+    /// Adds or replaces objects given through the library API (ConfigMaps, Secrets, ...) in one
+    /// change. Returns the problems found (an invalid object is kept and fails the pods that
+    /// use it).
+    pub fn upsert_objects(&self, objects: impl IntoIterator<Item = Object>) -> Vec<String> {
+        let mut problems = Vec::new();
+        {
+            let mut o = self.write();
+            for obj in objects {
+                let obj = match obj {
+                    Object::Pod(p) => Object::Pod(normalize_pod(p)),
+                    Object::Secret(s) => Object::Secret(normalize_secret(s)),
+                    other => other,
+                };
+                if let Err(e) = o.insert(Origin::Api, obj) {
+                    problems.push(e);
+                }
+            }
+        }
+        self.bump();
+        problems
+    }
+
+    /// Removes a ConfigMap or Secret given through the library API.
+    pub fn remove_object(&self, kind: ObjectKind, namespace: &str, name: &str) {
+        {
+            let mut o = self.write();
+            let key = (namespace.to_string(), name.to_string());
+            match kind {
+                ObjectKind::ConfigMap => o.config_maps.remove(&key).is_some(),
+                ObjectKind::Secret => o.secrets.remove(&key).is_some(),
+            };
+        }
+        self.bump();
     }
 
     /// Removes a pod given through the library API.

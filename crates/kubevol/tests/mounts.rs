@@ -308,7 +308,8 @@ mount_test! {
                 json!([
                     {"name": "ok", "emptyDir": {}},
                     {"name": "data", "hostPath": {"path": "/nonexistent/kubevol", "type": "Directory"}},
-                    {"name": "cfg", "configMap": {"name": "settings"}}
+                    {"name": "cfg", "configMap": {"name": "settings"}},
+                    {"name": "share", "nfs": {"server": "nfs.example", "path": "/export"}}
                 ]),
             );
             m.add_pod(p.clone());
@@ -316,7 +317,8 @@ mount_test! {
             assert!(err.starts_with("timed out after 700ms waiting for volumes of pod default/waits"), "{err}");
             assert!(err.contains("unmounted volumes=[data (MountVolume.SetUp failed for volume \"data\""), "{err}");
             assert!(err.contains("/nonexistent/kubevol does not exist"), "{err}");
-            assert!(err.contains("failed to process volumes=[cfg (library API: volume \"cfg\" of pod default/waits: volume type configMap is not supported by kubevol yet"), "{err}");
+            assert!(err.contains("cfg (MountVolume.SetUp failed for volume \"cfg\" of pod default/waits (library API): configMap default/settings not found; create it, or set optional: true"), "{err}");
+            assert!(err.contains("failed to process volumes=[share (library API: volume \"share\" of pod default/waits: volume type nfs is not supported by kubevol yet"), "{err}");
             assert!(!err.contains("[ok") && !err.contains(", ok"), "mounted volumes are not listed: {err}");
             m.shutdown();
         });

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::quantity::Quantity;
 use kubevol_core::state::VolumeSpec;
-use kubevol_mount::{MountError, MountOptions};
 
 use super::{
-    blocking, BoxFuture, PluginHost, SetUpRequest, SetUpResult, TearDownRequest, VolumePlugin,
+    blocking, fs_group, BoxFuture, Filesystem, PluginHost, SetUpRequest, SetUpResult,
+    TearDownRequest, VolumePlugin,
 };
 use crate::error::VolumeError;
 
@@ -167,8 +167,6 @@ impl VolumePlugin for EmptyDirPlugin {
         req: SetUpRequest,
     ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         blocking(move || {
-            let parent_rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME);
-            let path = host.root.join(&parent_rel).join(&req.outer_volume_name);
             let medium = medium(&req.spec);
             let medium_name = req
                 .spec
@@ -184,29 +182,26 @@ impl VolumePlugin for EmptyDirPlugin {
                     let data = tmpfs_size(&req.pod, &req.spec)
                         .map(|s| vec![format!("size={s}")])
                         .unwrap_or_default();
-                    Some(("tmpfs", "tmpfs", data))
+                    Some(Filesystem {
+                        source: "tmpfs",
+                        fstype: "tmpfs",
+                        data,
+                    })
                 }
                 Medium::HugePages(size) => {
                     let size = huge_page_size(&req.pod, size.as_deref(), &medium_name)?;
                     check_node_huge_pages(&host.hugepages_dir, size, &medium_name)?;
-                    Some(("nodev", "hugetlbfs", vec![format!("pagesize={size}")]))
+                    Some(Filesystem {
+                        source: "nodev",
+                        fstype: "hugetlbfs",
+                        data: vec![format!("pagesize={size}")],
+                    })
                 }
             };
-            let (parent, _) = host.root_dir.create_dir_all(&parent_rel, 0o750)?;
-            let name = req.outer_volume_name.as_str();
-            let (_, created) = parent.create_dir_all(Path::new(name), 0o777)?;
-            if let Some((source, fstype, mut data)) = fs {
-                // A directory made a moment ago cannot be a mount point: only an existing one
-                // (a repeated or interrupted set-up) needs the check that keeps this idempotent.
-                if created || !host.mounter.is_mount_point(&path)? {
-                    // The new filesystem's root, not the directory it covers, must be 0777.
-                    data.push("mode=0777".to_string());
-                    let options = MountOptions {
-                        data,
-                        ..Default::default()
-                    };
-                    host.mounter.mount(source, &path, fstype, &options)?;
-                }
+            let (path, dir) =
+                host.set_up_volume_dir(&req.pod_ref, PLUGIN_NAME, &req.outer_volume_name, fs)?;
+            if let Some((gid, policy)) = fs_group(&req.pod) {
+                dir.apply_fs_group(gid, false, policy)?;
             }
             Ok(SetUpResult {
                 path,
@@ -221,25 +216,13 @@ impl VolumePlugin for EmptyDirPlugin {
         req: TearDownRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
         blocking(move || {
-            let plugin_rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME);
-            let parent = match host.root_dir.open_beneath(&plugin_rel) {
-                Ok(p) => p,
-                Err(e) if e.is_not_found() => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            let name = req.outer_volume_name.as_str();
-            if parent.has_entry(name)? && host.mounter.is_mount_point(&req.path)? {
-                if medium(&req.spec) == Medium::Disk {
-                    // Something else is mounted over a disk volume: never unmount or enter it.
-                    return Err(MountError::NestedMount {
-                        path: req.path.clone(),
-                    }
-                    .into());
-                }
-                host.mounter.unmount(&req.path)?;
-            }
-            parent.remove_dir_all_one_fs(name)?;
-            Ok(())
+            host.tear_down_volume_dir(
+                &req.pod_ref,
+                PLUGIN_NAME,
+                &req.outer_volume_name,
+                &req.path,
+                medium(&req.spec) != Medium::Disk,
+            )
         })
     }
 }

@@ -4,6 +4,7 @@
 //! reconciler does) and never touches another plugin's directories. Adding a plugin means one
 //! file here and one line in [`PluginRegistry::standard`].
 
+mod content;
 mod empty_dir;
 mod host_path;
 
@@ -14,15 +15,19 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::names::escape_plugin_name;
+use kubevol_core::projection::NodeAllocatable;
 use kubevol_core::state::{VolumeSpec, VolumeTraits};
 use kubevol_core::{PodRef, UniqueVolumeName};
-use kubevol_mount::safe::Dir;
-use kubevol_mount::Mounter;
+use kubevol_mount::safe::{Dir, FsGroupPolicy};
+use kubevol_mount::{MountError, MountOptions, Mounter};
 
+pub(crate) use content::StoreObjects;
+pub use content::{ContentKind, ContentPlugin};
 pub use empty_dir::EmptyDirPlugin;
 pub use host_path::HostPathPlugin;
 
 use crate::error::VolumeError;
+use crate::store::ObjectStore;
 
 /// A boxed future, so plugins can be trait objects.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -39,6 +44,19 @@ pub struct PluginHost {
     pub host_path_allow: Vec<PathBuf>,
     /// Where the kernel lists huge page sizes (`/sys/kernel/mm/hugepages`).
     pub hugepages_dir: PathBuf,
+    /// The objects pods reference (ConfigMaps, Secrets).
+    pub store: Arc<ObjectStore>,
+    /// This node's name.
+    pub node_name: String,
+    /// What a container without limits is limited by.
+    pub node_allocatable: NodeAllocatable,
+}
+
+/// A filesystem a volume directory is covered with (tmpfs, hugetlbfs).
+pub(crate) struct Filesystem {
+    pub(crate) source: &'static str,
+    pub(crate) fstype: &'static str,
+    pub(crate) data: Vec<String>,
 }
 
 impl PluginHost {
@@ -56,6 +74,84 @@ impl PluginHost {
             .join(Self::pod_plugin_dir(pod, plugin))
             .join(volume)
     }
+}
+
+impl PluginHost {
+    /// Creates `pods/<uid>/volumes/<plugin>/<name>` (mode 0777, parents 0750) and, when `fs` is
+    /// given, mounts it there unless it is mounted already. Returns the path and the directory,
+    /// opened after the mount (so it is the new filesystem's root).
+    pub(crate) fn set_up_volume_dir(
+        &self,
+        pod: &PodRef,
+        plugin: &str,
+        name: &str,
+        fs: Option<Filesystem>,
+    ) -> Result<(PathBuf, Dir), VolumeError> {
+        let parent_rel = Self::pod_plugin_dir(pod, plugin);
+        let path = self.root.join(&parent_rel).join(name);
+        let (parent, _) = self.root_dir.create_dir_all(&parent_rel, 0o750)?;
+        let (dir, created) = parent.create_dir_all(Path::new(name), 0o777)?;
+        let Some(mut fs) = fs else {
+            return Ok((path, dir));
+        };
+        // A directory made a moment ago cannot be a mount point: only an existing one (a
+        // repeated or interrupted set-up) needs the check that keeps this idempotent.
+        if created || !self.mounter.is_mount_point(&path)? {
+            // The new filesystem's root, not the directory it covers, must be 0777.
+            fs.data.push("mode=0777".to_string());
+            let options = MountOptions {
+                data: fs.data,
+                ..Default::default()
+            };
+            self.mounter.mount(fs.source, &path, fs.fstype, &options)?;
+        }
+        let dir = parent.open_beneath(Path::new(name))?;
+        Ok((path, dir))
+    }
+
+    /// Tears down what [`PluginHost::set_up_volume_dir`] made: unmounts the volume's own
+    /// filesystem (`mounted` says it has one; on a disk volume a mount is someone else's and is
+    /// refused), then removes the directory and its contents without leaving its filesystem.
+    pub(crate) fn tear_down_volume_dir(
+        &self,
+        pod: &PodRef,
+        plugin: &str,
+        name: &str,
+        path: &Path,
+        mounted: bool,
+    ) -> Result<(), VolumeError> {
+        let parent = match self
+            .root_dir
+            .open_beneath(&Self::pod_plugin_dir(pod, plugin))
+        {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if parent.has_entry(name)? && self.mounter.is_mount_point(path)? {
+            if !mounted {
+                // Something else is mounted over a disk volume: never unmount or enter it.
+                return Err(MountError::NestedMount {
+                    path: path.to_path_buf(),
+                }
+                .into());
+            }
+            self.mounter.unmount(path)?;
+        }
+        parent.remove_dir_all_one_fs(name)?;
+        Ok(())
+    }
+}
+
+/// The pod's `securityContext.fsGroup` and `fsGroupChangePolicy`, when it sets a group.
+pub fn fs_group(pod: &Pod) -> Option<(u32, FsGroupPolicy)> {
+    let sc = pod.spec.as_ref()?.security_context.as_ref()?;
+    let gid = u32::try_from(sc.fs_group?).ok()?;
+    let policy = match sc.fs_group_change_policy.as_deref() {
+        Some("OnRootMismatch") => FsGroupPolicy::OnRootMismatch,
+        _ => FsGroupPolicy::Always,
+    };
+    Some((gid, policy))
 }
 
 /// What set-up needs.
@@ -113,6 +209,12 @@ pub trait VolumePlugin: Send + Sync + 'static {
         }
     }
 
+    /// Whether set-up must run again when the volume's content changes (an object it reads or
+    /// the pod's metadata), as the kubelet's `RequiresRemount`.
+    fn requires_remount(&self) -> bool {
+        false
+    }
+
     /// The volume's key in the states of world. Per-pod volumes by default.
     fn volume_name(&self, pod: &PodRef, spec: &VolumeSpec) -> UniqueVolumeName {
         UniqueVolumeName::for_pod_volume(self.name(), &pod.uid, &spec.volume.name)
@@ -162,6 +264,9 @@ impl PluginRegistry {
         };
         r.register(Arc::new(EmptyDirPlugin));
         r.register(Arc::new(HostPathPlugin));
+        for kind in ContentKind::ALL {
+            r.register(Arc::new(ContentPlugin(kind)));
+        }
         r
     }
 

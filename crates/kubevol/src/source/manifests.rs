@@ -18,7 +18,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::store::{normalize_pod, ManifestError, Object, ObjectStore};
+use crate::store::{normalize_pod, normalize_secret, ManifestError, Object, ObjectStore};
 
 /// Whether a file name is a manifest kubevol reads.
 pub fn is_manifest_file(path: &Path) -> bool {
@@ -179,9 +179,8 @@ fn convert(
                 .map(|p| Object::Pod(normalize_pod(p))),
             "ConfigMap" => typed::<ConfigMap>(value, &kind, path, document, relocate, errs)
                 .map(Object::ConfigMap),
-            "Secret" => {
-                typed::<Secret>(value, &kind, path, document, relocate, errs).map(Object::Secret)
-            }
+            "Secret" => typed::<Secret>(value, &kind, path, document, relocate, errs)
+                .map(|s| Object::Secret(normalize_secret(s))),
             "PersistentVolume" => {
                 typed::<PersistentVolume>(value, &kind, path, document, relocate, errs)
                     .map(Object::PersistentVolume)

@@ -1,0 +1,202 @@
+//! subPath mounts: a file or directory inside a volume, bind-mounted on its own so a container
+//! sees only that part.
+//!
+//! The kubelet's subPath bugs were path races: it resolved the subPath, checked the result, then
+//! mounted by path, and a container could swap a directory for a symbolic link in between. Here
+//! the subPath is opened once, relative to the volume directory's descriptor, with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: the kernel refuses any resolution that
+//! leaves the volume (an absolute link, a link or `..` above the volume root), while links that
+//! stay inside (a configMap key pointing into `..data`) resolve as they do for the container. The
+//! mount is then made from that descriptor (open_tree + move_mount), never from a path.
+//!
+//! Mounts live at `pods/<uid>/volume-subpaths/<volume>/<container>/<index>`, the kubelet's
+//! layout, where `<index>` is the position of the mount in the container's `volumeMounts`.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use crate::safe::{io, Dir};
+use crate::{MountError, Mounter, Unmounted};
+
+/// The directory under a pod's directory that holds its subPath mounts.
+pub const SUBPATHS_DIR: &str = "volume-subpaths";
+
+fn escape(volume: &Dir, sub_path: &str) -> MountError {
+    MountError::Unsafe {
+        path: volume.path().join(sub_path),
+        reason: "leads outside the volume (through a symbolic link, an absolute link or '..')"
+            .into(),
+    }
+}
+
+fn open_beneath_path(volume: &Dir, sub_path: &str) -> Result<OwnedFd, MountError> {
+    let rel = Path::new(sub_path);
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(
+        volume.fd(),
+        rel,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        resolve,
+    ) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::XDEV | Errno::LOOP) => Err(escape(volume, sub_path)),
+        Err(Errno::NOSYS) => {
+            // No openat2: walk one component at a time and refuse every link.
+            let (parent, name) = match sub_path.rsplit_once('/') {
+                Some((p, n)) => (volume.open_beneath(Path::new(p))?, n),
+                None => (volume.open_beneath(Path::new(""))?, sub_path),
+            };
+            let fd = rustix::fs::openat(
+                parent.fd(),
+                name,
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io("open", &volume.path().join(sub_path)))?;
+            let st = rustix::fs::fstat(&fd).map_err(io("stat", &volume.path().join(sub_path)))?;
+            if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+                return Err(escape(volume, sub_path));
+            }
+            Ok(fd)
+        }
+        Err(e) => Err(io("open", &volume.path().join(sub_path))(e)),
+    }
+}
+
+/// Opens the subPath inside `volume`, creating missing directories (with the volume root's
+/// mode, as the kubelet does) when it does not exist. Returns the descriptor and whether it is a
+/// directory.
+pub fn open_sub_path(volume: &Dir, sub_path: &str) -> Result<(OwnedFd, bool), MountError> {
+    let fd = match open_beneath_path(volume, sub_path) {
+        Err(e) if e.is_not_found() => {
+            let st = rustix::fs::fstat(volume.fd()).map_err(io("stat", volume.path()))?;
+            let mode = st.st_mode & 0o7777;
+            volume
+                .create_dir_all_with(Path::new(sub_path), mode, mode)
+                .map_err(|e| match e {
+                    MountError::Symlink { .. } => escape(volume, sub_path),
+                    e => e,
+                })?;
+            open_beneath_path(volume, sub_path)?
+        }
+        r => r?,
+    };
+    let st = rustix::fs::fstat(&fd).map_err(io("stat", &volume.path().join(sub_path)))?;
+    Ok((
+        fd,
+        FileType::from_raw_mode(st.st_mode) == FileType::Directory,
+    ))
+}
+
+/// Bind-mounts `sub_path` of `volume` at `<pod_dir>/volume-subpaths/<volume_name>/<container>/<index>`
+/// and returns that path. Already mounted is success.
+pub fn bind_sub_path(
+    mounter: &dyn Mounter,
+    volume: &Dir,
+    sub_path: &str,
+    pod_dir: &Dir,
+    volume_name: &str,
+    container: &str,
+    index: usize,
+) -> Result<PathBuf, MountError> {
+    let (source, is_dir) = open_sub_path(volume, sub_path)?;
+    let rel = Path::new(SUBPATHS_DIR).join(volume_name).join(container);
+    let (parent, _) = pod_dir.create_dir_all(&rel, 0o750)?;
+    let name = index.to_string();
+    let target = parent.path().join(&name);
+    if parent.has_entry(&name)? && parent.is_mount_root(&name)? {
+        return Ok(target);
+    }
+    if is_dir {
+        match rustix::fs::mkdirat(parent.fd(), name.as_str(), Mode::from_raw_mode(0o750)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io("mkdir", &target)(e)),
+        }
+        parent.open_child(OsStr::new(&name))?;
+    } else {
+        let fd = rustix::fs::openat(
+            parent.fd(),
+            name.as_str(),
+            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o640),
+        )
+        .map_err(io("create", &target))?;
+        let st = rustix::fs::fstat(&fd).map_err(io("stat", &target))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(MountError::Unsafe {
+                path: target,
+                reason: "is not a regular file".into(),
+            });
+        }
+    }
+    mounter.bind_fd(
+        source.as_fd(),
+        &volume.path().join(sub_path),
+        &parent,
+        &name,
+    )?;
+    Ok(target)
+}
+
+/// Unmounts every subPath mount of one volume of a pod and removes their mount points (empty
+/// directories and the empty files made for file subPaths). Run before the volume itself is
+/// torn down.
+pub fn unmount_sub_paths(
+    mounter: &dyn Mounter,
+    pod_dir: &Dir,
+    volume_name: &str,
+) -> Result<(), MountError> {
+    let Some(subpaths) = pod_dir.open_child_if_exists(SUBPATHS_DIR)? else {
+        return Ok(());
+    };
+    let Some(vol) = subpaths.open_child_if_exists(volume_name)? else {
+        return Ok(());
+    };
+    for (container, ft) in vol.entries()? {
+        if ft != FileType::Directory {
+            continue;
+        }
+        let container = String::from_utf8_lossy(&container).into_owned();
+        let cdir = vol.open_child(OsStr::new(&container))?;
+        for (entry, _) in cdir.entries()? {
+            let entry = String::from_utf8_lossy(&entry).into_owned();
+            let path = cdir.path().join(&entry);
+            // A stacked mount (a set-up repeated by hand) needs one unmount per layer.
+            for _ in 0..16 {
+                if !cdir.is_mount_root(&entry)? {
+                    break;
+                }
+                if mounter.unmount(&path)? == Unmounted::NotMounted {
+                    break;
+                }
+            }
+            remove_mount_point(&cdir, &entry)?;
+        }
+        vol.remove_empty_tree(&container)?;
+    }
+    subpaths.remove_empty_tree(volume_name)
+}
+
+fn remove_mount_point(dir: &Dir, name: &str) -> Result<(), MountError> {
+    let path = dir.path().join(name);
+    let st = match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io("stat", &path)(e)),
+    };
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => dir.remove_empty_tree(name),
+        FileType::RegularFile if st.st_size == 0 => {
+            match rustix::fs::unlinkat(dir.fd(), name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(io("unlink", &path)(e)),
+            }
+        }
+        _ => Err(MountError::Leftover { path }),
+    }
+}

@@ -1,0 +1,197 @@
+//! configMap, secret, downwardAPI and projected volumes: files computed from objects and the pod,
+//! written by the atomic writer at the kubelet's paths (`kubernetes.io~configmap`, `~secret`,
+//! `~downward-api`, `~projected`).
+//!
+//! Secret and projected volumes live on a tmpfs of their own (a secret never touches the node's
+//! disk), configMap and downwardAPI volumes on the node's disk. All four are reported read-only
+//! to the runtime, whatever a container asks. Set-up runs again whenever an object a volume
+//! reads, or the pod's metadata, changes; the writer leaves unchanged content alone.
+
+use std::sync::Arc;
+
+use kubevol_core::projection::{self, Lookup, Objects};
+use kubevol_core::state::VolumeSpec;
+use kubevol_mount::atomic::{self, Entry, Ownership};
+use kubevol_mount::safe::FsGroupPolicy;
+
+use super::{
+    blocking, empty_dir, fs_group, BoxFuture, Filesystem, PluginHost, SetUpRequest, SetUpResult,
+    TearDownRequest, VolumePlugin,
+};
+use crate::error::VolumeError;
+use crate::store::{ObjectStore, Stored};
+
+/// The four content volume types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentKind {
+    /// `configMap`.
+    ConfigMap,
+    /// `secret`.
+    Secret,
+    /// `downwardAPI`.
+    DownwardApi,
+    /// `projected`.
+    Projected,
+}
+
+impl ContentKind {
+    /// Every kind.
+    pub const ALL: [ContentKind; 4] = [
+        ContentKind::ConfigMap,
+        ContentKind::Secret,
+        ContentKind::DownwardApi,
+        ContentKind::Projected,
+    ];
+
+    /// The kubelet's plugin name.
+    pub fn plugin_name(self) -> &'static str {
+        match self {
+            ContentKind::ConfigMap => "kubernetes.io/configmap",
+            ContentKind::Secret => "kubernetes.io/secret",
+            ContentKind::DownwardApi => "kubernetes.io/downward-api",
+            ContentKind::Projected => "kubernetes.io/projected",
+        }
+    }
+
+    fn source_field(self) -> &'static str {
+        match self {
+            ContentKind::ConfigMap => "configMap",
+            ContentKind::Secret => "secret",
+            ContentKind::DownwardApi => "downwardAPI",
+            ContentKind::Projected => "projected",
+        }
+    }
+
+    /// Whether the volume lives on a tmpfs of its own.
+    fn in_memory(self) -> bool {
+        matches!(self, ContentKind::Secret | ContentKind::Projected)
+    }
+}
+
+/// One content volume plugin.
+pub struct ContentPlugin(pub ContentKind);
+
+/// The store seen as the projection's object source: invalid objects fail with their reason.
+pub(crate) struct StoreObjects<'a>(pub(crate) &'a ObjectStore);
+
+fn lookup<T>(found: Option<Stored<T>>) -> Lookup<T> {
+    match found {
+        None => Lookup::Missing,
+        Some(s) => match s.invalid {
+            Some(why) => Lookup::Invalid(why.to_string()),
+            None => Lookup::Found(s.object),
+        },
+    }
+}
+
+impl Objects for StoreObjects<'_> {
+    fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Lookup<k8s_openapi::api::core::v1::ConfigMap> {
+        lookup(self.0.config_map(namespace, name))
+    }
+
+    fn secret(&self, namespace: &str, name: &str) -> Lookup<k8s_openapi::api::core::v1::Secret> {
+        lookup(self.0.secret(namespace, name))
+    }
+}
+
+impl VolumePlugin for ContentPlugin {
+    fn name(&self) -> &'static str {
+        self.0.plugin_name()
+    }
+
+    fn source_field(&self) -> &'static str {
+        self.0.source_field()
+    }
+
+    fn can_support(&self, spec: &VolumeSpec) -> bool {
+        let v = &spec.volume;
+        match self.0 {
+            ContentKind::ConfigMap => v.config_map.is_some(),
+            ContentKind::Secret => v.secret.is_some(),
+            ContentKind::DownwardApi => v.downward_api.is_some(),
+            ContentKind::Projected => v.projected.is_some(),
+        }
+    }
+
+    fn requires_remount(&self) -> bool {
+        true
+    }
+
+    fn set_up(
+        &self,
+        host: Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
+        let kind = self.0;
+        blocking(move || {
+            // Compute the content first: a missing object fails before anything is created.
+            let payload = projection::volume_payload(
+                &req.pod,
+                &req.spec.volume,
+                &StoreObjects(&host.store),
+                &host.node_allocatable,
+            )
+            .ok_or(VolumeError::Unsupported {
+                plugin: kind.plugin_name(),
+                operation: "set-up of a volume of another type",
+            })??;
+            let fs = kind.in_memory().then(|| Filesystem {
+                source: "tmpfs",
+                fstype: "tmpfs",
+                data: empty_dir::pod_memory_limit(&req.pod)
+                    .filter(|s| *s > 0)
+                    .map(|s| vec![format!("size={s}")])
+                    .unwrap_or_default(),
+            });
+            let (path, dir) = host.set_up_volume_dir(
+                &req.pod_ref,
+                kind.plugin_name(),
+                &req.outer_volume_name,
+                fs,
+            )?;
+            let group = fs_group(&req.pod);
+            if let Some((gid, _)) = group {
+                // The payload gets its group from the writer; the root once, here.
+                dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)?;
+            }
+            let entries: Vec<Entry<'_>> = payload
+                .iter()
+                .map(|(path, f)| Entry {
+                    path,
+                    data: &f.data,
+                    mode: f.mode,
+                })
+                .collect();
+            let own = Ownership {
+                gid: group.map(|(gid, _)| gid),
+            };
+            let written = atomic::write(&dir, &entries, own, &mut |_| {})?;
+            tracing::debug!(pod = %req.pod_ref, volume = %req.outer_volume_name, ?written, files = entries.len(), "content written");
+            Ok(SetUpResult {
+                path,
+                read_only: true,
+            })
+        })
+    }
+
+    fn tear_down(
+        &self,
+        host: Arc<PluginHost>,
+        req: TearDownRequest,
+    ) -> BoxFuture<Result<(), VolumeError>> {
+        let kind = self.0;
+        blocking(move || {
+            host.tear_down_volume_dir(
+                &req.pod_ref,
+                kind.plugin_name(),
+                &req.outer_volume_name,
+                &req.path,
+                kind.in_memory(),
+            )
+        })
+    }
+}

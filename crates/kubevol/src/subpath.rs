@@ -1,0 +1,146 @@
+//! subPath and subPathExpr: after a volume is set up for a pod, each container mount of it with
+//! a subPath gets its own bind mount (made by the mount layer from a descriptor, never a path);
+//! before the volume is torn down, those mounts go first.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kubevol_core::projection::{container_env, expand_sub_path};
+use kubevol_core::state::{DesiredPodVolume, SubPathMount};
+use kubevol_core::validation::all_containers;
+use kubevol_core::PodRef;
+use kubevol_mount::safe::Dir;
+use kubevol_mount::subpath;
+
+use crate::error::VolumeError;
+use crate::plugins::{PluginHost, StoreObjects};
+
+/// One wanted subPath mount.
+struct Wanted {
+    container: String,
+    index: usize,
+    sub_path: String,
+}
+
+/// The subPath mounts the pod's containers want of one volume, with `subPathExpr` expanded
+/// from each container's environment.
+fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, VolumeError> {
+    let mut out = Vec::new();
+    for (_, c) in all_containers(&want.pod) {
+        for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
+            if m.name != want.outer_volume_name {
+                continue;
+            }
+            let sub_path = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+                (Some(p), _) if !p.is_empty() => p.to_string(),
+                (_, Some(expr)) if !expr.is_empty() => {
+                    let env = container_env(
+                        &want.pod,
+                        c,
+                        &host.node_name,
+                        &StoreObjects(&host.store),
+                        &host.node_allocatable,
+                    );
+                    expand_sub_path(expr, &env).map_err(|detail| VolumeError::SubPath {
+                        container: c.name.clone(),
+                        index,
+                        detail,
+                    })?
+                }
+                _ => continue,
+            };
+            out.push(Wanted {
+                container: c.name.clone(),
+                index,
+                sub_path,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn open_volume(host: &PluginHost, volume_path: &Path) -> Result<Dir, VolumeError> {
+    Ok(match volume_path.strip_prefix(&host.root) {
+        Ok(rel) => host.root_dir.open_beneath(rel)?,
+        // A hostPath volume: the operator-allowed host directory itself.
+        Err(_) => Dir::open(volume_path)?,
+    })
+}
+
+fn pod_dir(host: &PluginHost, pod: &PodRef) -> Result<Option<Dir>, VolumeError> {
+    match host
+        .root_dir
+        .open_beneath(&Path::new("pods").join(pod.uid.as_str()))
+    {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Makes the subPath mounts of one set-up volume. Idempotent: mounts already made are kept.
+pub(crate) async fn bind_all(
+    host: Arc<PluginHost>,
+    want: &DesiredPodVolume,
+    volume_path: &Path,
+) -> Result<Vec<SubPathMount>, VolumeError> {
+    let wanted = wanted(&host, want)?;
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let volume_path = volume_path.to_path_buf();
+    let pod = want.pod_ref.clone();
+    let volume_name = want.outer_volume_name.clone();
+    crate::plugins::blocking(move || {
+        let volume = open_volume(&host, &volume_path)?;
+        let (pod_dir, _) = host
+            .root_dir
+            .create_dir_all(&Path::new("pods").join(pod.uid.as_str()), 0o750)?;
+        let mut made = Vec::new();
+        for w in wanted {
+            let path = subpath::bind_sub_path(
+                host.mounter.as_ref(),
+                &volume,
+                &w.sub_path,
+                &pod_dir,
+                &volume_name,
+                &w.container,
+                w.index,
+            )
+            .map_err(|e| match e {
+                kubevol_mount::MountError::Unsafe { .. } => VolumeError::SubPath {
+                    container: w.container.clone(),
+                    index: w.index,
+                    detail: format!("subPath {:?}: {e}", w.sub_path),
+                },
+                e => e.into(),
+            })?;
+            made.push(SubPathMount {
+                container: w.container,
+                index: w.index,
+                sub_path: w.sub_path,
+                path,
+            });
+        }
+        Ok(made)
+    })
+    .await
+}
+
+/// Removes every subPath mount of one of a pod's volumes.
+pub(crate) async fn unmount_all(
+    host: Arc<PluginHost>,
+    pod: &PodRef,
+    volume_name: &str,
+) -> Result<(), VolumeError> {
+    let pod = pod.clone();
+    let volume_name = volume_name.to_string();
+    crate::plugins::blocking(move || {
+        let Some(dir) = pod_dir(&host, &pod)? else {
+            return Ok(());
+        };
+        subpath::unmount_sub_paths(host.mounter.as_ref(), &dir, &volume_name)?;
+        Ok(())
+    })
+    .await
+}
