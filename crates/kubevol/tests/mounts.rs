@@ -315,7 +315,7 @@ mount_test! {
             m.add_pod(p.clone());
             let err = m.wait_for_attach_and_mount(&p).await.unwrap_err().to_string();
             assert!(err.starts_with("timed out after 700ms waiting for volumes of pod default/waits"), "{err}");
-            assert!(err.contains("unmounted volumes=[data (MountVolume.SetUp failed for volume \"data\""), "{err}");
+            assert!(err.contains("unmounted volumes=[cfg (") && err.contains("data (MountVolume.SetUp failed for volume \"data\""), "{err}");
             assert!(err.contains("/nonexistent/kubevol does not exist"), "{err}");
             assert!(err.contains("cfg (MountVolume.SetUp failed for volume \"cfg\" of pod default/waits (library API): configMap default/settings not found; create it, or set optional: true"), "{err}");
             assert!(err.contains("failed to process volumes=[share (library API: volume \"share\" of pod default/waits: volume type nfs is not supported by kubevol yet"), "{err}");

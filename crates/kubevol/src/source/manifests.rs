@@ -195,6 +195,32 @@ fn convert(
     out.extend(obj.map(|o| (document, o)));
 }
 
+/// Reads file modes written the way Kubernetes manifests write them. Kubernetes reads YAML 1.1,
+/// where a plain `0644` is octal (420); the YAML 1.2 parser here keeps it as the string "0644".
+/// The API's mode fields (`defaultMode`, `mode`) are integers, so such a string in them can only
+/// mean the octal number.
+fn yaml11_octal_modes(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if k == "defaultMode" || k == "mode" {
+                    if let Some(s) = v.as_str() {
+                        let octal = s.len() > 1
+                            && s.starts_with('0')
+                            && s.bytes().all(|c| (b'0'..=b'7').contains(&c));
+                        if let Some(n) = octal.then(|| i64::from_str_radix(s, 8).ok()).flatten() {
+                            *v = serde_json::Value::from(n);
+                        }
+                    }
+                }
+                yaml11_octal_modes(v);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(yaml11_octal_modes),
+        _ => {}
+    }
+}
+
 /// Parses a manifest file's text. Returns the objects (with their 1-based document index) and
 /// every problem found.
 pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<ManifestError>) {
@@ -222,7 +248,7 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
     }
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
-        let value = match serde_json::Value::deserialize(doc) {
+        let mut value = match serde_json::Value::deserialize(doc) {
             Ok(v) => v,
             Err(e) => {
                 let (loc, msg) = yaml_message(&e);
@@ -231,6 +257,7 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
                 break;
             }
         };
+        yaml11_octal_modes(&mut value);
         let relocate = |kind: &str| {
             let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i)?;
             deserialize_error(kind, doc).map(|e| yaml_message(&e))
@@ -533,6 +560,25 @@ mod tests {
         assert!(!settles_file(&EventKind::Access(AccessKind::Open(
             AccessMode::Any
         ))));
+    }
+
+    #[test]
+    fn octal_modes_as_kubernetes_reads_them() {
+        let (objs, errs) = parse(
+            "p.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: []\n  volumes:\n  - name: s\n    secret: {secretName: s, defaultMode: 0400, items: [{key: k, path: k, mode: 0644}]}\n  - name: c\n    configMap: {name: c, defaultMode: 420}\n",
+        );
+        assert!(errs.is_empty(), "{errs:?}");
+        let Object::Pod(p) = &objs[0].1 else {
+            panic!("a pod")
+        };
+        let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let s = vols[0].secret.as_ref().unwrap();
+        assert_eq!(s.default_mode, Some(0o400));
+        assert_eq!(s.items.as_ref().unwrap()[0].mode, Some(0o644));
+        assert_eq!(vols[1].config_map.as_ref().unwrap().default_mode, Some(420));
+        let (_, errs) = parse("p.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [], volumes: [{name: s, secret: {defaultMode: 0800}}]}\n");
+        assert_eq!(errs.len(), 1, "0800 is not octal: {errs:?}");
     }
 
     #[test]

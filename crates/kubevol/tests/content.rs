@@ -1,0 +1,381 @@
+//! Content volumes and subPaths, mounting for real, each test in its own private mount namespace.
+
+#[macro_use]
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use kubevol::source::ManifestSource;
+use kubevol::status::PodPhase;
+use serde_json::json;
+
+fn write_manifest(dir: &Path, name: &str, yaml: &str) {
+    // Write then rename, as an editor or `kubectl` wrapper would: the watcher reads settled files.
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, yaml).unwrap();
+    fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: app-config}
+data:
+  app.conf: "level=info"
+  extra.conf: "x"
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: app-secret}
+stringData:
+  password: "s3cret"
+"#;
+
+fn pod_yaml(tier: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {{app: web, tier: {tier}}}
+spec:
+  securityContext: {{fsGroup: 2000}}
+  containers:
+  - name: app
+    env:
+    - {{name: POD, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+    volumeMounts:
+    - {{name: config, mountPath: /etc/app}}
+    - {{name: config, mountPath: /etc/app.conf, subPath: app.conf}}
+    - {{name: secret, mountPath: /run/secret}}
+    - {{name: info, mountPath: /etc/info}}
+    - {{name: all, mountPath: /etc/all}}
+    - {{name: scratch, mountPath: /logs, subPathExpr: "logs/$(POD)"}}
+  volumes:
+  - {{name: config, configMap: {{name: app-config, items: [{{key: app.conf, path: app.conf, mode: 0600}}, {{key: extra.conf, path: conf.d/extra.conf}}]}}}}
+  - {{name: secret, secret: {{secretName: app-secret, defaultMode: 0400}}}}
+  - {{name: info, downwardAPI: {{items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}, {{path: tier, fieldRef: {{fieldPath: "metadata.labels['tier']"}}}}]}}}}
+  - {{name: all, projected: {{sources: [{{configMap: {{name: app-config, items: [{{key: app.conf, path: cfg}}]}}}}, {{secret: {{name: app-secret}}}}, {{downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}}}]}}}}
+  - {{name: scratch, emptyDir: {{}}}}
+"#
+    )
+}
+
+async fn wait_for_file(path: &Path, want: &str, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        if fs::read_to_string(path).is_ok_and(|s| s == want) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: {} never became {want:?} (is {:?})",
+            path.display(),
+            fs::read_to_string(path)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+mount_test! {
+    fn content_volumes_from_manifests_with_live_updates_and_sub_paths() {
+        let root = TestRoot::new();
+        let manifests = root.path().join("manifests");
+        fs::create_dir(&manifests).unwrap();
+        write_manifest(&manifests, "objects.yaml", OBJECTS);
+        write_manifest(&manifests, "pod.yaml", &pod_yaml("front"));
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
+            let _watch = source.start().expect("watch manifests");
+            // The manifest pod, by the name its UID derives from.
+            let p = common::pod(json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}}));
+            let uid = kubevol::pod_uid(&p);
+            let status = wait_for_status(&m, &p, 20, settled).await;
+            assert_eq!(status.phase, PodPhase::Ready, "{status:#?}");
+
+            let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
+            let vols = m.mounted_volumes_for_pod(&uid);
+            for name in ["config", "secret", "info", "all"] {
+                assert!(vols[name].read_only, "{name} is always read-only");
+            }
+            assert!(!vols["scratch"].read_only);
+            let config = pod_dir.join("volumes/kubernetes.io~configmap/config");
+            assert_eq!(vols["config"].path, config);
+            assert_eq!(fs::read_to_string(config.join("app.conf")).unwrap(), "level=info");
+            assert_eq!(fs::read_to_string(config.join("conf.d/extra.conf")).unwrap(), "x");
+            assert_eq!(fs::read_link(config.join("conf.d")).unwrap(), PathBuf::from("..data/conf.d"));
+            let f = fs::metadata(config.join("app.conf")).unwrap();
+            assert_eq!((f.mode() & 0o7777, f.gid()), (0o640, 2000), "item mode 0600 plus fsGroup read");
+
+            let secret = pod_dir.join("volumes/kubernetes.io~secret/secret");
+            assert_eq!(fs::read_to_string(secret.join("password")).unwrap(), "s3cret");
+            assert_eq!(fs::metadata(secret.join("password")).unwrap().mode() & 0o7777, 0o440);
+            let mounts = mounts_under(&pod_dir);
+            let fstype = |p: &Path| mounts.iter().find(|m| m.0 == p).map(|m| m.1.clone());
+            assert_eq!(fstype(&secret).as_deref(), Some("tmpfs"), "secrets live on a tmpfs");
+            assert_eq!(fstype(&pod_dir.join("volumes/kubernetes.io~projected/all")).as_deref(), Some("tmpfs"));
+            assert_eq!(fstype(&config), None, "configMaps live on disk");
+
+            let info = pod_dir.join("volumes/kubernetes.io~downward-api/info");
+            assert_eq!(fs::read_to_string(info.join("labels")).unwrap(), "app=\"web\"\ntier=\"front\"");
+            let all = pod_dir.join("volumes/kubernetes.io~projected/all");
+            assert_eq!(fs::read_to_string(all.join("cfg")).unwrap(), "level=info");
+            assert_eq!(fs::read_to_string(all.join("password")).unwrap(), "s3cret");
+            assert_eq!(fs::read_to_string(all.join("name")).unwrap(), "web");
+
+            // subPath of a configMap key (a link into ..data, resolved inside the volume) and a
+            // subPathExpr on an emptyDir, created because it is missing.
+            let subs = &vols["config"].sub_paths;
+            assert_eq!(subs.len(), 1, "{subs:?}");
+            assert_eq!(subs[0].path, pod_dir.join("volume-subpaths/config/app/1"));
+            assert_eq!(fs::read_to_string(&subs[0].path).unwrap(), "level=info");
+            let scratch = &vols["scratch"].sub_paths[0];
+            assert_eq!((scratch.sub_path.as_str(), scratch.index), ("logs/web", 5));
+            fs::write(scratch.path.join("out.log"), "hello").unwrap();
+            assert_eq!(fs::read_to_string(pod_dir.join("volumes/kubernetes.io~empty-dir/scratch/logs/web/out.log")).unwrap(), "hello");
+
+            // Live update of the ConfigMap: the new content, atomically, event-driven.
+            let data_before = fs::read_link(config.join("..data")).unwrap();
+            let secret_before = fs::read_link(secret.join("..data")).unwrap();
+            write_manifest(&manifests, "objects.yaml", &OBJECTS.replace("level=info", "level=debug"));
+            let took = wait_for_file(&config.join("app.conf"), "level=debug", "configMap update").await;
+            wait_for_file(&all.join("cfg"), "level=debug", "projected update").await;
+            eprintln!("configMap update visible after {took:?}");
+            assert_ne!(fs::read_link(config.join("..data")).unwrap(), data_before);
+            assert_eq!(fs::read_link(secret.join("..data")).unwrap(), secret_before, "the unchanged secret was not rewritten");
+            assert_eq!(fs::read_to_string(&subs[0].path).unwrap(), "level=info", "a subPath keeps the file it was made from, as in the kubelet");
+            assert_eq!(payload_dirs(&config), 1, "the old payload is gone");
+
+            // Live update of the pod's labels.
+            write_manifest(&manifests, "pod.yaml", &pod_yaml("back"));
+            let took = wait_for_file(&info.join("tier"), "back", "label update").await;
+            eprintln!("label update visible after {took:?}");
+
+            // The pod goes away: subPath mounts first, then the volumes.
+            fs::remove_file(manifests.join("pod.yaml")).unwrap();
+            let start = Instant::now();
+            while pod_dir.exists() {
+                assert!(start.elapsed() < Duration::from_secs(20), "pod directory left: {:?}", mounts_under(&pod_dir));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(mounts_under(&m.config().root_dir).is_empty());
+            m.shutdown();
+        });
+    }
+}
+
+fn payload_dirs(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            kubevol_mount::atomic::is_payload_dir_name(
+                e.as_ref().unwrap().file_name().as_encoded_bytes(),
+            )
+        })
+        .count()
+}
+
+mount_test! {
+    fn missing_objects_fail_clearly_and_mount_when_they_appear() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| c.backoff.initial = Duration::from_secs(30));
+            let p = pod_with_volumes("waiting", json!([
+                {"name": "cfg", "configMap": {"name": "later"}},
+                {"name": "opt", "secret": {"secretName": "never", "optional": true}},
+                {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+            ]));
+            let uid = m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 10, |s| {
+                s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2
+                    && s.volumes.iter().any(|v| v.name == "opt" && v.state == kubevol::status::VolumePhase::Mounted)
+            })
+            .await;
+            let err = |n: &str| s.volumes.iter().find(|v| v.name == n).and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+            assert!(err("cfg").contains("configMap default/later not found; create it, or set optional: true"), "{s:#?}");
+            assert!(err("tok").contains("projected source serviceAccountToken (sources[0]) needs a Kubernetes API server"), "{s:#?}");
+            assert!(err("opt").is_empty(), "an optional missing secret is an empty volume");
+            let opt = &m.mounted_volumes_for_pod(&uid)["opt"].path;
+            assert!(fs::read_link(opt.join("..data")).is_ok(), "an empty payload is still written");
+
+            // The ConfigMap appears: retried at once, not after the 30 s backoff.
+            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata": {"name": "later", "namespace": "default"}, "data": {"k": "v"}})).unwrap();
+            let problems = m.store().upsert_objects([kubevol::store::Object::ConfigMap(cm)]);
+            assert!(problems.is_empty());
+            wait_for_status(&m, &p, 5, |s| s.volumes.iter().any(|v| v.name == "cfg" && v.state == kubevol::status::VolumePhase::Mounted)).await;
+            assert_eq!(fs::read_to_string(m.mounted_volumes_for_pod(&uid)["cfg"].path.join("k")).unwrap(), "v");
+
+            // An invalid Secret is reported, and a pod using it fails with the reason.
+            let bad: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({"metadata": {"name": "bad", "namespace": "default"}, "stringData": {"..x": "v"}})).unwrap();
+            let problems = m.store().upsert_objects([kubevol::store::Object::Secret(bad)]);
+            assert!(problems[0].contains("Secret default/bad is invalid") && problems[0].contains("data[..x]: Invalid value: \"..x\": must not start with '..'"), "{problems:?}");
+            let p2 = pod_with_volumes("uses-bad", json!([{"name": "s", "secret": {"secretName": "bad"}}]));
+            m.add_pod(p2.clone());
+            let s = wait_for_status(&m, &p2, 10, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("secret default/bad is invalid: library API: data[..x]"), "{e}");
+            m.remove_pod(&p);
+            m.remove_pod(&p2);
+            m.wait_for_unmount(&p).await.expect("unmounted");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn a_planted_data_link_is_refused_and_the_outside_untouched() {
+        let root = TestRoot::new();
+        let outside = root.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("canary"), "keep").unwrap();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let cm = |v: &str| -> kubevol::store::Object {
+                kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "default"}, "data": {"canary": v}})).unwrap())
+            };
+            m.store().upsert_objects([cm("one")]);
+            let p = pod_with_volumes("victim", json!([{"name": "cfg", "configMap": {"name": "c"}}]));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let vol = m.mounted_volumes_for_pod(&uid)["cfg"].path.clone();
+            let payload = vol.join(fs::read_link(vol.join("..data")).unwrap());
+            fs::remove_file(vol.join("..data")).unwrap();
+            std::os::unix::fs::symlink(&outside, vol.join("..data")).unwrap();
+            m.store().upsert_objects([cm("two")]);
+            let s = wait_for_status(&m, &p, 10, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("..data: points to") && e.contains("kubevol reads, writes and removes nothing through it: remove it"), "{e}");
+            assert_eq!(fs::read_to_string(outside.join("canary")).unwrap(), "keep");
+            assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+            assert!(payload.exists(), "the old payload is kept while ..data is not ours");
+            // Removing the planted link lets the next write converge.
+            fs::remove_file(vol.join("..data")).unwrap();
+            m.store().upsert_objects([cm("three")]);
+            wait_for_file(&vol.join("canary"), "three", "after the link is removed").await;
+            assert_eq!(fs::read_to_string(outside.join("canary")).unwrap(), "keep");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("unmounted");
+            assert!(outside.join("canary").exists());
+            m.shutdown();
+        });
+    }
+}
+
+/// A host directory with a real subdirectory and links that lead out of it.
+fn hostile_host_dir(root: &Path) -> (PathBuf, PathBuf) {
+    let host = root.join("host");
+    let outside = root.join("outside");
+    fs::create_dir_all(host.join("real")).unwrap();
+    fs::write(host.join("real/inside"), "inside").unwrap();
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("canary"), "keep").unwrap();
+    std::os::unix::fs::symlink("/", host.join("to-root")).unwrap();
+    std::os::unix::fs::symlink("../", host.join("to-parent")).unwrap();
+    std::os::unix::fs::symlink(outside.join("canary"), host.join("to-file")).unwrap();
+    std::os::unix::fs::symlink("real/../../outside", host.join("sneaky")).unwrap();
+    (host, outside)
+}
+
+mount_test! {
+    fn sub_paths_leading_out_of_the_volume_are_refused() {
+        let root = TestRoot::new();
+        let (host, outside) = hostile_host_dir(root.path());
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let mounts: Vec<serde_json::Value> = ["to-root", "to-parent", "to-file", "sneaky", "to-root/etc"]
+                .iter()
+                .enumerate()
+                .map(|(i, s)| json!({"name": "h", "mountPath": format!("/m{i}"), "subPath": s}))
+                .collect();
+            for (i, mount) in mounts.iter().enumerate() {
+                let p = common::pod(json!({
+                    "metadata": {"name": format!("hostile-{i}"), "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "volumeMounts": [mount]}],
+                             "volumes": [{"name": "h", "hostPath": {"path": host, "type": "Directory"}}]},
+                }));
+                m.add_pod(p.clone());
+                let s = wait_for_status(&m, &p, 10, |s| s.volumes[0].retry.last_error.is_some()).await;
+                let e = s.volumes[0].retry.last_error.clone().unwrap();
+                assert!(e.contains("leads outside the volume"), "{mount}: {e}");
+                assert!(e.contains("container \"c\", volumeMounts[0]: subPath"), "{e}");
+                m.remove_pod(&p);
+                m.wait_for_unmount(&p).await.expect("torn down");
+            }
+            assert_eq!(fs::read_to_string(outside.join("canary")).unwrap(), "keep");
+            assert!(mounts_under(root.path()).is_empty(), "{:?}", mounts_under(root.path()));
+            // A link that stays inside the volume is fine.
+            std::os::unix::fs::symlink("real", host.join("alias")).unwrap();
+            let p = common::pod(json!({
+                "metadata": {"name": "fine", "namespace": "default"},
+                "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "h", "mountPath": "/m", "subPath": "alias"}]}],
+                         "volumes": [{"name": "h", "hostPath": {"path": host, "type": "Directory"}}]},
+            }));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let sub = &m.mounted_volumes_for_pod(&uid)["h"].sub_paths[0];
+            assert_eq!(fs::read_to_string(sub.path.join("inside")).unwrap(), "inside");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("unmounted");
+            assert!(mounts_under(root.path()).is_empty());
+            assert!(host.join("real/inside").exists(), "teardown of a hostPath never removes host data");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn a_sub_path_swapped_with_a_link_in_a_tight_loop_never_mounts_outside() {
+        use kubevol_mount::{safe::Dir, subpath, LinuxMounter, Mounter};
+        let root = TestRoot::new();
+        let (host, _outside) = hostile_host_dir(root.path());
+        // `d` and `l` trade places as fast as the kernel allows: `d` is the real directory one
+        // moment and a link to / the next.
+        fs::rename(host.join("real"), host.join("d")).unwrap();
+        std::os::unix::fs::symlink("/", host.join("l")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = stop.clone();
+            let host = host.clone();
+            std::thread::spawn(move || {
+                let dir = Dir::open(&host).unwrap();
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    rustix::fs::renameat_with(dir.fd(), "d", dir.fd(), "l", rustix::fs::RenameFlags::EXCHANGE).unwrap();
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let volume = Dir::open(&host).unwrap();
+        let pod_dir = Dir::open(root.path()).unwrap();
+        let (mut mounted, mut refused) = (0, 0);
+        for i in 0..300 {
+            match subpath::bind_sub_path(&LinuxMounter, &volume, "d", &pod_dir, "v", "c", i) {
+                Ok(target) => {
+                    let names: Vec<String> = fs::read_dir(&target).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+                    assert_eq!(names, vec!["inside"], "attempt {i} mounted something else: {names:?}");
+                    LinuxMounter.unmount(&target).unwrap();
+                    mounted += 1;
+                }
+                Err(e @ kubevol_mount::MountError::Unsafe { .. }) => {
+                    assert!(e.to_string().contains("leads outside the volume"), "{e}");
+                    refused += 1;
+                }
+                // The target kind flips with the source (file vs directory) only if a previous
+                // attempt left a file; any other error is a failure.
+                Err(e) => panic!("attempt {i}: {e}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        eprintln!("{swaps} swaps: {mounted} mounts of the real directory, {refused} refusals");
+        assert!(mounted > 0 && refused > 0, "both outcomes seen ({mounted} mounted, {refused} refused)");
+        assert!(mounts_under(root.path()).is_empty());
+    }
+}
