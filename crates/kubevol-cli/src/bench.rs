@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Operations kubevol runs at once (default: the manager's default).
     #[arg(long)]
     concurrency: Option<usize>,
+    /// Benchmark content volumes instead: each pod gets a configMap (10 keys), a secret (3 keys)
+    /// and a projected volume (both plus the pod's name); reports ready and update latency.
+    #[arg(long)]
+    content: bool,
 }
 
 /// CPU seconds (user + system) of this process so far, from /proc/self/stat.
@@ -107,6 +111,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Runs the benchmark and prints its figures.
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.content {
+        return content::run(args);
+    }
     let total = args.pods * args.volumes;
     let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
     // A fresh tmpfs as the root of both runs: the measurement is kubevol's overhead over the same
@@ -222,4 +229,241 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
     LinuxMounter.unmount(tmp.path())?;
     Ok(ExitCode::SUCCESS)
+}
+
+mod content {
+    //! The content-volume benchmark: configMap, secret and projected volumes for N pods, then
+    //! one ConfigMap update that every pod's volumes must show.
+
+    use super::*;
+    use kubevol::store::Object;
+
+    const CONFIG_KEYS: usize = 10;
+    const SECRET_KEYS: usize = 3;
+    const VOLUMES: usize = 3;
+
+    fn value(version: u32, key: usize) -> String {
+        format!("value {version} of key {key}: {}", "x".repeat(64))
+    }
+
+    fn objects(version: u32) -> Vec<Object> {
+        let data: serde_json::Map<String, serde_json::Value> = (0..CONFIG_KEYS)
+            .map(|k| (format!("k{k}"), value(version, k).into()))
+            .collect();
+        let secret: serde_json::Map<String, serde_json::Value> = (0..SECRET_KEYS)
+            .map(|k| (format!("s{k}"), format!("secret {k}").into()))
+            .collect();
+        vec![
+            Object::ConfigMap(
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "config", "namespace": "bench"}, "data": data}))
+                    .expect("valid ConfigMap"),
+            ),
+            Object::Secret(
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "secret", "namespace": "bench"}, "stringData": secret}))
+                    .expect("valid Secret"),
+            ),
+        ]
+    }
+
+    fn pod(i: usize) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("bench-{i}"), "namespace": "bench"},
+            "spec": {
+                "containers": [{"name": "c", "volumeMounts": [
+                    {"name": "config", "mountPath": "/config"},
+                    {"name": "secret", "mountPath": "/secret"},
+                    {"name": "all", "mountPath": "/all"}]}],
+                "volumes": [
+                    {"name": "config", "configMap": {"name": "config"}},
+                    {"name": "secret", "secret": {"secretName": "secret"}},
+                    {"name": "all", "projected": {"sources": [
+                        {"configMap": {"name": "config"}},
+                        {"secret": {"name": "secret"}},
+                        {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}]}}],
+            },
+        }))
+        .expect("benchmark pod is valid")
+    }
+
+    /// Writes one volume the way the atomic writer lays it out, with plain syscalls.
+    fn raw_write(dir: &Path, version: u32, keys: &[(String, String)]) -> std::io::Result<()> {
+        let ts = dir.join(format!("..v{version}"));
+        std::fs::create_dir(&ts)?;
+        for (k, v) in keys {
+            std::fs::write(ts.join(k), v)?;
+        }
+        std::os::unix::fs::symlink(format!("..v{version}"), dir.join("..data_tmp"))?;
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data"))?;
+        if version == 1 {
+            for (k, _) in keys {
+                std::os::unix::fs::symlink(format!("..data/{k}"), dir.join(k))?;
+            }
+        } else {
+            std::fs::remove_dir_all(dir.join(format!("..v{}", version - 1)))?;
+        }
+        Ok(())
+    }
+
+    fn keys(version: u32, name: &str) -> [Vec<(String, String)>; 3] {
+        let config: Vec<(String, String)> = (0..CONFIG_KEYS)
+            .map(|k| (format!("k{k}"), value(version, k)))
+            .collect();
+        let secret: Vec<(String, String)> = (0..SECRET_KEYS)
+            .map(|k| (format!("s{k}"), format!("secret {k}")))
+            .collect();
+        let mut all = config.clone();
+        all.extend(secret.clone());
+        all.push(("name".into(), name.into()));
+        [config, secret, all]
+    }
+
+    /// The floor: the same directories, tmpfs mounts, files and links, made directly; then the
+    /// update of the configMap and projected volumes; then the tear-down.
+    fn raw_floor(dir: &Path, pods: usize) -> anyhow::Result<(Duration, Duration)> {
+        let m = LinuxMounter;
+        let t0 = Instant::now();
+        for i in 0..pods {
+            let sets = keys(1, &format!("bench-{i}"));
+            for (v, set) in sets.iter().enumerate() {
+                let p = dir.join(format!("{i}-{v}"));
+                std::fs::create_dir(&p)?;
+                if v > 0 {
+                    m.mount("tmpfs", &p, "tmpfs", &MountOptions::default())?;
+                }
+                raw_write(&p, 1, set)?;
+            }
+        }
+        let set_up = t0.elapsed();
+        let t1 = Instant::now();
+        for i in 0..pods {
+            let sets = keys(2, &format!("bench-{i}"));
+            for v in [0, 2] {
+                raw_write(&dir.join(format!("{i}-{v}")), 2, &sets[v])?;
+            }
+        }
+        let update = t1.elapsed();
+        for i in 0..pods {
+            for v in 0..VOLUMES {
+                let p = dir.join(format!("{i}-{v}"));
+                if v > 0 {
+                    m.unmount(&p)?;
+                }
+                std::fs::remove_dir_all(&p)?;
+            }
+        }
+        Ok((set_up, update))
+    }
+
+    pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+        let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
+        LinuxMounter
+            .mount("tmpfs", tmp.path(), "tmpfs", &MountOptions::default())
+            .context("mount the benchmark's tmpfs root")?;
+        let floor_dir = tmp.path().join("floor");
+        std::fs::create_dir(&floor_dir)?;
+        let total = args.pods * VOLUMES;
+        println!(
+            "kubevol bench --content: {} pods x (configMap {CONFIG_KEYS} keys, secret {SECRET_KEYS} keys, projected {} files) = {total} volumes",
+            args.pods,
+            CONFIG_KEYS + SECRET_KEYS + 1
+        );
+        let (floor_setup_a, floor_update_a) =
+            raw_floor(&floor_dir, args.pods).context("raw floor")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let root = tmp.path().join("root");
+        let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
+            let mut config = Config::new(&root, "bench-node");
+            config.wait_timeout = Duration::from_secs(600);
+            if let Some(c) = args.concurrency {
+                config.max_concurrent_operations = c;
+            }
+            let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+            let running = tokio::spawn({
+                let m = manager.clone();
+                async move { m.run().await }
+            });
+            manager.store().upsert_objects(objects(1));
+            let pods: Vec<Pod> = (0..args.pods).map(pod).collect();
+            let start = tokio::time::Instant::now();
+            let uids = manager.add_pods(pods.iter().cloned());
+            let mut waits = Vec::new();
+            for p in &pods {
+                let (m, p) = (manager.clone(), p.clone());
+                waits.push(tokio::spawn(async move {
+                    m.wait_for_attach_and_mount(&p)
+                        .await
+                        .map(|_| start.elapsed().as_secs_f64())
+                }));
+            }
+            let mut latencies = Vec::new();
+            for w in waits {
+                latencies.push(w.await??);
+            }
+            let ready_elapsed = start.elapsed();
+
+            // One ConfigMap update; every pod's configMap and projected volume must show it.
+            let files: Vec<std::path::PathBuf> = uids
+                .iter()
+                .flat_map(|u| {
+                    let vols = manager.mounted_volumes_for_pod(u);
+                    [vols["config"].path.join("k0"), vols["all"].path.join("k0")]
+                })
+                .collect();
+            let want = value(2, 0);
+            let t = tokio::time::Instant::now();
+            manager.store().upsert_objects(objects(2));
+            let mut pending: Vec<&std::path::PathBuf> = files.iter().collect();
+            let mut update_lat = Vec::new();
+            while !pending.is_empty() {
+                pending.retain(|f| {
+                    let done = std::fs::read_to_string(f).is_ok_and(|s| s == want);
+                    if done {
+                        update_lat.push(t.elapsed().as_secs_f64());
+                    }
+                    !done
+                });
+                anyhow::ensure!(t.elapsed() < Duration::from_secs(600), "update not seen");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let update_elapsed = t.elapsed();
+            manager.remove_pods(&pods);
+            manager.wait_for_all_pods_unmount(&pods).await?;
+            manager.shutdown();
+            let _ = running.await;
+            latencies.sort_by(|a, b| a.total_cmp(b));
+            update_lat.sort_by(|a, b| a.total_cmp(b));
+            anyhow::Ok((latencies, ready_elapsed, update_elapsed, update_lat))
+        })?;
+        let (floor_setup_b, floor_update_b) =
+            raw_floor(&floor_dir, args.pods).context("raw floor")?;
+        let floor_setup = (floor_setup_a + floor_setup_b) / 2;
+        let floor_update = (floor_update_a + floor_update_b) / 2;
+        let ms = |d: f64| d * 1e3;
+        println!();
+        println!("pod ready latency (all pods added at once, 3 content volumes each):");
+        println!(
+            "  p50 {:.1} ms   p99 {:.1} ms   all ready after {:.1} ms (raw floor {:.1} ms, ratio {:.2})",
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99)),
+            ms(ready_elapsed.as_secs_f64()),
+            ms(floor_setup.as_secs_f64()),
+            floor_setup.as_secs_f64() / ready_elapsed.as_secs_f64()
+        );
+        println!("ConfigMap update, {} volumes rewritten:", args.pods * 2);
+        println!(
+            "  p50 {:.1} ms   p99 {:.1} ms   all after {:.1} ms (raw floor {:.1} ms, ratio {:.2})",
+            ms(percentile(&update_lat, 0.5)),
+            ms(percentile(&update_lat, 0.99)),
+            ms(update_elapsed.as_secs_f64()),
+            ms(floor_update.as_secs_f64()),
+            floor_update.as_secs_f64() / update_elapsed.as_secs_f64()
+        );
+        println!("(ratio = raw floor time / kubevol time; 1.0 is the floor)");
+        println!("peak RSS: {:.1} MiB", peak_rss_mib());
+        LinuxMounter.unmount(tmp.path())?;
+        Ok(ExitCode::SUCCESS)
+    }
 }
