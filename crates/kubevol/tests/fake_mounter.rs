@@ -20,11 +20,23 @@ fn pod(name: &str) -> Pod {
 }
 
 fn start(root: &std::path::Path, fake: Arc<FakeMounter>) -> VolumeManager {
+    start_with_sources(root, fake, &[])
+}
+
+/// A running manager whose pod sources are registered before it starts, as a daemon does.
+fn start_with_sources(
+    root: &std::path::Path,
+    fake: Arc<FakeMounter>,
+    sources: &[&str],
+) -> VolumeManager {
     let mut c = Config::new(root, "n");
     c.backoff.initial = Duration::from_millis(5);
     c.backoff.max = Duration::from_millis(20);
     c.wait_timeout = Duration::from_secs(20);
     let m = VolumeManager::new(c, fake).unwrap();
+    for s in sources {
+        m.store().register_source(s);
+    }
     let r = m.clone();
     tokio::spawn(async move { r.run().await });
     m
@@ -93,8 +105,7 @@ fn rustix_errno_busy() -> kubevol_mount::Errno {
 async fn unmount_waits_until_sources_synced() {
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start(t.path(), fake.clone());
-    m.store().register_source("slow-source");
+    let m = start_with_sources(t.path(), fake.clone(), &["slow-source"]);
     let p = pod("gated");
     let uid = m.add_pod(p.clone());
     m.wait_for_attach_and_mount(&p)
