@@ -212,11 +212,11 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
         synced |= line.contains("reconciler states synced");
         serving |= line.contains("serving /healthz");
         mounted += usize::from(line.contains("SuccessfulMountVolume"));
-        if synced && serving && mounted == 7 {
+        if synced && serving && mounted == 12 {
             break;
         }
     }
-    assert!(synced && serving && mounted == 7, "daemon did not come up");
+    assert!(synced && serving && mounted == 12, "daemon did not come up");
 
     let table = status(&server, &[]);
     assert!(
@@ -232,7 +232,7 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     );
     let json: serde_json::Value = serde_json::from_str(&status(&server, &["-o", "json"])).unwrap();
     assert_eq!(json["states_synced"], true);
-    assert_eq!(json["pods"].as_array().unwrap().len(), 3);
+    assert_eq!(json["pods"].as_array().unwrap().len(), 4);
 
     let get = |path: &str| {
         let out = Command::new("bash")
@@ -242,10 +242,11 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let metrics = get("/metrics");
-    assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 4"), "{metrics}");
+    assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5"), "{metrics}");
+    assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1"), "{metrics}");
     assert!(metrics.contains("storage_operation_duration_seconds_bucket{le=\"0.1\",volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3"), "{metrics}");
     assert!(
-        metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 3"),
+        metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 4"),
         "{metrics}"
     );
     assert!(
