@@ -109,20 +109,70 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// A temporary directory with a fresh tmpfs on it, as the root of both kubevol's and the
+/// floor's runs: the measurement is kubevol's overhead over the same syscalls, not the state of
+/// the disk filesystem (ext4 slows down after many removals). Returns it and its `floor`
+/// directory; unmount it with [`LinuxMounter::unmount`] when done.
+fn bench_root() -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
+    let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
+    LinuxMounter
+        .mount("tmpfs", tmp.path(), "tmpfs", &MountOptions::default())
+        .context("mount the benchmark's tmpfs root")?;
+    let floor_dir = tmp.path().join("floor");
+    std::fs::create_dir(&floor_dir)?;
+    Ok((tmp, floor_dir))
+}
+
+/// A running manager on `root` with the benchmark's settings. Call inside the runtime.
+fn start_manager(
+    root: &Path,
+    args: &BenchArgs,
+) -> anyhow::Result<(VolumeManager, tokio::task::JoinHandle<()>)> {
+    let mut config = Config::new(root, "bench-node");
+    config.wait_timeout = Duration::from_secs(600);
+    if let Some(c) = args.concurrency {
+        config.max_concurrent_operations = c;
+    }
+    let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let running = tokio::spawn({
+        let m = manager.clone();
+        async move { m.run().await }
+    });
+    Ok((manager, running))
+}
+
+/// Adds all pods at once and waits for each to be ready. Returns their UIDs and their ready
+/// latencies in seconds, sorted.
+async fn add_and_wait(
+    manager: &VolumeManager,
+    pods: &[Pod],
+) -> anyhow::Result<(Vec<kubevol_core::PodUid>, Vec<f64>)> {
+    let start = tokio::time::Instant::now();
+    let uids = manager.add_pods(pods.iter().cloned());
+    let mut waits = Vec::new();
+    for p in pods {
+        let (m, p) = (manager.clone(), p.clone());
+        waits.push(tokio::spawn(async move {
+            m.wait_for_attach_and_mount(&p)
+                .await
+                .map(|_| start.elapsed().as_secs_f64())
+        }));
+    }
+    let mut latencies = Vec::new();
+    for w in waits {
+        latencies.push(w.await??);
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    Ok((uids, latencies))
+}
+
 /// Runs the benchmark and prints its figures.
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if args.content {
         return content::run(args);
     }
     let total = args.pods * args.volumes;
-    let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
-    // A fresh tmpfs as the root of both runs: the measurement is kubevol's overhead over the same
-    // syscalls, not the state of the disk filesystem (ext4 slows down after many removals).
-    LinuxMounter
-        .mount("tmpfs", tmp.path(), "tmpfs", &MountOptions::default())
-        .context("mount the benchmark's tmpfs root")?;
-    let floor_dir = tmp.path().join("floor");
-    std::fs::create_dir(&floor_dir)?;
+    let (tmp, floor_dir) = bench_root()?;
     println!(
         "kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts",
         args.pods, args.volumes
@@ -139,33 +189,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let root = tmp.path().join("root");
     let result = runtime.block_on(async {
-        let mut config = Config::new(&root, "bench-node");
-        config.wait_timeout = Duration::from_secs(600);
-        if let Some(c) = args.concurrency {
-            config.max_concurrent_operations = c;
-        }
-        let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
-        let running = tokio::spawn({
-            let m = manager.clone();
-            async move { m.run().await }
-        });
+        let (manager, running) = start_manager(&root, args)?;
         let pods: Vec<Pod> = (0..args.pods).map(|i| pod(i, args.volumes)).collect();
         let cpu_start = cpu_seconds();
         let start = tokio::time::Instant::now();
-        let mut waits = Vec::new();
-        manager.add_pods(pods.iter().cloned());
-        for p in &pods {
-            let (m, p) = (manager.clone(), p.clone());
-            waits.push(tokio::spawn(async move {
-                m.wait_for_attach_and_mount(&p)
-                    .await
-                    .map(|_| start.elapsed().as_secs_f64())
-            }));
-        }
-        let mut latencies = Vec::new();
-        for w in waits {
-            latencies.push(w.await??);
-        }
+        let (_, latencies) = add_and_wait(&manager, &pods).await?;
         let mount_elapsed = start.elapsed();
         let mount_cpu = cpu_seconds() - cpu_start;
 
@@ -181,7 +209,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let unmount_cpu = cpu_seconds() - cpu_unmount_start;
         manager.shutdown();
         let _ = running.await;
-        latencies.sort_by(|a, b| a.total_cmp(b));
         anyhow::Ok((
             latencies,
             mount_elapsed,
@@ -356,12 +383,7 @@ mod content {
     }
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
-        let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
-        LinuxMounter
-            .mount("tmpfs", tmp.path(), "tmpfs", &MountOptions::default())
-            .context("mount the benchmark's tmpfs root")?;
-        let floor_dir = tmp.path().join("floor");
-        std::fs::create_dir(&floor_dir)?;
+        let (tmp, floor_dir) = bench_root()?;
         let total = args.pods * VOLUMES;
         println!(
             "kubevol bench --content: {} pods x (configMap {CONFIG_KEYS} keys, secret {SECRET_KEYS} keys, projected {} files) = {total} volumes",
@@ -375,33 +397,11 @@ mod content {
             .build()?;
         let root = tmp.path().join("root");
         let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
-            let mut config = Config::new(&root, "bench-node");
-            config.wait_timeout = Duration::from_secs(600);
-            if let Some(c) = args.concurrency {
-                config.max_concurrent_operations = c;
-            }
-            let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
-            let running = tokio::spawn({
-                let m = manager.clone();
-                async move { m.run().await }
-            });
+            let (manager, running) = start_manager(&root, args)?;
             manager.store().upsert_objects(objects(1));
             let pods: Vec<Pod> = (0..args.pods).map(pod).collect();
             let start = tokio::time::Instant::now();
-            let uids = manager.add_pods(pods.iter().cloned());
-            let mut waits = Vec::new();
-            for p in &pods {
-                let (m, p) = (manager.clone(), p.clone());
-                waits.push(tokio::spawn(async move {
-                    m.wait_for_attach_and_mount(&p)
-                        .await
-                        .map(|_| start.elapsed().as_secs_f64())
-                }));
-            }
-            let mut latencies = Vec::new();
-            for w in waits {
-                latencies.push(w.await??);
-            }
+            let (uids, latencies) = add_and_wait(&manager, &pods).await?;
             let ready_elapsed = start.elapsed();
 
             // One ConfigMap update; every pod's configMap and projected volume must show it.
@@ -433,7 +433,6 @@ mod content {
             manager.wait_for_all_pods_unmount(&pods).await?;
             manager.shutdown();
             let _ = running.await;
-            latencies.sort_by(|a, b| a.total_cmp(b));
             update_lat.sort_by(|a, b| a.total_cmp(b));
             anyhow::Ok((latencies, ready_elapsed, update_elapsed, update_lat))
         })?;

@@ -310,95 +310,98 @@ pub fn pod_namespace(pod: &Pod) -> &str {
         .unwrap_or("default")
 }
 
-/// Computes the payload of a content volume, or `None` if the volume is not one.
-pub fn volume_payload(
-    pod: &Pod,
-    volume: &Volume,
-    objects: &dyn Objects,
-    node: &NodeAllocatable,
-) -> Option<Result<Payload, ProjectionError>> {
-    let ns = pod_namespace(pod);
-    let mut payload = Payload::new();
-    let result = if let Some(cm) = &volume.config_map {
-        let src = KeyedSource {
-            kind: ObjectKind::ConfigMap,
-            namespace: ns,
-            name: &cm.name,
-            items: cm.items.as_deref().unwrap_or_default(),
-            optional: cm.optional.unwrap_or(false),
-            default_mode: mode_of(cm.default_mode, DEFAULT_MODE),
-        };
-        project_source(&src, objects, &mut payload)
-    } else if let Some(s) = &volume.secret {
-        let src = KeyedSource {
-            kind: ObjectKind::Secret,
-            namespace: ns,
-            name: s.secret_name.as_deref().unwrap_or_default(),
-            items: s.items.as_deref().unwrap_or_default(),
-            optional: s.optional.unwrap_or(false),
-            default_mode: mode_of(s.default_mode, DEFAULT_MODE),
-        };
-        project_source(&src, objects, &mut payload)
-    } else if let Some(d) = &volume.downward_api {
-        let default_mode = mode_of(d.default_mode, DEFAULT_MODE);
-        project_downward(
-            pod,
-            "downwardAPI",
-            d.items.as_deref().unwrap_or_default(),
-            default_mode,
-            node,
-            &mut payload,
-        )
-    } else if let Some(p) = &volume.projected {
-        let default_mode = mode_of(p.default_mode, DEFAULT_MODE);
-        project_all(pod, p, default_mode, objects, node, &mut payload)
-    } else {
-        return None;
-    };
-    Some(result.map(|()| payload))
+/// One source of a content volume's files.
+enum Source<'a> {
+    /// Keys of a ConfigMap or Secret.
+    Keyed(KeyedSource<'a>),
+    /// Downward API items (`field` names them in errors).
+    Downward {
+        field: String,
+        items: &'a [DownwardAPIVolumeFile],
+        default_mode: u32,
+    },
+    /// A projected source that needs an API server.
+    NeedsCluster { kind: &'static str, index: usize },
 }
 
-fn project_all(
-    pod: &Pod,
-    p: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
-    default_mode: u32,
-    objects: &dyn Objects,
-    node: &NodeAllocatable,
-    payload: &mut Payload,
-) -> Result<(), ProjectionError> {
-    let ns = pod_namespace(pod);
+/// The sources of a content volume, in order, or `None` if the volume is not one. The payload,
+/// the referenced objects and the reads of pod fields all come from this one walk.
+fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
+    let namespace = pod_namespace(pod);
+    let keyed = |kind,
+                 name: &'a str,
+                 items: &'a Option<Vec<KeyToPath>>,
+                 optional: Option<bool>,
+                 default_mode| {
+        Source::Keyed(KeyedSource {
+            kind,
+            namespace,
+            name,
+            items: items.as_deref().unwrap_or_default(),
+            optional: optional.unwrap_or(false),
+            default_mode,
+        })
+    };
+    let downward = |field: String, items: &'a Option<Vec<DownwardAPIVolumeFile>>, default_mode| {
+        Source::Downward {
+            field,
+            items: items.as_deref().unwrap_or_default(),
+            default_mode,
+        }
+    };
+    if let Some(cm) = &volume.config_map {
+        let mode = mode_of(cm.default_mode, DEFAULT_MODE);
+        return Some(vec![keyed(
+            ObjectKind::ConfigMap,
+            &cm.name,
+            &cm.items,
+            cm.optional,
+            mode,
+        )]);
+    }
+    if let Some(s) = &volume.secret {
+        let mode = mode_of(s.default_mode, DEFAULT_MODE);
+        let name = s.secret_name.as_deref().unwrap_or_default();
+        return Some(vec![keyed(
+            ObjectKind::Secret,
+            name,
+            &s.items,
+            s.optional,
+            mode,
+        )]);
+    }
+    if let Some(d) = &volume.downward_api {
+        let mode = mode_of(d.default_mode, DEFAULT_MODE);
+        return Some(vec![downward("downwardAPI".into(), &d.items, mode)]);
+    }
+    let p = volume.projected.as_ref()?;
+    let mode = mode_of(p.default_mode, DEFAULT_MODE);
+    let mut out = Vec::new();
     for (index, s) in p.sources.iter().flatten().enumerate() {
-        if let Some(cm) = &s.config_map {
-            let src = KeyedSource {
-                kind: ObjectKind::ConfigMap,
-                namespace: ns,
-                name: &cm.name,
-                items: cm.items.as_deref().unwrap_or_default(),
-                optional: cm.optional.unwrap_or(false),
-                default_mode,
-            };
-            project_source(&src, objects, payload)?;
+        out.push(if let Some(cm) = &s.config_map {
+            keyed(
+                ObjectKind::ConfigMap,
+                &cm.name,
+                &cm.items,
+                cm.optional,
+                mode,
+            )
         } else if let Some(sec) = &s.secret {
-            let src = KeyedSource {
-                kind: ObjectKind::Secret,
-                namespace: ns,
-                name: &sec.name,
-                items: sec.items.as_deref().unwrap_or_default(),
-                optional: sec.optional.unwrap_or(false),
-                default_mode,
-            };
-            project_source(&src, objects, payload)?;
+            keyed(
+                ObjectKind::Secret,
+                &sec.name,
+                &sec.items,
+                sec.optional,
+                mode,
+            )
         } else if let Some(d) = &s.downward_api {
-            project_downward(
-                pod,
-                &format!("projected.sources[{index}].downwardAPI"),
-                d.items.as_deref().unwrap_or_default(),
-                default_mode,
-                node,
-                payload,
-            )?;
+            downward(
+                format!("projected.sources[{index}].downwardAPI"),
+                &d.items,
+                mode,
+            )
         } else {
-            let source = if s.service_account_token.is_some() {
+            let kind = if s.service_account_token.is_some() {
                 "serviceAccountToken"
             } else if s.cluster_trust_bundle.is_some() {
                 "clusterTrustBundle"
@@ -407,56 +410,60 @@ fn project_all(
             } else {
                 "(none)"
             };
-            return Err(ProjectionError::NeedsCluster {
-                kind: source,
-                index,
-            });
+            Source::NeedsCluster { kind, index }
+        });
+    }
+    Some(out)
+}
+
+/// Computes the payload of a content volume, or `None` if the volume is not one.
+pub fn volume_payload(
+    pod: &Pod,
+    volume: &Volume,
+    objects: &dyn Objects,
+    node: &NodeAllocatable,
+) -> Option<Result<Payload, ProjectionError>> {
+    let sources = sources(pod, volume)?;
+    Some(project(pod, sources, objects, node))
+}
+
+fn project(
+    pod: &Pod,
+    sources: Vec<Source<'_>>,
+    objects: &dyn Objects,
+    node: &NodeAllocatable,
+) -> Result<Payload, ProjectionError> {
+    let mut payload = Payload::new();
+    for source in sources {
+        match source {
+            Source::Keyed(src) => project_source(&src, objects, &mut payload)?,
+            Source::Downward {
+                field,
+                items,
+                default_mode,
+            } => project_downward(pod, &field, items, default_mode, node, &mut payload)?,
+            Source::NeedsCluster { kind, index } => {
+                return Err(ProjectionError::NeedsCluster { kind, index })
+            }
         }
     }
-    Ok(())
+    Ok(payload)
 }
 
 /// The objects a volume reads: a change to any of them rewrites the volume.
 pub fn referenced_objects(pod: &Pod, volume: &Volume) -> Vec<ObjectRef> {
-    let ns = pod_namespace(pod).to_string();
-    let r = |kind, name: &str| ObjectRef {
-        kind,
-        namespace: ns.clone(),
-        name: name.to_string(),
-    };
-    let mut out = Vec::new();
-    if let Some(cm) = &volume.config_map {
-        out.push(r(ObjectKind::ConfigMap, &cm.name));
-    }
-    if let Some(s) = &volume.secret {
-        out.push(r(
-            ObjectKind::Secret,
-            s.secret_name.as_deref().unwrap_or_default(),
-        ));
-    }
-    for s in volume
-        .projected
-        .iter()
-        .flat_map(|p| p.sources.iter().flatten())
-    {
-        if let Some(cm) = &s.config_map {
-            out.push(r(ObjectKind::ConfigMap, &cm.name));
-        }
-        if let Some(sec) = &s.secret {
-            out.push(r(ObjectKind::Secret, &sec.name));
-        }
-    }
-    out
-}
-
-/// Whether a volume's content depends on the pod's metadata (labels, annotations, name).
-pub fn reads_pod_fields(volume: &Volume) -> bool {
-    volume.downward_api.is_some()
-        || volume
-            .projected
-            .iter()
-            .flat_map(|p| p.sources.iter().flatten())
-            .any(|s| s.downward_api.is_some())
+    sources(pod, volume)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|s| match s {
+            Source::Keyed(k) => Some(ObjectRef {
+                kind: k.kind,
+                namespace: k.namespace.to_string(),
+                name: k.name.to_string(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 fn project_downward(
@@ -988,7 +995,6 @@ mod tests {
             ),
             (ObjectKind::Secret, "ns", "b")
         );
-        assert!(reads_pod_fields(&v));
     }
 
     #[test]

@@ -240,21 +240,27 @@ impl Dir {
         Ok((st.stx_dev_major, st.stx_dev_minor))
     }
 
+    /// Whether the entry `name` (not followed) is a mount root or lies on another device than
+    /// `dev`: a walk that must stay on one filesystem stops there.
+    fn leaves_filesystem(&self, name: &OsStr, dev: (u32, u32)) -> Result<bool, MountError> {
+        let st = rustix::fs::statx(
+            &self.fd,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::BASIC_STATS,
+        )
+        .map_err(io("statx", &self.child_path(name)))?;
+        let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+        Ok(mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev)
+    }
+
     /// Checks that nothing below this directory is a mount root or on another device.
     fn check_one_fs(&self, dev: (u32, u32)) -> Result<(), MountError> {
         for (name, ft) in self.entries()? {
             let name = OsStr::from_bytes(&name);
             let path = self.child_path(name);
-            let st = rustix::fs::statx(
-                &self.fd,
-                name,
-                AtFlags::SYMLINK_NOFOLLOW,
-                StatxFlags::BASIC_STATS,
-            )
-            .map_err(io("statx", &path))?;
-            let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-                && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-            if mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev {
+            if self.leaves_filesystem(name, dev)? {
                 return Err(MountError::NestedMount { path });
             }
             if ft == FileType::Directory {
@@ -322,16 +328,7 @@ impl Dir {
         for (name, ft) in self.entries()? {
             let name = OsStr::from_bytes(&name);
             let path = self.child_path(name);
-            let st = rustix::fs::statx(
-                &self.fd,
-                name,
-                AtFlags::SYMLINK_NOFOLLOW,
-                StatxFlags::BASIC_STATS,
-            )
-            .map_err(io("statx", &path))?;
-            let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-                && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-            if mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev {
+            if self.leaves_filesystem(name, dev)? {
                 continue;
             }
             match ft {

@@ -12,17 +12,20 @@ use kubevol_mount::MountError;
 
 type Files = BTreeMap<&'static str, (&'static str, u32)>;
 
-fn write(dir: &Path, files: &Files, own: Ownership) -> Result<Written, MountError> {
-    let d = Dir::open(dir).expect("open volume dir");
-    let entries: Vec<Entry<'_>> = files
+fn as_entries(files: &Files) -> Vec<Entry<'_>> {
+    files
         .iter()
         .map(|(p, (data, mode))| Entry {
             path: p,
             data: data.as_bytes(),
             mode: *mode,
         })
-        .collect();
-    atomic::write(&d, &entries, own, &mut |_| {})
+        .collect()
+}
+
+fn write(dir: &Path, files: &Files, own: Ownership) -> Result<Written, MountError> {
+    let d = Dir::open(dir).expect("open volume dir");
+    atomic::write(&d, &as_entries(files), own, &mut |_| {})
 }
 
 fn v1() -> Files {
@@ -282,14 +285,7 @@ fn crash_child() -> bool {
     let n: usize = n.parse().unwrap();
     let d = Dir::open(Path::new(&dir)).unwrap();
     let files = v2();
-    let entries: Vec<Entry<'_>> = files
-        .iter()
-        .map(|(p, (data, mode))| Entry {
-            path: p,
-            data: data.as_bytes(),
-            mode: *mode,
-        })
-        .collect();
+    let entries = as_entries(&files);
     let mut calls = 0;
     let mut hook = |_step: Step| {
         calls += 1;

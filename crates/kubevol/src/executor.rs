@@ -156,6 +156,16 @@ impl Executor {
             .cloned()
     }
 
+    /// Lets the keys `which` selects run again at once (something they were waiting for has
+    /// changed): their backoff is cleared, their last error stays until the next attempt.
+    pub fn retry_now(&self, which: impl Fn(&OperationKey) -> bool, now: Instant) {
+        let mut s = self.lock();
+        s.backoff.retain(|k, _| !which(k));
+        for (_, e) in s.errors.iter_mut().filter(|(k, _)| which(k)) {
+            e.retry_at = e.retry_at.min(now);
+        }
+    }
+
     /// Forgets errors and backoff of keys for which `keep` is false (their volume and pod are
     /// gone from both states of world).
     pub fn retain(&self, keep: impl Fn(&OperationKey) -> bool) {
@@ -207,6 +217,32 @@ mod tests {
         assert!(
             e.try_start(&key("w", Some("c")), now).is_ok(),
             "other volumes are unaffected"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_now_clears_backoff_and_keeps_the_last_error() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        let (a, b) = (key("v", Some("a")), key("v", Some("b")));
+        for k in [&a, &b] {
+            e.try_start(k, now).unwrap();
+            e.finish(k, Err("configMap default/x not found".into()), now);
+        }
+        assert!(matches!(
+            e.try_start(&a, now),
+            Err(NotStarted::BackingOff(_))
+        ));
+        e.retry_now(|k| k.pod.as_ref().is_some_and(|p| p.0 == "a"), now);
+        assert!(e.try_start(&a, now).is_ok(), "a may run at once");
+        assert_eq!(
+            e.last_error(&a).unwrap().message,
+            "configMap default/x not found"
+        );
+        assert_eq!(e.last_error(&a).unwrap().retry_at, now);
+        assert!(
+            matches!(e.try_start(&b, now), Err(NotStarted::BackingOff(_))),
+            "b still backs off"
         );
     }
 

@@ -150,7 +150,9 @@ pub(crate) fn sync(inner: &Inner, seen: &mut HashMap<PodUid, Seen>) -> bool {
         }
         if !same_objects {
             // An object appeared or changed: retry this pod's volumes now, not after backoff.
-            inner.executor.retain(|k| k.pod.as_ref() != Some(&uid));
+            inner
+                .executor
+                .retry_now(|k| k.pod.as_ref() == Some(&uid), Instant::now());
         }
         seen.insert(
             uid.clone(),

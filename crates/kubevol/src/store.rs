@@ -122,11 +122,9 @@ pub struct Stored<T> {
 }
 
 impl<T> Stored<T> {
-    fn new(object: T, origin: Origin, errors: &[kubevol_core::validation::FieldError]) -> Self {
-        let invalid = (!errors.is_empty()).then(|| {
-            let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            Arc::from(format!("{origin}: {}", list.join("; ")))
-        });
+    /// An object as stored; `errors` are its validation errors, already formatted.
+    fn new(object: T, origin: Origin, errors: Option<&str>) -> Self {
+        let invalid = errors.map(|list| Arc::from(format!("{origin}: {list}")));
         Stored {
             object: Arc::new(object),
             origin,
@@ -196,13 +194,21 @@ impl Objects {
     /// UID another origin already defines (not taken).
     fn insert(&mut self, origin: Origin, obj: Object) -> Result<(), String> {
         use kubevol_core::validation::{validate_config_map, validate_secret};
-        let invalid = |kind: &str, meta: &ObjectMeta, errs: &[FieldError]| {
-            let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        // The joined field errors (kept with the object) and the report for its origin.
+        let check = |kind: &str, meta: &ObjectMeta, errs: Vec<FieldError>| {
+            if errs.is_empty() {
+                return (None, Ok(()));
+            }
+            let list = errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
             let (ns, name) = ns_name(meta);
-            format!(
-                "{kind} {ns}/{name} is invalid and pods that use it will fail; fix these fields: {}",
-                list.join("; ")
-            )
+            let report = format!(
+                "{kind} {ns}/{name} is invalid and pods that use it will fail; fix these fields: {list}"
+            );
+            (Some(list), Err(report))
         };
         match obj {
             Object::Pod(pod) => {
@@ -225,34 +231,34 @@ impl Objects {
                 Ok(())
             }
             Object::ConfigMap(c) => {
-                let errs = validate_config_map(&c);
-                let report = (!errs.is_empty()).then(|| invalid("ConfigMap", &c.metadata, &errs));
+                let (list, report) = check("ConfigMap", &c.metadata, validate_config_map(&c));
+                let key = ns_name(&c.metadata);
                 self.config_maps
-                    .insert(ns_name(&c.metadata), Stored::new(c, origin, &errs));
-                report.map_or(Ok(()), Err)
+                    .insert(key, Stored::new(c, origin, list.as_deref()));
+                report
             }
             Object::Secret(x) => {
-                let errs = validate_secret(&x);
-                let report = (!errs.is_empty()).then(|| invalid("Secret", &x.metadata, &errs));
+                let (list, report) = check("Secret", &x.metadata, validate_secret(&x));
+                let key = ns_name(&x.metadata);
                 self.secrets
-                    .insert(ns_name(&x.metadata), Stored::new(x, origin, &errs));
-                report.map_or(Ok(()), Err)
+                    .insert(key, Stored::new(x, origin, list.as_deref()));
+                report
             }
             Object::PersistentVolume(pv) => {
                 let k = pv.metadata.name.clone().unwrap_or_default();
                 self.persistent_volumes
-                    .insert(k, Stored::new(pv, origin, &[]));
+                    .insert(k, Stored::new(pv, origin, None));
                 Ok(())
             }
             Object::PersistentVolumeClaim(c) => {
                 let k = ns_name(&c.metadata);
                 self.persistent_volume_claims
-                    .insert(k, Stored::new(c, origin, &[]));
+                    .insert(k, Stored::new(c, origin, None));
                 Ok(())
             }
             Object::CSIDriver(d) => {
                 let k = d.metadata.name.clone().unwrap_or_default();
-                self.csi_drivers.insert(k, Stored::new(d, origin, &[]));
+                self.csi_drivers.insert(k, Stored::new(d, origin, None));
                 Ok(())
             }
         }

@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, DownwardAPIVolumeFile, KeyToPath, Pod, Secret, Volume,
 };
 
-use super::{dns1123_label_error, dns1123_subdomain_error, err, invalid, FieldError};
+use super::{
+    dns1123_label_error, dns1123_subdomain_error, err, exactly_one, invalid, required, FieldError,
+};
 use super::{has_backsteps, FieldErrorKind};
 use crate::quantity::Quantity;
 
@@ -79,10 +81,7 @@ fn validate_object_meta(
     errs: &mut Vec<FieldError>,
 ) {
     match meta.name.as_deref() {
-        None | Some("") => errs.push(err(
-            "metadata.name",
-            FieldErrorKind::Required(String::new()),
-        )),
+        None | Some("") => errs.push(required("metadata.name")),
         Some(n) => {
             if let Some(d) = dns1123_subdomain_error(n) {
                 errs.push(invalid("metadata.name", n, d));
@@ -188,10 +187,7 @@ pub fn validate_secret(secret: &Secret) -> Vec<FieldError> {
     };
     let require = |k: &str, errs: &mut Vec<FieldError>| {
         if !has(k) {
-            errs.push(err(
-                format!("data[{k}]"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("data[{k}]")));
         }
     };
     let json = |k: &str, errs: &mut Vec<FieldError>| {
@@ -216,10 +212,7 @@ pub fn validate_secret(secret: &Secret) -> Vec<FieldError> {
                 .and_then(|a| a.get(ann))
                 .is_some_and(|n| !n.is_empty());
             if !named {
-                errs.push(err(
-                    format!("metadata.annotations[{ann}]"),
-                    FieldErrorKind::Required(String::new()),
-                ));
+                errs.push(required(format!("metadata.annotations[{ann}]")));
             }
         }
         "kubernetes.io/dockercfg" => json(".dockercfg", &mut errs),
@@ -334,7 +327,7 @@ fn check_mode(field: String, mode: Option<i32>, errs: &mut Vec<FieldError>) {
 
 fn check_item_path(field: &str, p: &str, errs: &mut Vec<FieldError>) {
     if p.is_empty() {
-        errs.push(err(field, FieldErrorKind::Required(String::new())));
+        errs.push(required(field));
     }
     for d in item_path_errors(p) {
         errs.push(invalid(field, p, d));
@@ -350,10 +343,7 @@ fn validate_key_to_paths<'a>(
     for (i, item) in items.iter().enumerate() {
         let f = format!("{field}.items[{i}]");
         if item.key.is_empty() {
-            errs.push(err(
-                format!("{f}.key"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{f}.key")));
         }
         check_item_path(&format!("{f}.path"), &item.path, errs);
         check_mode(format!("{f}.mode"), item.mode, errs);
@@ -442,9 +432,7 @@ fn validate_downward_items<'a>(
                         }
                     }
                     _ if DOWNWARD_FIELD_PATHS.contains(&r.field_path.as_str()) => {}
-                    _ if r.field_path.is_empty() => {
-                        errs.push(err(fp, FieldErrorKind::Required(String::new())))
-                    }
+                    _ if r.field_path.is_empty() => errs.push(required(fp)),
                     _ => errs.push(err(
                         fp,
                         FieldErrorKind::NotSupported {
@@ -457,10 +445,7 @@ fn validate_downward_items<'a>(
             (None, Some(r)) => {
                 let rf = format!("{f}.resourceFieldRef");
                 match r.container_name.as_deref().unwrap_or("") {
-                    "" => errs.push(err(
-                        format!("{rf}.containerName"),
-                        FieldErrorKind::Required(String::new()),
-                    )),
+                    "" => errs.push(required(format!("{rf}.containerName"))),
                     c if !containers.contains(c) => errs.push(err(
                         format!("{rf}.containerName"),
                         FieldErrorKind::NotFound(c.into()),
@@ -546,10 +531,7 @@ pub(crate) fn validate_content_source(
     if let Some(cm) = &v.config_map {
         let f = format!("{path}.configMap");
         if cm.name.is_empty() {
-            errs.push(err(
-                format!("{f}.name"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{f}.name")));
         }
         check_mode(format!("{f}.defaultMode"), cm.default_mode, errs);
         validate_key_to_paths(
@@ -562,10 +544,7 @@ pub(crate) fn validate_content_source(
     if let Some(s) = &v.secret {
         let f = format!("{path}.secret");
         if s.secret_name.as_deref().unwrap_or("").is_empty() {
-            errs.push(err(
-                format!("{f}.secretName"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{f}.secretName")));
         }
         check_mode(format!("{f}.defaultMode"), s.default_mode, errs);
         validate_key_to_paths(&f, s.items.as_deref().unwrap_or_default(), errs, &mut paths);
@@ -586,28 +565,17 @@ pub(crate) fn validate_content_source(
         check_mode(format!("{f}.defaultMode"), p.default_mode, errs);
         for (i, src) in p.sources.iter().flatten().enumerate() {
             let sf = format!("{f}.sources[{i}]");
-            let kinds = projection_kinds(src);
-            match kinds.len() {
-                0 => errs.push(err(
-                    &sf,
-                    FieldErrorKind::Required("must specify exactly one projection type".into()),
-                )),
-                1 => {}
-                _ => errs.push(err(
-                    &sf,
-                    FieldErrorKind::Forbidden(format!(
-                        "may not specify more than 1 projection type (found {})",
-                        kinds.join(", ")
-                    )),
-                )),
-            }
+            exactly_one(
+                &sf,
+                &projection_kinds(src),
+                "projection type",
+                "must specify exactly one projection type",
+                errs,
+            );
             if let Some(cm) = &src.config_map {
                 let f = format!("{sf}.configMap");
                 if cm.name.is_empty() {
-                    errs.push(err(
-                        format!("{f}.name"),
-                        FieldErrorKind::Required(String::new()),
-                    ));
+                    errs.push(required(format!("{f}.name")));
                 }
                 validate_key_to_paths(
                     &f,
@@ -619,10 +587,7 @@ pub(crate) fn validate_content_source(
             if let Some(s) = &src.secret {
                 let f = format!("{sf}.secret");
                 if s.name.is_empty() {
-                    errs.push(err(
-                        format!("{f}.name"),
-                        FieldErrorKind::Required(String::new()),
-                    ));
+                    errs.push(required(format!("{f}.name")));
                 }
                 validate_key_to_paths(&f, s.items.as_deref().unwrap_or_default(), errs, &mut paths);
             }
@@ -773,13 +738,18 @@ mod tests {
             ("projected bundle selector with name", json!({"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "x", "labelSelector": {}}}]}}), "labelSelector can only be used with signerName".into()),
             ("projected secret name", json!({"name": "v", "projected": {"sources": [{"secret": {"name": ""}}]}}), "projected.sources[0].secret.name: Required value".into()),
         ];
-        for (name, volume, want) in rows {
-            let got = errors(&pod_with(volume));
+        check_rows(rows, |v| errors(&pod_with(v.clone())));
+    }
+
+    /// Checks table rows (name, input, expected substring of the errors; "" means valid).
+    fn check_rows<T, W: AsRef<str>>(rows: Vec<(&str, T, W)>, errors: impl Fn(&T) -> String) {
+        for (name, input, want) in rows {
+            let (got, want) = (errors(&input), want.as_ref());
             if want.is_empty() {
                 assert!(got.is_empty(), "row {name:?}: expected valid, got:\n{got}");
             } else {
                 assert!(
-                    got.contains(&want),
+                    got.contains(want),
                     "row {name:?}: expected {want:?} in:\n{got}"
                 );
             }
@@ -809,17 +779,7 @@ mod tests {
             ("key in both", cm(json!({"metadata": {"name": "cm"}, "data": {"k": "x"}, "binaryData": {"k": "AA=="}})), "data[k]: Invalid value: \"k\": duplicate of key present in binaryData"),
             ("too big", cm(json!({"metadata": {"name": "cm"}, "data": {"a": "x".repeat(MAX_OBJECT_SIZE), "b": "y"}})), "data: Too long: may not be more than 1048576 bytes"),
         ];
-        for (name, obj, want) in rows {
-            let got = joined(validate_config_map(&obj));
-            if want.is_empty() {
-                assert!(got.is_empty(), "row {name:?}: {got}");
-            } else {
-                assert!(
-                    got.contains(want),
-                    "row {name:?}: expected {want:?} in:\n{got}"
-                );
-            }
-        }
+        check_rows(rows, |o| joined(validate_config_map(o)));
         let exact =
             cm(json!({"metadata": {"name": "cm"}, "data": {"a": "x".repeat(MAX_OBJECT_SIZE)}}));
         assert!(
@@ -899,17 +859,7 @@ mod tests {
                 "metadata.annotations[kubernetes.io/service-account.name]: Required value",
             ),
         ];
-        for (name, obj, want) in rows {
-            let got = joined(validate_secret(&obj));
-            if want.is_empty() {
-                assert!(got.is_empty(), "row {name:?}: {got}");
-            } else {
-                assert!(
-                    got.contains(want),
-                    "row {name:?}: expected {want:?} in:\n{got}"
-                );
-            }
-        }
+        check_rows(rows, |o| joined(validate_secret(o)));
         let merged = secret(
             json!({"metadata": {"name": "s"}, "data": {"k": "b2xk"}, "stringData": {"k": "new"}}),
         );

@@ -87,6 +87,28 @@ fn err(field: impl Into<String>, kind: FieldErrorKind) -> FieldError {
     }
 }
 
+fn required(field: impl Into<String>) -> FieldError {
+    err(field, FieldErrorKind::Required(String::new()))
+}
+
+/// Checks that exactly one of a union's members (`found`, by API name) is set: the API's
+/// "must specify a volume type" / "may not specify more than 1 volume type" pair, for volume
+/// sources and projections alike (`what` is "volume type" or "projection type"; `none` says
+/// what is missing when nothing is set).
+fn exactly_one(field: &str, found: &[&str], what: &str, none: &str, errs: &mut Vec<FieldError>) {
+    match found.len() {
+        0 => errs.push(err(field, FieldErrorKind::Required(none.into()))),
+        1 => {}
+        _ => errs.push(err(
+            field,
+            FieldErrorKind::Forbidden(format!(
+                "may not specify more than 1 {what} (found {})",
+                found.join(", ")
+            )),
+        )),
+    }
+}
+
 fn invalid(field: impl Into<String>, value: &str, detail: impl Into<String>) -> FieldError {
     err(
         field,
@@ -218,10 +240,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let meta = &pod.metadata;
     match meta.name.as_deref() {
-        None | Some("") => errs.push(err(
-            "metadata.name",
-            FieldErrorKind::Required(String::new()),
-        )),
+        None | Some("") => errs.push(required("metadata.name")),
         Some(n) => {
             if let Some(d) = dns1123_subdomain_error(n) {
                 errs.push(invalid("metadata.name", n, d));
@@ -243,7 +262,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         }
     }
     let Some(spec) = &pod.spec else {
-        errs.push(err("spec", FieldErrorKind::Required(String::new())));
+        errs.push(required("spec"));
         return errs;
     };
     let volumes = spec.volumes.as_deref().unwrap_or_default();
@@ -252,10 +271,7 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     for (i, v) in volumes.iter().enumerate() {
         let path = format!("spec.volumes[{i}]");
         if v.name.is_empty() {
-            errs.push(err(
-                format!("{path}.name"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{path}.name")));
         } else if let Some(d) = dns1123_label_error(&v.name) {
             errs.push(invalid(format!("{path}.name"), &v.name, d));
         } else if by_name.insert(&v.name, v).is_some() {
@@ -299,28 +315,17 @@ pub fn all_containers(pod: &Pod) -> Vec<(String, &Container)> {
 }
 
 fn validate_volume_source(v: &Volume, path: &str, errs: &mut Vec<FieldError>) {
-    let sources = volume_source_names(v);
-    match sources.len() {
-        0 => errs.push(err(
-            path,
-            FieldErrorKind::Required("must specify a volume type".into()),
-        )),
-        1 => {}
-        _ => errs.push(err(
-            path,
-            FieldErrorKind::Forbidden(format!(
-                "may not specify more than 1 volume type (found {})",
-                sources.join(", ")
-            )),
-        )),
-    }
+    exactly_one(
+        path,
+        &volume_source_names(v),
+        "volume type",
+        "must specify a volume type",
+        errs,
+    );
     if let Some(hp) = &v.host_path {
         let p = format!("{path}.hostPath");
         if hp.path.is_empty() {
-            errs.push(err(
-                format!("{p}.path"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{p}.path")));
         } else if !hp.path.starts_with('/') {
             errs.push(invalid(
                 format!("{p}.path"),
@@ -398,7 +403,7 @@ fn validate_container_mounts(
         let p = format!("{path}.volumeDevices[{i}]");
         match volumes.get(d.name.as_str()) {
             None if d.name.is_empty() => {
-                errs.push(err(format!("{p}.name"), FieldErrorKind::Required(String::new())))
+                errs.push(required(format!("{p}.name")))
             }
             None => errs.push(err(format!("{p}.name"), FieldErrorKind::NotFound(d.name.clone()))),
             Some(v) if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() => {
@@ -417,10 +422,7 @@ fn validate_container_mounts(
             ));
         }
         if d.device_path.is_empty() {
-            errs.push(err(
-                format!("{p}.devicePath"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{p}.devicePath")));
         } else if has_backsteps(&d.device_path) {
             errs.push(invalid(
                 format!("{p}.devicePath"),
@@ -442,10 +444,7 @@ fn validate_container_mounts(
     for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         let p = format!("{path}.volumeMounts[{i}]");
         if m.name.is_empty() {
-            errs.push(err(
-                format!("{p}.name"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{p}.name")));
         } else if !volumes.contains_key(m.name.as_str()) {
             errs.push(err(
                 format!("{p}.name"),
@@ -460,10 +459,7 @@ fn validate_container_mounts(
             ));
         }
         if m.mount_path.is_empty() {
-            errs.push(err(
-                format!("{p}.mountPath"),
-                FieldErrorKind::Required(String::new()),
-            ));
+            errs.push(required(format!("{p}.mountPath")));
         } else if !mount_paths.insert(m.mount_path.as_str()) {
             errs.push(invalid(
                 format!("{p}.mountPath"),

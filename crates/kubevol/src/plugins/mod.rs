@@ -74,9 +74,7 @@ impl PluginHost {
             .join(Self::pod_plugin_dir(pod, plugin))
             .join(volume)
     }
-}
 
-impl PluginHost {
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (mode 0777, parents 0750) and, when `fs` is
     /// given, mounts it there unless it is mounted already. Returns the path and the directory,
     /// opened after the mount (so it is the new filesystem's root).
