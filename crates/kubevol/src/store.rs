@@ -648,6 +648,41 @@ mod tests {
     }
 
     #[test]
+    fn an_invalid_config_map_is_kept_with_its_reason_and_reported_for_its_file() {
+        let store = ObjectStore::new();
+        let file = std::path::Path::new("/m/config.yaml");
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "app", "namespace": "prod"},
+            "data": {"ok": "1", "bad/key": "2"},
+        }))
+        .unwrap();
+        store.replace_file(file, vec![(2, Object::ConfigMap(cm))], Vec::new());
+        let errors = store.file_errors();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(
+            (errors[0].path.as_path(), errors[0].document),
+            (file, Some(2))
+        );
+        assert!(
+            errors[0].message.starts_with("ConfigMap prod/app is invalid and pods that use it will fail; fix these fields: data[bad/key]: Invalid value: \"bad/key\": a valid config key"),
+            "{}",
+            errors[0].message
+        );
+        let stored = store.config_map("prod", "app").expect("kept");
+        assert_eq!(
+            stored.invalid.as_deref().unwrap(),
+            format!(
+                "/m/config.yaml (document 2): {}",
+                errors[0]
+                    .message
+                    .split("fix these fields: ")
+                    .nth(1)
+                    .unwrap()
+            )
+        );
+    }
+
+    #[test]
     fn a_file_is_replaced_as_a_whole_and_duplicates_are_reported() {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");

@@ -152,6 +152,12 @@ mount_test! {
             assert_eq!(fs::read_to_string(&subs[0].path).unwrap(), "level=info", "a subPath keeps the file it was made from, as in the kubelet");
             assert_eq!(payload_dirs(&config), 1, "the old payload is gone");
 
+            // Live update of the Secret, on its tmpfs and in the projected volume.
+            write_manifest(&manifests, "objects.yaml", &OBJECTS.replace("level=info", "level=debug").replace("s3cret", "rotated"));
+            wait_for_file(&secret.join("password"), "rotated", "secret update").await;
+            wait_for_file(&all.join("password"), "rotated", "projected secret update").await;
+            assert_eq!(fs::read_to_string(config.join("app.conf")).unwrap(), "level=debug");
+
             // Live update of the pod's labels.
             write_manifest(&manifests, "pod.yaml", &pod_yaml("back"));
             let took = wait_for_file(&info.join("tier"), "back", "label update").await;
@@ -377,5 +383,55 @@ mount_test! {
         eprintln!("{swaps} swaps: {mounted} mounts of the real directory, {refused} refusals");
         assert!(mounted > 0 && refused > 0, "both outcomes seen ({mounted} mounted, {refused} refused)");
         assert!(mounts_under(root.path()).is_empty());
+    }
+}
+
+mount_test! {
+    fn fs_group_on_an_empty_dir_honours_the_policy_never_follows_links_or_leaves_the_filesystem() {
+        use kubevol_mount::safe::{Dir, FsGroupPolicy};
+        use kubevol_mount::{LinuxMounter, MountOptions, Mounter};
+        let root = TestRoot::new();
+        let outside = root.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("canary"), "keep").unwrap();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let mut p = pod_with_volumes("grouped", json!([{"name": "data", "emptyDir": {}}]));
+            p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 3000})).unwrap());
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let vol = m.mounted_volumes_for_pod(&uid)["data"].path.clone();
+            let st = fs::metadata(&vol).unwrap();
+            assert_eq!((st.gid(), st.mode() & 0o7777), (3000, 0o2777), "root: group, set-group-ID");
+
+            // What a pod might leave there: a file, a directory, a link out, a nested mount.
+            fs::create_dir(vol.join("dir")).unwrap();
+            fs::write(vol.join("dir/f"), "x").unwrap();
+            fs::set_permissions(vol.join("dir/f"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            // Made by another group than the set-group-ID root would give them.
+            std::os::unix::fs::chown(vol.join("dir"), None, Some(0)).unwrap();
+            std::os::unix::fs::chown(vol.join("dir/f"), None, Some(0)).unwrap();
+            fs::set_permissions(vol.join("dir"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            std::os::unix::fs::symlink(outside.join("canary"), vol.join("link")).unwrap();
+            fs::create_dir(vol.join("nested")).unwrap();
+            LinuxMounter.mount("tmpfs", &vol.join("nested"), "tmpfs", &MountOptions::default()).unwrap();
+            fs::write(vol.join("nested/other-fs"), "y").unwrap();
+
+            let dir = Dir::open(&vol).unwrap();
+            assert!(!dir.apply_fs_group(3000, false, FsGroupPolicy::OnRootMismatch).unwrap(), "root matches: nothing walked");
+            assert_eq!(fs::metadata(vol.join("dir/f")).unwrap().gid(), 0, "OnRootMismatch left the tree alone");
+            assert!(dir.apply_fs_group(3000, false, FsGroupPolicy::Always).unwrap());
+            let f = fs::metadata(vol.join("dir/f")).unwrap();
+            assert_eq!((f.gid(), f.mode() & 0o7777), (3000, 0o660), "group read/write added");
+            let d = fs::metadata(vol.join("dir")).unwrap();
+            assert_eq!((d.gid(), d.mode() & 0o2000), (3000, 0o2000));
+            let canary = fs::metadata(outside.join("canary")).unwrap();
+            assert_eq!((canary.gid(), canary.mode() & 0o7777), (0, 0o644), "the link was not followed");
+            assert_eq!(fs::metadata(vol.join("nested/other-fs")).unwrap().gid(), 0, "the nested filesystem was not entered");
+            LinuxMounter.unmount(&vol.join("nested")).unwrap();
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("unmounted");
+            m.shutdown();
+        });
     }
 }
