@@ -62,7 +62,9 @@ fn run_once_prints_what_was_mounted_where() {
             .find(|l| l.starts_with(pod) && l.split_whitespace().nth(1) == Some(vol))
             .copied()
     };
-    let cache = row("default/web", "cache").expect("cache row");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cache = row("default/web", "cache")
+        .unwrap_or_else(|| panic!("no cache row in\n{stdout}\n{stderr}"));
     assert!(
         cache.contains("emptyDir")
             && cache.contains("Mounted")

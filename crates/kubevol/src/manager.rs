@@ -686,6 +686,9 @@ impl VolumeManager {
 
     /// The whole status report.
     pub fn status(&self, with_events: bool) -> StatusReport {
+        // The flag first: once true, the desired state read below is complete. Read after the
+        // pods, it could pair a listing from before the first sync with "synced".
+        let states_synced = self.reconciler_states_synced();
         let mut uids: BTreeSet<PodUid> = self
             .inner
             .dsw()
@@ -702,7 +705,7 @@ impl VolumeManager {
         StatusReport {
             node_name: self.inner.config.node_name.clone(),
             root_dir: self.inner.config.root_dir.display().to_string(),
-            states_synced: self.reconciler_states_synced(),
+            states_synced,
             pods,
             manifest_errors: self
                 .inner
