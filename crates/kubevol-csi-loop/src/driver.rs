@@ -1,0 +1,958 @@
+//! The CSI services of kubevol-csi-loop: Identity, Controller and Node.
+//!
+//! A volume is a sparse file `<data-dir>/volumes/<id>.img`. ControllerPublishVolume attaches it
+//! to a loop device; NodeStageVolume formats the device (unless it holds a filesystem already)
+//! and mounts it at the staging path; NodePublishVolume bind-mounts the staging path (or, for
+//! block access, the device node) at the target. Every call is idempotent: repeating it after
+//! success, or after an interruption at any point, converges on the same state.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use kubevol_csi::registration::registration_server::Registration;
+use kubevol_csi::registration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use kubevol_csi::v1::controller_server::Controller;
+use kubevol_csi::v1::identity_server::Identity;
+use kubevol_csi::v1::node_server::Node;
+use kubevol_csi::v1::*;
+use sha2::{Digest, Sha256};
+use tonic::{Request, Response, Status};
+
+use crate::faults::Faults;
+use crate::sys;
+
+/// The size of a volume nobody gave a size: 100Mi.
+pub const DEFAULT_SIZE: i64 = 100 << 20;
+
+/// The volume context key that carries a volume's size (inline ephemeral volumes, and static
+/// PersistentVolumes whose backing file is made on first use).
+pub const SIZE_KEY: &str = "size";
+
+/// The volume context key the kubelet sets on inline ephemeral volumes.
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+/// The driver.
+pub struct Driver {
+    /// The driver's name.
+    pub name: String,
+    /// This node's ID.
+    pub node_id: String,
+    /// Where volumes live.
+    pub data_dir: PathBuf,
+    /// The driver's socket, reported through registration.
+    pub endpoint: PathBuf,
+    /// The CSI versions offered at registration.
+    pub registration_versions: Vec<String>,
+    /// Injected faults.
+    pub faults: Faults,
+    /// One JSON line per call, for tests and audits.
+    pub call_log: Option<Mutex<std::fs::File>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// The driver as its gRPC services see it.
+#[derive(Clone)]
+pub struct Svc(pub Arc<Driver>);
+
+impl std::ops::Deref for Svc {
+    type Target = Driver;
+    fn deref(&self) -> &Driver {
+        &self.0
+    }
+}
+
+/// What the driver remembers about a volume beside its image.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Meta {
+    /// Made by NodePublishVolume for an inline ephemeral volume, removed by its unpublish.
+    ephemeral: bool,
+}
+
+fn invalid(what: &str) -> Status {
+    Status::invalid_argument(format!("{what} is required"))
+}
+
+/// A volume ID is used as a file name: refuse anything that could name another file.
+fn check_id(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(invalid("volume_id"));
+    }
+    let ok = id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::not_found(format!(
+            "volume {id:?} does not exist: loop volume IDs are at most 128 characters of [A-Za-z0-9._-]"
+        )))
+    }
+}
+
+/// Parses a size: bytes, or a quantity with a binary (Ki, Mi, Gi, Ti) or decimal (k, M, G, T)
+/// suffix.
+pub fn parse_size(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: i64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} is not a number of bytes or a quantity like 100Mi"))?;
+    let mul: i64 = match unit {
+        "" => 1,
+        "k" => 1000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return Err(format!("size {s:?}: unknown unit {unit:?}")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn internal(e: String) -> Status {
+    Status::internal(e)
+}
+
+fn is_block(cap: &VolumeCapability) -> bool {
+    matches!(
+        cap.access_type,
+        Some(volume_capability::AccessType::Block(_))
+    )
+}
+
+fn mount_of(cap: &VolumeCapability) -> (String, Vec<String>) {
+    match &cap.access_type {
+        Some(volume_capability::AccessType::Mount(m)) => (
+            if m.fs_type.is_empty() {
+                "ext4".into()
+            } else {
+                m.fs_type.clone()
+            },
+            m.mount_flags.clone(),
+        ),
+        _ => ("ext4".into(), Vec::new()),
+    }
+}
+
+impl Driver {
+    /// A driver.
+    pub fn new(
+        name: String,
+        node_id: String,
+        data_dir: PathBuf,
+        endpoint: PathBuf,
+        faults: Faults,
+        call_log: Option<std::fs::File>,
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(data_dir.join("volumes"))?;
+        Ok(Driver {
+            name,
+            node_id,
+            data_dir,
+            endpoint,
+            registration_versions: kubevol_csi::SUPPORTED_VERSIONS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            faults,
+            call_log: call_log.map(Mutex::new),
+            locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn log(&self, method: &str, volume: &str, path: &str, code: tonic::Code) {
+        tracing::info!(method, volume, path, code = ?code, "call");
+        if let Some(f) = &self.call_log {
+            let line = serde_json::json!({
+                "method": method,
+                "volume_id": volume,
+                "path": path,
+                "code": format!("{code:?}"),
+            });
+            let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(f, "{line}");
+        }
+    }
+
+    /// Runs one call: injected faults first, then the work under the volume's lock, off the
+    /// async threads; then the injected delay.
+    async fn call<T, F>(
+        &self,
+        method: &str,
+        volume: &str,
+        path: &str,
+        work: F,
+    ) -> Result<Response<T>, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, Status> + Send + 'static,
+    {
+        if let Some(code) = self.faults.take(method) {
+            self.log(method, volume, path, code);
+            return Err(Status::new(code, format!("{method}: injected fault")));
+        }
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            locks.entry(volume.to_string()).or_default().clone()
+        };
+        let result = {
+            let _held = lock.lock().await;
+            tokio::task::spawn_blocking(work)
+                .await
+                .unwrap_or_else(|e| Err(Status::internal(format!("{method} task failed: {e}"))))
+        };
+        if let Some(d) = self.faults.delay(method) {
+            tokio::time::sleep(d).await;
+        }
+        self.log(
+            method,
+            volume,
+            path,
+            result
+                .as_ref()
+                .map_or_else(|s| s.code(), |_| tonic::Code::Ok),
+        );
+        result.map(Response::new)
+    }
+
+    fn image(&self, id: &str) -> PathBuf {
+        sys::image(&self.data_dir, id)
+    }
+}
+
+fn meta_path(image: &Path) -> PathBuf {
+    image.with_extension("json")
+}
+
+fn read_meta(image: &Path) -> Meta {
+    std::fs::read(meta_path(image))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_meta(image: &Path, meta: &Meta) -> Result<(), Status> {
+    let tmp = image.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(meta).unwrap_or_default())
+        .and_then(|_| std::fs::rename(&tmp, meta_path(image)))
+        .map_err(|e| Status::internal(format!("cannot record volume metadata: {e}")))
+}
+
+/// Makes the sparse file for a volume of `size` bytes unless it exists.
+fn create_image(image: &Path, size: i64) -> Result<i64, Status> {
+    match std::fs::metadata(image) {
+        Ok(m) => Ok(m.len() as i64),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = image.with_extension("img.tmp");
+            let f = std::fs::File::create(&tmp)
+                .map_err(|e| internal(format!("create {}: {e}", tmp.display())))?;
+            f.set_len(size as u64)
+                .map_err(|e| internal(format!("size {}: {e}", tmp.display())))?;
+            f.sync_all()
+                .map_err(|e| internal(format!("sync {}: {e}", tmp.display())))?;
+            std::fs::rename(&tmp, image)
+                .map_err(|e| internal(format!("rename {}: {e}", image.display())))?;
+            Ok(size)
+        }
+        Err(e) => Err(internal(format!("{}: {e}", image.display()))),
+    }
+}
+
+/// The image of an existing volume, or of one made now from the context's `size`.
+fn existing_or_sized(
+    image: &Path,
+    id: &str,
+    context: &HashMap<String, String>,
+) -> Result<(), Status> {
+    if image.exists() {
+        return Ok(());
+    }
+    match context.get(SIZE_KEY) {
+        Some(s) => create_image(image, parse_size(s).map_err(Status::invalid_argument)?).map(drop),
+        None => Err(Status::not_found(format!(
+            "volume {id} does not exist (no {} and no {SIZE_KEY:?} in its volume attributes)",
+            image.display()
+        ))),
+    }
+}
+
+/// The device a staged or published volume uses: the attach's, or attached now.
+fn device(image: &Path, publish_context: &HashMap<String, String>) -> Result<String, Status> {
+    let attached = sys::loops_of(image).map_err(internal)?;
+    if let Some(dev) = publish_context.get("devicePath") {
+        if attached.contains(dev) {
+            return Ok(dev.clone());
+        }
+    }
+    sys::attach(image).map_err(internal)
+}
+
+#[tonic::async_trait]
+impl Identity for Svc {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        let name = self.name.clone();
+        self.call("GetPluginInfo", "", "", move || {
+            Ok(GetPluginInfoResponse {
+                name,
+                vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+                manifest: HashMap::new(),
+            })
+        })
+        .await
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        use plugin_capability::{service, volume_expansion, Service, Type, VolumeExpansion};
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities: vec![
+                PluginCapability {
+                    r#type: Some(Type::Service(Service {
+                        r#type: service::Type::ControllerService as i32,
+                    })),
+                },
+                PluginCapability {
+                    r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                        r#type: volume_expansion::Type::Online as i32,
+                    })),
+                },
+            ],
+        }))
+    }
+
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        self.call("Probe", "", "", || Ok(ProbeResponse { ready: Some(true) }))
+            .await
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for Svc {
+    async fn create_volume(
+        &self,
+        req: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        let r = req.into_inner();
+        if r.name.is_empty() {
+            return Err(invalid("name"));
+        }
+        if r.volume_capabilities.is_empty() {
+            return Err(invalid("volume_capabilities"));
+        }
+        let id = if check_id(&r.name).is_ok() && r.name.len() <= 64 {
+            r.name.clone()
+        } else {
+            let h = Sha256::digest(r.name.as_bytes());
+            format!(
+                "loop-{}",
+                h.iter()
+                    .take(10)
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            )
+        };
+        let range = r.capacity_range.unwrap_or_default();
+        let (want, limit) = (range.required_bytes, range.limit_bytes);
+        if want < 0 || limit < 0 || (limit > 0 && want > limit) {
+            return Err(Status::out_of_range(format!(
+                "capacity range {want}..{limit} is not valid"
+            )));
+        }
+        let size = if want > 0 {
+            want
+        } else if limit > 0 {
+            limit.min(DEFAULT_SIZE)
+        } else {
+            DEFAULT_SIZE
+        };
+        let image = self.image(&id);
+        self.call("CreateVolume", &id.clone(), "", move || {
+            let have = create_image(&image, size)?;
+            if have < want || (limit > 0 && have > limit) {
+                return Err(Status::already_exists(format!(
+                    "volume {id} exists with {have} bytes, outside the requested range {want}..{limit}"
+                )));
+            }
+            Ok(CreateVolumeResponse {
+                volume: Some(Volume {
+                    capacity_bytes: have,
+                    volume_id: id,
+                    volume_context: HashMap::new(),
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        let r = req.into_inner();
+        if r.volume_id.is_empty() {
+            return Err(invalid("volume_id"));
+        }
+        if check_id(&r.volume_id).is_err() {
+            // A volume that cannot exist is deleted already.
+            return Ok(Response::new(DeleteVolumeResponse {}));
+        }
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        self.call("DeleteVolume", &r.volume_id, "", move || {
+            if !image.exists() {
+                return Ok(DeleteVolumeResponse {});
+            }
+            if !sys::loops_of(&image).map_err(internal)?.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "volume {id} is attached to a loop device"
+                )));
+            }
+            std::fs::remove_file(&image)
+                .map_err(|e| internal(format!("remove {}: {e}", image.display())))?;
+            let _ = std::fs::remove_file(meta_path(&image));
+            Ok(DeleteVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        req: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.node_id.is_empty() {
+            return Err(invalid("node_id"));
+        }
+        if r.volume_capability.is_none() {
+            return Err(invalid("volume_capability"));
+        }
+        if r.node_id != self.node_id {
+            return Err(Status::not_found(format!(
+                "node {:?} is not this driver's node {:?}",
+                r.node_id, self.node_id
+            )));
+        }
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        self.call("ControllerPublishVolume", &r.volume_id, "", move || {
+            existing_or_sized(&image, &id, &r.volume_context)?;
+            let dev = sys::attach(&image).map_err(internal)?;
+            Ok(ControllerPublishVolumeResponse {
+                publish_context: HashMap::from([("devicePath".to_string(), dev)]),
+            })
+        })
+        .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        req: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        if r.volume_id.is_empty() {
+            return Err(invalid("volume_id"));
+        }
+        if check_id(&r.volume_id).is_err() {
+            return Ok(Response::new(ControllerUnpublishVolumeResponse {}));
+        }
+        let image = self.image(&r.volume_id);
+        self.call("ControllerUnpublishVolume", &r.volume_id, "", move || {
+            if image.exists() {
+                sys::detach(&image).map_err(internal)?;
+            }
+            Ok(ControllerUnpublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        use volume_capability::access_mode::Mode;
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.volume_capabilities.is_empty() {
+            return Err(invalid("volume_capabilities"));
+        }
+        if !self.image(&r.volume_id).exists() {
+            return Err(Status::not_found(format!(
+                "volume {} does not exist",
+                r.volume_id
+            )));
+        }
+        let node_local = r.volume_capabilities.iter().all(|c| {
+            let mode = c.access_mode.as_ref().map_or(0, |m| m.mode);
+            [
+                Mode::SingleNodeWriter,
+                Mode::SingleNodeReaderOnly,
+                Mode::SingleNodeSingleWriter,
+                Mode::SingleNodeMultiWriter,
+            ]
+            .iter()
+            .any(|m| *m as i32 == mode)
+        });
+        Ok(Response::new(if node_local {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                    volume_context: r.volume_context,
+                    volume_capabilities: r.volume_capabilities,
+                    parameters: r.parameters,
+                }),
+                message: String::new(),
+            }
+        } else {
+            ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: "a loop volume is on one node: only single-node access modes".into(),
+            }
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        use controller_service_capability::{rpc, Rpc, Type};
+        let cap = |t: rpc::Type| ControllerServiceCapability {
+            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+        };
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities: vec![
+                cap(rpc::Type::CreateDeleteVolume),
+                cap(rpc::Type::PublishUnpublishVolume),
+                cap(rpc::Type::ExpandVolume),
+            ],
+        }))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        let want = r.capacity_range.map_or(0, |c| c.required_bytes);
+        let node = r.volume_capability.as_ref().is_none_or(|c| !is_block(c));
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        self.call("ControllerExpandVolume", &r.volume_id, "", move || {
+            let have = grow_image(&image, &id, want)?;
+            Ok(ControllerExpandVolumeResponse {
+                capacity_bytes: have,
+                node_expansion_required: node,
+            })
+        })
+        .await
+    }
+}
+
+/// Grows a volume's image to `want` bytes (never shrinks) and tells its loop devices.
+fn grow_image(image: &Path, id: &str, want: i64) -> Result<i64, Status> {
+    let m = std::fs::metadata(image)
+        .map_err(|_| Status::not_found(format!("volume {id} does not exist")))?;
+    let have = m.len() as i64;
+    if want <= have {
+        return Ok(have);
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .map_err(|e| internal(format!("open {}: {e}", image.display())))?;
+    f.set_len(want as u64)
+        .map_err(|e| internal(format!("grow {}: {e}", image.display())))?;
+    f.sync_all()
+        .map_err(|e| internal(format!("sync {}: {e}", image.display())))?;
+    for dev in sys::loops_of(image).map_err(internal)? {
+        sys::run("losetup", &["--set-capacity", &dev]).map_err(internal)?;
+    }
+    Ok(want)
+}
+
+#[tonic::async_trait]
+impl Node for Svc {
+    async fn node_stage_volume(
+        &self,
+        req: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.staging_target_path.is_empty() {
+            return Err(invalid("staging_target_path"));
+        }
+        let Some(cap) = r.volume_capability.clone() else {
+            return Err(invalid("volume_capability"));
+        };
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        let staging = PathBuf::from(&r.staging_target_path);
+        self.call(
+            "NodeStageVolume",
+            &r.volume_id,
+            &r.staging_target_path,
+            move || {
+                existing_or_sized(&image, &id, &r.volume_context)?;
+                let dev = device(&image, &r.publish_context)?;
+                if is_block(&cap) {
+                    // A block volume is used raw: staging only makes sure the device exists.
+                    return Ok(NodeStageVolumeResponse {});
+                }
+                let (fs, flags) = mount_of(&cap);
+                match sys::mounted_at(&staging).map_err(internal)? {
+                    Some(src) if src == dev => return Ok(NodeStageVolumeResponse {}),
+                    Some(src) => {
+                        return Err(Status::already_exists(format!(
+                            "{} has {src} mounted, not {dev}",
+                            staging.display()
+                        )))
+                    }
+                    None => {}
+                }
+                std::fs::create_dir_all(&staging)
+                    .map_err(|e| internal(format!("{}: {e}", staging.display())))?;
+                sys::ensure_formatted(&dev, &fs).map_err(internal)?;
+                sys::mount_fs(&dev, &staging, &fs, &flags, false).map_err(internal)?;
+                Ok(NodeStageVolumeResponse {})
+            },
+        )
+        .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        req: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let r = req.into_inner();
+        if r.volume_id.is_empty() {
+            return Err(invalid("volume_id"));
+        }
+        if r.staging_target_path.is_empty() {
+            return Err(invalid("staging_target_path"));
+        }
+        let staging = PathBuf::from(&r.staging_target_path);
+        self.call(
+            "NodeUnstageVolume",
+            &r.volume_id,
+            &r.staging_target_path,
+            move || {
+                sys::unmount_all(&staging).map_err(internal)?;
+                Ok(NodeUnstageVolumeResponse {})
+            },
+        )
+        .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        req: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.target_path.is_empty() {
+            return Err(invalid("target_path"));
+        }
+        let Some(cap) = r.volume_capability.clone() else {
+            return Err(invalid("volume_capability"));
+        };
+        let image = self.image(&r.volume_id);
+        let target = PathBuf::from(&r.target_path);
+        let id = r.volume_id.clone();
+        self.call(
+            "NodePublishVolume",
+            &r.volume_id,
+            &r.target_path,
+            move || {
+                let ephemeral =
+                    r.volume_context.get(EPHEMERAL_KEY).map(String::as_str) == Some("true");
+                if sys::mounted_at(&target).map_err(internal)?.is_some() {
+                    return Ok(NodePublishVolumeResponse {});
+                }
+                if ephemeral {
+                    let size = match r.volume_context.get(SIZE_KEY) {
+                        Some(s) => parse_size(s).map_err(Status::invalid_argument)?,
+                        None => DEFAULT_SIZE,
+                    };
+                    write_meta(&image, &Meta { ephemeral: true })?;
+                    create_image(&image, size)?;
+                    let dev = sys::attach(&image).map_err(internal)?;
+                    let (fs, flags) = mount_of(&cap);
+                    sys::ensure_formatted(&dev, &fs).map_err(internal)?;
+                    std::fs::create_dir_all(&target)
+                        .map_err(|e| internal(format!("{}: {e}", target.display())))?;
+                    return sys::mount_fs(&dev, &target, &fs, &flags, r.readonly)
+                        .map(|_| NodePublishVolumeResponse {})
+                        .map_err(internal);
+                }
+                if is_block(&cap) {
+                    existing_or_sized(&image, &id, &r.volume_context)?;
+                    let dev = device(&image, &r.publish_context)?;
+                    if !target.exists() {
+                        std::fs::File::create(&target)
+                            .map_err(|e| internal(format!("{}: {e}", target.display())))?;
+                    }
+                    return sys::bind(Path::new(&dev), &target, r.readonly)
+                        .map(|_| NodePublishVolumeResponse {})
+                        .map_err(internal);
+                }
+                if r.staging_target_path.is_empty() {
+                    return Err(invalid("staging_target_path"));
+                }
+                let staging = PathBuf::from(&r.staging_target_path);
+                if sys::mounted_at(&staging).map_err(internal)?.is_none() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {id} is not staged at {}",
+                        staging.display()
+                    )));
+                }
+                std::fs::create_dir_all(&target)
+                    .map_err(|e| internal(format!("{}: {e}", target.display())))?;
+                sys::bind(&staging, &target, r.readonly).map_err(internal)?;
+                Ok(NodePublishVolumeResponse {})
+            },
+        )
+        .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let r = req.into_inner();
+        if r.volume_id.is_empty() {
+            return Err(invalid("volume_id"));
+        }
+        if r.target_path.is_empty() {
+            return Err(invalid("target_path"));
+        }
+        let target = PathBuf::from(&r.target_path);
+        let image = check_id(&r.volume_id)
+            .ok()
+            .map(|_| self.image(&r.volume_id));
+        self.call(
+            "NodeUnpublishVolume",
+            &r.volume_id,
+            &r.target_path,
+            move || {
+                sys::unmount_all(&target).map_err(internal)?;
+                sys::remove_target(&target).map_err(internal)?;
+                if let Some(image) = image.filter(|i| read_meta(i).ephemeral) {
+                    sys::detach(&image).map_err(internal)?;
+                    match std::fs::remove_file(&image) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(internal(format!("remove {}: {e}", image.display()))),
+                    }
+                    let _ = std::fs::remove_file(meta_path(&image));
+                }
+                Ok(NodeUnpublishVolumeResponse {})
+            },
+        )
+        .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.volume_path.is_empty() {
+            return Err(invalid("volume_path"));
+        }
+        let path = PathBuf::from(&r.volume_path);
+        let image = self.image(&r.volume_id);
+        self.call(
+            "NodeGetVolumeStats",
+            &r.volume_id,
+            &r.volume_path,
+            move || {
+                let meta = std::fs::metadata(&path)
+                    .map_err(|_| Status::not_found(format!("{} does not exist", path.display())))?;
+                if !meta.is_dir() {
+                    let dev = sys::loops_of(&image).map_err(internal)?.into_iter().next();
+                    let total = match dev {
+                        Some(d) => sys::device_size(&d).map_err(internal)?,
+                        None => std::fs::metadata(&image)
+                            .map(|m| m.len() as i64)
+                            .unwrap_or(0),
+                    };
+                    return Ok(NodeGetVolumeStatsResponse {
+                        usage: vec![VolumeUsage {
+                            available: 0,
+                            total,
+                            used: 0,
+                            unit: volume_usage::Unit::Bytes as i32,
+                        }],
+                        volume_condition: None,
+                    });
+                }
+                let [total, avail, used, itotal, ifree, iused] =
+                    sys::usage(&path).map_err(internal)?;
+                Ok(NodeGetVolumeStatsResponse {
+                    usage: vec![
+                        VolumeUsage {
+                            available: avail,
+                            total,
+                            used,
+                            unit: volume_usage::Unit::Bytes as i32,
+                        },
+                        VolumeUsage {
+                            available: ifree,
+                            total: itotal,
+                            used: iused,
+                            unit: volume_usage::Unit::Inodes as i32,
+                        },
+                    ],
+                    volume_condition: None,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        req: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        if r.volume_path.is_empty() {
+            return Err(invalid("volume_path"));
+        }
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        let path = PathBuf::from(&r.volume_path);
+        let want = r.capacity_range.map_or(0, |c| c.required_bytes);
+        let block = r.volume_capability.as_ref().is_some_and(is_block);
+        self.call(
+            "NodeExpandVolume",
+            &r.volume_id,
+            &r.volume_path,
+            move || {
+                // Standalone nodes have no controller-side resizer: the node grows the file too.
+                grow_image(&image, &id, want)?;
+                let dev = sys::loops_of(&image)
+                    .map_err(internal)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| {
+                        Status::failed_precondition(format!("volume {id} is not attached"))
+                    })?;
+                if !block {
+                    sys::grow_fs(&dev, &path).map_err(internal)?;
+                }
+                Ok(NodeExpandVolumeResponse {
+                    capacity_bytes: sys::device_size(&dev).map_err(internal)?,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        use node_service_capability::{rpc, Rpc, Type};
+        let cap = |t: rpc::Type| NodeServiceCapability {
+            r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
+        };
+        self.call("NodeGetCapabilities", "", "", move || {
+            Ok(NodeGetCapabilitiesResponse {
+                capabilities: vec![
+                    cap(rpc::Type::StageUnstageVolume),
+                    cap(rpc::Type::GetVolumeStats),
+                    cap(rpc::Type::ExpandVolume),
+                ],
+            })
+        })
+        .await
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        let node_id = self.node_id.clone();
+        self.call("NodeGetInfo", "", "", move || {
+            Ok(NodeGetInfoResponse {
+                node_id,
+                max_volumes_per_node: 0,
+                accessible_topology: None,
+            })
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Svc {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: "CSIPlugin".into(),
+            name: self.name.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: self.registration_versions.clone(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let r = req.into_inner();
+        if r.plugin_registered {
+            tracing::info!(driver = %self.name, "registered with the node agent");
+            self.log("NotifyRegistrationStatus", "", "", tonic::Code::Ok);
+        } else {
+            tracing::error!(driver = %self.name, error = %r.error, "the node agent refused the registration");
+            self.log(
+                "NotifyRegistrationStatus",
+                "",
+                &r.error,
+                tonic::Code::FailedPrecondition,
+            );
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("100Mi").unwrap(), 100 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("1.5Gi").is_err());
+        assert!(parse_size("10Xi").is_err());
+        assert!(parse_size("99999999999999Ti").is_err());
+    }
+
+    #[test]
+    fn ids_cannot_name_other_files() {
+        assert!(check_id("pv-data.1").is_ok());
+        for bad in ["", "..", "../x", "a/b", ".hidden", &"x".repeat(129)] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! `kubevol-csi-loop`: a CSI driver (Identity, Controller and Node services) whose volumes are
+//! sparse files attached to loop devices. It needs root, util-linux and e2fsprogs.
+
+mod driver;
+mod faults;
+mod sys;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use kubevol_csi::registration::registration_server::RegistrationServer;
+use kubevol_csi::v1::controller_server::ControllerServer;
+use kubevol_csi::v1::identity_server::IdentityServer;
+use kubevol_csi::v1::node_server::NodeServer;
+
+/// A CSI driver whose volumes are sparse files on loop devices.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Where to serve CSI: unix:///path.sock.
+    #[arg(long)]
+    endpoint: String,
+    /// Where volumes (sparse files) are kept.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// This node's ID (NodeGetInfo; ControllerPublishVolume accepts only this node).
+    #[arg(long)]
+    node_id: String,
+    /// The driver's name.
+    #[arg(long, default_value = "loop.csi.kubevol.io")]
+    driver_name: String,
+    /// Register with a node agent: serve the registration API on
+    /// DIR/<driver-name>-reg.sock (DIR is the agent's plugins_registry directory).
+    #[arg(long, value_name = "DIR")]
+    registration_dir: Option<PathBuf>,
+    /// The CSI versions offered at registration (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1.0.0")]
+    registration_versions: Vec<String>,
+    /// Fail the next COUNT calls of METHOD (all, without COUNT) with a gRPC code, e.g.
+    /// NodeStageVolume:UNAVAILABLE:2. Repeatable.
+    #[arg(long, value_name = "METHOD:CODE[:COUNT]")]
+    inject: Vec<faults::Inject>,
+    /// Make every call of METHOD take MS milliseconds more (after its work). Repeatable.
+    #[arg(long, value_name = "METHOD:MS")]
+    delay: Vec<faults::Delay>,
+    /// Append one JSON line per call (method, volume_id, path, code) to this file.
+    #[arg(long)]
+    call_log: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let socket = kubevol_csi::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
+    let call_log = args
+        .call_log
+        .as_ref()
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+        })
+        .transpose()
+        .context("cannot open the call log")?;
+    let mut driver = driver::Driver::new(
+        args.driver_name.clone(),
+        args.node_id.clone(),
+        args.data_dir.clone(),
+        socket.clone(),
+        faults::Faults::new(args.inject, args.delay),
+        call_log,
+    )
+    .with_context(|| format!("cannot use data directory {}", args.data_dir.display()))?;
+    driver.registration_versions = args.registration_versions;
+    let driver = Arc::new(driver);
+
+    let incoming = kubevol_csi::bind(&socket)
+        .with_context(|| format!("cannot listen on {}", socket.display()))?;
+    let csi = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(driver::Svc(driver.clone())))
+        .add_service(ControllerServer::new(driver::Svc(driver.clone())))
+        .add_service(NodeServer::new(driver::Svc(driver.clone())))
+        .serve_with_incoming_shutdown(incoming, shutdown());
+    tracing::info!(driver = %args.driver_name, endpoint = %socket.display(), node = %args.node_id, "serving CSI");
+
+    let reg_socket = args
+        .registration_dir
+        .as_ref()
+        .map(|d| d.join(format!("{}-reg.sock", args.driver_name)));
+    let registration = async {
+        let Some(path) = &reg_socket else {
+            return Ok(());
+        };
+        let incoming = kubevol_csi::bind(path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        tracing::info!(socket = %path.display(), "serving plugin registration");
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(driver::Svc(driver.clone())))
+            .serve_with_incoming_shutdown(incoming, shutdown())
+            .await
+            .context("registration server failed")
+    };
+    let (a, b) = tokio::join!(
+        async { csi.await.context("CSI server failed") },
+        registration
+    );
+    // Going away: the sockets go too, so the node agent deregisters the driver.
+    let _ = std::fs::remove_file(&socket);
+    if let Some(p) = reg_socket {
+        let _ = std::fs::remove_file(p);
+    }
+    a.and(b)
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

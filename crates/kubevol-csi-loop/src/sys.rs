@@ -1,0 +1,237 @@
+//! What the driver does to the node: sparse files, loop devices, filesystems, mounts.
+//!
+//! Loop devices and filesystems are handled by util-linux and e2fsprogs (`losetup`, `blkid`,
+//! `mkfs.<type>`, `resize2fs`), as CSI drivers do; mounts are made with mount(2) directly.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+/// Runs a command; its stderr is the error.
+pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The loop devices backed by `file`.
+pub fn loops_of(file: &Path) -> Result<Vec<String>, String> {
+    let out = run("losetup", &["--associated", &file.to_string_lossy()])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split(':').next())
+        .map(str::to_string)
+        .collect())
+}
+
+/// The loop device backed by `file`, attached if there is none.
+pub fn attach(file: &Path) -> Result<String, String> {
+    if let Some(dev) = loops_of(file)?.into_iter().next() {
+        return Ok(dev);
+    }
+    run("losetup", &["--find", "--show", &file.to_string_lossy()])
+}
+
+/// Detaches every loop device backed by `file`.
+pub fn detach(file: &Path) -> Result<(), String> {
+    for dev in loops_of(file)? {
+        run("losetup", &["--detach", &dev])?;
+    }
+    Ok(())
+}
+
+/// The filesystem type on a device, if it has one.
+pub fn fs_type(device: &str) -> Result<Option<String>, String> {
+    let out = Command::new("blkid")
+        .args(["-p", "-s", "TYPE", "-o", "value", device])
+        .output()
+        .map_err(|e| format!("cannot run blkid: {e}"))?;
+    match out.status.code() {
+        Some(0) => {
+            let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            Ok((!t.is_empty()).then_some(t))
+        }
+        // 2: nothing recognised on the device.
+        Some(2) => Ok(None),
+        _ => Err(format!(
+            "blkid {device}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+/// Formats `device` with `fs` unless it already has a filesystem, which must then be `fs`.
+pub fn ensure_formatted(device: &str, fs: &str) -> Result<(), String> {
+    match fs_type(device)? {
+        Some(existing) if existing == fs => Ok(()),
+        Some(existing) => Err(format!(
+            "{device} already holds a {existing} filesystem, not {fs}; it is not reformatted"
+        )),
+        None => {
+            let mkfs = format!("mkfs.{fs}");
+            let mut args = vec![device];
+            if fs.starts_with("ext") {
+                // No lazy init: the format is complete when mkfs returns.
+                args = vec![
+                    "-q",
+                    "-F",
+                    "-E",
+                    "lazy_itable_init=0,lazy_journal_init=0",
+                    device,
+                ];
+            }
+            run(&mkfs, &args).map(drop)
+        }
+    }
+}
+
+/// Grows the filesystem on `device` to fill it.
+pub fn grow_fs(device: &str, mount_point: &Path) -> Result<(), String> {
+    match fs_type(device)?.as_deref() {
+        Some(t) if t.starts_with("ext") => run("resize2fs", &[device]).map(drop),
+        Some("xfs") => run("xfs_growfs", &[&mount_point.to_string_lossy()]).map(drop),
+        Some(other) => Err(format!("cannot grow a {other} filesystem")),
+        None => Ok(()),
+    }
+}
+
+/// Unescapes a mountinfo path field (`\040` for a space, ...).
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The source device of the mount at `path`, if `path` is a mount point.
+pub fn mounted_at(path: &Path) -> Result<Option<String>, String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read mountinfo: {e}"))?;
+    let want = path.to_string_lossy();
+    let mut found = None;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 10 || unescape(fields[4]) != want {
+            continue;
+        }
+        let sep = fields
+            .iter()
+            .position(|f| *f == "-")
+            .unwrap_or(fields.len());
+        found = Some(fields.get(sep + 2).map(|s| unescape(s)).unwrap_or_default());
+    }
+    Ok(found)
+}
+
+/// Mounts `device` (a filesystem of type `fs`) at `target`.
+pub fn mount_fs(
+    device: &str,
+    target: &Path,
+    fs: &str,
+    options: &[String],
+    ro: bool,
+) -> Result<(), String> {
+    let mut flags = MountFlags::empty();
+    let mut data = Vec::new();
+    for o in options {
+        match o.as_str() {
+            "ro" => flags |= MountFlags::RDONLY,
+            "rw" | "defaults" => {}
+            "noexec" => flags |= MountFlags::NOEXEC,
+            "nosuid" => flags |= MountFlags::NOSUID,
+            "nodev" => flags |= MountFlags::NODEV,
+            "noatime" => flags |= MountFlags::NOATIME,
+            "sync" => flags |= MountFlags::SYNCHRONOUS,
+            other => data.push(other),
+        }
+    }
+    if ro {
+        flags |= MountFlags::RDONLY;
+    }
+    let data = std::ffi::CString::new(data.join(","))
+        .map_err(|_| "mount options contain a NUL byte".to_string())?;
+    rustix::mount::mount(device, target, fs, flags, Some(data.as_c_str()))
+        .map_err(|e| format!("mount {device} on {}: {e}", target.display()))
+}
+
+/// Bind-mounts `source` at `target`, read-only when asked.
+pub fn bind(source: &Path, target: &Path, ro: bool) -> Result<(), String> {
+    rustix::mount::mount_bind(source, target)
+        .map_err(|e| format!("bind {} on {}: {e}", source.display(), target.display()))?;
+    // A private mount: nothing mounted later under the source leaks into the pod.
+    let _ = rustix::mount::mount_change(target, MountPropagationFlags::PRIVATE);
+    if ro {
+        rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "")
+            .map_err(|e| format!("remount {} read-only: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// Unmounts every mount stacked at `target` (nothing if it is not a mount point).
+pub fn unmount_all(target: &Path) -> Result<(), String> {
+    while mounted_at(target)?.is_some() {
+        rustix::mount::unmount(target, UnmountFlags::empty())
+            .map_err(|e| format!("unmount {}: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// Removes a target path (directory or file) if it exists and nothing is mounted on it.
+pub fn remove_target(target: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(target) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("{}: {e}", target.display())),
+        Ok(m) if m.is_dir() => {
+            std::fs::remove_dir(target).map_err(|e| format!("rmdir {}: {e}", target.display()))
+        }
+        Ok(_) => {
+            std::fs::remove_file(target).map_err(|e| format!("remove {}: {e}", target.display()))
+        }
+    }
+}
+
+/// statvfs of a mounted volume: (bytes total, available, used, inodes total, free, used).
+pub fn usage(path: &Path) -> Result<[i64; 6], String> {
+    let s = rustix::fs::statvfs(path).map_err(|e| format!("statvfs {}: {e}", path.display()))?;
+    let f = s.f_frsize as i64;
+    let total = s.f_blocks as i64 * f;
+    let avail = s.f_bavail as i64 * f;
+    let used = (s.f_blocks as i64 - s.f_bfree as i64) * f;
+    let itotal = s.f_files as i64;
+    let ifree = s.f_ffree as i64;
+    Ok([total, avail, used, itotal, ifree, itotal - ifree])
+}
+
+/// A device's size in bytes.
+pub fn device_size(device: &str) -> Result<i64, String> {
+    run("blockdev", &["--getsize64", device])?
+        .parse()
+        .map_err(|e| format!("blockdev {device}: {e}"))
+}
+
+/// Where a volume's backing file lives.
+pub fn image(data_dir: &Path, id: &str) -> PathBuf {
+    data_dir.join("volumes").join(format!("{id}.img"))
+}
