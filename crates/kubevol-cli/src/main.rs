@@ -38,7 +38,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Mount what the pods in a manifest directory need, and keep it so.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show the pods and volumes of a running daemon.
     Status(StatusArgs),
     /// Measure pod volume-ready latency and throughput against the raw mount syscalls.
@@ -77,6 +77,30 @@ struct RunArgs {
     /// Safety-net resync of the reconciler (it is otherwise driven by events).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     resync_period: Duration,
+    /// A CSI node plugin started without a registrar: NAME=unix:///path.sock (repeatable).
+    /// Drivers with a registration socket in <root-dir>/plugins_registry need no flag.
+    #[arg(long = "csi-driver", value_name = "NAME=ENDPOINT", value_parser = parse_endpoint)]
+    csi_drivers: Vec<(String, PathBuf)>,
+    /// A CSI controller service for attach and detach: NAME=unix:///path.sock (repeatable).
+    #[arg(long = "csi-controller", value_name = "NAME=ENDPOINT", value_parser = parse_endpoint)]
+    csi_controllers: Vec<(String, PathBuf)>,
+    /// How long one CSI call may take before it counts as DeadlineExceeded.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    csi_timeout: Duration,
+    /// How often volume usage (kubelet_volume_stats_*) is gathered.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    volume_stats_period: Duration,
+}
+
+/// Parses NAME=unix:///path.sock.
+fn parse_endpoint(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, endpoint) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: write NAME=unix:///path/to/csi.sock"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: the driver name is empty"));
+    }
+    Ok((name.to_string(), kubevol_csi::socket_path(endpoint)?))
 }
 
 #[derive(clap::Args)]
@@ -168,7 +192,7 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Run(args) => runtime.block_on(run(*args)),
         Command::Status(args) => status(args),
         Command::Bench(_) => unreachable!("handled above"),
     };
@@ -211,6 +235,10 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     config.resync_period = args.resync_period;
     config.host_path_allow = args.host_path_allow.clone();
+    config.csi_drivers = args.csi_drivers.clone();
+    config.csi_controllers = args.csi_controllers.clone();
+    config.csi_timeout = args.csi_timeout;
+    config.volume_stats_period = args.volume_stats_period;
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
         .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
     let source =
@@ -290,10 +318,13 @@ async fn settle(manager: &VolumeManager, timeout: Duration) -> StatusReport {
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let body = client::get(&args.server, "/api/v1/pods")?;
+    let drivers = client::get(&args.server, "/api/v1/drivers")?;
     if args.output == Some(Output::Json) {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
     }
+    let drivers: Vec<serde_json::Value> = serde_json::from_str(&drivers)
+        .context("the server's answer is not a list of CSI drivers")?;
     let report: StatusReport = serde_json::from_str(&body)
         .context("the server's answer is not a kubevol status report")?;
     table::print_report(
@@ -301,6 +332,7 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         args.output == Some(Output::Wide),
         &mut std::io::stdout(),
     )?;
+    table::print_drivers(&drivers, &mut std::io::stdout())?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -105,3 +105,60 @@ pub fn print_report(
     }
     Ok(())
 }
+
+/// Prints the CSI drivers (nothing when there are none).
+pub fn print_drivers(drivers: &[serde_json::Value], out: &mut impl Write) -> std::io::Result<()> {
+    if drivers.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    let mut rows: Vec<[String; 5]> = vec![[
+        "CSI DRIVER".into(),
+        "NODE ID".into(),
+        "CAPABILITIES".into(),
+        "ENDPOINT".into(),
+        "HEALTH".into(),
+    ]];
+    for d in drivers {
+        let s = |k: &str| d[k].as_str().unwrap_or_default().to_string();
+        let caps: Vec<String> = d["capabilities"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(_, v)| v.as_bool() == Some(true))
+                    .map(|(k, _)| k.to_ascii_uppercase())
+                    .collect()
+            })
+            .unwrap_or_default();
+        rows.push([
+            s("name"),
+            s("node_id"),
+            if caps.is_empty() {
+                "-".into()
+            } else {
+                caps.join(",")
+            },
+            s("endpoint"),
+            s("health"),
+        ]);
+    }
+    let widths: Vec<usize> = (0..4)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    for r in &rows {
+        writeln!(
+            out,
+            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        )?;
+    }
+    Ok(())
+}

@@ -205,6 +205,7 @@ mod tests {
                 ..Default::default()
             },
             persistent_volume: None,
+            block: false,
         })
     }
 
@@ -359,12 +360,18 @@ mod tests {
             plan(&dsw, &asw, true),
             vec![Operation::Attach { volume: vol("v1") }]
         );
-        asw.mark_attached(&vol("v1"), &t, Some("/dev/x".into()));
+        asw.mark_attached(&vol("v1"), &t, BTreeMap::new(), spec("v1"));
         assert_eq!(
             plan(&dsw, &asw, true),
             vec![Operation::MountDevice { volume: vol("v1") }]
         );
-        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, Some("/g".into()));
+        asw.mark_device_state(
+            &vol("v1"),
+            &t,
+            DeviceMountState::Mounted,
+            Some("/g".into()),
+            spec("v1"),
+        );
         assert!(matches!(
             plan(&dsw, &asw, true)[..],
             [Operation::MountVolume { .. }]
@@ -376,8 +383,14 @@ mod tests {
         let t = traits(true, true);
         let dsw = DesiredState::default();
         let mut asw = ActualState::default();
-        asw.mark_attached(&vol("v1"), &t, None);
-        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Uncertain, None);
+        asw.mark_attached(&vol("v1"), &t, BTreeMap::new(), spec("v1"));
+        asw.mark_device_state(
+            &vol("v1"),
+            &t,
+            DeviceMountState::Uncertain,
+            None,
+            spec("v1"),
+        );
         asw.mark_pod_volume(
             &vol("v1"),
             &t,
@@ -393,7 +406,13 @@ mod tests {
             plan(&dsw, &asw, true),
             vec![Operation::UnmountDevice { volume: vol("v1") }]
         );
-        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::NotMounted, None);
+        asw.mark_device_state(
+            &vol("v1"),
+            &t,
+            DeviceMountState::NotMounted,
+            None,
+            spec("v1"),
+        );
         assert_eq!(
             plan(&dsw, &asw, true),
             vec![Operation::Detach { volume: vol("v1") }]
@@ -413,7 +432,7 @@ mod tests {
             BTreeMap::new(),
         );
         let mut asw = ActualState::default();
-        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, None);
+        asw.mark_device_state(&vol("v1"), &t, DeviceMountState::Mounted, None, spec("v1"));
         asw.mark_pod_volume(
             &vol("v1"),
             &t,

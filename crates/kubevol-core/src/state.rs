@@ -23,6 +23,8 @@ pub struct VolumeSpec {
     pub volume: Volume,
     /// The PersistentVolume a claim resolved to, for `persistentVolumeClaim` volumes.
     pub persistent_volume: Option<Arc<PersistentVolume>>,
+    /// Whether the pod uses the volume as a raw block device (`volumeDevices`).
+    pub block: bool,
 }
 
 /// Static facts about a volume, decided by its plugin.
@@ -256,8 +258,11 @@ pub struct ActualVolume {
     pub traits: VolumeTraits,
     /// Whether it is attached (always true for volumes that need no attach once known).
     pub attached: bool,
-    /// The device path attach returned, if any.
-    pub device_path: Option<String>,
+    /// What attach returned for the later steps (a CSI driver's publish context).
+    pub publish_context: BTreeMap<String, String>,
+    /// The spec the volume was attached or mounted with: node-wide teardown needs it after
+    /// the last pod is gone.
+    pub spec: Option<Arc<VolumeSpec>>,
     /// The node-wide mount state.
     pub device_state: DeviceMountState,
     /// Where it is globally mounted, if it is.
@@ -282,7 +287,8 @@ impl ActualState {
                 name: name.clone(),
                 traits: traits.clone(),
                 attached: !traits.attachable,
-                device_path: None,
+                publish_context: BTreeMap::new(),
+                spec: None,
                 device_state: DeviceMountState::NotMounted,
                 device_mount_path: None,
                 pods: BTreeMap::new(),
@@ -294,11 +300,13 @@ impl ActualState {
         &mut self,
         name: &UniqueVolumeName,
         traits: &VolumeTraits,
-        device_path: Option<String>,
+        publish_context: BTreeMap<String, String>,
+        spec: Arc<VolumeSpec>,
     ) {
         let v = self.entry(name, traits);
         v.attached = true;
-        v.device_path = device_path;
+        v.publish_context = publish_context;
+        v.spec = Some(spec);
     }
 
     /// Records the outcome of a mount-device operation.
@@ -308,9 +316,11 @@ impl ActualState {
         traits: &VolumeTraits,
         state: DeviceMountState,
         path: Option<PathBuf>,
+        spec: Arc<VolumeSpec>,
     ) {
         let v = self.entry(name, traits);
         v.device_state = state;
+        v.spec = Some(spec);
         if path.is_some() {
             v.device_mount_path = path;
         }

@@ -69,6 +69,13 @@ pub enum VolumeError {
         /// What is wrong.
         detail: String,
     },
+    /// A CSI call failed.
+    #[error(transparent)]
+    Csi(#[from] crate::csi::CsiError),
+    /// A CSI volume cannot be handled yet: its driver is not registered, it needs a
+    /// controller that is not configured, or a secret it references is missing.
+    #[error("{0}")]
+    CsiNotReady(String),
     /// A blocking task died.
     #[error("operation task failed: {0}")]
     Task(String),
@@ -86,6 +93,9 @@ impl VolumeError {
                 }
             }
             VolumeError::Task(_) => ErrorClass::Uncertain,
+            VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
+            VolumeError::Csi(_) => ErrorClass::Uncertain,
+            VolumeError::CsiNotReady(_) => ErrorClass::Transient,
             VolumeError::Content(e) if e.is_transient() => ErrorClass::Transient,
             VolumeError::Content(_) | VolumeError::SubPath { .. } => ErrorClass::Final,
             VolumeError::HostPathType { .. }

@@ -6,6 +6,7 @@
 //! - `GET /metrics`: Prometheus text.
 //! - `GET /api/v1/pods`: the [`StatusReport`](crate::status::StatusReport) as JSON.
 //! - `GET /api/v1/events`: every recorded event as JSON.
+//! - `GET /api/v1/drivers`: the CSI drivers (name, endpoint, node ID, capabilities, health).
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -23,6 +24,7 @@ pub fn router(manager: VolumeManager) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/pods", get(pods))
         .route("/api/v1/events", get(events))
+        .route("/api/v1/drivers", get(drivers))
         .with_state(manager)
 }
 
@@ -53,6 +55,10 @@ async fn pods(State(m): State<VolumeManager>) -> impl IntoResponse {
 
 async fn events(State(m): State<VolumeManager>) -> impl IntoResponse {
     Json(m.events())
+}
+
+async fn drivers(State(m): State<VolumeManager>) -> impl IntoResponse {
+    Json(m.csi_drivers())
 }
 
 /// Serves the router on `listener` until `shutdown` resolves.

@@ -29,6 +29,8 @@
 //! it with the actual state and starts operations through the [`executor`], and
 //! [`plugins`] do the work through the mount layer (`kubevol-mount`).
 
+pub mod claims;
+pub mod csi;
 pub mod error;
 pub mod events;
 pub mod executor;

@@ -49,6 +49,15 @@ pub struct Config {
     /// What a container without limits is limited by (downward API); `None` measures the
     /// node: its CPUs, its memory and the size of the root directory's filesystem.
     pub node_allocatable: Option<kubevol_core::projection::NodeAllocatable>,
+    /// CSI drivers started without a registrar: name → socket (`--csi-driver`).
+    pub csi_drivers: Vec<(String, PathBuf)>,
+    /// CSI controller services, for attach and detach: driver name → socket
+    /// (`--csi-controller`).
+    pub csi_controllers: Vec<(String, PathBuf)>,
+    /// How long one CSI call may take.
+    pub csi_timeout: Duration,
+    /// How often `kubelet_volume_stats_*` are gathered (kubelet: 1 minute).
+    pub volume_stats_period: Duration,
 }
 
 impl Config {
@@ -64,6 +73,10 @@ impl Config {
             host_path_allow: Vec::new(),
             hugepages_dir: PathBuf::from("/sys/kernel/mm/hugepages"),
             node_allocatable: None,
+            csi_drivers: Vec::new(),
+            csi_controllers: Vec::new(),
+            csi_timeout: crate::csi::DEFAULT_TIMEOUT,
+            volume_stats_period: Duration::from_secs(60),
         }
     }
 }
@@ -128,7 +141,7 @@ pub(crate) struct Inner {
     /// The last content generation handed out (see `DesiredPodVolume::content_generation`).
     pub(crate) content_generation: std::sync::atomic::AtomicU64,
     pub(crate) events: EventRecorder,
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: Arc<Metrics>,
     pub(crate) changed: watch::Sender<u64>,
     pub(crate) wake: Notify,
     pub(crate) dsw_synced: AtomicBool,
@@ -381,7 +394,16 @@ impl VolumeManager {
         };
         let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
         let store = Arc::new(ObjectStore::new());
+        let metrics = Arc::new(Metrics::default());
+        let csi = Arc::new(crate::csi::Drivers::new(
+            config.csi_timeout,
+            metrics.clone(),
+        ));
+        for (name, endpoint) in &config.csi_controllers {
+            csi.set_controller(name, endpoint.clone());
+        }
         let host = Arc::new(PluginHost {
+            csi,
             root,
             root_dir,
             mounter,
@@ -406,7 +428,7 @@ impl VolumeManager {
                 asw: RwLock::default(),
                 rejected: RwLock::default(),
                 events: EventRecorder::default(),
-                metrics: Metrics::default(),
+                metrics,
                 changed: watch::channel(0).0,
                 wake: Notify::new(),
                 dsw_synced: AtomicBool::new(false),
@@ -430,9 +452,18 @@ impl VolumeManager {
 
     /// Runs the populator and the reconciler until [`VolumeManager::shutdown`].
     pub async fn run(&self) {
+        let missing = crate::csi::register_at_start(&self.inner).await;
         let populator = tokio::spawn(crate::populator::run(self.inner.clone()));
         let reconciler = tokio::spawn(crate::reconciler::run(self.inner.clone()));
+        let csi = tokio::spawn(crate::csi::run(self.inner.clone(), missing));
         let _ = tokio::join!(populator, reconciler);
+        csi.abort();
+        let _ = csi.await;
+    }
+
+    /// The CSI drivers kubevol knows.
+    pub fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
+        self.inner.host.csi.status()
     }
 
     /// Stops [`VolumeManager::run`]. Mounts stay in place (pods keep their volumes).
@@ -791,6 +822,7 @@ mod tests {
                     ..Default::default()
                 },
                 persistent_volume: gid.map(pv),
+                block: false,
             });
             m.inner.asw_mut().mark_pod_volume(
                 &UniqueVolumeName(format!("test/pv/{name}")),

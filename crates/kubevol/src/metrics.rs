@@ -46,6 +46,47 @@ pub struct OperationLabels {
     pub migrated: String,
 }
 
+/// Labels of `csi_operations_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CsiOperationLabels {
+    /// The CSI driver.
+    pub driver_name: String,
+    /// The full gRPC method, e.g. `/csi.v1.Node/NodePublishVolume`.
+    pub method_name: String,
+    /// The gRPC status code's name, e.g. `OK`, `DeadlineExceeded`.
+    pub grpc_status_code: String,
+    /// Always `false`: kubevol does not migrate in-tree plugins.
+    pub migrated: String,
+}
+
+/// Labels of the `kubelet_volume_stats_*` gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VolumeStatsLabels {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim.
+    pub persistentvolumeclaim: String,
+}
+
+/// One volume's usage, as `kubelet_volume_stats_*` reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeUsage {
+    /// Capacity in bytes.
+    pub capacity_bytes: i64,
+    /// Available bytes.
+    pub available_bytes: i64,
+    /// Used bytes.
+    pub used_bytes: i64,
+    /// Inodes.
+    pub inodes: i64,
+    /// Free inodes.
+    pub inodes_free: i64,
+    /// Used inodes.
+    pub inodes_used: i64,
+    /// Whether the driver reports the volume abnormal.
+    pub abnormal: bool,
+}
+
 fn operation_histogram() -> Histogram {
     Histogram::new(OPERATION_BUCKETS)
 }
@@ -56,8 +97,42 @@ pub struct Metrics {
     total_volumes: Family<TotalVolumesLabels, Gauge>,
     operation_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
     pod_ready: Histogram,
+    csi_operations: Family<CsiOperationLabels, Histogram, fn() -> Histogram>,
+    volume_stats: [Family<VolumeStatsLabels, Gauge>; 7],
     render: Mutex<()>,
 }
+
+/// The `kubelet_volume_stats_*` gauges, in [`VolumeUsage`]'s field order.
+const VOLUME_STATS: [(&str, &str); 7] = [
+    (
+        "kubelet_volume_stats_capacity_bytes",
+        "Capacity in bytes of the volume",
+    ),
+    (
+        "kubelet_volume_stats_available_bytes",
+        "Number of available bytes in the volume",
+    ),
+    (
+        "kubelet_volume_stats_used_bytes",
+        "Number of used bytes in the volume",
+    ),
+    (
+        "kubelet_volume_stats_inodes",
+        "Maximum number of inodes in the volume",
+    ),
+    (
+        "kubelet_volume_stats_inodes_free",
+        "Number of free inodes in the volume",
+    ),
+    (
+        "kubelet_volume_stats_inodes_used",
+        "Number of used inodes in the volume",
+    ),
+    (
+        "kubelet_volume_stats_health_status_abnormal",
+        "Abnormal volume health status: 1 abnormal, 0 normal",
+    ),
+];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -83,11 +158,26 @@ impl Default for Metrics {
             "Time from a pod entering the desired state until all its volumes are mounted",
             pod_ready.clone(),
         );
+        let csi_operations =
+            Family::<CsiOperationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                operation_histogram,
+            );
+        registry.register(
+            "csi_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            csi_operations.clone(),
+        );
+        let volume_stats: [Family<VolumeStatsLabels, Gauge>; 7] = Default::default();
+        for ((name, help), family) in VOLUME_STATS.iter().zip(&volume_stats) {
+            registry.register(*name, *help, family.clone());
+        }
         Metrics {
             registry,
             total_volumes,
             operation_duration,
             pod_ready,
+            csi_operations,
+            volume_stats,
             render: Mutex::new(()),
         }
     }
@@ -109,6 +199,44 @@ impl Metrics {
     /// Records how long a pod waited for its volumes.
     pub fn observe_pod_ready(&self, seconds: f64) {
         self.pod_ready.observe(seconds);
+    }
+
+    /// Records one CSI call.
+    pub fn observe_csi(&self, driver: &str, method: &str, code: &str, seconds: f64) {
+        self.csi_operations
+            .get_or_create(&CsiOperationLabels {
+                driver_name: driver.to_string(),
+                method_name: method.to_string(),
+                grpc_status_code: code.to_string(),
+                migrated: "false".to_string(),
+            })
+            .observe(seconds);
+    }
+
+    /// Replaces every `kubelet_volume_stats_*` series with `stats` (claims not listed vanish).
+    pub fn set_volume_stats(&self, stats: &BTreeMap<(String, String), VolumeUsage>) {
+        let _one_at_a_time = crate::sync::lock(&self.render);
+        for f in &self.volume_stats {
+            f.clear();
+        }
+        for ((namespace, claim), u) in stats {
+            let labels = VolumeStatsLabels {
+                namespace: namespace.clone(),
+                persistentvolumeclaim: claim.clone(),
+            };
+            let values = [
+                u.capacity_bytes,
+                u.available_bytes,
+                u.used_bytes,
+                u.inodes,
+                u.inodes_free,
+                u.inodes_used,
+                i64::from(u.abnormal),
+            ];
+            for (f, v) in self.volume_stats.iter().zip(values) {
+                f.get_or_create(&labels).set(v);
+            }
+        }
     }
 
     /// Renders the Prometheus text format, with the volume totals given per (plugin, state).

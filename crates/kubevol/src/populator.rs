@@ -86,6 +86,9 @@ enum Version {
     Missing,
     ConfigMap(Arc<k8s_openapi::api::core::v1::ConfigMap>),
     Secret(Arc<k8s_openapi::api::core::v1::Secret>),
+    Claim(Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>),
+    Volume(Arc<k8s_openapi::api::core::v1::PersistentVolume>),
+    Driver(Arc<k8s_openapi::api::storage::v1::CSIDriver>),
 }
 
 impl PartialEq for Version {
@@ -94,8 +97,46 @@ impl PartialEq for Version {
             (Version::Missing, Version::Missing) => true,
             (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
             (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
+            (Version::Claim(a), Version::Claim(b)) => Arc::ptr_eq(a, b),
+            (Version::Volume(a), Version::Volume(b)) => Arc::ptr_eq(a, b),
+            (Version::Driver(a), Version::Driver(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
+    }
+}
+
+/// The claim, volume and CSIDriver objects a volume depends on.
+fn storage_versions(
+    inner: &Inner,
+    ns: &str,
+    v: &k8s_openapi::api::core::v1::Volume,
+    out: &mut Vec<Version>,
+) {
+    let driver = |name: &str| {
+        inner
+            .store
+            .csi_driver(name)
+            .map_or(Version::Missing, |d| Version::Driver(d.object))
+    };
+    if let Some(csi) = &v.csi {
+        out.push(driver(&csi.driver));
+    }
+    let Some((_, claim)) = crate::claims::claim_of(&inner.store, ns, v) else {
+        return;
+    };
+    let Some(claim) = claim else {
+        out.push(Version::Missing);
+        return;
+    };
+    out.push(Version::Claim(claim.clone()));
+    match crate::claims::bound_volume(&inner.store, ns, &claim) {
+        Some(pv) => {
+            if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                out.push(driver(&csi.driver));
+            }
+            out.push(Version::Volume(pv));
+        }
+        None => out.push(Version::Missing),
     }
 }
 
@@ -108,7 +149,13 @@ pub(crate) struct Seen {
 /// The current versions of the objects a pod's volumes read, in a fixed order.
 fn object_versions(inner: &Inner, pod: &Pod) -> Vec<Version> {
     let mut out = Vec::new();
+    let ns = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE);
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        storage_versions(inner, ns, v, &mut out);
         for r in referenced_objects(pod, v) {
             out.push(match r.kind {
                 ObjectKind::ConfigMap => inner
@@ -216,14 +263,30 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
             debug!(pod = %pref, volume = %v.name, "volume is not used by any container; skipped");
             continue;
         }
+        let storage = storage_check(inner, pod, &pref, v);
+        let persistent_volume = match storage {
+            Ok(pv) => pv,
+            Err(why) => {
+                let message = format!(
+                    "{}: volume {:?} of pod {pref}: {why}",
+                    stored.origin, v.name
+                );
+                inner
+                    .events
+                    .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                failed.insert(v.name.clone(), message);
+                continue;
+            }
+        };
         let spec = Arc::new(VolumeSpec {
             volume: v.clone(),
-            persistent_volume: None,
+            block: crate::claims::usage(pod, &v.name).device,
+            persistent_volume,
         });
         match inner.plugins.find(&spec) {
             Some(plugin) => wishes.push(PodVolumeWish {
                 name: plugin.volume_name(&pref, &spec),
-                traits: plugin.traits(),
+                traits: plugin.traits(&inner.host, &spec),
                 pod_volume: DesiredPodVolume {
                     pod_ref: pref.clone(),
                     pod: pod.clone(),
@@ -238,6 +301,21 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
                     },
                 },
             }),
+            None if spec.persistent_volume.is_some() => {
+                let pv = spec
+                    .persistent_volume
+                    .as_ref()
+                    .and_then(|p| p.metadata.name.clone())
+                    .unwrap_or_default();
+                let message = format!(
+                    "{}: volume {:?} of pod {pref}: PersistentVolume {pv} is of a type kubevol does not mount yet (supported for persistent volumes: csi); use a CSI volume",
+                    stored.origin, v.name
+                );
+                inner
+                    .events
+                    .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                failed.insert(v.name.clone(), message);
+            }
             None => {
                 let source = volume_source_names(v).first().copied().unwrap_or("unknown");
                 let message = format!(
@@ -257,6 +335,26 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
     crate::sync::lock(&inner.pending_since)
         .entry(uid.clone())
         .or_insert_with(Instant::now);
+}
+
+/// The storage checks of one volume: a claim resolves to its PersistentVolume, an inline CSI
+/// volume's driver allows ephemeral volumes. Returns the PersistentVolume of a claim.
+fn storage_check(
+    inner: &Inner,
+    pod: &Pod,
+    pref: &kubevol_core::PodRef,
+    v: &k8s_openapi::api::core::v1::Volume,
+) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, String> {
+    if let Some(csi) = &v.csi {
+        if crate::claims::usage(pod, &v.name).device {
+            return Err("an inline CSI volume cannot be used in volumeDevices: use a claim with volumeMode Block".into());
+        }
+        crate::claims::lifecycle_allows(&inner.store, &csi.driver, "Ephemeral")?;
+    }
+    if v.persistent_volume_claim.is_none() {
+        return Ok(None);
+    }
+    crate::claims::resolve(&inner.store, pod, &pref.namespace, v).map(Some)
 }
 
 #[cfg(test)]

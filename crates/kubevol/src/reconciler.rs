@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kubevol_core::reconcile::{plan, Operation};
-use kubevol_core::state::{MountedPodVolume, PodMountState};
-use kubevol_core::{PodUid, UniqueVolumeName};
+use kubevol_core::state::{DeviceMountState, MountedPodVolume, PodMountState};
+use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use tokio::time::Instant;
 use tracing::{info, instrument, warn};
 
@@ -19,7 +19,7 @@ use crate::error::ErrorClass;
 use crate::events::reason;
 use crate::executor::NotStarted;
 use crate::manager::Inner;
-use crate::plugins::{SetUpRequest, TearDownRequest};
+use crate::plugins::{DeviceRequest, SetUpRequest, TearDownRequest};
 
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut stop = inner.shutdown.subscribe();
@@ -84,21 +84,12 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
                 || inner.dsw().pod_volume(volume, pod).is_some();
             (plugin, outcome, replan)
         }
-        Operation::Attach { volume }
-        | Operation::MountDevice { volume }
-        | Operation::UnmountDevice { volume }
-        | Operation::Detach { volume } => {
-            let plugin = inner
-                .dsw()
-                .volume(volume)
-                .map(|v| v.traits.plugin.clone())
-                .or_else(|| inner.asw().volume(volume).map(|v| v.traits.plugin.clone()))
-                .unwrap_or_default();
-            let msg = format!(
-                "volume {volume}: plugin {plugin} does not support {}",
-                op.metric_name()
-            );
-            (plugin, Err(msg), true)
+        Operation::Attach { .. }
+        | Operation::MountDevice { .. }
+        | Operation::UnmountDevice { .. }
+        | Operation::Detach { .. } => {
+            let (plugin, outcome) = device_operation(&inner, &op).await;
+            (plugin, outcome, true)
         }
     };
     drop(permit);
@@ -163,7 +154,14 @@ async fn mount_volume(
             true,
         );
     };
+    let publish_context = inner
+        .asw()
+        .volume(volume)
+        .map(|v| v.publish_context.clone())
+        .unwrap_or_default();
     let req = SetUpRequest {
+        volume: volume.clone(),
+        publish_context,
         pod_ref: want.pod_ref.clone(),
         pod: want.pod.clone(),
         outer_volume_name: want.outer_volume_name.clone(),
@@ -241,6 +239,138 @@ async fn mount_volume(
     }
 }
 
+/// Attach, mount device, unmount device or detach: one volume, for the whole node.
+#[instrument(skip(inner), fields(operation = op.metric_name()))]
+async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result<(), String>) {
+    let volume = &op.key().volume;
+    let wanted = {
+        let dsw = inner.dsw();
+        dsw.volume(volume).and_then(|v| {
+            v.pods
+                .values()
+                .next()
+                .map(|p| (v.traits.clone(), p.spec.clone()))
+        })
+    };
+    let (traits, spec, publish_context) = {
+        let asw = inner.asw();
+        let have = asw.volume(volume);
+        let publish_context = have.map(|v| v.publish_context.clone()).unwrap_or_default();
+        match (wanted, have) {
+            // Set-up steps take the spec pods want now; teardown steps the one it was set up
+            // with (the pods are gone).
+            (Some((t, s)), _) if !op.is_teardown() => (t, s, publish_context),
+            (wanted, Some(v)) => match (v.spec.clone(), wanted) {
+                (Some(s), _) => (v.traits.clone(), s, publish_context),
+                (None, Some((t, s))) => (t, s, publish_context),
+                (None, None) => return (String::new(), Ok(())),
+            },
+            (Some((t, s)), None) => (t, s, publish_context),
+            (None, None) => return (String::new(), Ok(())),
+        }
+    };
+    let Some(plugin) = inner.plugins.by_name(&traits.plugin) else {
+        return (
+            traits.plugin.clone(),
+            Err(format!(
+                "volume {volume}: no plugin {} is registered",
+                traits.plugin
+            )),
+        );
+    };
+    let req = DeviceRequest {
+        volume: volume.clone(),
+        spec: spec.clone(),
+        publish_context,
+    };
+    let host = inner.host.clone();
+    let (outcome, what) = match op {
+        Operation::Attach { .. } => match plugin.attach(host, req).await {
+            Ok(ctx) => {
+                inner
+                    .asw_mut()
+                    .mark_attached(volume, &traits, ctx, spec.clone());
+                (Ok(()), "AttachVolume.Attach")
+            }
+            Err(e) => (Err(e), "AttachVolume.Attach"),
+        },
+        Operation::MountDevice { .. } => match plugin.mount_device(host, req).await {
+            Ok(path) => {
+                inner.asw_mut().mark_device_state(
+                    volume,
+                    &traits,
+                    DeviceMountState::Mounted,
+                    path,
+                    spec.clone(),
+                );
+                (Ok(()), "MountVolume.MountDevice")
+            }
+            Err(e) => {
+                if e.class() == ErrorClass::Uncertain {
+                    inner.asw_mut().mark_device_state(
+                        volume,
+                        &traits,
+                        DeviceMountState::Uncertain,
+                        None,
+                        spec.clone(),
+                    );
+                }
+                (Err(e), "MountVolume.MountDevice")
+            }
+        },
+        Operation::UnmountDevice { .. } => match plugin.unmount_device(host, req).await {
+            Ok(()) => {
+                inner.asw_mut().mark_device_state(
+                    volume,
+                    &traits,
+                    DeviceMountState::NotMounted,
+                    None,
+                    spec.clone(),
+                );
+                (Ok(()), "UnmountDevice")
+            }
+            Err(e) => (Err(e), "UnmountDevice"),
+        },
+        Operation::Detach { .. } => match plugin.detach(host, req).await {
+            Ok(()) => {
+                inner.asw_mut().mark_detached(volume);
+                (Ok(()), "DetachVolume.Detach")
+            }
+            Err(e) => (Err(e), "DetachVolume.Detach"),
+        },
+        Operation::MountVolume { .. } | Operation::UnmountVolume { .. } => {
+            unreachable!("per-pod operations are not device operations")
+        }
+    };
+    match outcome {
+        Ok(()) => {
+            info!(volume = %volume, "{what} succeeded");
+            (traits.plugin, Ok(()))
+        }
+        Err(e) => {
+            let message = format!("{what} failed for volume {volume}: {e}");
+            // Every pod waiting on the volume shows why.
+            let pods: Vec<PodRef> = inner
+                .dsw()
+                .volume(volume)
+                .map(|v| v.pods.values().map(|p| p.pod_ref.clone()).collect())
+                .unwrap_or_default();
+            for p in &pods {
+                let reason = if op.is_teardown() {
+                    reason::FAILED_UNMOUNT
+                } else {
+                    reason::FAILED_MOUNT
+                };
+                inner.events.record(p, true, reason, message.clone());
+            }
+            if pods.is_empty() {
+                warn!("{message}");
+            }
+            (traits.plugin, Err(message))
+        }
+    }
+}
+
 /// The ASW record of a pod's wish after a set-up attempt.
 fn as_mounted(
     want: &kubevol_core::state::DesiredPodVolume,
@@ -296,6 +426,7 @@ async fn unmount_volume(
         );
     };
     let req = TearDownRequest {
+        volume: volume.clone(),
         pod_ref: mounted.pod_ref.clone(),
         outer_volume_name: mounted.outer_volume_name.clone(),
         spec: mounted.spec.clone(),

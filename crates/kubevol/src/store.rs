@@ -589,6 +589,11 @@ impl ObjectStore {
         self.read().persistent_volumes.get(name).cloned()
     }
 
+    /// Every PersistentVolume.
+    pub fn persistent_volumes(&self) -> Vec<Stored<PersistentVolume>> {
+        self.read().persistent_volumes.values().cloned().collect()
+    }
+
     /// A PersistentVolumeClaim by namespace and name.
     pub fn persistent_volume_claim(
         &self,

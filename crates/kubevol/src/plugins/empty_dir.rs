@@ -243,6 +243,7 @@ mod tests {
         VolumeSpec {
             volume: serde_json::from_value(json!({"name": "v", "emptyDir": ed})).unwrap(),
             persistent_volume: None,
+            block: false,
         }
     }
 

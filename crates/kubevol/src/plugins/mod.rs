@@ -8,6 +8,7 @@ mod content;
 mod empty_dir;
 mod host_path;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -50,6 +51,8 @@ pub struct PluginHost {
     pub node_name: String,
     /// What a container without limits is limited by.
     pub node_allocatable: NodeAllocatable,
+    /// The CSI drivers.
+    pub csi: Arc<crate::csi::Drivers>,
 }
 
 /// A filesystem a volume directory is covered with (tmpfs, hugetlbfs).
@@ -152,9 +155,24 @@ pub fn fs_group(pod: &Pod) -> Option<(u32, FsGroupPolicy)> {
     Some((gid, policy))
 }
 
+/// What the node-wide operations (attach, mount device and their inverses) need.
+#[derive(Clone)]
+pub struct DeviceRequest {
+    /// The volume's key.
+    pub volume: UniqueVolumeName,
+    /// The volume.
+    pub spec: Arc<VolumeSpec>,
+    /// What attach returned.
+    pub publish_context: BTreeMap<String, String>,
+}
+
 /// What set-up needs.
 #[derive(Clone)]
 pub struct SetUpRequest {
+    /// The volume's key.
+    pub volume: UniqueVolumeName,
+    /// What attach returned.
+    pub publish_context: BTreeMap<String, String>,
     /// The pod.
     pub pod_ref: PodRef,
     /// The whole pod.
@@ -177,6 +195,8 @@ pub struct SetUpResult {
 /// What teardown needs: the facts set-up had, and where it put the volume.
 #[derive(Clone)]
 pub struct TearDownRequest {
+    /// The volume's key.
+    pub volume: UniqueVolumeName,
     /// The pod.
     pub pod_ref: PodRef,
     /// The volume's name in the pod's spec.
@@ -198,8 +218,9 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// Whether it handles this volume.
     fn can_support(&self, spec: &VolumeSpec) -> bool;
 
-    /// Static facts about its volumes.
-    fn traits(&self) -> VolumeTraits {
+    /// Facts about one of its volumes (static for most plugins; a CSI volume's depend on its
+    /// driver's CSIDriver object).
+    fn traits(&self, _host: &PluginHost, _spec: &VolumeSpec) -> VolumeTraits {
         VolumeTraits {
             plugin: self.name().to_string(),
             attachable: false,
@@ -233,6 +254,67 @@ pub trait VolumePlugin: Send + Sync + 'static {
         host: Arc<PluginHost>,
         req: TearDownRequest,
     ) -> BoxFuture<Result<(), VolumeError>>;
+
+    /// Attaches an attachable volume to the node; returns what later steps need (a CSI
+    /// driver's publish context).
+    fn attach(
+        &self,
+        _host: Arc<PluginHost>,
+        _req: DeviceRequest,
+    ) -> BoxFuture<Result<BTreeMap<String, String>, VolumeError>> {
+        let plugin = self.name();
+        Box::pin(async move {
+            Err(VolumeError::Unsupported {
+                plugin,
+                operation: "attach",
+            })
+        })
+    }
+
+    /// Detaches a volume no pod on the node uses.
+    fn detach(
+        &self,
+        _host: Arc<PluginHost>,
+        _req: DeviceRequest,
+    ) -> BoxFuture<Result<(), VolumeError>> {
+        let plugin = self.name();
+        Box::pin(async move {
+            Err(VolumeError::Unsupported {
+                plugin,
+                operation: "detach",
+            })
+        })
+    }
+
+    /// Mounts a device-mountable volume once for the node; returns where, if anywhere.
+    fn mount_device(
+        &self,
+        _host: Arc<PluginHost>,
+        _req: DeviceRequest,
+    ) -> BoxFuture<Result<Option<PathBuf>, VolumeError>> {
+        let plugin = self.name();
+        Box::pin(async move {
+            Err(VolumeError::Unsupported {
+                plugin,
+                operation: "mount device",
+            })
+        })
+    }
+
+    /// Undoes [`VolumePlugin::mount_device`] after the last pod is gone.
+    fn unmount_device(
+        &self,
+        _host: Arc<PluginHost>,
+        _req: DeviceRequest,
+    ) -> BoxFuture<Result<(), VolumeError>> {
+        let plugin = self.name();
+        Box::pin(async move {
+            Err(VolumeError::Unsupported {
+                plugin,
+                operation: "unmount device",
+            })
+        })
+    }
 }
 
 /// Runs blocking plugin work off the runtime's core threads.
@@ -265,6 +347,7 @@ impl PluginRegistry {
         for kind in ContentKind::ALL {
             r.register(Arc::new(ContentPlugin(kind)));
         }
+        r.register(Arc::new(crate::csi::CsiPlugin::default()));
         r
     }
 

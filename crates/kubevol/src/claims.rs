@@ -1,0 +1,196 @@
+//! From a pod's `persistentVolumeClaim` to its PersistentVolume, with the checks the kubelet
+//! (and the API server's binder) make, each failing with a message that says what to fix.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Volume};
+use kubevol_core::validation::all_containers;
+
+use crate::store::ObjectStore;
+
+/// How a pod's containers use a volume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Listed in some container's `volumeMounts`.
+    pub mounted: bool,
+    /// Mounted writable by some container.
+    pub written: bool,
+    /// Listed in some container's `volumeDevices`.
+    pub device: bool,
+}
+
+/// How `pod`'s containers use the volume `name`.
+pub fn usage(pod: &Pod, name: &str) -> Usage {
+    let mut u = Usage::default();
+    for (_, c) in all_containers(pod) {
+        for m in c.volume_mounts.iter().flatten().filter(|m| m.name == name) {
+            u.mounted = true;
+            u.written |= !m.read_only.unwrap_or(false);
+        }
+        u.device |= c.volume_devices.iter().flatten().any(|d| d.name == name);
+    }
+    u
+}
+
+/// The claim a volume names, if it is a claim volume.
+pub fn claim_of<'a>(
+    store: &ObjectStore,
+    ns: &str,
+    volume: &'a Volume,
+) -> Option<(&'a str, Option<Arc<PersistentVolumeClaim>>)> {
+    let name = volume.persistent_volume_claim.as_ref()?.claim_name.as_str();
+    Some((
+        name,
+        store.persistent_volume_claim(ns, name).map(|s| s.object),
+    ))
+}
+
+/// The PersistentVolume a claim is bound to: the one `spec.volumeName` names, or else the one
+/// whose `spec.claimRef` names the claim.
+pub fn bound_volume(
+    store: &ObjectStore,
+    ns: &str,
+    claim: &PersistentVolumeClaim,
+) -> Option<Arc<PersistentVolume>> {
+    let cname = claim.metadata.name.as_deref().unwrap_or_default();
+    match claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty())
+    {
+        Some(pv) => store.persistent_volume(pv).map(|s| s.object),
+        None => store
+            .persistent_volumes()
+            .into_iter()
+            .map(|s| s.object)
+            .find(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .is_some_and(|r| {
+                        r.namespace.as_deref() == Some(ns) && r.name.as_deref() == Some(cname)
+                    })
+            }),
+    }
+}
+
+fn mode(m: Option<&String>) -> &str {
+    m.map(String::as_str).unwrap_or("Filesystem")
+}
+
+/// Resolves a claim volume of `pod` (namespace `ns`) to its PersistentVolume.
+pub fn resolve(
+    store: &ObjectStore,
+    pod: &Pod,
+    ns: &str,
+    volume: &Volume,
+) -> Result<Arc<PersistentVolume>, String> {
+    let Some((cname, claim)) = claim_of(store, ns, volume) else {
+        return Err("not a persistentVolumeClaim volume".into());
+    };
+    let Some(claim) = claim else {
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
+        ));
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} is being deleted (metadata.deletionTimestamp is set): a pod cannot start with it"
+        ));
+    }
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .filter(|n| !n.is_empty());
+    let Some(pv) = bound_volume(store, ns, &claim) else {
+        return Err(match volume_name {
+            Some(n) => format!(
+                "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which does not exist: add it to the manifests"
+            ),
+            None => format!(
+                "PersistentVolumeClaim {ns}/{cname} is not bound: set its spec.volumeName, or a PersistentVolume's spec.claimRef to it"
+            ),
+        });
+    };
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    if let Some(e) = kubevol_core::validation::dns1123_subdomain_error(&pv_name) {
+        return Err(format!("PersistentVolume name {pv_name:?}: {e}"));
+    }
+    let pv_spec = pv.spec.clone().unwrap_or_default();
+    if let Some(r) = &pv_spec.claim_ref {
+        let (rns, rname) = (
+            r.namespace.as_deref().unwrap_or_default(),
+            r.name.as_deref().unwrap_or_default(),
+        );
+        let uid_mismatch = matches!((&r.uid, &claim.metadata.uid), (Some(a), Some(b)) if a != b);
+        if rns != ns || rname != cname || uid_mismatch {
+            return Err(format!(
+                "PersistentVolume {pv_name} is bound to claim {rns}/{rname}, not to {ns}/{cname}: fix the claim's spec.volumeName or the volume's spec.claimRef"
+            ));
+        }
+    }
+    let pv_mode = mode(pv_spec.volume_mode.as_ref());
+    let claim_mode = mode(claim.spec.as_ref().and_then(|s| s.volume_mode.as_ref()));
+    if pv_mode != claim_mode {
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} asks for volumeMode {claim_mode} but PersistentVolume {pv_name} has volumeMode {pv_mode}"
+        ));
+    }
+    let u = usage(pod, &volume.name);
+    if u.device && u.mounted {
+        return Err(format!(
+            "the claim is used in both volumeMounts and volumeDevices: use one (volumeMode {pv_mode})"
+        ));
+    }
+    if u.device && pv_mode != "Block" {
+        return Err(format!(
+            "the claim is used in volumeDevices but PersistentVolume {pv_name} has volumeMode {pv_mode}: use volumeMounts, or a volume with volumeMode Block"
+        ));
+    }
+    if u.mounted && pv_mode == "Block" {
+        return Err(format!(
+            "the claim is used in volumeMounts but PersistentVolume {pv_name} has volumeMode Block: use volumeDevices, or a volume with volumeMode Filesystem"
+        ));
+    }
+    let modes = pv_spec.access_modes.clone().unwrap_or_default();
+    if u.written && !modes.is_empty() && modes.iter().all(|m| m == "ReadOnlyMany") {
+        return Err(format!(
+            "PersistentVolume {pv_name} allows only ReadOnlyMany but a container mounts it writable: set readOnly: true on the volumeMount"
+        ));
+    }
+    if let Some(csi) = &pv_spec.csi {
+        lifecycle_allows(store, &csi.driver, "Persistent")?;
+    }
+    Ok(pv)
+}
+
+/// Whether the CSIDriver object of `driver` allows `mode` (`Persistent` or `Ephemeral`). Without
+/// a CSIDriver object only Persistent is allowed, as in the kubelet.
+pub fn lifecycle_allows(store: &ObjectStore, driver: &str, mode: &str) -> Result<(), String> {
+    let modes = store.csi_driver(driver).map(|d| {
+        d.object
+            .spec
+            .volume_lifecycle_modes
+            .clone()
+            .unwrap_or_default()
+    });
+    let allowed = match &modes {
+        None => mode == "Persistent",
+        Some(m) if m.is_empty() => mode == "Persistent",
+        Some(m) => m.iter().any(|x| x == mode),
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(match modes {
+        None => format!(
+            "CSI driver {driver} has no CSIDriver object, so only persistent volumes are allowed: add a CSIDriver {driver} with volumeLifecycleModes [{mode}]"
+        ),
+        Some(m) => format!(
+            "CSIDriver {driver} does not list {mode} in spec.volumeLifecycleModes ({}): add it, or use the volume another way",
+            if m.is_empty() { "Persistent".to_string() } else { m.join(", ") }
+        ),
+    })
+}

@@ -1,0 +1,527 @@
+//! CSI drivers as kubevol sees them: the registry of node plugins (registered through
+//! `plugins_registry/` or given on the command line), their controller endpoints, and every
+//! call to them, with a per-call timeout, the `csi_operations_seconds` metric and the kubelet's
+//! split of gRPC codes into final and non-final errors.
+
+mod plugin;
+pub mod registration;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use kubevol_csi::v1::controller_client::ControllerClient;
+use kubevol_csi::v1::node_client::NodeClient;
+use kubevol_csi::v1::{controller_service_capability, node_service_capability};
+use tonic::transport::Channel;
+use tonic::Code;
+
+pub use plugin::CsiPlugin;
+
+use crate::metrics::Metrics;
+
+/// How long one CSI call may take (the kubelet's csiTimeout is 2 minutes; drivers that take
+/// longer than this are told to give up with DeadlineExceeded and the call is retried).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A failed CSI call.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("CSI driver {driver}: {method} failed: {} ({message})", code_name(*code))]
+pub struct CsiError {
+    /// The driver.
+    pub driver: String,
+    /// The method, e.g. `NodeStageVolume`.
+    pub method: &'static str,
+    /// The gRPC code.
+    pub code: Code,
+    /// The driver's message (never kubevol's request: that may carry secrets).
+    pub message: String,
+}
+
+impl CsiError {
+    /// Whether the call certainly did nothing lasting. The kubelet treats DeadlineExceeded,
+    /// Unavailable, Canceled, ResourceExhausted and Aborted as "the operation may be in
+    /// progress": the volume stays uncertain until a later call succeeds or is final.
+    pub fn is_final(&self) -> bool {
+        !matches!(
+            self.code,
+            Code::DeadlineExceeded
+                | Code::Unavailable
+                | Code::Cancelled
+                | Code::ResourceExhausted
+                | Code::Aborted
+        )
+    }
+}
+
+/// The gRPC status code names the kubelet's metrics use.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// What a node plugin can do (NodeGetCapabilities).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeCapabilities {
+    /// STAGE_UNSTAGE_VOLUME: kubevol stages (NodeStageVolume) before publishing.
+    pub stage_unstage_volume: bool,
+    /// GET_VOLUME_STATS.
+    pub get_volume_stats: bool,
+    /// EXPAND_VOLUME.
+    pub expand_volume: bool,
+    /// VOLUME_CONDITION.
+    pub volume_condition: bool,
+    /// SINGLE_NODE_MULTI_WRITER.
+    pub single_node_multi_writer: bool,
+    /// VOLUME_MOUNT_GROUP: the driver applies fsGroup itself.
+    pub volume_mount_group: bool,
+}
+
+/// How a driver came to kubevol.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverSource {
+    /// Through a registration socket in `plugins_registry/`.
+    Registration {
+        /// The registration socket.
+        socket: PathBuf,
+    },
+    /// From `--csi-driver NAME=ENDPOINT`.
+    CommandLine,
+}
+
+/// A registered node plugin.
+#[derive(Debug)]
+pub struct Driver {
+    /// The driver's name.
+    pub name: String,
+    /// Its socket.
+    pub endpoint: PathBuf,
+    /// How it was registered.
+    pub source: DriverSource,
+    /// The node ID it reported (passed to ControllerPublishVolume).
+    pub node_id: String,
+    /// Its maximum number of volumes on this node (0: no limit).
+    pub max_volumes_per_node: i64,
+    /// Its capabilities.
+    pub capabilities: NodeCapabilities,
+    channel: Channel,
+}
+
+/// A driver as `kubevol status` and `/api/v1/drivers` show it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DriverStatus {
+    /// The driver's name.
+    pub name: String,
+    /// Its socket.
+    pub endpoint: String,
+    /// How it was registered.
+    pub source: DriverSource,
+    /// Its node ID.
+    pub node_id: String,
+    /// Its maximum number of volumes on this node (0: no limit).
+    pub max_volumes_per_node: i64,
+    /// Its node capabilities.
+    pub capabilities: NodeCapabilities,
+    /// The controller endpoint configured for it, if any.
+    pub controller: Option<String>,
+    /// `healthy`, or the last failed call.
+    pub health: String,
+}
+
+/// The CSI drivers kubevol knows.
+pub struct Drivers {
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    nodes: RwLock<HashMap<String, Arc<Driver>>>,
+    controllers: RwLock<HashMap<String, (PathBuf, Channel)>>,
+    controller_caps: Mutex<HashMap<String, Vec<i32>>>,
+    /// Driver → the last call's failure (cleared by a success).
+    health: Mutex<HashMap<String, String>>,
+    /// Bumped on every registration change, so that waiting volumes are retried at once.
+    pub(crate) changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Drivers {
+    /// An empty registry.
+    pub fn new(timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Drivers {
+            timeout,
+            metrics,
+            nodes: RwLock::default(),
+            controllers: RwLock::default(),
+            controller_caps: Mutex::default(),
+            health: Mutex::default(),
+            changed: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    /// The per-call timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs one call with the timeout, records `csi_operations_seconds` and the driver's
+    /// health. `service` and `method` name the gRPC method (`Node`, `NodeStageVolume`).
+    pub async fn call<T, Fut>(
+        &self,
+        driver: &str,
+        service: &'static str,
+        method: &'static str,
+        call: Fut,
+    ) -> Result<T, CsiError>
+    where
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err((status.code(), status.message().to_string())),
+            Err(_) => Err((
+                Code::DeadlineExceeded,
+                format!("no answer within {:?}", self.timeout),
+            )),
+        };
+        let code = result.as_ref().err().map_or(Code::Ok, |e| e.0);
+        self.metrics.observe_csi(
+            driver,
+            &format!("/csi.v1.{service}/{method}"),
+            code_name(code),
+            started.elapsed().as_secs_f64(),
+        );
+        let mut health = crate::sync::lock(&self.health);
+        match result {
+            Ok(v) => {
+                health.remove(driver);
+                Ok(v)
+            }
+            Err((code, message)) => {
+                let e = CsiError {
+                    driver: driver.to_string(),
+                    method,
+                    code,
+                    message,
+                };
+                // A refusal (final error) says nothing about the driver's health.
+                if !e.is_final() {
+                    health.insert(driver.to_string(), e.to_string());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Connects to a node plugin, asks for its node ID and capabilities, and registers it
+    /// (replacing an earlier registration of the same name).
+    pub async fn register(
+        &self,
+        name: &str,
+        endpoint: PathBuf,
+        source: DriverSource,
+    ) -> Result<Arc<Driver>, CsiError> {
+        let channel = kubevol_csi::connect(&endpoint);
+        let mut node = NodeClient::new(channel.clone());
+        let info = self
+            .call(
+                name,
+                "Node",
+                "NodeGetInfo",
+                node.node_get_info(kubevol_csi::v1::NodeGetInfoRequest {}),
+            )
+            .await?;
+        let caps = self
+            .call(
+                name,
+                "Node",
+                "NodeGetCapabilities",
+                node.node_get_capabilities(kubevol_csi::v1::NodeGetCapabilitiesRequest {}),
+            )
+            .await?;
+        let mut capabilities = NodeCapabilities::default();
+        use node_service_capability::rpc::Type;
+        for c in caps.capabilities {
+            let Some(node_service_capability::Type::Rpc(rpc)) = c.r#type else {
+                continue;
+            };
+            match Type::try_from(rpc.r#type) {
+                Ok(Type::StageUnstageVolume) => capabilities.stage_unstage_volume = true,
+                Ok(Type::GetVolumeStats) => capabilities.get_volume_stats = true,
+                Ok(Type::ExpandVolume) => capabilities.expand_volume = true,
+                Ok(Type::VolumeCondition) => capabilities.volume_condition = true,
+                Ok(Type::SingleNodeMultiWriter) => capabilities.single_node_multi_writer = true,
+                Ok(Type::VolumeMountGroup) => capabilities.volume_mount_group = true,
+                _ => {}
+            }
+        }
+        if info.node_id.is_empty() {
+            return Err(CsiError {
+                driver: name.to_string(),
+                method: "NodeGetInfo",
+                code: Code::FailedPrecondition,
+                message: "the driver reported an empty node ID".into(),
+            });
+        }
+        let driver = Arc::new(Driver {
+            name: name.to_string(),
+            endpoint,
+            source,
+            node_id: info.node_id,
+            max_volumes_per_node: info.max_volumes_per_node,
+            capabilities,
+            channel,
+        });
+        self.nodes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), driver.clone());
+        tracing::info!(driver = name, endpoint = %driver.endpoint.display(), node_id = %driver.node_id, capabilities = ?driver.capabilities, "CSI driver registered");
+        self.changed.send_modify(|g| *g += 1);
+        Ok(driver)
+    }
+
+    /// Forgets a driver registered through `socket` (a driver since registered again another
+    /// way stays).
+    pub fn deregister_socket(&self, socket: &std::path::Path) -> Option<String> {
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        let name = nodes
+            .iter()
+            .find(|(_, d)| matches!(&d.source, DriverSource::Registration { socket: s } if s == socket))
+            .map(|(n, _)| n.clone())?;
+        nodes.remove(&name);
+        drop(nodes);
+        tracing::info!(driver = %name, socket = %socket.display(), "CSI driver deregistered: its registration socket is gone");
+        self.changed.send_modify(|g| *g += 1);
+        Some(name)
+    }
+
+    /// A registered driver.
+    pub fn get(&self, name: &str) -> Option<Arc<Driver>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// A node client for a driver.
+    pub fn node_client(driver: &Driver) -> NodeClient<Channel> {
+        NodeClient::new(driver.channel.clone())
+    }
+
+    /// Sets the controller endpoint of a driver (`--csi-controller`).
+    pub fn set_controller(&self, name: &str, endpoint: PathBuf) {
+        let channel = kubevol_csi::connect(&endpoint);
+        self.controllers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), (endpoint, channel));
+    }
+
+    /// A controller client for a driver, if an endpoint is configured.
+    pub fn controller_client(&self, name: &str) -> Option<ControllerClient<Channel>> {
+        self.controllers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .map(|(_, c)| ControllerClient::new(c.clone()))
+    }
+
+    /// Whether a driver's controller has a capability (asked once, then remembered).
+    pub async fn controller_has(
+        &self,
+        name: &str,
+        cap: controller_service_capability::rpc::Type,
+    ) -> Result<bool, CsiError> {
+        if let Some(caps) = crate::sync::lock(&self.controller_caps).get(name) {
+            return Ok(caps.contains(&(cap as i32)));
+        }
+        let Some(mut client) = self.controller_client(name) else {
+            return Ok(false);
+        };
+        let resp = self
+            .call(
+                name,
+                "Controller",
+                "ControllerGetCapabilities",
+                client.controller_get_capabilities(
+                    kubevol_csi::v1::ControllerGetCapabilitiesRequest {},
+                ),
+            )
+            .await?;
+        let caps: Vec<i32> = resp
+            .capabilities
+            .iter()
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|controller_service_capability::Type::Rpc(r)| r.r#type)
+            })
+            .collect();
+        let has = caps.contains(&(cap as i32));
+        crate::sync::lock(&self.controller_caps).insert(name.to_string(), caps);
+        Ok(has)
+    }
+
+    /// Every driver, for the status API.
+    pub fn status(&self) -> Vec<DriverStatus> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        let controllers = self.controllers.read().unwrap_or_else(|e| e.into_inner());
+        let health = crate::sync::lock(&self.health);
+        let mut out: BTreeMap<String, DriverStatus> = BTreeMap::new();
+        for d in nodes.values() {
+            out.insert(
+                d.name.clone(),
+                DriverStatus {
+                    name: d.name.clone(),
+                    endpoint: d.endpoint.display().to_string(),
+                    source: d.source.clone(),
+                    node_id: d.node_id.clone(),
+                    max_volumes_per_node: d.max_volumes_per_node,
+                    capabilities: d.capabilities,
+                    controller: controllers
+                        .get(&d.name)
+                        .map(|(p, _)| p.display().to_string()),
+                    health: health
+                        .get(&d.name)
+                        .cloned()
+                        .unwrap_or_else(|| "healthy".into()),
+                },
+            );
+        }
+        out.into_values().collect()
+    }
+}
+
+/// Registers the drivers that are there at start, before the first reconcile (so that their
+/// volumes do not fail a first attempt for want of a driver): every socket in the plugin
+/// registry, and one attempt at each driver given on the command line. Returns the drivers
+/// from the command line that did not answer.
+pub(crate) async fn register_at_start(inner: &crate::manager::Inner) -> Vec<(String, PathBuf)> {
+    let drivers = &inner.host.csi;
+    let dir = inner.host.root.join(registration::REGISTRY_DIR);
+    let _ = std::fs::create_dir_all(&dir);
+    registration::register_present(&dir, drivers).await;
+    let mut missing = Vec::new();
+    for (name, endpoint) in &inner.config.csi_drivers {
+        if let Err(e) = drivers
+            .register(name, endpoint.clone(), DriverSource::CommandLine)
+            .await
+        {
+            tracing::warn!(driver = %name, endpoint = %endpoint.display(), "CSI driver not reachable at start; retrying: {e}");
+            missing.push((name.clone(), endpoint.clone()));
+        }
+    }
+    missing
+}
+
+/// Runs the CSI side of the manager until aborted: the plugin registry watch, registration of
+/// command-line drivers that did not answer at start (retried until they do), an immediate
+/// retry of waiting volumes whenever a driver registers, and the volume stats loop.
+pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String, PathBuf)>) {
+    let drivers = inner.host.csi.clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(registration::watch(
+        inner.host.root.join(registration::REGISTRY_DIR),
+        drivers.clone(),
+        false,
+    ));
+    for (name, endpoint) in missing {
+        let d = drivers.clone();
+        tasks.spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                tokio::time::sleep(delay).await;
+                match d
+                    .register(&name, endpoint.clone(), DriverSource::CommandLine)
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::warn!(driver = %name, endpoint = %endpoint.display(), "CSI driver not reachable yet, retrying in {delay:?}: {e}");
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+    }
+    {
+        let inner = inner.clone();
+        let mut changed = drivers.changed.subscribe();
+        tasks.spawn(async move {
+            while changed.changed().await.is_ok() {
+                // A volume waiting for its driver is retried now, not after its backoff.
+                inner
+                    .executor
+                    .retry_now(|_| true, tokio::time::Instant::now());
+                inner.wake.notify_one();
+            }
+        });
+    }
+    tasks.spawn(stats_loop(inner));
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Gathers `kubelet_volume_stats_*` for every mounted volume that comes from a claim:
+/// NodeGetVolumeStats for CSI drivers that offer it, statfs for the rest.
+async fn stats_loop(inner: Arc<crate::manager::Inner>) {
+    let period = inner.config.volume_stats_period;
+    loop {
+        tokio::time::sleep(period).await;
+        let volumes: Vec<(
+            String,
+            String,
+            Arc<kubevol_core::state::VolumeSpec>,
+            PathBuf,
+            kubevol_core::PodRef,
+        )> = {
+            let asw = inner.asw();
+            asw.volumes()
+                .flat_map(|v| v.pods.values())
+                .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
+                .filter_map(|m| {
+                    let claim = m.spec.volume.persistent_volume_claim.as_ref()?;
+                    Some((
+                        m.pod_ref.namespace.clone(),
+                        claim.claim_name.clone(),
+                        m.spec.clone(),
+                        m.path.clone(),
+                        m.pod_ref.clone(),
+                    ))
+                })
+                .collect()
+        };
+        let mut stats = BTreeMap::new();
+        for (ns, claim, spec, path, pod) in volumes {
+            if stats.contains_key(&(ns.clone(), claim.clone())) {
+                continue;
+            }
+            match plugin::volume_stats(&inner.host, &spec, &pod, &path).await {
+                Ok(Some(u)) => {
+                    stats.insert((ns, claim), u);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::debug!(claim = %claim, namespace = %ns, "volume stats: {e}"),
+            }
+        }
+        inner.metrics.set_volume_stats(&stats);
+    }
+}

@@ -1,0 +1,224 @@
+//! The kubelet's plugin registration, v1: drivers put a socket in `<root>/plugins_registry/`;
+//! kubevol asks it `GetInfo`, checks the answer (a `CSIPlugin` with a name and a CSI version
+//! kubevol speaks), registers the driver (NodeGetInfo, NodeGetCapabilities) and tells the
+//! plugin the outcome with `NotifyRegistrationStatus`. A socket that disappears deregisters its
+//! driver; a socket that comes back registers it again.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kubevol_csi::registration::registration_client::RegistrationClient;
+use kubevol_csi::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::{DriverSource, Drivers};
+
+/// The directory under the root where plugins register.
+pub const REGISTRY_DIR: &str = "plugins_registry";
+
+/// Why kubevol refuses a plugin, or `None` if it takes it.
+pub fn check_info(info: &PluginInfo) -> Option<String> {
+    if info.r#type != "CSIPlugin" {
+        return Some(format!(
+            "plugin type {:?} is not handled by kubevol: only CSIPlugin is",
+            info.r#type
+        ));
+    }
+    if info.name.is_empty() {
+        return Some("the plugin reported no name".into());
+    }
+    if kubevol_core::validation::dns1123_subdomain_error(&info.name).is_some()
+        || info.name.len() > 63
+    {
+        return Some(format!(
+            "driver name {:?} is not a DNS subdomain of at most 63 characters",
+            info.name
+        ));
+    }
+    let speaks = info.supported_versions.iter().any(|v| {
+        let v = v.trim_start_matches('v');
+        v.split('.').next() == Some("1")
+    });
+    if !speaks {
+        return Some(format!(
+            "none of the plugin's CSI versions {:?} is supported: kubevol speaks {:?}",
+            info.supported_versions,
+            kubevol_csi::SUPPORTED_VERSIONS
+        ));
+    }
+    None
+}
+
+fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Registers the plugin behind one registration socket; the outcome is told to the plugin.
+pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String, String> {
+    let mut client = RegistrationClient::new(kubevol_csi::connect(socket));
+    // A socket appears at bind(), a moment before its server accepts: try a few times.
+    let mut info = None;
+    let mut last = String::new();
+    for attempt in 0..10u32 {
+        match tokio::time::timeout(drivers.timeout(), client.get_info(InfoRequest {})).await {
+            Ok(Ok(r)) => {
+                info = Some(r.into_inner());
+                break;
+            }
+            Ok(Err(s)) => last = format!("{}: {}", super::code_name(s.code()), s.message()),
+            Err(_) => last = "GetInfo timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
+    }
+    let Some(info) = info else {
+        return Err(format!(
+            "registration socket {}: GetInfo failed: {last}",
+            socket.display()
+        ));
+    };
+    let outcome = match check_info(&info) {
+        Some(refusal) => Err(refusal),
+        None => {
+            let endpoint = if info.endpoint.is_empty() {
+                Ok(socket.to_path_buf())
+            } else {
+                kubevol_csi::socket_path(&info.endpoint)
+            };
+            match endpoint {
+                Ok(endpoint) => drivers
+                    .register(
+                        &info.name,
+                        endpoint,
+                        DriverSource::Registration {
+                            socket: socket.to_path_buf(),
+                        },
+                    )
+                    .await
+                    .map(|_| info.name.clone())
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let status = RegistrationStatus {
+        plugin_registered: outcome.is_ok(),
+        error: outcome.as_ref().err().cloned().unwrap_or_default(),
+    };
+    if let Err(e) = client.notify_registration_status(status).await {
+        warn!(socket = %socket.display(), "NotifyRegistrationStatus failed: {}", e.message());
+    }
+    match &outcome {
+        Ok(name) => {
+            info!(driver = %name, socket = %socket.display(), "plugin registration accepted")
+        }
+        Err(e) => {
+            warn!(plugin = %info.name, socket = %socket.display(), "plugin registration refused: {e}")
+        }
+    }
+    outcome
+}
+
+/// Registers every plugin whose socket is in `dir` now, concurrently; returns when each has
+/// been accepted or refused.
+pub async fn register_present(dir: &Path, drivers: &Arc<Drivers>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if is_socket(&e.path()) {
+            let d = drivers.clone();
+            tasks.spawn(async move {
+                let _ = register_socket(&d, &e.path()).await;
+            });
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Watches `dir` until the task is dropped: registers every socket that appears (and, with
+/// `scan`, every socket present), and deregisters drivers whose socket goes away.
+pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, scan: bool) {
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        warn!(dir = %dir.display(), "cannot create the plugin registry directory: {e}");
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        let _ = tx.send(ev);
+    });
+    let mut watcher = match watcher {
+        Ok(w) => w,
+        Err(e) => {
+            warn!(dir = %dir.display(), "cannot watch the plugin registry directory: {e}");
+            return;
+        }
+    };
+    use notify::Watcher;
+    if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
+        warn!(dir = %dir.display(), "cannot watch the plugin registry directory: {e}");
+        return;
+    }
+    info!(dir = %dir.display(), "watching for CSI plugin registrations");
+    let spawn = |path: PathBuf| {
+        let d = drivers.clone();
+        tokio::spawn(async move {
+            let _ = register_socket(&d, &path).await;
+        });
+    };
+    if scan {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if is_socket(&e.path()) {
+                spawn(e.path());
+            }
+        }
+    }
+    while let Some(ev) = rx.recv().await {
+        let Ok(ev) = ev else { continue };
+        for path in ev.paths {
+            if is_socket(&path) {
+                if matches!(ev.kind, notify::EventKind::Create(_)) {
+                    spawn(path);
+                }
+            } else if !path.exists() {
+                drivers.deregister_socket(&path);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(t: &str, name: &str, versions: &[&str]) -> PluginInfo {
+        PluginInfo {
+            r#type: t.into(),
+            name: name.into(),
+            endpoint: String::new(),
+            supported_versions: versions.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn checks_type_name_and_version() {
+        assert_eq!(
+            check_info(&info("CSIPlugin", "loop.csi.kubevol.io", &["1.0.0"])),
+            None
+        );
+        assert_eq!(
+            check_info(&info("CSIPlugin", "x.io", &["0.3.0", "v1.2.0"])),
+            None
+        );
+        let refused = [
+            info("DevicePlugin", "x.io", &["1.0.0"]),
+            info("CSIPlugin", "", &["1.0.0"]),
+            info("CSIPlugin", "Not_A_Name", &["1.0.0"]),
+            info("CSIPlugin", "x.io", &["0.3.0"]),
+            info("CSIPlugin", "x.io", &[]),
+        ];
+        for i in refused {
+            assert!(check_info(&i).is_some(), "{i:?}");
+        }
+    }
+}
