@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Builds kubevol and runs it once on the example manifests shipped in examples/manifests,
-# inside a private mount namespace on a temporary root directory. It prints the table of what
-# was mounted where, then the namespace's mount table; when it exits, the namespace and its
-# mounts are gone and the temporary root is removed. Needs root (unshare, mount).
+# Builds kubevol and its loop-device CSI driver and runs kubevol once on the example manifests
+# shipped in examples/manifests, inside a private mount namespace on a temporary root
+# directory, with the driver registered through the root's plugins_registry. It prints the
+# table of what was mounted where, then the namespace's mount table; when it exits, the
+# namespace and its mounts are gone, the loop devices detached and the temporary root
+# removed. Needs root (unshare, mount, losetup) and e2fsprogs (mkfs.ext4).
 set -euo pipefail
 cd "$(dirname "$0")"
-cargo build --release --quiet --bin kubevol
+cargo build --release --quiet --bin kubevol --bin kubevol-csi-loop
 root=$(mktemp -d /tmp/kubevol-demo.XXXXXX)
 trap 'rm -rf --one-file-system "$root"' EXIT
 status=0
-RUST_LOG=${RUST_LOG:-warn} unshare --mount --propagation private sh -c '
-  target/release/kubevol run --once --manifests examples/manifests --root-dir "$1" --node-name demo
+RUST_LOG=${RUST_LOG:-warn} unshare --mount --propagation private \
+  examples/with-loop-driver.sh target/release "$root" sh -c '
+  target/release/kubevol run --once --manifests examples/manifests --root-dir "$1" --node-name demo \
+    --csi-controller "$KUBEVOL_CSI_CONTROLLER"
   s=$?
   echo
   echo "Mounts made in the private namespace:"

@@ -11,6 +11,38 @@ fn examples() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/manifests")
 }
 
+/// The example manifests without the CSI example (for runs without the loop driver).
+fn examples_without_csi() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(examples()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "database.yaml" {
+            std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+        }
+    }
+    dir
+}
+
+/// `kubevol ARGS` in a private mount namespace with the loop CSI driver beside it
+/// (examples/with-loop-driver.sh), its controller passed to kubevol.
+fn with_loop_driver(root: &str, args: &[&str]) -> Command {
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/with-loop-driver.sh");
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private"])
+        .arg(script)
+        .arg(bin_dir)
+        .arg(root)
+        .args([
+            "sh",
+            "-c",
+            "exec \"$0\" \"$@\" --csi-controller \"$KUBEVOL_CSI_CONTROLLER\"",
+            BIN,
+        ])
+        .args(args);
+    c
+}
+
 fn in_namespace(args: &[&str]) -> Command {
     let mut c = Command::new("unshare");
     c.args(["--mount", "--propagation", "private", BIN])
@@ -32,16 +64,19 @@ fn run_once_prints_what_was_mounted_where() {
     require_root();
     let root = tempfile::tempdir().unwrap();
     let root_s = root.path().to_str().unwrap();
-    let out = in_namespace(&[
-        "run",
-        "--once",
-        "--manifests",
-        examples().to_str().unwrap(),
-        "--root-dir",
+    let out = with_loop_driver(
         root_s,
-        "--node-name",
-        "demo",
-    ])
+        &[
+            "run",
+            "--once",
+            "--manifests",
+            examples().to_str().unwrap(),
+            "--root-dir",
+            root_s,
+            "--node-name",
+            "demo",
+        ],
+    )
     .output()
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -88,6 +123,15 @@ fn run_once_prints_what_was_mounted_where() {
         !stdout.contains("elsewhere"),
         "the other node's pod is ignored"
     );
+    let data = row("default/db", "data").expect("CSI claim row");
+    assert!(
+        data.contains("csi")
+            && data.contains("Mounted")
+            && data.ends_with("/volumes/kubernetes.io~csi/db-data/mount"),
+        "{data}"
+    );
+    let scratch = row("default/db", "scratch").expect("inline CSI row");
+    assert!(scratch.contains("Mounted"), "{scratch}");
 }
 
 #[test]
@@ -192,10 +236,11 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let server = format!("http://{listen}");
+    let manifests = examples_without_csi();
     let mut child = in_namespace(&[
         "run",
         "--manifests",
-        examples().to_str().unwrap(),
+        manifests.path().to_str().unwrap(),
         "--root-dir",
         root.path().to_str().unwrap(),
         "--listen",

@@ -81,7 +81,9 @@ pub fn ensure_formatted(device: &str, fs: &str) -> Result<(), String> {
         None => {
             let mkfs = format!("mkfs.{fs}");
             let mut args = vec![device];
-            if fs.starts_with("ext") {
+            if fs == "xfs" {
+                args = vec!["-q", device];
+            } else if fs.starts_with("ext") {
                 // No lazy init: the format is complete when mkfs returns.
                 args = vec![
                     "-q",

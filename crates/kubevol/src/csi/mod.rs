@@ -18,7 +18,7 @@ use kubevol_csi::v1::{controller_service_capability, node_service_capability};
 use tonic::transport::Channel;
 use tonic::Code;
 
-pub use plugin::CsiPlugin;
+pub use plugin::{attachment_id, ephemeral_handle, CsiPlugin};
 
 use crate::metrics::Metrics;
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Usage: with-loop-driver.sh BIN_DIR ROOT COMMAND [ARGS...]
+#
+# Runs COMMAND with kubevol's loop-device CSI driver serving beside it: the driver keeps its
+# volumes in ROOT/csi-data, listens on ROOT/csi/csi.sock and registers through
+# ROOT/plugins_registry (where `kubevol run --root-dir ROOT` looks). COMMAND sees
+# KUBEVOL_CSI_CONTROLLER=loop.csi.kubevol.io=unix://ROOT/csi/csi.sock, the value of kubevol's
+# --csi-controller flag for attach and detach. Afterwards the driver is stopped and the loop
+# devices of its volumes are detached. Run it inside a private mount namespace
+# (unshare --mount --propagation private): the mounts then vanish with the namespace.
+set -uo pipefail
+bin=$1 root=$2
+shift 2
+mkdir -p "$root/csi" "$root/plugins_registry"
+"$bin/kubevol-csi-loop" --endpoint "unix://$root/csi/csi.sock" --data-dir "$root/csi-data" \
+  --node-id "${KUBEVOL_NODE_ID:-demo}" --registration-dir "$root/plugins_registry" \
+  --call-log "$root/csi/calls.json" 2>"$root/csi/driver.log" &
+driver=$!
+for _ in $(seq 100); do
+  [ -S "$root/plugins_registry/loop.csi.kubevol.io-reg.sock" ] && break
+  sleep 0.05
+done
+export KUBEVOL_CSI_CONTROLLER="loop.csi.kubevol.io=unix://$root/csi/csi.sock"
+"$@"
+status=$?
+kill "$driver" 2>/dev/null
+wait "$driver" 2>/dev/null
+for img in "$root"/csi-data/volumes/*.img; do
+  [ -e "$img" ] || continue
+  for dev in $(losetup --associated "$img" | cut -d: -f1); do
+    losetup --detach "$dev"
+  done
+done
+exit $status
