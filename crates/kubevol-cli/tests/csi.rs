@@ -3,6 +3,7 @@
 //! per RPC) is what the tests read to see which calls kubevol made.
 
 #[macro_use]
+#[path = "../../kubevol/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -18,19 +19,7 @@ use serde_json::json;
 const DRIVER: &str = "loop.csi.kubevol.io";
 
 fn driver_binary() -> PathBuf {
-    // target/<profile>/deps/csi-<hash> → target/<profile>/kubevol-csi-loop
-    let exe = std::env::current_exe().expect("test binary");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("kubevol-csi-loop");
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests with `cargo test --workspace` (or `cargo build -p kubevol-csi-loop` first)",
-        bin.display()
-    );
-    bin
+    PathBuf::from(env!("CARGO_BIN_EXE_kubevol-csi-loop"))
 }
 
 /// A running kubevol-csi-loop. Dropping it kills it and detaches its volumes' loop devices.
