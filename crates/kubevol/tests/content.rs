@@ -96,7 +96,9 @@ mount_test! {
             // The manifest pod, by the name its UID derives from.
             let p = common::pod(json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}}));
             let uid = kubevol::pod_uid(&p);
-            let status = wait_for_status(&m, &p, 20, settled).await;
+            // The directory is read file by file while the manager runs: the pod may be seen
+            // before its objects and fail once; their arrival retries it at once.
+            let status = wait_for_status(&m, &p, 20, |s| s.phase == PodPhase::Ready).await;
             assert_eq!(status.phase, PodPhase::Ready, "{status:#?}");
 
             let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
