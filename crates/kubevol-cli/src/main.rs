@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod signal;
 mod table;
 
 use std::net::SocketAddr;
@@ -209,21 +210,6 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut config = Config::new(
         &args.root_dir,
@@ -275,9 +261,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let server = tokio::spawn(kubevol::http::serve(
             listener,
             manager.clone(),
-            shutdown_signal(),
+            signal::terminated(),
         ));
-        shutdown_signal().await;
+        signal::terminated().await;
         tracing::info!("stopping; mounts stay in place");
         let _ = server.await;
         ExitCode::SUCCESS

@@ -58,24 +58,7 @@ pub fn print_report(
             ]);
         }
     }
-    let widths: Vec<usize> = (0..4)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        writeln!(
-            out,
-            "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            r[4],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3]
-        )?;
-    }
+    write_columns(&rows, out)?;
     if wide {
         for pod in report.pods.iter().filter(|p| !p.events.is_empty()) {
             writeln!(
@@ -142,10 +125,15 @@ pub fn print_drivers(drivers: &[serde_json::Value], out: &mut impl Write) -> std
             s("health"),
         ]);
     }
+    write_columns(&rows, out)
+}
+
+/// Writes rows of five columns, each of the first four padded to its widest cell.
+fn write_columns(rows: &[[String; 5]], out: &mut impl Write) -> std::io::Result<()> {
     let widths: Vec<usize> = (0..4)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
-    for r in &rows {
+    for r in rows {
         writeln!(
             out,
             "{:w0$}  {:w1$}  {:w2$}  {:w3$}  {}",

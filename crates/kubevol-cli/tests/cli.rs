@@ -7,6 +7,9 @@ use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevol");
 
+/// A valid pod with one emptyDir.
+const OK_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, emptyDir: {}}]}\n";
+
 fn examples() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/manifests")
 }
@@ -139,7 +142,7 @@ fn run_once_exits_non_zero_and_explains_invalid_pods() {
     require_root();
     let root = tempfile::tempdir().unwrap();
     let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("ok.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, emptyDir: {}}]}\n").unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
     std::fs::write(manifests.path().join("bad.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, hostPath: {path: /tmp, type: Folder}}]}\n").unwrap();
     let out = in_namespace(&[
         "run",
@@ -176,7 +179,7 @@ fn json_logs_are_one_json_object_per_line() {
     require_root();
     let root = tempfile::tempdir().unwrap();
     let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("ok.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: ok}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, emptyDir: {}}]}\n").unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
     let out = in_namespace(&[
         "--log-format",
         "json",

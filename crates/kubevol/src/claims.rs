@@ -79,12 +79,13 @@ fn mode(m: Option<&String>) -> &str {
     m.map(String::as_str).unwrap_or("Filesystem")
 }
 
-/// Resolves a claim volume of `pod` (namespace `ns`) to its PersistentVolume.
+/// Resolves a claim volume of a pod in namespace `ns`, used by its containers as `u` says, to
+/// its PersistentVolume.
 pub fn resolve(
     store: &ObjectStore,
-    pod: &Pod,
     ns: &str,
     volume: &Volume,
+    u: Usage,
 ) -> Result<Arc<PersistentVolume>, String> {
     let Some((cname, claim)) = claim_of(store, ns, volume) else {
         return Err("not a persistentVolumeClaim volume".into());
@@ -138,7 +139,6 @@ pub fn resolve(
             "PersistentVolumeClaim {ns}/{cname} asks for volumeMode {claim_mode} but PersistentVolume {pv_name} has volumeMode {pv_mode}"
         ));
     }
-    let u = usage(pod, &volume.name);
     if u.device && u.mounted {
         return Err(format!(
             "the claim is used in both volumeMounts and volumeDevices: use one (volumeMode {pv_mode})"

@@ -263,7 +263,8 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
             debug!(pod = %pref, volume = %v.name, "volume is not used by any container; skipped");
             continue;
         }
-        let storage = storage_check(inner, pod, &pref, v);
+        let usage = crate::claims::usage(pod, &v.name);
+        let storage = storage_check(inner, &pref, v, usage);
         let persistent_volume = match storage {
             Ok(pv) => pv,
             Err(why) => {
@@ -280,7 +281,7 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
         };
         let spec = Arc::new(VolumeSpec {
             volume: v.clone(),
-            block: crate::claims::usage(pod, &v.name).device,
+            block: usage.device,
             persistent_volume,
         });
         match inner.plugins.find(&spec) {
@@ -341,12 +342,12 @@ fn process_pod(inner: &Inner, uid: &PodUid, stored: &StoredPod) {
 /// volume's driver allows ephemeral volumes. Returns the PersistentVolume of a claim.
 fn storage_check(
     inner: &Inner,
-    pod: &Pod,
     pref: &kubevol_core::PodRef,
     v: &k8s_openapi::api::core::v1::Volume,
+    usage: crate::claims::Usage,
 ) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, String> {
     if let Some(csi) = &v.csi {
-        if crate::claims::usage(pod, &v.name).device {
+        if usage.device {
             return Err("an inline CSI volume cannot be used in volumeDevices: use a claim with volumeMode Block".into());
         }
         crate::claims::lifecycle_allows(&inner.store, &csi.driver, "Ephemeral")?;
@@ -354,7 +355,7 @@ fn storage_check(
     if v.persistent_volume_claim.is_none() {
         return Ok(None);
     }
-    crate::claims::resolve(&inner.store, pod, &pref.namespace, v).map(Some)
+    crate::claims::resolve(&inner.store, &pref.namespace, v, usage).map(Some)
 }
 
 #[cfg(test)]

@@ -348,22 +348,45 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
             (traits.plugin, Ok(()))
         }
         Err(e) => {
-            let message = format!("{what} failed for volume {volume}: {e}");
-            // Every pod waiting on the volume shows why.
-            let pods: Vec<PodRef> = inner
+            // Every pod waiting on the volume shows why, and the message names them with the
+            // files they come from: a node-wide step has no single pod.
+            let users: Vec<(PodRef, String)> = inner
                 .dsw()
                 .volume(volume)
-                .map(|v| v.pods.values().map(|p| p.pod_ref.clone()).collect())
+                .map(|v| {
+                    v.pods
+                        .values()
+                        .map(|p| (p.pod_ref.clone(), p.outer_volume_name.clone()))
+                        .collect()
+                })
                 .unwrap_or_default();
-            for p in &pods {
-                let reason = if op.is_teardown() {
-                    reason::FAILED_UNMOUNT
-                } else {
-                    reason::FAILED_MOUNT
-                };
+            let pv = spec
+                .persistent_volume
+                .as_ref()
+                .and_then(|p| p.metadata.name.as_deref())
+                .map(|n| format!("PersistentVolume {n}, "))
+                .unwrap_or_default();
+            let used_by = if users.is_empty() {
+                "no pod uses it any more".to_string()
+            } else {
+                users
+                    .iter()
+                    .map(|(p, outer)| {
+                        format!("volume {outer:?} of pod {p} ({})", inner.origin_of(&p.uid))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let message = format!("{what} failed for {pv}{volume} ({used_by}): {e}");
+            let reason = if op.is_teardown() {
+                reason::FAILED_UNMOUNT
+            } else {
+                reason::FAILED_MOUNT
+            };
+            for (p, _) in &users {
                 inner.events.record(p, true, reason, message.clone());
             }
-            if pods.is_empty() {
+            if users.is_empty() {
                 warn!("{message}");
             }
             (traits.plugin, Err(message))

@@ -442,7 +442,6 @@ pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String,
     tasks.spawn(registration::watch(
         inner.host.root.join(registration::REGISTRY_DIR),
         drivers.clone(),
-        false,
     ));
     for (name, endpoint) in missing {
         let d = drivers.clone();
@@ -468,10 +467,13 @@ pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String,
         let mut changed = drivers.changed.subscribe();
         tasks.spawn(async move {
             while changed.changed().await.is_ok() {
-                // A volume waiting for its driver is retried now, not after its backoff.
-                inner
-                    .executor
-                    .retry_now(|_| true, tokio::time::Instant::now());
+                // A CSI volume waiting for its driver is retried now, not after its backoff;
+                // other volumes keep theirs.
+                let prefix = format!("{}/", plugin::PLUGIN_NAME);
+                inner.executor.retry_now(
+                    |k| k.volume.0.starts_with(&prefix),
+                    tokio::time::Instant::now(),
+                );
                 inner.wake.notify_one();
             }
         });

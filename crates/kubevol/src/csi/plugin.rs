@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use super::{Driver, Drivers};
 use crate::error::VolumeError;
 use crate::plugins::{
-    fs_group, BoxFuture, DeviceRequest, PluginHost, SetUpRequest, SetUpResult, TearDownRequest,
-    VolumePlugin,
+    blocking, fs_group, BoxFuture, DeviceRequest, PluginHost, SetUpRequest, SetUpResult,
+    TearDownRequest, VolumePlugin,
 };
 
 /// The plugin's name.
@@ -368,15 +368,6 @@ fn remove_vol_data(host: &PluginHost, dir: &Path, stop: &Path) {
             break;
         }
     }
-}
-
-/// Runs a blocking step off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, VolumeError> + Send + 'static,
-) -> Result<T, VolumeError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| VolumeError::Task(e.to_string()))?
 }
 
 /// The CSI plugin. It remembers the size each volume was last expanded to.

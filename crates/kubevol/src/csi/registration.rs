@@ -136,9 +136,9 @@ pub async fn register_present(dir: &Path, drivers: &Arc<Drivers>) {
     while tasks.join_next().await.is_some() {}
 }
 
-/// Watches `dir` until the task is dropped: registers every socket that appears (and, with
-/// `scan`, every socket present), and deregisters drivers whose socket goes away.
-pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, scan: bool) {
+/// Watches `dir` until the task is dropped: registers every socket that appears (those present
+/// at start are [`register_present`]'s), and deregisters drivers whose socket goes away.
+pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>) {
     if let Err(e) = std::fs::create_dir_all(&dir) {
         warn!(dir = %dir.display(), "cannot create the plugin registry directory: {e}");
         return;
@@ -166,13 +166,6 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, scan: bool) {
             let _ = register_socket(&d, &path).await;
         });
     };
-    if scan {
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if is_socket(&e.path()) {
-                spawn(e.path());
-            }
-        }
-    }
     while let Some(ev) = rx.recv().await {
         let Ok(ev) = ev else { continue };
         for path in ev.paths {

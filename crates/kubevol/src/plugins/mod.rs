@@ -262,13 +262,7 @@ pub trait VolumePlugin: Send + Sync + 'static {
         _host: Arc<PluginHost>,
         _req: DeviceRequest,
     ) -> BoxFuture<Result<BTreeMap<String, String>, VolumeError>> {
-        let plugin = self.name();
-        Box::pin(async move {
-            Err(VolumeError::Unsupported {
-                plugin,
-                operation: "attach",
-            })
-        })
+        unsupported(self.name(), "attach")
     }
 
     /// Detaches a volume no pod on the node uses.
@@ -277,13 +271,7 @@ pub trait VolumePlugin: Send + Sync + 'static {
         _host: Arc<PluginHost>,
         _req: DeviceRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
-        let plugin = self.name();
-        Box::pin(async move {
-            Err(VolumeError::Unsupported {
-                plugin,
-                operation: "detach",
-            })
-        })
+        unsupported(self.name(), "detach")
     }
 
     /// Mounts a device-mountable volume once for the node; returns where, if anywhere.
@@ -292,13 +280,7 @@ pub trait VolumePlugin: Send + Sync + 'static {
         _host: Arc<PluginHost>,
         _req: DeviceRequest,
     ) -> BoxFuture<Result<Option<PathBuf>, VolumeError>> {
-        let plugin = self.name();
-        Box::pin(async move {
-            Err(VolumeError::Unsupported {
-                plugin,
-                operation: "mount device",
-            })
-        })
+        unsupported(self.name(), "mount device")
     }
 
     /// Undoes [`VolumePlugin::mount_device`] after the last pod is gone.
@@ -307,14 +289,16 @@ pub trait VolumePlugin: Send + Sync + 'static {
         _host: Arc<PluginHost>,
         _req: DeviceRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
-        let plugin = self.name();
-        Box::pin(async move {
-            Err(VolumeError::Unsupported {
-                plugin,
-                operation: "unmount device",
-            })
-        })
+        unsupported(self.name(), "unmount device")
     }
+}
+
+/// The answer of a plugin to an operation it does not have.
+fn unsupported<T: Send + 'static>(
+    plugin: &'static str,
+    operation: &'static str,
+) -> BoxFuture<Result<T, VolumeError>> {
+    Box::pin(async move { Err(VolumeError::Unsupported { plugin, operation }) })
 }
 
 /// Runs blocking plugin work off the runtime's core threads.

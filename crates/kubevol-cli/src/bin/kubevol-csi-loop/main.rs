@@ -3,6 +3,8 @@
 
 mod driver;
 mod faults;
+#[path = "../../signal.rs"]
+mod signal;
 mod sys;
 
 use std::path::PathBuf;
@@ -89,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         .add_service(IdentityServer::new(driver::Svc(driver.clone())))
         .add_service(ControllerServer::new(driver::Svc(driver.clone())))
         .add_service(NodeServer::new(driver::Svc(driver.clone())))
-        .serve_with_incoming_shutdown(incoming, shutdown());
+        .serve_with_incoming_shutdown(incoming, signal::terminated());
     tracing::info!(driver = %args.driver_name, endpoint = %socket.display(), node = %args.node_id, "serving CSI");
 
     let reg_socket = args
@@ -105,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!(socket = %path.display(), "serving plugin registration");
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(driver::Svc(driver.clone())))
-            .serve_with_incoming_shutdown(incoming, shutdown())
+            .serve_with_incoming_shutdown(incoming, signal::terminated())
             .await
             .context("registration server failed")
     };
@@ -119,19 +121,4 @@ async fn main() -> anyhow::Result<()> {
         let _ = std::fs::remove_file(p);
     }
     a.and(b)
-}
-
-async fn shutdown() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use kubevol_mount::{LinuxMounter, Mounter, Unmounted};
+use rustix::mount::{MountFlags, MountPropagationFlags};
 
 /// Runs a command; its stderr is the error.
 pub fn run(program: &str, args: &[&str]) -> Result<String, String> {
@@ -108,43 +109,14 @@ pub fn grow_fs(device: &str, mount_point: &Path) -> Result<(), String> {
     }
 }
 
-/// Unescapes a mountinfo path field (`\040` for a space, ...).
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The source device of the mount at `path`, if `path` is a mount point.
+/// The source device of the mount at `path`, if `path` is a mount point (the topmost mount).
 pub fn mounted_at(path: &Path) -> Result<Option<String>, String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read mountinfo: {e}"))?;
-    let want = path.to_string_lossy();
-    let mut found = None;
-    for line in info.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() < 10 || unescape(fields[4]) != want {
-            continue;
-        }
-        let sep = fields
-            .iter()
-            .position(|f| *f == "-")
-            .unwrap_or(fields.len());
-        found = Some(fields.get(sep + 2).map(|s| unescape(s)).unwrap_or_default());
-    }
-    Ok(found)
+    let table = LinuxMounter.mount_table().map_err(|e| e.to_string())?;
+    Ok(table
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path)
+        .map(|m| m.source))
 }
 
 /// Mounts `device` (a filesystem of type `fs`) at `target`.
@@ -193,10 +165,10 @@ pub fn bind(source: &Path, target: &Path, ro: bool) -> Result<(), String> {
 
 /// Unmounts every mount stacked at `target` (nothing if it is not a mount point).
 pub fn unmount_all(target: &Path) -> Result<(), String> {
-    while mounted_at(target)?.is_some() {
-        rustix::mount::unmount(target, UnmountFlags::empty())
-            .map_err(|e| format!("unmount {}: {e}", target.display()))?;
+    if std::fs::symlink_metadata(target).is_err() {
+        return Ok(());
     }
+    while LinuxMounter.unmount(target).map_err(|e| e.to_string())? == Unmounted::Done {}
     Ok(())
 }
 
