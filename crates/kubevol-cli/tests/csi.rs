@@ -123,6 +123,16 @@ impl Driver {
             .count()
     }
 
+    /// What the stage or publish requests of a method carried, in order.
+    fn requests(&self, method: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.join("calls.json"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["request"] == method)
+            .collect()
+    }
+
     fn image(&self, id: &str) -> PathBuf {
         self.dir.join("data/volumes").join(format!("{id}.img"))
     }
@@ -165,6 +175,7 @@ fn objects(v: serde_json::Value) -> Vec<Object> {
                 Object::PersistentVolumeClaim(serde_json::from_value(o.clone()).unwrap())
             }
             "CSIDriver" => Object::CSIDriver(serde_json::from_value(o.clone()).unwrap()),
+            "Secret" => Object::Secret(serde_json::from_value(o.clone()).unwrap()),
             k => panic!("kind {k}"),
         })
         .collect()
@@ -449,4 +460,179 @@ mount_test! {
             m.shutdown();
         });
     }
+}
+
+const SECRET_VALUE: &str = "TOPSECRET-VALUE";
+
+mount_test! {
+    /// What NodeStageVolume and NodePublishVolume carry: pod information (podInfoOnMount),
+    /// secrets from Secret objects (never shown by kubevol), mount options, read-only; fsGroup
+    /// applied under fsGroupPolicy File; vol_data.json beside the staging and publish paths, gone
+    /// after teardown.
+    fn requests_carry_pod_info_secrets_options_read_only_and_fs_group() {
+        let t = TestRoot::new();
+        let driver = Driver::start(
+            &t.path().join("driver"),
+            Some(&registry(t.path())),
+            &["--inject", "NodePublishVolume:INTERNAL:1"],
+        );
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let mut volume = pv("sec", "16Mi", "Filesystem");
+            volume["spec"]["mountOptions"] = json!(["noatime"]);
+            volume["spec"]["csi"]["nodePublishSecretRef"] = json!({"name": "creds", "namespace": "default"});
+            volume["spec"]["csi"]["nodeStageSecretRef"] = json!({"name": "creds", "namespace": "default"});
+            m.store().upsert_objects(objects(json!([csi_driver(true), volume, pvc("sec", "Filesystem")])));
+            let mut p = claim_pod("writer", "sec");
+            p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 4321})).unwrap());
+            m.add_pod(p.clone());
+            // The Secret is missing: the error names it and says what to do.
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("Secret default/creds") && e.contains("add it to the manifests") && e.contains("PersistentVolume sec"), "{e}");
+            m.store().upsert_objects(objects(json!([{"kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
+            // The first publish fails (injected), the next one succeeds.
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            assert_eq!(driver.count("NodePublishVolume", "Internal"), 1);
+
+            let stage = &driver.requests("NodeStageVolume")[0];
+            assert_eq!(stage["secret_keys"], json!(["password"]), "{stage}");
+            assert_eq!(stage["mount_flags"], json!(["noatime"]), "{stage}");
+            let publish = driver.requests("NodePublishVolume").pop().unwrap();
+            let uid = kubevol::pod_uid(&p);
+            let ctx = &publish["context"];
+            assert_eq!(ctx["csi.storage.k8s.io/pod.name"], "writer", "{publish}");
+            assert_eq!(ctx["csi.storage.k8s.io/pod.namespace"], "default");
+            assert_eq!(ctx["csi.storage.k8s.io/pod.uid"], uid.to_string());
+            assert_eq!(ctx["csi.storage.k8s.io/serviceAccount.name"], "default");
+            assert_eq!(ctx["csi.storage.k8s.io/ephemeral"], "false");
+            assert_eq!(ctx["size"], "16Mi", "volume attributes pass through");
+            assert_eq!(publish["secret_keys"], json!(["password"]));
+            assert_eq!(publish["readonly"], false);
+
+            let path = mount_path(&m, &p, "data");
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().gid(), 4321, "fsGroupPolicy File");
+            let staged = t.path().join("root/plugins/kubernetes.io/csi").join(DRIVER);
+            let stage_dir = std::fs::read_dir(&staged).unwrap().next().unwrap().unwrap().path();
+            let data: serde_json::Value = serde_json::from_slice(&std::fs::read(stage_dir.join("vol_data.json")).unwrap()).unwrap();
+            assert_eq!(data["volumeHandle"], "sec");
+
+            // A second pod reads the claim read-only: published read-only, and it is.
+            let mut reader = pod_with_volumes("reader", json!([{"name": "data", "persistentVolumeClaim": {"claimName": "sec", "readOnly": true}}]));
+            reader.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap()[0].read_only = Some(true);
+            m.add_pod(reader.clone());
+            m.wait_for_attach_and_mount(&reader).await.unwrap();
+            assert_eq!(driver.requests("NodePublishVolume").pop().unwrap()["readonly"], true);
+            let rv = &m.mounted_volumes_for_pod(&kubevol::pod_uid(&reader))["data"];
+            assert!(rv.read_only);
+            let err = std::fs::write(rv.path.join("x"), b"x").unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(30), "EROFS: {err}");
+
+            // kubevol never shows a secret's value: not in status, events, errors or metrics.
+            let shown = format!("{}{}{}", serde_json::to_string(&m.status(true)).unwrap(), serde_json::to_string(&m.events()).unwrap(), m.metrics_text());
+            assert!(shown.contains("injected fault"), "the failed publish is reported");
+            assert!(!shown.contains(SECRET_VALUE));
+
+            for q in [&p, &reader] {
+                m.remove_pod(q);
+                m.wait_for_unmount(q).await.unwrap();
+                let dir = t.path().join("root/pods").join(kubevol::pod_uid(q).as_str());
+                wait_until("pod directory removal (vol_data.json gone)", 20, || !dir.exists()).await;
+            }
+            wait_until("detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            assert!(!stage_dir.exists(), "the staging vol_data.json and its directory go after unstage");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// A volume that needs attaching without a controller endpoint waits with a message saying
+    /// what to configure; the pod's other volume and other pods are not held up.
+    fn attach_without_a_controller_waits_and_holds_nothing_else_up() {
+        let t = TestRoot::new();
+        let _driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let m = manager(t.path(), |_| {});
+            m.store().upsert_objects(objects(json!([csi_driver(true), pv("att", "16Mi", "Filesystem"), pvc("att", "Filesystem")])));
+            let p = pod_with_volumes("p", json!([
+                {"name": "data", "persistentVolumeClaim": {"claimName": "att"}},
+                {"name": "tmp", "emptyDir": {}},
+            ]));
+            m.add_pod(p.clone());
+            let other = pod_with_volumes("other", json!([{"name": "tmp", "emptyDir": {}}]));
+            m.add_pod(other.clone());
+            m.wait_for_attach_and_mount(&other).await.unwrap();
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some()) && s.volumes.iter().any(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
+            let data = s.volumes.iter().find(|v| v.name == "data").unwrap();
+            let e = data.retry.last_error.as_deref().unwrap();
+            assert!(e.contains("--csi-controller loop.csi.kubevol.io=unix://") && e.contains("pod default/p") && e.contains("attachRequired: false"), "{e}");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+/// The loop driver's controller service, called directly: idempotent, with the CSI spec's
+/// codes.
+fn loop_driver_controller_is_idempotent_with_spec_codes() {
+    use kubevol_csi::v1::controller_client::ControllerClient;
+    use kubevol_csi::v1::*;
+    let t = TestRoot::new();
+    let driver = Driver::start(&t.path().join("driver"), None, &[]);
+    runtime().block_on(async {
+        let mut c = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+        let cap = VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
+            access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+        };
+        let create = |name: &str, bytes: i64| CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        };
+        let a = c.create_volume(create("vol-a", 8 << 20)).await.unwrap().into_inner().volume.unwrap();
+        let again = c.create_volume(create("vol-a", 8 << 20)).await.unwrap().into_inner().volume.unwrap();
+        assert_eq!((a.volume_id.as_str(), a.capacity_bytes), ("vol-a", 8 << 20));
+        assert_eq!((again.volume_id, again.capacity_bytes), (a.volume_id.clone(), a.capacity_bytes));
+        assert!(driver.image("vol-a").exists());
+        let bigger = c.create_volume(create("vol-a", 16 << 20)).await.unwrap_err();
+        assert_eq!(bigger.code(), tonic::Code::AlreadyExists, "{bigger:?}");
+        assert_eq!(c.create_volume(create("", 1)).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+        let validate = |id: &str, mode: volume_capability::access_mode::Mode| ValidateVolumeCapabilitiesRequest {
+            volume_id: id.into(),
+            volume_capabilities: vec![VolumeCapability { access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }), ..cap.clone() }],
+            ..Default::default()
+        };
+        use volume_capability::access_mode::Mode;
+        assert!(c.validate_volume_capabilities(validate("vol-a", Mode::SingleNodeWriter)).await.unwrap().into_inner().confirmed.is_some());
+        assert!(c.validate_volume_capabilities(validate("vol-a", Mode::MultiNodeMultiWriter)).await.unwrap().into_inner().confirmed.is_none());
+        assert_eq!(c.validate_volume_capabilities(validate("nope", Mode::SingleNodeWriter)).await.unwrap_err().code(), tonic::Code::NotFound);
+
+        let publish = |node: &str| ControllerPublishVolumeRequest {
+            volume_id: "vol-a".into(),
+            node_id: node.into(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        };
+        assert_eq!(c.controller_publish_volume(publish("elsewhere")).await.unwrap_err().code(), tonic::Code::NotFound);
+        let first = c.controller_publish_volume(publish("test-node")).await.unwrap().into_inner().publish_context;
+        let second = c.controller_publish_volume(publish("test-node")).await.unwrap().into_inner().publish_context;
+        assert!(first["devicePath"].starts_with("/dev/loop"));
+        assert_eq!(first, second, "publishing twice attaches once");
+        let in_use = c.delete_volume(DeleteVolumeRequest { volume_id: "vol-a".into(), ..Default::default() }).await.unwrap_err();
+        assert_eq!(in_use.code(), tonic::Code::FailedPrecondition, "{in_use:?}");
+        let unpublish = ControllerUnpublishVolumeRequest { volume_id: "vol-a".into(), node_id: "test-node".into(), ..Default::default() };
+        c.controller_unpublish_volume(unpublish.clone()).await.unwrap();
+        c.controller_unpublish_volume(unpublish).await.unwrap();
+        let delete = DeleteVolumeRequest { volume_id: "vol-a".into(), ..Default::default() };
+        c.delete_volume(delete.clone()).await.unwrap();
+        c.delete_volume(delete).await.unwrap();
+        assert!(!driver.image("vol-a").exists());
+        let bad_id = c.controller_publish_volume(ControllerPublishVolumeRequest { volume_id: "../x".into(), ..publish("test-node") }).await.unwrap_err();
+        assert_eq!(bad_id.code(), tonic::Code::NotFound);
+    });
+}
 }

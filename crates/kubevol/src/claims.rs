@@ -194,3 +194,183 @@ pub fn lifecycle_allows(store: &ObjectStore, driver: &str, mode: &str) -> Result
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::Object;
+
+    fn store(objects: serde_json::Value) -> ObjectStore {
+        let s = ObjectStore::new();
+        let objs = objects
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| match o["kind"].as_str().unwrap() {
+                "PersistentVolume" => {
+                    Object::PersistentVolume(serde_json::from_value(o.clone()).unwrap())
+                }
+                "PersistentVolumeClaim" => {
+                    Object::PersistentVolumeClaim(serde_json::from_value(o.clone()).unwrap())
+                }
+                "CSIDriver" => Object::CSIDriver(serde_json::from_value(o.clone()).unwrap()),
+                k => panic!("kind {k}"),
+            });
+        assert!(s.upsert_objects(objs).is_empty());
+        s
+    }
+
+    fn pv(name: &str, claim: Option<(&str, &str)>, mode: &str, access: &str) -> serde_json::Value {
+        let mut v = json!({"kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
+            "accessModes": [access], "volumeMode": mode,
+            "csi": {"driver": "d.example.com", "volumeHandle": name}}});
+        if let Some((ns, n)) = claim {
+            v["spec"]["claimRef"] = json!({"namespace": ns, "name": n});
+        }
+        v
+    }
+
+    fn pvc(name: &str, volume_name: Option<&str>, mode: &str) -> serde_json::Value {
+        let mut v = json!({"kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"volumeMode": mode}});
+        if let Some(n) = volume_name {
+            v["spec"]["volumeName"] = json!(n);
+        }
+        v
+    }
+
+    fn volume(claim: &str) -> Volume {
+        serde_json::from_value(json!({"name": "v", "persistentVolumeClaim": {"claimName": claim}}))
+            .unwrap()
+    }
+
+    const MOUNTED: Usage = Usage {
+        mounted: true,
+        written: true,
+        device: false,
+    };
+    const DEVICE: Usage = Usage {
+        mounted: false,
+        written: false,
+        device: true,
+    };
+
+    fn resolved(objects: serde_json::Value, claim: &str, u: Usage) -> Result<String, String> {
+        let s = store(objects);
+        resolve(&s, "ns", &volume(claim), u).map(|pv| pv.metadata.name.clone().unwrap())
+    }
+
+    #[test]
+    fn claims_bind_by_volume_name_or_claim_ref() {
+        let by_name = json!([
+            pv("a", None, "Filesystem", "ReadWriteOnce"),
+            pvc("c", Some("a"), "Filesystem")
+        ]);
+        assert_eq!(resolved(by_name, "c", MOUNTED).unwrap(), "a");
+        let by_ref = json!([
+            pv("b", Some(("ns", "c")), "Filesystem", "ReadWriteOnce"),
+            pvc("c", None, "Filesystem")
+        ]);
+        assert_eq!(resolved(by_ref, "c", MOUNTED).unwrap(), "b");
+        let block = json!([
+            pv("k", Some(("ns", "c")), "Block", "ReadWriteOnce"),
+            pvc("c", None, "Block")
+        ]);
+        assert_eq!(resolved(block, "c", DEVICE).unwrap(), "k");
+    }
+
+    #[test]
+    fn every_refusal_says_what_to_fix() {
+        let rows: Vec<(&str, serde_json::Value, Usage, &str)> = vec![
+            ("missing claim", json!([]), MOUNTED, "PersistentVolumeClaim ns/c does not exist: add it"),
+            (
+                "claim being deleted",
+                json!([{"kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "a"}}]),
+                MOUNTED,
+                "is being deleted",
+            ),
+            ("missing volume", json!([pvc("c", Some("a"), "Filesystem")]), MOUNTED, "bound to PersistentVolume a (spec.volumeName), which does not exist"),
+            ("unbound", json!([pvc("c", None, "Filesystem")]), MOUNTED, "is not bound: set its spec.volumeName"),
+            (
+                "bound to another claim",
+                json!([pv("a", Some(("ns", "other")), "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem")]),
+                MOUNTED,
+                "PersistentVolume a is bound to claim ns/other, not to ns/c",
+            ),
+            (
+                "claim and volume modes differ",
+                json!([pv("a", None, "Block", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem")]),
+                MOUNTED,
+                "asks for volumeMode Filesystem but PersistentVolume a has volumeMode Block",
+            ),
+            (
+                "Block in volumeMounts",
+                json!([pv("a", None, "Block", "ReadWriteOnce"), pvc("c", Some("a"), "Block")]),
+                MOUNTED,
+                "used in volumeMounts but PersistentVolume a has volumeMode Block: use volumeDevices",
+            ),
+            (
+                "Filesystem in volumeDevices",
+                json!([pv("a", None, "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem")]),
+                DEVICE,
+                "used in volumeDevices but PersistentVolume a has volumeMode Filesystem",
+            ),
+            (
+                "read-only volume written",
+                json!([pv("a", None, "Filesystem", "ReadOnlyMany"), pvc("c", Some("a"), "Filesystem")]),
+                MOUNTED,
+                "allows only ReadOnlyMany but a container mounts it writable: set readOnly: true",
+            ),
+            (
+                "driver without Persistent",
+                json!([pv("a", None, "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem"),
+                       {"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Ephemeral"]}}]),
+                MOUNTED,
+                "CSIDriver d.example.com does not list Persistent in spec.volumeLifecycleModes",
+            ),
+        ];
+        for (name, objects, u, want) in rows {
+            let err = resolved(objects, "c", u).expect_err(name);
+            assert!(err.contains(want), "row {name}: {err}");
+        }
+        let read_only = Usage {
+            written: false,
+            ..MOUNTED
+        };
+        let rox = json!([
+            pv("a", None, "Filesystem", "ReadOnlyMany"),
+            pvc("c", Some("a"), "Filesystem")
+        ]);
+        assert!(
+            resolved(rox, "c", read_only).is_ok(),
+            "read-only mounts of a ReadOnlyMany volume"
+        );
+    }
+
+    #[test]
+    fn inline_volumes_need_a_csidriver_that_allows_them() {
+        let none = store(json!([]));
+        let err = lifecycle_allows(&none, "d.example.com", "Ephemeral").unwrap_err();
+        assert!(
+            err.contains("has no CSIDriver object")
+                && err.contains("volumeLifecycleModes [Ephemeral]"),
+            "{err}"
+        );
+        assert!(lifecycle_allows(&none, "d.example.com", "Persistent").is_ok());
+        let both = store(
+            json!([{"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Persistent", "Ephemeral"]}}]),
+        );
+        assert!(lifecycle_allows(&both, "d.example.com", "Ephemeral").is_ok());
+        let default = store(
+            json!([{"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {}}]),
+        );
+        let err = lifecycle_allows(&default, "d.example.com", "Ephemeral").unwrap_err();
+        assert!(
+            err.contains("does not list Ephemeral") && err.contains("(Persistent)"),
+            "{err}"
+        );
+    }
+}

@@ -185,6 +185,35 @@ impl Driver {
         }
     }
 
+    /// Logs what a stage or publish request carried, for tests and audits: the volume context,
+    /// the mount flags and read-only flag, and the names of the secrets (never their values).
+    fn log_request(
+        &self,
+        method: &str,
+        volume: &str,
+        context: &HashMap<String, String>,
+        secrets: &HashMap<String, String>,
+        cap: Option<&VolumeCapability>,
+        readonly: bool,
+    ) {
+        let Some(f) = &self.call_log else {
+            return;
+        };
+        let mut secret_keys: Vec<&String> = secrets.keys().collect();
+        secret_keys.sort();
+        let flags = cap.map(|c| mount_of(c).1).unwrap_or_default();
+        let line = serde_json::json!({
+            "request": method,
+            "volume_id": volume,
+            "context": context,
+            "secret_keys": secret_keys,
+            "mount_flags": flags,
+            "readonly": readonly,
+        });
+        let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(f, "{line}");
+    }
+
     /// Runs one call: injected faults first, then the work under the volume's lock, off the
     /// async threads; then the injected delay.
     async fn call<T, F>(
@@ -603,6 +632,14 @@ impl Node for Svc {
         let image = self.image(&r.volume_id);
         let id = r.volume_id.clone();
         let staging = PathBuf::from(&r.staging_target_path);
+        self.log_request(
+            "NodeStageVolume",
+            &r.volume_id,
+            &r.volume_context,
+            &r.secrets,
+            Some(&cap),
+            false,
+        );
         self.call(
             "NodeStageVolume",
             &r.volume_id,
@@ -674,6 +711,14 @@ impl Node for Svc {
         let image = self.image(&r.volume_id);
         let target = PathBuf::from(&r.target_path);
         let id = r.volume_id.clone();
+        self.log_request(
+            "NodePublishVolume",
+            &r.volume_id,
+            &r.volume_context,
+            &r.secrets,
+            Some(&cap),
+            r.readonly,
+        );
         self.call(
             "NodePublishVolume",
             &r.volume_id,

@@ -47,7 +47,8 @@ struct Args {
     /// Make every call of METHOD take MS milliseconds more (after its work). Repeatable.
     #[arg(long, value_name = "METHOD:MS")]
     delay: Vec<faults::Delay>,
-    /// Append one JSON line per call (method, volume_id, path, code) to this file.
+    /// Append one JSON line per call (method, volume_id, path, code) to this file, and one per
+    /// stage or publish request (context, mount flags, read-only, secret names).
     #[arg(long)]
     call_log: Option<PathBuf>,
 }
