@@ -21,9 +21,9 @@ use kubevol_mount::{LinuxMounter, MountOptions, Mounter};
 /// Benchmark options.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Pods arriving together.
-    #[arg(long, default_value_t = 1000)]
-    pods: usize,
+    /// Pods (default: 1000; 50 with --csi, where each pod's volume is a loop device).
+    #[arg(long)]
+    pods: Option<usize>,
     /// Memory emptyDir volumes per pod.
     #[arg(long, default_value_t = 4)]
     volumes: usize,
@@ -37,6 +37,17 @@ pub struct BenchArgs {
     /// and a projected volume (both plus the pod's name); reports ready and update latency.
     #[arg(long)]
     content: bool,
+    /// Benchmark CSI volumes instead: each pod gets its own PersistentVolume of the
+    /// kubevol-csi-loop driver (attach, stage: format and mount, publish); reports each pod's
+    /// ready latency split into the driver's own work and kubevol's overhead.
+    #[arg(long, conflicts_with = "content")]
+    csi: bool,
+}
+
+impl BenchArgs {
+    fn pods(&self) -> usize {
+        self.pods.unwrap_or(if self.csi { 50 } else { 1000 })
+    }
 }
 
 /// CPU seconds (user + system) of this process so far, from /proc/self/stat.
@@ -127,12 +138,14 @@ fn bench_root() -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
 fn start_manager(
     root: &Path,
     args: &BenchArgs,
+    tweak: impl FnOnce(&mut Config),
 ) -> anyhow::Result<(VolumeManager, tokio::task::JoinHandle<()>)> {
     let mut config = Config::new(root, "bench-node");
     config.wait_timeout = Duration::from_secs(600);
     if let Some(c) = args.concurrency {
         config.max_concurrent_operations = c;
     }
+    tweak(&mut config);
     let manager = VolumeManager::new(config, Arc::new(LinuxMounter))?;
     let running = tokio::spawn({
         let m = manager.clone();
@@ -171,11 +184,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if args.content {
         return content::run(args);
     }
-    let total = args.pods * args.volumes;
+    if args.csi {
+        return csi::run(args);
+    }
+    let total = args.pods() * args.volumes;
     let (tmp, floor_dir) = bench_root()?;
     println!(
         "kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts",
-        args.pods, args.volumes
+        args.pods(),
+        args.volumes
     );
 
     // The floor runs before and after kubevol and the two are averaged: the filesystem gets
@@ -189,8 +206,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let root = tmp.path().join("root");
     let result = runtime.block_on(async {
-        let (manager, running) = start_manager(&root, args)?;
-        let pods: Vec<Pod> = (0..args.pods).map(|i| pod(i, args.volumes)).collect();
+        let (manager, running) = start_manager(&root, args, |_| {})?;
+        let pods: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
         let cpu_start = cpu_seconds();
         let start = tokio::time::Instant::now();
         let (_, latencies) = add_and_wait(&manager, &pods).await?;
@@ -384,22 +401,22 @@ mod content {
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let (tmp, floor_dir) = bench_root()?;
-        let total = args.pods * VOLUMES;
+        let total = args.pods() * VOLUMES;
         println!(
             "kubevol bench --content: {} pods x (configMap {CONFIG_KEYS} keys, secret {SECRET_KEYS} keys, projected {} files) = {total} volumes",
-            args.pods,
+            args.pods(),
             CONFIG_KEYS + SECRET_KEYS + 1
         );
         let (floor_setup_a, floor_update_a) =
-            raw_floor(&floor_dir, args.pods).context("raw floor")?;
+            raw_floor(&floor_dir, args.pods()).context("raw floor")?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
         let root = tmp.path().join("root");
         let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
-            let (manager, running) = start_manager(&root, args)?;
+            let (manager, running) = start_manager(&root, args, |_| {})?;
             manager.store().upsert_objects(objects(1));
-            let pods: Vec<Pod> = (0..args.pods).map(pod).collect();
+            let pods: Vec<Pod> = (0..args.pods()).map(pod).collect();
             let start = tokio::time::Instant::now();
             let (uids, latencies) = add_and_wait(&manager, &pods).await?;
             let ready_elapsed = start.elapsed();
@@ -437,7 +454,7 @@ mod content {
             anyhow::Ok((latencies, ready_elapsed, update_elapsed, update_lat))
         })?;
         let (floor_setup_b, floor_update_b) =
-            raw_floor(&floor_dir, args.pods).context("raw floor")?;
+            raw_floor(&floor_dir, args.pods()).context("raw floor")?;
         let floor_setup = (floor_setup_a + floor_setup_b) / 2;
         let floor_update = (floor_update_a + floor_update_b) / 2;
         let ms = |d: f64| d * 1e3;
@@ -451,7 +468,7 @@ mod content {
             ms(floor_setup.as_secs_f64()),
             floor_setup.as_secs_f64() / ready_elapsed.as_secs_f64()
         );
-        println!("ConfigMap update, {} volumes rewritten:", args.pods * 2);
+        println!("ConfigMap update, {} volumes rewritten:", args.pods() * 2);
         println!(
             "  p50 {:.1} ms   p99 {:.1} ms   all after {:.1} ms (raw floor {:.1} ms, ratio {:.2})",
             ms(percentile(&update_lat, 0.5)),
@@ -462,6 +479,262 @@ mod content {
         );
         println!("(ratio = raw floor time / kubevol time; 1.0 is the floor)");
         println!("peak RSS: {:.1} MiB", peak_rss_mib());
+        LinuxMounter.unmount(tmp.path())?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+mod csi {
+    //! The CSI benchmark: pods added one after another, each with its own PersistentVolume of
+    //! the kubevol-csi-loop driver. The driver logs the time it spent on each call, so each
+    //! pod's ready latency splits into the driver's own work (the floor: attaching a loop
+    //! device, formatting and mounting it, binding it) and kubevol's overhead (gRPC, bookkeeping,
+    //! directories, vol_data.json, fsync).
+
+    use std::collections::HashMap;
+    use std::process::{Child, Command};
+
+    use super::*;
+    use kubevol::store::Object;
+
+    const DRIVER: &str = "loop.csi.kubevol.io";
+
+    /// The driver process; dropping it stops it and detaches its volumes' loop devices.
+    struct Driver {
+        child: Child,
+        data: std::path::PathBuf,
+    }
+
+    impl Drop for Driver {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let _ = self.child.wait();
+            for img in std::fs::read_dir(self.data.join("volumes"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let out = Command::new("losetup")
+                    .arg("--associated")
+                    .arg(img.path())
+                    .output();
+                let text = out
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                for dev in text.lines().filter_map(|l| l.split(':').next()) {
+                    let _ = Command::new("losetup").args(["--detach", dev]).status();
+                }
+            }
+        }
+    }
+
+    fn objects(n: usize) -> Vec<Object> {
+        let mut out = vec![Object::CSIDriver(
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": DRIVER}, "spec": {"attachRequired": true}}),
+            )
+            .expect("valid CSIDriver"),
+        )];
+        for i in 0..n {
+            let name = format!("bench-{i}");
+            out.push(Object::PersistentVolume(
+                serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": {
+                    "capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"],
+                    "claimRef": {"namespace": "bench", "name": name},
+                    "csi": {"driver": DRIVER, "volumeHandle": name, "fsType": "ext4", "volumeAttributes": {"size": "16Mi"}}}}))
+                .expect("valid PersistentVolume"),
+            ));
+            out.push(Object::PersistentVolumeClaim(
+                serde_json::from_value(
+                    serde_json::json!({"metadata": {"name": name, "namespace": "bench"},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": name}}),
+                )
+                .expect("valid PersistentVolumeClaim"),
+            ));
+        }
+        out
+    }
+
+    fn pod(i: usize) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("bench-{i}"), "namespace": "bench"},
+            "spec": {
+                "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": format!("bench-{i}")}}],
+            },
+        }))
+        .expect("benchmark pod is valid")
+    }
+
+    /// The driver's own time per (volume, method), from its call log, in seconds.
+    fn driver_work(log: &Path) -> HashMap<(String, String), f64> {
+        let mut out = HashMap::new();
+        for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let (Some(m), Some(id), Some(ms)) = (
+                v["method"].as_str(),
+                v["volume_id"].as_str(),
+                v["work_ms"].as_f64(),
+            ) {
+                *out.entry((id.to_string(), m.to_string())).or_insert(0.0) += ms / 1e3;
+            }
+        }
+        out
+    }
+
+    pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+        let n = args.pods();
+        let (tmp, _) = bench_root()?;
+        let base = tmp.path();
+        let binary = std::env::current_exe()?.with_file_name("kubevol-csi-loop");
+        anyhow::ensure!(
+            binary.exists(),
+            "{} is missing: build it with cargo build --release --bin kubevol-csi-loop",
+            binary.display()
+        );
+        let root = base.join("root");
+        let socket = base.join("csi/csi.sock");
+        let log = base.join("csi/calls.json");
+        std::fs::create_dir_all(base.join("csi"))?;
+        let child = Command::new(&binary)
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--data-dir")
+            .arg(base.join("csi-data"))
+            .args(["--node-id", "bench-node"])
+            .arg("--registration-dir")
+            .arg(root.join("plugins_registry"))
+            .arg("--call-log")
+            .arg(&log)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let driver = Driver {
+            child,
+            data: base.join("csi-data"),
+        };
+        let registration = root
+            .join("plugins_registry")
+            .join(format!("{DRIVER}-reg.sock"));
+        let t = Instant::now();
+        while !registration.exists() {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "the driver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        println!("kubevol bench --csi: {n} pods, one after another, each with its own PersistentVolume of {DRIVER} (16Mi ext4 on a loop device)");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let (latencies, teardown) = runtime.block_on(async {
+            let (manager, running) = start_manager(&root, args, |c| {
+                c.csi_controllers = vec![(DRIVER.into(), socket.clone())];
+            })?;
+            manager.store().upsert_objects(objects(n));
+            let pods: Vec<Pod> = (0..n).map(pod).collect();
+            let mut latencies = Vec::new();
+            for p in &pods {
+                let t = tokio::time::Instant::now();
+                manager.add_pod(p.clone());
+                manager.wait_for_attach_and_mount(p).await?;
+                latencies.push(t.elapsed().as_secs_f64());
+            }
+            let t = tokio::time::Instant::now();
+            manager.remove_pods(&pods);
+            manager.wait_for_all_pods_unmount(&pods).await?;
+            // Teardown ends with the detach of the last volume.
+            while driver_work(&log)
+                .keys()
+                .filter(|(_, m)| m == "ControllerUnpublishVolume")
+                .count()
+                < n
+            {
+                anyhow::ensure!(
+                    t.elapsed() < Duration::from_secs(600),
+                    "volumes not detached"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let teardown = t.elapsed();
+            manager.shutdown();
+            let _ = running.await;
+            anyhow::Ok((latencies, teardown))
+        })?;
+        let work = driver_work(&log);
+        let sum = |id: &str, methods: &[&str]| -> f64 {
+            methods
+                .iter()
+                .map(|m| {
+                    work.get(&(id.to_string(), m.to_string()))
+                        .copied()
+                        .unwrap_or(0.0)
+                })
+                .sum()
+        };
+        let set_up = [
+            "ControllerPublishVolume",
+            "NodeStageVolume",
+            "NodePublishVolume",
+        ];
+        let tear_down = [
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume",
+        ];
+        let mut driver_s: Vec<f64> = (0..n)
+            .map(|i| sum(&format!("bench-{i}"), &set_up))
+            .collect();
+        let mut overhead: Vec<f64> = latencies
+            .iter()
+            .zip(&driver_s)
+            .map(|(l, d)| l - d)
+            .collect();
+        let total_latency: f64 = latencies.iter().sum();
+        let total_driver: f64 = driver_s.iter().sum();
+        let teardown_driver: f64 = (0..n).map(|i| sum(&format!("bench-{i}"), &tear_down)).sum();
+        let mut lat = latencies.clone();
+        for v in [&mut lat, &mut driver_s, &mut overhead] {
+            v.sort_by(|a, b| a.total_cmp(b));
+        }
+        let ms = |v: &[f64], p: f64| percentile(v, p) * 1e3;
+        println!();
+        println!("pod ready latency (attach + stage + publish), per pod:");
+        println!("                        p50        p99");
+        println!(
+            "  total            {:7.1} ms {:7.1} ms",
+            ms(&lat, 0.5),
+            ms(&lat, 0.99)
+        );
+        println!(
+            "  driver's own     {:7.1} ms {:7.1} ms   (the floor: loop device, mkfs, mounts)",
+            ms(&driver_s, 0.5),
+            ms(&driver_s, 0.99)
+        );
+        println!(
+            "  kubevol overhead {:7.1} ms {:7.1} ms   (gRPC, paths, vol_data.json, bookkeeping)",
+            ms(&overhead, 0.5),
+            ms(&overhead, 0.99)
+        );
+        println!(
+            "set-up: driver {:.0} ms of {:.0} ms in all (ratio floor/kubevol {:.2})",
+            total_driver * 1e3,
+            total_latency * 1e3,
+            total_driver / total_latency.max(1e-9)
+        );
+        println!(
+            "tear-down of all {n} pods at once (unpublish, unstage, detach): {:.0} ms wall; driver's own work {:.0} ms summed over its calls, which run in parallel",
+            teardown.as_secs_f64() * 1e3,
+            teardown_driver * 1e3
+        );
+        println!("peak RSS: {:.1} MiB", peak_rss_mib());
+        drop(driver);
         LinuxMounter.unmount(tmp.path())?;
         Ok(ExitCode::SUCCESS)
     }

@@ -150,3 +150,44 @@ fn write_columns(rows: &[[String; 5]], out: &mut impl Write) -> std::io::Result<
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drivers_table_shows_node_id_capabilities_endpoint_and_health() {
+        let drivers: Vec<serde_json::Value> = serde_json::from_value(serde_json::json!([
+            {"name": "loop.csi.kubevol.io", "endpoint": "/run/csi.sock", "node_id": "node-1",
+             "capabilities": {"stage_unstage_volume": true, "get_volume_stats": false, "expand_volume": true},
+             "health": "healthy"},
+            {"name": "other.example.com", "endpoint": "/run/o.sock", "node_id": "n",
+             "capabilities": {}, "health": "CSI driver other.example.com: NodeStageVolume failed: Unavailable (gone)"}
+        ]))
+        .unwrap();
+        let mut out = Vec::new();
+        print_drivers(&drivers, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "");
+        assert!(
+            lines[1].starts_with("CSI DRIVER") && lines[1].contains("HEALTH"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("loop.csi.kubevol.io")
+                && lines[2].contains("node-1")
+                && lines[2].contains("EXPAND_VOLUME,STAGE_UNSTAGE_VOLUME")
+                && !lines[2].contains("GET_VOLUME_STATS")
+                && lines[2].ends_with("healthy"),
+            "{text}"
+        );
+        assert!(
+            lines[3].contains(" - ") && lines[3].ends_with("Unavailable (gone)"),
+            "{text}"
+        );
+        let mut none = Vec::new();
+        print_drivers(&[], &mut none).unwrap();
+        assert!(none.is_empty(), "no drivers, no table");
+    }
+}

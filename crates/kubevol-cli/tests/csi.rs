@@ -636,3 +636,39 @@ fn loop_driver_controller_is_idempotent_with_spec_codes() {
     });
 }
 }
+
+mount_test! {
+    /// Each non-final code (DeadlineExceeded, Unavailable, Canceled, ResourceExhausted,
+    /// Aborted) from NodePublishVolume leaves the volume uncertain; the pod deleted meanwhile
+    /// still gets NodeUnpublishVolume, NodeUnstageVolume and the detach.
+    fn every_non_final_code_leaves_the_volume_uncertain_and_still_torn_down() {
+        let t = TestRoot::new();
+        runtime().block_on(async {
+            for (code, shown) in [
+                ("DEADLINE_EXCEEDED", "DeadlineExceeded"),
+                ("UNAVAILABLE", "Unavailable"),
+                ("CANCELLED", "Canceled"),
+                ("RESOURCE_EXHAUSTED", "ResourceExhausted"),
+                ("ABORTED", "Aborted"),
+            ] {
+                let base = t.path().join(code);
+                let inject = format!("NodePublishVolume:{code}");
+                let driver = Driver::start(&base.join("driver"), Some(&registry(&base)), &["--inject", &inject]);
+                let m = csi_manager(&base, &base.join("driver"), Duration::from_secs(60));
+                m.store().upsert_objects(objects(json!([csi_driver(true), pv("v", "16Mi", "Filesystem"), pvc("v", "Filesystem")])));
+                let p = claim_pod("p", "v");
+                m.add_pod(p.clone());
+                let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
+                let e = s.volumes[0].retry.last_error.clone().unwrap_or_default();
+                assert!(e.contains(shown), "{code}: {e}");
+                m.remove_pod(&p);
+                m.wait_for_unmount(&p).await.unwrap();
+                wait_until("detach after the uncertain publish", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+                assert!(driver.count("NodeUnpublishVolume", "Ok") >= 1, "{code}");
+                assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "{code}");
+                assert!(mounts_under(&base).is_empty(), "{code}: {:?}", mounts_under(&base));
+                m.shutdown();
+            }
+        });
+    }
+}

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kubevol_csi::registration::registration_server::Registration;
 use kubevol_csi::registration::{
@@ -171,7 +172,9 @@ impl Driver {
         })
     }
 
-    fn log(&self, method: &str, volume: &str, path: &str, code: tonic::Code) {
+    /// Logs one answered call; `work` is the time the driver itself spent on it (the volume's
+    /// lock and the work, not the injected delay).
+    fn log(&self, method: &str, volume: &str, path: &str, code: tonic::Code, work: Duration) {
         tracing::info!(method, volume, path, code = ?code, "call");
         if let Some(f) = &self.call_log {
             let line = serde_json::json!({
@@ -179,6 +182,7 @@ impl Driver {
                 "volume_id": volume,
                 "path": path,
                 "code": format!("{code:?}"),
+                "work_ms": work.as_secs_f64() * 1e3,
             });
             let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
             let _ = writeln!(f, "{line}");
@@ -227,8 +231,9 @@ impl Driver {
         T: Send + 'static,
         F: FnOnce() -> Result<T, Status> + Send + 'static,
     {
+        let started = std::time::Instant::now();
         if let Some(code) = self.faults.take(method) {
-            self.log(method, volume, path, code);
+            self.log(method, volume, path, code, started.elapsed());
             return Err(Status::new(code, format!("{method}: injected fault")));
         }
         let lock = {
@@ -241,6 +246,7 @@ impl Driver {
                 .await
                 .unwrap_or_else(|e| Err(Status::internal(format!("{method} task failed: {e}"))))
         };
+        let work = started.elapsed();
         if let Some(d) = self.faults.delay(method) {
             tokio::time::sleep(d).await;
         }
@@ -251,6 +257,7 @@ impl Driver {
             result
                 .as_ref()
                 .map_or_else(|s| s.code(), |_| tonic::Code::Ok),
+            work,
         );
         result.map(Response::new)
     }
@@ -965,7 +972,13 @@ impl Registration for Svc {
         let r = req.into_inner();
         if r.plugin_registered {
             tracing::info!(driver = %self.name, "registered with the node agent");
-            self.log("NotifyRegistrationStatus", "", "", tonic::Code::Ok);
+            self.log(
+                "NotifyRegistrationStatus",
+                "",
+                "",
+                tonic::Code::Ok,
+                Duration::ZERO,
+            );
         } else {
             tracing::error!(driver = %self.name, error = %r.error, "the node agent refused the registration");
             self.log(
@@ -973,6 +986,7 @@ impl Registration for Svc {
                 "",
                 &r.error,
                 tonic::Code::FailedPrecondition,
+                Duration::ZERO,
             );
         }
         Ok(Response::new(RegistrationStatusResponse {}))
