@@ -672,3 +672,30 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// An attach that timed out may have attached the volume: when its pod goes away,
+    /// ControllerUnpublishVolume is still called.
+    fn an_uncertain_attach_is_detached_when_the_pod_goes() {
+        let t = TestRoot::new();
+        let driver = Driver::start(
+            &t.path().join("driver"),
+            Some(&registry(t.path())),
+            &["--inject", "ControllerPublishVolume:DEADLINE_EXCEEDED"],
+        );
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            m.store().upsert_objects(objects(json!([csi_driver(true), pv("u", "16Mi", "Filesystem"), pvc("u", "Filesystem")])));
+            let p = claim_pod("p", "u");
+            m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("DeadlineExceeded") && e.contains("pod default/p"), "{e}");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.unwrap();
+            wait_until("detach of the uncertain attach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            assert_eq!(driver.count("NodeStageVolume", "Ok"), 0);
+            m.shutdown();
+        });
+    }
+}

@@ -160,7 +160,7 @@ pub fn plan(dsw: &DesiredState, asw: &ActualState, teardown_allowed: bool) -> Ve
                 ops.push(Operation::UnmountDevice {
                     volume: v.name.clone(),
                 });
-            } else if v.traits.attachable && v.attached {
+            } else if v.traits.attachable && (v.attached || v.attach_uncertain) {
                 ops.push(Operation::Detach {
                     volume: v.name.clone(),
                 });
@@ -376,6 +376,34 @@ mod tests {
             plan(&dsw, &asw, true)[..],
             [Operation::MountVolume { .. }]
         ));
+    }
+
+    #[test]
+    fn uncertain_attach_is_retried_while_wanted_and_detached_when_not() {
+        let t = traits(true, true);
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0)],
+            BTreeMap::new(),
+        );
+        let mut asw = ActualState::default();
+        asw.mark_attach_uncertain(&vol("v1"), &t, spec("v1"));
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::Attach { volume: vol("v1") }]
+        );
+        dsw.remove_pod(&PodUid("uid-a".into()));
+        assert!(
+            plan(&dsw, &asw, false).is_empty(),
+            "gated until sources synced"
+        );
+        assert_eq!(
+            plan(&dsw, &asw, true),
+            vec![Operation::Detach { volume: vol("v1") }]
+        );
+        asw.mark_detached(&vol("v1"));
+        assert!(asw.volume(&vol("v1")).is_none());
     }
 
     #[test]

@@ -258,6 +258,9 @@ pub struct ActualVolume {
     pub traits: VolumeTraits,
     /// Whether it is attached (always true for volumes that need no attach once known).
     pub attached: bool,
+    /// An attach was interrupted or timed out: it may have attached the volume, so it must
+    /// be attached again (if wanted) or detached (if not), never forgotten.
+    pub attach_uncertain: bool,
     /// What attach returned for the later steps (a CSI driver's publish context).
     pub publish_context: BTreeMap<String, String>,
     /// The spec the volume was attached or mounted with: node-wide teardown needs it after
@@ -287,6 +290,7 @@ impl ActualState {
                 name: name.clone(),
                 traits: traits.clone(),
                 attached: !traits.attachable,
+                attach_uncertain: false,
                 publish_context: BTreeMap::new(),
                 spec: None,
                 device_state: DeviceMountState::NotMounted,
@@ -305,8 +309,23 @@ impl ActualState {
     ) {
         let v = self.entry(name, traits);
         v.attached = true;
+        v.attach_uncertain = false;
         v.publish_context = publish_context;
         v.spec = Some(spec);
+    }
+
+    /// Records an attach that may or may not have attached the volume.
+    pub fn mark_attach_uncertain(
+        &mut self,
+        name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        spec: Arc<VolumeSpec>,
+    ) {
+        let v = self.entry(name, traits);
+        if !v.attached {
+            v.attach_uncertain = true;
+            v.spec = Some(spec);
+        }
     }
 
     /// Records the outcome of a mount-device operation.
@@ -367,6 +386,7 @@ impl ActualState {
     pub fn mark_detached(&mut self, name: &UniqueVolumeName) {
         if let Some(v) = self.volumes.get_mut(name) {
             v.attached = false;
+            v.attach_uncertain = false;
         }
         self.forget_if_unused(name);
     }
@@ -376,7 +396,7 @@ impl ActualState {
         let gone = self.volumes.get(name).is_some_and(|v| {
             v.pods.is_empty()
                 && v.device_state == DeviceMountState::NotMounted
-                && (!v.traits.attachable || !v.attached)
+                && (!v.traits.attachable || !(v.attached || v.attach_uncertain))
         });
         if gone {
             self.volumes.remove(name);

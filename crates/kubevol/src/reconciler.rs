@@ -292,7 +292,14 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
                     .mark_attached(volume, &traits, ctx, spec.clone());
                 (Ok(()), "AttachVolume.Attach")
             }
-            Err(e) => (Err(e), "AttachVolume.Attach"),
+            Err(e) => {
+                if e.class() == ErrorClass::Uncertain {
+                    inner
+                        .asw_mut()
+                        .mark_attach_uncertain(volume, &traits, spec.clone());
+                }
+                (Err(e), "AttachVolume.Attach")
+            }
         },
         Operation::MountDevice { .. } => match plugin.mount_device(host, req).await {
             Ok(path) => {
