@@ -25,10 +25,5 @@ export KUBEVOL_CSI_CONTROLLER="loop.csi.kubevol.io=unix://$root/csi/csi.sock"
 status=$?
 kill "$driver" 2>/dev/null
 wait "$driver" 2>/dev/null
-for img in "$root"/csi-data/volumes/*.img; do
-  [ -e "$img" ] || continue
-  for dev in $(losetup --associated "$img" | cut -d: -f1); do
-    losetup --detach "$dev"
-  done
-done
+"$bin/kubevol-csi-loop" --detach-all --data-dir "$root/csi-data"
 exit $status

@@ -502,6 +502,7 @@ mod csi {
     /// The driver process; dropping it stops it and detaches its volumes' loop devices.
     struct Driver {
         child: Child,
+        binary: std::path::PathBuf,
         data: std::path::PathBuf,
     }
 
@@ -511,22 +512,11 @@ mod csi {
                 .args(["-TERM", &self.child.id().to_string()])
                 .status();
             let _ = self.child.wait();
-            for img in std::fs::read_dir(self.data.join("volumes"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let out = Command::new("losetup")
-                    .arg("--associated")
-                    .arg(img.path())
-                    .output();
-                let text = out
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                for dev in text.lines().filter_map(|l| l.split(':').next()) {
-                    let _ = Command::new("losetup").args(["--detach", dev]).status();
-                }
-            }
+            let _ = Command::new(&self.binary)
+                .arg("--detach-all")
+                .arg("--data-dir")
+                .arg(&self.data)
+                .status();
         }
     }
 
@@ -616,6 +606,7 @@ mod csi {
             .with_context(|| format!("start {}", binary.display()))?;
         let driver = Driver {
             child,
+            binary: binary.clone(),
             data: base.join("csi-data"),
         };
         let registration = root

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
+use kubevol::source::parse_manifest;
 use kubevol::store::Object;
 use kubevol::VolumeManager;
 use serde_json::json;
@@ -141,48 +142,24 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         self.kill();
-        for img in std::fs::read_dir(self.dir.join("data/volumes"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let out = Command::new("losetup")
-                .arg("--associated")
-                .arg(img.path())
-                .output();
-            for line in out
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default()
-                .lines()
-            {
-                if let Some(dev) = line.split(':').next() {
-                    let _ = Command::new("losetup").args(["--detach", dev]).status();
-                }
-            }
-        }
+        let _ = Command::new(driver_binary())
+            .arg("--detach-all")
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .status();
     }
 }
 
-fn objects(v: serde_json::Value) -> Vec<Object> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|o| match o["kind"].as_str().unwrap() {
-            "PersistentVolume" => {
-                Object::PersistentVolume(serde_json::from_value(o.clone()).unwrap())
-            }
-            "PersistentVolumeClaim" => {
-                Object::PersistentVolumeClaim(serde_json::from_value(o.clone()).unwrap())
-            }
-            "CSIDriver" => Object::CSIDriver(serde_json::from_value(o.clone()).unwrap()),
-            "Secret" => Object::Secret(serde_json::from_value(o.clone()).unwrap()),
-            k => panic!("kind {k}"),
-        })
-        .collect()
+/// Objects from JSON, read as the manifest directory reads them.
+fn objects(items: serde_json::Value) -> Vec<Object> {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let (objects, errors) = parse_manifest(Path::new("objects.json"), &list.to_string());
+    assert!(errors.is_empty(), "{errors:?}");
+    objects.into_iter().map(|(_, o)| o).collect()
 }
 
 fn csi_driver(attach: bool) -> serde_json::Value {
-    json!({"kind": "CSIDriver", "metadata": {"name": DRIVER}, "spec": {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": DRIVER}, "spec": {
         "attachRequired": attach, "podInfoOnMount": true, "fsGroupPolicy": "File",
         "volumeLifecycleModes": ["Persistent", "Ephemeral"]}})
 }
@@ -192,7 +169,7 @@ fn pv(name: &str, size: &str, mode: &str) -> serde_json::Value {
 }
 
 fn pv_fs(name: &str, size: &str, mode: &str, fs: &str) -> serde_json::Value {
-    json!({"kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
         "capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "volumeMode": mode,
         "claimRef": {"namespace": "default", "name": name},
         "csi": {"driver": DRIVER, "volumeHandle": name, "fsType": fs,
@@ -200,7 +177,7 @@ fn pv_fs(name: &str, size: &str, mode: &str, fs: &str) -> serde_json::Value {
 }
 
 fn pvc(name: &str, mode: &str) -> serde_json::Value {
-    json!({"kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "volumeName": name,
                  "resources": {"requests": {"storage": "1Mi"}}}})
 }
@@ -490,7 +467,7 @@ mount_test! {
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("Secret default/creds") && e.contains("add it to the manifests") && e.contains("PersistentVolume sec"), "{e}");
-            m.store().upsert_objects(objects(json!([{"kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
+            m.store().upsert_objects(objects(json!([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
             // The first publish fails (injected), the next one succeeds.
             m.wait_for_attach_and_mount(&p).await.unwrap();
             assert_eq!(driver.count("NodePublishVolume", "Internal"), 1);

@@ -200,30 +200,21 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::store::Object;
 
-    fn store(objects: serde_json::Value) -> ObjectStore {
+    fn store(items: serde_json::Value) -> ObjectStore {
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let (objects, errors) =
+            crate::source::parse_manifest(std::path::Path::new("t.json"), &list.to_string());
+        assert!(errors.is_empty(), "{errors:?}");
         let s = ObjectStore::new();
-        let objs = objects
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| match o["kind"].as_str().unwrap() {
-                "PersistentVolume" => {
-                    Object::PersistentVolume(serde_json::from_value(o.clone()).unwrap())
-                }
-                "PersistentVolumeClaim" => {
-                    Object::PersistentVolumeClaim(serde_json::from_value(o.clone()).unwrap())
-                }
-                "CSIDriver" => Object::CSIDriver(serde_json::from_value(o.clone()).unwrap()),
-                k => panic!("kind {k}"),
-            });
-        assert!(s.upsert_objects(objs).is_empty());
+        assert!(s
+            .upsert_objects(objects.into_iter().map(|(_, o)| o))
+            .is_empty());
         s
     }
 
     fn pv(name: &str, claim: Option<(&str, &str)>, mode: &str, access: &str) -> serde_json::Value {
-        let mut v = json!({"kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
+        let mut v = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
             "accessModes": [access], "volumeMode": mode,
             "csi": {"driver": "d.example.com", "volumeHandle": name}}});
         if let Some((ns, n)) = claim {
@@ -233,7 +224,7 @@ mod tests {
     }
 
     fn pvc(name: &str, volume_name: Option<&str>, mode: &str) -> serde_json::Value {
-        let mut v = json!({"kind": "PersistentVolumeClaim",
+        let mut v = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": name, "namespace": "ns"},
             "spec": {"volumeMode": mode}});
         if let Some(n) = volume_name {
@@ -288,7 +279,7 @@ mod tests {
             ("missing claim", json!([]), MOUNTED, "PersistentVolumeClaim ns/c does not exist: add it"),
             (
                 "claim being deleted",
-                json!([{"kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "a"}}]),
+                json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "a"}}]),
                 MOUNTED,
                 "is being deleted",
             ),
@@ -327,7 +318,7 @@ mod tests {
             (
                 "driver without Persistent",
                 json!([pv("a", None, "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem"),
-                       {"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Ephemeral"]}}]),
+                       {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Ephemeral"]}}]),
                 MOUNTED,
                 "CSIDriver d.example.com does not list Persistent in spec.volumeLifecycleModes",
             ),
@@ -361,11 +352,11 @@ mod tests {
         );
         assert!(lifecycle_allows(&none, "d.example.com", "Persistent").is_ok());
         let both = store(
-            json!([{"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Persistent", "Ephemeral"]}}]),
+            json!([{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {"volumeLifecycleModes": ["Persistent", "Ephemeral"]}}]),
         );
         assert!(lifecycle_allows(&both, "d.example.com", "Ephemeral").is_ok());
         let default = store(
-            json!([{"kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {}}]),
+            json!([{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "d.example.com"}, "spec": {}}]),
         );
         let err = lifecycle_allows(&default, "d.example.com", "Ephemeral").unwrap_err();
         assert!(

@@ -600,6 +600,22 @@ impl Controller for Svc {
     }
 }
 
+/// Detaches the loop devices of every volume under `data_dir` (`--detach-all`).
+pub fn detach_all(data_dir: &Path) -> Result<(), String> {
+    let dir = data_dir.join("volumes");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    for e in entries.flatten() {
+        if e.path().extension().is_some_and(|x| x == "img") {
+            sys::detach(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Grows a volume's image to `want` bytes (never shrinks) and tells its loop devices.
 fn grow_image(image: &Path, id: &str, want: i64) -> Result<i64, Status> {
     let m = std::fs::metadata(image)

@@ -22,14 +22,14 @@ use kubevol_csi::v1::node_server::NodeServer;
 #[command(version)]
 struct Args {
     /// Where to serve CSI: unix:///path.sock.
-    #[arg(long)]
-    endpoint: String,
+    #[arg(long, required_unless_present = "detach_all")]
+    endpoint: Option<String>,
     /// Where volumes (sparse files) are kept.
     #[arg(long)]
     data_dir: PathBuf,
     /// This node's ID (NodeGetInfo; ControllerPublishVolume accepts only this node).
-    #[arg(long)]
-    node_id: String,
+    #[arg(long, required_unless_present = "detach_all")]
+    node_id: Option<String>,
     /// The driver's name.
     #[arg(long, default_value = "loop.csi.kubevol.io")]
     driver_name: String,
@@ -51,6 +51,10 @@ struct Args {
     /// stage or publish request (context, mount flags, read-only, secret names).
     #[arg(long)]
     call_log: Option<PathBuf>,
+    /// Do not serve: detach the loop devices of every volume under --data-dir and exit. For
+    /// cleaning up after a demo or test whose mounts are gone; files are kept.
+    #[arg(long)]
+    detach_all: bool,
 }
 
 #[tokio::main]
@@ -62,7 +66,13 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let socket = kubevol_csi::socket_path(&args.endpoint).map_err(anyhow::Error::msg)?;
+    if args.detach_all {
+        return driver::detach_all(&args.data_dir).map_err(anyhow::Error::msg);
+    }
+    let (Some(endpoint), Some(node_id)) = (args.endpoint.clone(), args.node_id.clone()) else {
+        anyhow::bail!("--endpoint and --node-id are required");
+    };
+    let socket = kubevol_csi::socket_path(&endpoint).map_err(anyhow::Error::msg)?;
     let call_log = args
         .call_log
         .as_ref()
@@ -76,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         .context("cannot open the call log")?;
     let mut driver = driver::Driver::new(
         args.driver_name.clone(),
-        args.node_id.clone(),
+        node_id.clone(),
         args.data_dir.clone(),
         socket.clone(),
         faults::Faults::new(args.inject, args.delay),
@@ -93,7 +103,7 @@ async fn main() -> anyhow::Result<()> {
         .add_service(ControllerServer::new(driver::Svc(driver.clone())))
         .add_service(NodeServer::new(driver::Svc(driver.clone())))
         .serve_with_incoming_shutdown(incoming, signal::terminated());
-    tracing::info!(driver = %args.driver_name, endpoint = %socket.display(), node = %args.node_id, "serving CSI");
+    tracing::info!(driver = %args.driver_name, endpoint = %socket.display(), node = %node_id, "serving CSI");
 
     let reg_socket = args
         .registration_dir
