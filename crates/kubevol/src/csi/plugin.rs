@@ -707,12 +707,16 @@ async fn publish_volume(
         context.insert(SERVICE_ACCOUNT_KEY.into(), service_account(&req.pod));
         context.insert(EPHEMERAL_KEY.into(), r.ephemeral.to_string());
     }
-    let group = fs_group(&req.pod);
-    let mount_group = group
-        .filter(|_| {
-            driver.capabilities.volume_mount_group && pol.fs_group_policy != "None" && !r.block
-        })
-        .map(|(g, _)| g);
+    let group_by = fs_group_by(
+        &pol.fs_group_policy,
+        r,
+        driver.capabilities.volume_mount_group,
+        fs_group(&req.pod),
+    );
+    let mount_group = match group_by {
+        FsGroupBy::Driver(g) => Some(g),
+        _ => None,
+    };
     let staging_path = if driver.capabilities.stage_unstage_volume && !r.ephemeral {
         host.root.join(staging(r).0).display().to_string()
     } else {
@@ -736,16 +740,8 @@ async fn publish_volume(
             }),
         )
         .await?;
-    let apply_group = match pol.fs_group_policy.as_str() {
-        "File" => true,
-        "None" => false,
-        _ => {
-            !r.fs_type.is_empty()
-                && (r.ephemeral || r.access_modes.iter().any(|m| m == "ReadWriteOnce"))
-        }
-    };
     let (host, target) = (host.clone(), target.to_path_buf());
-    let (block, read_only, pod_uid, r2) = (r.block, r.read_only, pod.uid.clone(), r.clone());
+    let (block, pod_uid, r2) = (r.block, pod.uid.clone(), r.clone());
     blocking(move || {
         if block {
             let link = host.root.join(pod_device_link(&r2, &pod_uid));
@@ -755,9 +751,7 @@ async fn publish_volume(
             let _ = std::fs::remove_file(&link);
             std::os::unix::fs::symlink(host.root.join(&target), &link)
                 .map_err(|e| not_ready(format!("cannot link {}: {e}", link.display())))?;
-        } else if let Some((gid, change)) =
-            group.filter(|_| apply_group && mount_group.is_none() && !read_only)
-        {
+        } else if let FsGroupBy::Kubevol(gid, change) = group_by {
             host.root_dir
                 .open_beneath(&target)?
                 .apply_fs_group(gid, false, change)?;
@@ -765,6 +759,49 @@ async fn publish_volume(
         Ok(())
     })
     .await
+}
+
+/// Who gives a published volume the pod's fsGroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FsGroupBy {
+    /// Nobody: no fsGroup, a block or read-only volume, or the CSIDriver's policy says not to.
+    Nobody,
+    /// The driver, told through `volume_mount_group` (it has VOLUME_MOUNT_GROUP).
+    Driver(u32),
+    /// kubevol, by walking the volume after publish.
+    Kubevol(u32, kubevol_mount::safe::FsGroupPolicy),
+}
+
+/// The kubelet's decision, from the CSIDriver's `fsGroupPolicy`: `None` never; a driver with
+/// VOLUME_MOUNT_GROUP applies it itself; `File` always; `ReadWriteOnceWithFSType` (the default)
+/// only for a volume with an fsType that is ReadWriteOnce (inline volumes count as such).
+fn fs_group_by(
+    policy: &str,
+    r: &Resolved,
+    driver_mounts_group: bool,
+    group: Option<(u32, kubevol_mount::safe::FsGroupPolicy)>,
+) -> FsGroupBy {
+    let Some((gid, change)) = group else {
+        return FsGroupBy::Nobody;
+    };
+    if r.block || policy == "None" {
+        return FsGroupBy::Nobody;
+    }
+    if driver_mounts_group {
+        return FsGroupBy::Driver(gid);
+    }
+    let applies = match policy {
+        "File" => true,
+        _ => {
+            !r.fs_type.is_empty()
+                && (r.ephemeral || r.access_modes.iter().any(|m| m == "ReadWriteOnce"))
+        }
+    };
+    if applies && !r.read_only {
+        FsGroupBy::Kubevol(gid, change)
+    } else {
+        FsGroupBy::Nobody
+    }
 }
 
 fn service_account(pod: &Pod) -> String {
@@ -931,4 +968,125 @@ pub(crate) async fn volume_stats(
         }
     }
     Ok(Some(u))
+}
+
+#[cfg(test)]
+mod tests {
+    use kubevol_mount::safe::FsGroupPolicy::Always;
+
+    use super::*;
+
+    fn volume(fs_type: &str, modes: &[&str], read_only: bool, block: bool) -> Resolved {
+        Resolved {
+            driver: "d".into(),
+            handle: "h".into(),
+            spec_name: "pv".into(),
+            read_only,
+            fs_type: fs_type.into(),
+            attributes: BTreeMap::new(),
+            mount_options: Vec::new(),
+            access_modes: modes.iter().map(|m| m.to_string()).collect(),
+            ephemeral: false,
+            block,
+            capacity: None,
+            stage_secret: None,
+            publish_secret: None,
+            controller_secret: None,
+            expand_secret: None,
+        }
+    }
+
+    #[test]
+    fn fs_group_follows_the_csidriver_policy() {
+        let g = Some((1000, Always));
+        let rwo_ext4 = volume("ext4", &["ReadWriteOnce"], false, false);
+        let rwx_ext4 = volume("ext4", &["ReadWriteMany"], false, false);
+        let rwo_no_fs = volume("", &["ReadWriteOnce"], false, false);
+        let rows = [
+            (
+                "default, RWO with fsType",
+                "ReadWriteOnceWithFSType",
+                &rwo_ext4,
+                false,
+                g,
+                FsGroupBy::Kubevol(1000, Always),
+            ),
+            (
+                "default, RWX",
+                "ReadWriteOnceWithFSType",
+                &rwx_ext4,
+                false,
+                g,
+                FsGroupBy::Nobody,
+            ),
+            (
+                "default, no fsType",
+                "ReadWriteOnceWithFSType",
+                &rwo_no_fs,
+                false,
+                g,
+                FsGroupBy::Nobody,
+            ),
+            (
+                "File, RWX without fsType",
+                "File",
+                &volume("", &["ReadWriteMany"], false, false),
+                false,
+                g,
+                FsGroupBy::Kubevol(1000, Always),
+            ),
+            ("None", "None", &rwo_ext4, false, g, FsGroupBy::Nobody),
+            (
+                "None, even with VOLUME_MOUNT_GROUP",
+                "None",
+                &rwo_ext4,
+                true,
+                g,
+                FsGroupBy::Nobody,
+            ),
+            (
+                "driver applies it",
+                "File",
+                &rwo_ext4,
+                true,
+                g,
+                FsGroupBy::Driver(1000),
+            ),
+            (
+                "driver applies it under the default too",
+                "ReadWriteOnceWithFSType",
+                &rwx_ext4,
+                true,
+                g,
+                FsGroupBy::Driver(1000),
+            ),
+            (
+                "read-only",
+                "File",
+                &volume("ext4", &["ReadWriteOnce"], true, false),
+                false,
+                g,
+                FsGroupBy::Nobody,
+            ),
+            (
+                "block",
+                "File",
+                &volume("", &["ReadWriteOnce"], false, true),
+                true,
+                g,
+                FsGroupBy::Nobody,
+            ),
+            (
+                "no fsGroup",
+                "File",
+                &rwo_ext4,
+                false,
+                None,
+                FsGroupBy::Nobody,
+            ),
+        ];
+        for (name, policy, r, driver, group, want) in rows {
+            assert_eq!(fs_group_by(policy, r, driver, group), want, "row {name}");
+        }
+    }
 }
