@@ -91,6 +91,13 @@ struct RunArgs {
     /// How often volume usage (kubelet_volume_stats_*) is gathered.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     volume_stats_period: Duration,
+    /// How long one operation may run before its pod shows it as stalled (a hung filesystem
+    /// or driver) and other operations take its slot.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    operation_timeout: Duration,
+    /// Detach a busy mount lazily (umount MNT_DETACH) instead of retrying until it is free.
+    #[arg(long)]
+    allow_lazy_unmount: bool,
 }
 
 /// Parses NAME=unix:///path.sock.
@@ -225,18 +232,27 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.csi_controllers = args.csi_controllers.clone();
     config.csi_timeout = args.csi_timeout;
     config.volume_stats_period = args.volume_stats_period;
+    config.operation_timeout = args.operation_timeout;
+    config.allow_lazy_unmount = args.allow_lazy_unmount;
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
         .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
-    let source =
-        ManifestSource::new(&args.manifests, manager.store().clone()).with_context(|| {
-            format!(
-                "cannot read manifest directory {}",
-                args.manifests.display()
-            )
-        })?;
-    let watch = source
-        .start()
-        .context("cannot watch the manifest directory")?;
+    let watch = if args.once {
+        let source =
+            ManifestSource::new(&args.manifests, manager.store().clone()).with_context(|| {
+                format!(
+                    "cannot read manifest directory {}",
+                    args.manifests.display()
+                )
+            })?;
+        source
+            .start()
+            .context("cannot watch the manifest directory")?
+    } else {
+        // The daemon keeps running while the directory is missing or unreadable: until it is
+        // listed, the source is not synced and nothing is torn down.
+        manager.store().register_source(ManifestSource::NAME);
+        tokio::spawn(keep_source(args.manifests.clone(), manager.store().clone()))
+    };
     let running = tokio::spawn({
         let m = manager.clone();
         async move { m.run().await }
@@ -272,6 +288,33 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     watch.abort();
     let _ = running.await;
     Ok(code)
+}
+
+/// Lists and watches the manifest directory, retrying with backoff while it cannot be read.
+async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>) {
+    /// Aborts the watch when the task that owns it is aborted.
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let mut delay = Duration::from_millis(500);
+    loop {
+        let started = ManifestSource::new(&dir, store.clone()).and_then(|s| s.start());
+        match started {
+            Ok(watch) => {
+                let mut watch = AbortOnDrop(watch);
+                let _ = (&mut watch.0).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), retry_in = ?delay, "cannot read the manifest directory: {e}; nothing is torn down until it is listed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 /// Waits until every pod is ready, rejected, or has had a first attempt at every volume.

@@ -86,6 +86,18 @@ pub fn print_report(
             writeln!(out, "  {e}")?;
         }
     }
+    if !report.reconstruction.problems.is_empty() {
+        writeln!(out, "\nFound at start:")?;
+        for p in &report.reconstruction.problems {
+            writeln!(out, "  {p}")?;
+        }
+    }
+    if !report.leftovers.is_empty() {
+        writeln!(out, "\nOrphaned pod directories kept:")?;
+        for l in &report.leftovers {
+            writeln!(out, "  {}: {}", l.path, l.reason)?;
+        }
+    }
     Ok(())
 }
 

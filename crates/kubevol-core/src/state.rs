@@ -274,6 +274,21 @@ pub struct ActualVolume {
     pub pods: BTreeMap<PodUid, MountedPodVolume>,
 }
 
+/// What reconstruction found of a volume's node-wide state.
+#[derive(Clone, Debug, Default)]
+pub struct ReconstructedDevice {
+    /// An attach may have happened (recorded, or an intent was).
+    pub attach: bool,
+    /// A device mount (CSI stage) may be in place.
+    pub device: bool,
+    /// Where.
+    pub device_mount_path: Option<PathBuf>,
+    /// What attach returned, if recorded.
+    pub publish_context: BTreeMap<String, String>,
+    /// The spec the volume was set up with, if known.
+    pub spec: Option<Arc<VolumeSpec>>,
+}
+
 /// The actual state of world.
 #[derive(Clone, Debug, Default)]
 pub struct ActualState {
@@ -326,6 +341,35 @@ impl ActualState {
             v.attach_uncertain = true;
             v.spec = Some(spec);
         }
+    }
+
+    /// Records what reconstruction found of a volume's node-wide state: everything found is
+    /// uncertain until an operation verifies it (attached again or detached, staged again or
+    /// unstaged).
+    pub fn mark_reconstructed_device(
+        &mut self,
+        name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        found: ReconstructedDevice,
+    ) {
+        let v = self.entry(name, traits);
+        if traits.attachable && found.attach {
+            v.attached = false;
+            v.attach_uncertain = true;
+        }
+        if found.device {
+            v.device_state = DeviceMountState::Uncertain;
+        }
+        if found.device_mount_path.is_some() {
+            v.device_mount_path = found.device_mount_path;
+        }
+        if !found.publish_context.is_empty() {
+            v.publish_context = found.publish_context;
+        }
+        if v.spec.is_none() {
+            v.spec = found.spec;
+        }
+        self.forget_if_unused(name);
     }
 
     /// Records the outcome of a mount-device operation.

@@ -41,7 +41,7 @@ pub enum MountError {
         errno: Errno,
     },
     /// umount(2) failed.
-    #[error("unmount {}: {errno}", target.display())]
+    #[error("unmount {}: {errno}{}", target.display(), unmount_hint(*errno, target))]
     Unmount {
         /// The mount point.
         target: PathBuf,
@@ -95,6 +95,24 @@ pub enum MountError {
     /// The mount table could not be read or parsed.
     #[error("read mount table: {0}")]
     Table(String),
+}
+
+/// What to do about an unmount error.
+fn unmount_hint(errno: Errno, target: &Path) -> String {
+    if errno == Errno::BUSY {
+        format!(
+            " (the mount is busy: a process has files open or its working directory in it; `fuser -vm {}` shows which. kubevol retries with backoff; --allow-lazy-unmount lets it detach the mount lazily instead)",
+            target.display()
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// Whether an errno from a mount point means the mount is dead (a FUSE daemon gone, an NFS
+/// handle gone stale, an I/O error): it must be unmounted, not used.
+pub fn is_corrupted_mount_errno(errno: Errno) -> bool {
+    matches!(errno, Errno::NOTCONN | Errno::STALE | Errno::IO)
 }
 
 impl MountError {
@@ -200,6 +218,12 @@ pub trait Mounter: Send + Sync + 'static {
     /// Unmounts `target` without following a symbolic link at its last component.
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError>;
 
+    /// Detaches `target` lazily (MNT_DETACH): it disappears now and is freed when no longer
+    /// busy. Only when the operator allowed it.
+    fn unmount_lazy(&self, target: &Path) -> Result<Unmounted, MountError> {
+        self.unmount(target)
+    }
+
     /// Whether `path` is the root of a mount.
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError>;
 
@@ -284,8 +308,30 @@ impl Mounter for LinuxMounter {
         }
     }
 
+    fn unmount_lazy(&self, target: &Path) -> Result<Unmounted, MountError> {
+        match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH) {
+            Ok(()) => Ok(Unmounted::Done),
+            Err(Errno::INVAL) => Ok(Unmounted::NotMounted),
+            Err(errno) => Err(MountError::Unmount {
+                target: target.into(),
+                errno,
+            }),
+        }
+    }
+
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {
-        safe::is_mount_root_at(rustix::fs::CWD, path)
+        match safe::is_mount_root_at(rustix::fs::CWD, path) {
+            // A dead mount cannot be looked at, but it is a mount: the table says where.
+            Err(e) if e.errno().is_some_and(is_corrupted_mount_errno) => {
+                let table = self.mount_table()?;
+                if table.iter().any(|m| m.mount_point == path) {
+                    Ok(true)
+                } else {
+                    Err(e)
+                }
+            }
+            r => r,
+        }
     }
 
     fn mount_table(&self) -> Result<Vec<MountInfo>, MountError> {

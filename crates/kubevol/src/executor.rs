@@ -130,6 +130,23 @@ impl Executor {
         }
     }
 
+    /// Reports that the running operation of `key` has not finished in time (a hung
+    /// filesystem or driver): the status shows `message` while the key stays reserved, so no
+    /// second call piles onto the hung one.
+    pub fn report_stalled(&self, key: &OperationKey, message: String, now: Instant) {
+        let mut s = self.lock();
+        let failures = s.errors.get(key).map(|e| e.failures).unwrap_or(0);
+        s.errors.insert(
+            key.clone(),
+            LastError {
+                message,
+                at: SystemTime::now(),
+                retry_at: now,
+                failures,
+            },
+        );
+    }
+
     /// The last error of a key, if its last run failed.
     pub fn last_error(&self, key: &OperationKey) -> Option<LastError> {
         self.lock().errors.get(key).cloned()

@@ -41,6 +41,8 @@ pub mod node;
 pub mod plugins;
 pub mod populator;
 mod reconciler;
+pub mod reconstruct;
+pub mod record;
 pub mod source;
 pub mod status;
 pub mod store;

@@ -58,6 +58,12 @@ pub struct Config {
     pub csi_timeout: Duration,
     /// How often `kubelet_volume_stats_*` are gathered (kubelet: 1 minute).
     pub volume_stats_period: Duration,
+    /// How long one operation may run before its pod shows it as stalled and its slot is given
+    /// to other operations (a hung filesystem or driver).
+    pub operation_timeout: Duration,
+    /// Whether an unmount that fails with EBUSY may detach the mount lazily (MNT_DETACH). Off:
+    /// a busy volume is retried with backoff and the pod says why.
+    pub allow_lazy_unmount: bool,
 }
 
 impl Config {
@@ -77,6 +83,8 @@ impl Config {
             csi_controllers: Vec::new(),
             csi_timeout: crate::csi::DEFAULT_TIMEOUT,
             volume_stats_period: Duration::from_secs(60),
+            operation_timeout: Duration::from_secs(120),
+            allow_lazy_unmount: false,
         }
     }
 }
@@ -150,6 +158,10 @@ pub(crate) struct Inner {
     pub(crate) pod_signals: Mutex<HashMap<PodUid, Arc<Notify>>>,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) operations: Semaphore,
+    /// What reconstruction found at start.
+    pub(crate) reconstruction: Mutex<crate::reconstruct::Reconstruction>,
+    /// Orphaned pod directories the last sweep could not remove.
+    pub(crate) leftovers: Mutex<BTreeMap<PodUid, crate::reconstruct::Leftover>>,
 }
 
 impl Inner {
@@ -402,8 +414,11 @@ impl VolumeManager {
         for (name, endpoint) in &config.csi_controllers {
             csi.set_controller(name, endpoint.clone());
         }
+        let record = Arc::new(crate::record::Record::open(&root)?);
         let host = Arc::new(PluginHost {
             csi,
+            record,
+            allow_lazy_unmount: config.allow_lazy_unmount,
             root,
             root_dir,
             mounter,
@@ -436,6 +451,8 @@ impl VolumeManager {
                 pending_since: Mutex::default(),
                 pod_signals: Mutex::default(),
                 shutdown: watch::channel(false).0,
+                reconstruction: Mutex::default(),
+                leftovers: Mutex::default(),
             }),
         })
     }
@@ -451,14 +468,35 @@ impl VolumeManager {
     }
 
     /// Runs the populator and the reconciler until [`VolumeManager::shutdown`].
+    ///
+    /// First the actual state is reconstructed from the record, the pods directory and the
+    /// mount table; nothing is torn down until every pod source has listed its pods.
     pub async fn run(&self) {
+        crate::reconstruct::at_start(&self.inner).await;
         let missing = crate::csi::register_at_start(&self.inner).await;
         let populator = tokio::spawn(crate::populator::run(self.inner.clone()));
         let reconciler = tokio::spawn(crate::reconciler::run(self.inner.clone()));
         let csi = tokio::spawn(crate::csi::run(self.inner.clone(), missing));
+        let sweep = tokio::spawn(crate::reconstruct::sweep_loop(self.inner.clone()));
         let _ = tokio::join!(populator, reconciler);
         csi.abort();
+        sweep.abort();
         let _ = csi.await;
+        let _ = sweep.await;
+    }
+
+    /// What reconstruction found at start.
+    pub fn reconstruction(&self) -> crate::reconstruct::Reconstruction {
+        crate::sync::lock(&self.inner.reconstruction).clone()
+    }
+
+    /// Orphaned pod directories kubevol could not remove (something other than empty
+    /// directories is left in them).
+    pub fn leftovers(&self) -> Vec<crate::reconstruct::Leftover> {
+        crate::sync::lock(&self.inner.leftovers)
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The CSI drivers kubevol knows.
@@ -745,6 +783,8 @@ impl VolumeManager {
                 .iter()
                 .map(|e| e.to_string())
                 .collect(),
+            reconstruction: self.reconstruction(),
+            leftovers: self.leftovers(),
         }
     }
 

@@ -99,6 +99,9 @@ pub struct Metrics {
     pod_ready: Histogram,
     csi_operations: Family<CsiOperationLabels, Histogram, fn() -> Histogram>,
     volume_stats: [Family<VolumeStatsLabels, Gauge>; 7],
+    orphans_cleaned: Gauge,
+    orphan_errors: Gauge,
+    record_problems: Gauge,
     render: Mutex<()>,
 }
 
@@ -171,8 +174,29 @@ impl Default for Metrics {
         for ((name, help), family) in VOLUME_STATS.iter().zip(&volume_stats) {
             registry.register(*name, *help, family.clone());
         }
+        let orphans_cleaned = Gauge::default();
+        let orphan_errors = Gauge::default();
+        let record_problems = Gauge::default();
+        registry.register(
+            "kubelet_orphan_pod_cleaned_volumes",
+            "The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep",
+            orphans_cleaned.clone(),
+        );
+        registry.register(
+            "kubelet_orphan_pod_cleaned_volumes_errors",
+            "The number of orphaned Pods whose volumes failed to be cleaned in the last periodic sweep",
+            orphan_errors.clone(),
+        );
+        registry.register(
+            "kubevol_reconstruction_problems",
+            "Unreadable records and unaccounted volume directories found at start",
+            record_problems.clone(),
+        );
         Metrics {
             registry,
+            orphans_cleaned,
+            orphan_errors,
+            record_problems,
             total_volumes,
             operation_duration,
             pod_ready,
@@ -184,6 +208,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Records the outcome of one orphan sweep.
+    pub fn set_orphan_sweep(&self, cleaned: usize, errors: usize) {
+        self.orphans_cleaned.set(cleaned as i64);
+        self.orphan_errors.set(errors as i64);
+    }
+
+    /// Records how many problems reconstruction reported.
+    pub fn set_record_problems(&self, n: usize) {
+        self.record_problems.set(n as i64);
+    }
+
     /// Records one finished operation.
     pub fn observe_operation(&self, plugin: &str, operation: &str, success: bool, seconds: f64) {
         self.operation_duration

@@ -20,6 +20,7 @@ use crate::events::reason;
 use crate::executor::NotStarted;
 use crate::manager::Inner;
 use crate::plugins::{DeviceRequest, SetUpRequest, TearDownRequest};
+use crate::record;
 
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut stop = inner.shutdown.subscribe();
@@ -69,27 +70,51 @@ fn prune_errors(inner: &Inner) {
 }
 
 async fn run_operation(inner: Arc<Inner>, op: Operation) {
-    let permit = inner.operations.acquire().await;
+    let mut permit = inner.operations.acquire().await.ok();
     let started = Instant::now();
-    let (plugin, outcome, replan) = match &op {
-        Operation::MountVolume {
-            volume,
-            pod,
-            remount,
-        } => mount_volume(&inner, volume, pod, *remount).await,
-        Operation::UnmountVolume { volume, pod } => {
-            let (plugin, outcome) = unmount_volume(&inner, volume, pod).await;
-            // Still on the node (device unmount, detach due) or wanted again by the pod.
-            let replan = inner.asw().volume(volume).is_some()
-                || inner.dsw().pod_volume(volume, pod).is_some();
-            (plugin, outcome, replan)
+    let work = async {
+        match &op {
+            Operation::MountVolume {
+                volume,
+                pod,
+                remount,
+            } => mount_volume(&inner, volume, pod, *remount).await,
+            Operation::UnmountVolume { volume, pod } => {
+                let (plugin, outcome) = unmount_volume(&inner, volume, pod).await;
+                // Still on the node (device unmount, detach due) or wanted again by the pod.
+                let replan = inner.asw().volume(volume).is_some()
+                    || inner.dsw().pod_volume(volume, pod).is_some();
+                (plugin, outcome, replan)
+            }
+            Operation::Attach { .. }
+            | Operation::MountDevice { .. }
+            | Operation::UnmountDevice { .. }
+            | Operation::Detach { .. } => {
+                let (plugin, outcome) = device_operation(&inner, &op).await;
+                (plugin, outcome, true)
+            }
         }
-        Operation::Attach { .. }
-        | Operation::MountDevice { .. }
-        | Operation::UnmountDevice { .. }
-        | Operation::Detach { .. } => {
-            let (plugin, outcome) = device_operation(&inner, &op).await;
-            (plugin, outcome, true)
+    };
+    tokio::pin!(work);
+    // A call into a dead filesystem (stat, statfs, umount on a hung FUSE or NFS mount) or a
+    // driver that never answers cannot be cancelled, but it holds only its own key: after the
+    // operation timeout the pod shows why, the slot is given back for other operations, and the
+    // key runs again (with backoff) once the call returns.
+    let (plugin, outcome, replan) = tokio::select! {
+        r = &mut work => r,
+        _ = tokio::time::sleep(inner.config.operation_timeout) => {
+            let message = format!(
+                "{} of volume {} has not finished after {:?}: its filesystem or CSI driver may be hung; other volumes carry on, and this one is tried again once the call returns",
+                op.metric_name(),
+                op.key().volume,
+                inner.config.operation_timeout
+            );
+            warn!("{message}");
+            inner.executor.report_stalled(&op.key(), message, Instant::now());
+            permit = None;
+            notify_operation(&inner, &op);
+            inner.changed.send_modify(|g| *g += 1);
+            work.await
         }
     };
     drop(permit);
@@ -101,7 +126,26 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     );
     let failed = outcome.is_err();
     inner.executor.finish(&op.key(), outcome, Instant::now());
-    match &op {
+    notify_operation(&inner, &op);
+    // Re-planning the whole world after every operation would be quadratic: a pass is needed
+    // only when the operation failed (a backoff to schedule) or may have enabled a follow-up
+    // (`replan`: the volume is still on the node after an unmount, the pod's wish changed while
+    // its set-up ran, or a volume-wide operation finished).
+    inner.changed.send_modify(|g| *g += 1);
+    if failed || replan {
+        inner.wake.notify_one();
+    }
+}
+
+/// Passes an operation's `after` fail point: the side effect is done, the record not updated.
+fn effected<T>(operation: &str, result: T) -> T {
+    record::fail_point(operation, "after");
+    result
+}
+
+/// Wakes the waiters of every pod an operation concerns.
+fn notify_operation(inner: &Inner, op: &Operation) {
+    match op {
         Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => {
             inner.notify_pod(pod)
         }
@@ -119,13 +163,139 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
             }
         }
     }
-    // Re-planning the whole world after every operation would be quadratic: a pass is needed
-    // only when the operation failed (a backoff to schedule) or may have enabled a follow-up
-    // (`replan`: the volume is still on the node after an unmount, the pod's wish changed while
-    // its set-up ran, or a volume-wide operation finished).
-    inner.changed.send_modify(|g| *g += 1);
-    if failed || replan {
-        inner.wake.notify_one();
+}
+
+/// Writes an intent durably before a side effect, then passes the operation's `before` fail
+/// point. An intent that cannot be written stops the operation before it does anything.
+async fn intend(inner: &Arc<Inner>, operation: &'static str, intent: Intent) -> Result<(), String> {
+    let host = inner.host.clone();
+    let written = tokio::task::spawn_blocking(move || match &intent {
+        Intent::Pod(r) => host.record.write_pod_volume(r, true),
+        Intent::Device(r) => host.record.write_device(r, true),
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r);
+    if let Err(e) = written {
+        return Err(format!(
+            "{operation}: cannot record the intent in {} ({e}); nothing was done, it is tried again",
+            inner.host.record.dir().display()
+        ));
+    }
+    record::fail_point(operation, "before");
+    Ok(())
+}
+
+pub(crate) enum Intent {
+    Pod(record::PodVolumeRecord),
+    Device(record::DeviceRecord),
+}
+
+/// A pod volume's record as the actual state holds it, with `state`.
+fn pod_record_of(
+    inner: &Inner,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    state: Option<record::PodVolumeState>,
+) -> Option<record::PodVolumeRecord> {
+    let asw = inner.asw();
+    let v = asw.volume(volume)?;
+    let m = v.pods.get(pod)?;
+    let state = state.unwrap_or(match m.state {
+        PodMountState::Mounted => record::PodVolumeState::SetUp,
+        PodMountState::Uncertain => record::PodVolumeState::Uncertain,
+    });
+    Some(record::PodVolumeRecord {
+        version: record::VERSION,
+        state,
+        pod: m.pod_ref.clone(),
+        source: inner.origin_of(pod),
+        volume: m.outer_volume_name.clone(),
+        unique_name: volume.clone(),
+        traits: record::TraitsRecord::of(&v.traits),
+        path: m.path.clone(),
+        read_only: m.read_only,
+        sub_paths: m.sub_paths.clone(),
+        spec: record::SpecRecord::of(&m.spec),
+    })
+}
+
+/// After an operation on a pod volume: the record says what the actual state holds (no fsync:
+/// losing this write brings back the intent, which means the same "uncertain").
+async fn settle_pod_record(
+    inner: &Arc<Inner>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    outer: &str,
+) {
+    let now = pod_record_of(inner, volume, pod, None);
+    let (host, volume, pod, outer) = (
+        inner.host.clone(),
+        volume.clone(),
+        pod.clone(),
+        outer.to_string(),
+    );
+    let r = tokio::task::spawn_blocking(move || match now {
+        Some(r) => host.record.write_pod_volume(&r, false),
+        None => host.record.remove_pod_volume(&pod, &outer, &volume),
+    })
+    .await;
+    if let Ok(Err(e)) = r {
+        warn!("cannot update the volume record: {e}");
+    }
+}
+
+/// A volume's node-wide record as the actual state holds it (`None`: nothing left).
+fn device_record_of(inner: &Inner, volume: &UniqueVolumeName) -> Option<record::DeviceRecord> {
+    use record::DeviceStepState as S;
+    let asw = inner.asw();
+    let v = asw.volume(volume)?;
+    let attach = if !v.traits.attachable {
+        None
+    } else if v.attached {
+        Some(S::Done)
+    } else if v.attach_uncertain {
+        Some(S::Uncertain)
+    } else {
+        None
+    };
+    let device_mount = match v.device_state {
+        DeviceMountState::Mounted => Some(S::Done),
+        DeviceMountState::Uncertain => Some(S::Uncertain),
+        DeviceMountState::NotMounted => None,
+    };
+    if attach.is_none() && device_mount.is_none() {
+        return None;
+    }
+    Some(record::DeviceRecord {
+        version: record::VERSION,
+        unique_name: volume.clone(),
+        traits: record::TraitsRecord::of(&v.traits),
+        attach,
+        device_mount,
+        device_mount_path: v.device_mount_path.clone(),
+        publish_context: v.publish_context.clone(),
+        expanded_size: None,
+        spec: record::SpecRecord::of(v.spec.as_deref()?),
+    })
+}
+
+async fn settle_device_record(inner: &Arc<Inner>, volume: &UniqueVolumeName) {
+    let now = device_record_of(inner, volume);
+    let (host, volume) = (inner.host.clone(), volume.clone());
+    let r = tokio::task::spawn_blocking(move || {
+        let size = host.record.device(&volume).and_then(|d| d.expanded_size);
+        match now {
+            Some(mut r) => {
+                r.expanded_size = size;
+                host.record.write_device(&r, false)
+            }
+            None => host.record.remove_device(&volume),
+        }
+    })
+    .await;
+    if let Ok(Err(e)) = r {
+        warn!("cannot update the volume record: {e}");
     }
 }
 
@@ -167,6 +337,38 @@ async fn mount_volume(
         outer_volume_name: want.outer_volume_name.clone(),
         spec: want.spec.clone(),
     };
+    // A content rewrite of a volume already set up adds nothing to the node: its record stands.
+    let recorded_mounted = inner
+        .asw()
+        .pod_volume(volume, pod)
+        .is_some_and(|m| m.state == PodMountState::Mounted);
+    if !(remount && recorded_mounted) {
+        let path = inner
+            .asw()
+            .pod_volume(volume, pod)
+            .map(|m| m.path.clone())
+            .unwrap_or_else(|| {
+                inner
+                    .host
+                    .pod_volume_path(&want.pod_ref, &traits.plugin, &want.outer_volume_name)
+            });
+        let intent = record::PodVolumeRecord {
+            version: record::VERSION,
+            state: record::PodVolumeState::SettingUp,
+            pod: want.pod_ref.clone(),
+            source: inner.origin_of(pod),
+            volume: want.outer_volume_name.clone(),
+            unique_name: volume.clone(),
+            traits: record::TraitsRecord::of(&traits),
+            path,
+            read_only: false,
+            sub_paths: Vec::new(),
+            spec: record::SpecRecord::of(&want.spec),
+        };
+        if let Err(e) = intend(inner, "set_up", Intent::Pod(intent)).await {
+            return (traits.plugin, Err(e), true);
+        }
+    }
     // The volume first, then its subPath mounts: if those fail the volume is set up but the
     // pod cannot use it yet, so it is recorded as uncertain (torn down if the pod goes away).
     let result = match plugin.set_up(inner.host.clone(), req).await {
@@ -176,7 +378,29 @@ async fn mount_volume(
         },
         Err(e) => Err((e, None)),
     };
+    record::fail_point("set_up", "after");
+    let outcome = set_up_outcome(inner, volume, pod, remount, &traits, &want, result);
+    settle_pod_record(inner, volume, pod, &want.outer_volume_name).await;
+    outcome
+}
+
+fn set_up_outcome(
+    inner: &Arc<Inner>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    remount: bool,
+    traits: &kubevol_core::state::VolumeTraits,
+    want: &kubevol_core::state::DesiredPodVolume,
+    result: Result<
+        (
+            crate::plugins::SetUpResult,
+            Vec<kubevol_core::state::SubPathMount>,
+        ),
+        (crate::error::VolumeError, Option<std::path::PathBuf>),
+    >,
+) -> (String, Result<(), String>, bool) {
     let pref = &want.pod_ref;
+    let traits = traits.clone();
     match result {
         Ok((done, subs)) => {
             let was_mounted = inner
@@ -188,7 +412,7 @@ async fn mount_volume(
                 &traits,
                 pod.clone(),
                 as_mounted(
-                    &want,
+                    want,
                     PodMountState::Mounted,
                     done.path,
                     done.read_only,
@@ -228,7 +452,7 @@ async fn mount_volume(
                     volume,
                     &traits,
                     pod.clone(),
-                    as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new()),
+                    as_mounted(want, PodMountState::Uncertain, path, false, Vec::new()),
                 );
             }
             inner
@@ -281,11 +505,46 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
     let req = DeviceRequest {
         volume: volume.clone(),
         spec: spec.clone(),
-        publish_context,
+        publish_context: publish_context.clone(),
     };
+    let step = match op {
+        Operation::Attach { .. } => "attach",
+        Operation::MountDevice { .. } => "mount_device",
+        Operation::UnmountDevice { .. } => "unmount_device",
+        _ => "detach",
+    };
+    let intent = {
+        use record::DeviceStepState as S;
+        let mut r = device_record_of(inner, volume).unwrap_or(record::DeviceRecord {
+            version: record::VERSION,
+            unique_name: volume.clone(),
+            traits: record::TraitsRecord::of(&traits),
+            attach: None,
+            device_mount: None,
+            device_mount_path: None,
+            publish_context,
+            expanded_size: None,
+            spec: record::SpecRecord::of(&spec),
+        });
+        r.expanded_size = inner
+            .host
+            .record
+            .device(volume)
+            .and_then(|d| d.expanded_size);
+        match op {
+            Operation::Attach { .. } => r.attach = Some(S::Starting),
+            Operation::MountDevice { .. } => r.device_mount = Some(S::Starting),
+            Operation::UnmountDevice { .. } => r.device_mount = Some(S::Undoing),
+            _ => r.attach = Some(S::Undoing),
+        }
+        r
+    };
+    if let Err(e) = intend(inner, step, Intent::Device(intent)).await {
+        return (traits.plugin, Err(e));
+    }
     let host = inner.host.clone();
     let (outcome, what) = match op {
-        Operation::Attach { .. } => match plugin.attach(host, req).await {
+        Operation::Attach { .. } => match effected(step, plugin.attach(host, req).await) {
             Ok(ctx) => {
                 inner
                     .asw_mut()
@@ -301,7 +560,8 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
                 (Err(e), "AttachVolume.Attach")
             }
         },
-        Operation::MountDevice { .. } => match plugin.mount_device(host, req).await {
+        Operation::MountDevice { .. } => match effected(step, plugin.mount_device(host, req).await)
+        {
             Ok(path) => {
                 inner.asw_mut().mark_device_state(
                     volume,
@@ -325,20 +585,22 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
                 (Err(e), "MountVolume.MountDevice")
             }
         },
-        Operation::UnmountDevice { .. } => match plugin.unmount_device(host, req).await {
-            Ok(()) => {
-                inner.asw_mut().mark_device_state(
-                    volume,
-                    &traits,
-                    DeviceMountState::NotMounted,
-                    None,
-                    spec.clone(),
-                );
-                (Ok(()), "UnmountDevice")
+        Operation::UnmountDevice { .. } => {
+            match effected(step, plugin.unmount_device(host, req).await) {
+                Ok(()) => {
+                    inner.asw_mut().mark_device_state(
+                        volume,
+                        &traits,
+                        DeviceMountState::NotMounted,
+                        None,
+                        spec.clone(),
+                    );
+                    (Ok(()), "UnmountDevice")
+                }
+                Err(e) => (Err(e), "UnmountDevice"),
             }
-            Err(e) => (Err(e), "UnmountDevice"),
-        },
-        Operation::Detach { .. } => match plugin.detach(host, req).await {
+        }
+        Operation::Detach { .. } => match effected(step, plugin.detach(host, req).await) {
             Ok(()) => {
                 inner.asw_mut().mark_detached(volume);
                 (Ok(()), "DetachVolume.Detach")
@@ -349,6 +611,7 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
             unreachable!("per-pod operations are not device operations")
         }
     };
+    settle_device_record(inner, volume).await;
     match outcome {
         Ok(()) => {
             info!(volume = %volume, "{what} succeeded");
@@ -463,6 +726,16 @@ async fn unmount_volume(
         path: mounted.path.clone(),
     };
     let pref = mounted.pod_ref.clone();
+    if let Some(intent) = pod_record_of(
+        inner,
+        volume,
+        pod,
+        Some(record::PodVolumeState::TearingDown),
+    ) {
+        if let Err(e) = intend(inner, "tear_down", Intent::Pod(intent)).await {
+            return (traits.plugin, Err(e));
+        }
+    }
     // subPath mounts go first: they keep the volume busy.
     let torn = match crate::subpath::unmount_all(
         inner.host.clone(),
@@ -474,10 +747,12 @@ async fn unmount_volume(
         Ok(()) => plugin.tear_down(inner.host.clone(), req).await,
         Err(e) => Err(e),
     };
+    let torn = effected("tear_down", torn);
     match torn {
         Ok(()) => {
             info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");
             inner.asw_mut().mark_pod_unmounted(volume, pod);
+            settle_pod_record(inner, volume, pod, &mounted.outer_volume_name).await;
             cleanup_pod_dir(inner, pod).await;
             (traits.plugin, Ok(()))
         }
@@ -491,6 +766,7 @@ async fn unmount_volume(
                     .asw_mut()
                     .set_pod_state(volume, pod, PodMountState::Uncertain);
             }
+            settle_pod_record(inner, volume, pod, &mounted.outer_volume_name).await;
             inner
                 .events
                 .record(&pref, true, reason::FAILED_UNMOUNT, message.clone());

@@ -115,4 +115,10 @@ pub struct StatusReport {
     pub pods: Vec<PodStatus>,
     /// Manifest files with errors (file, document, line, column, message).
     pub manifest_errors: Vec<String>,
+    /// What reconstruction found at start.
+    #[serde(default)]
+    pub reconstruction: crate::reconstruct::Reconstruction,
+    /// Orphaned pod directories that could not be removed, and why.
+    #[serde(default)]
+    pub leftovers: Vec<crate::reconstruct::Leftover>,
 }

@@ -152,6 +152,14 @@ mount_test! {
             assert_ne!(fs::read_link(config.join("..data")).unwrap(), data_before);
             assert_eq!(fs::read_link(secret.join("..data")).unwrap(), secret_before, "the unchanged secret was not rewritten");
             assert_eq!(fs::read_to_string(&subs[0].path).unwrap(), "level=info", "a subPath keeps the file it was made from, as in the kubelet");
+            // The writer removes the old payload just after the swap that made the new
+            // content visible.
+            for _ in 0..500 {
+                if payload_dirs(&config) == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             assert_eq!(payload_dirs(&config), 1, "the old payload is gone");
 
             // Live update of the Secret, on its tmpfs and in the projected volume.

@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 pub use plugin::{attachment_id, ephemeral_handle, CsiPlugin};
+pub(crate) use plugin::{staged_volumes, PLUGIN_NAME};
 
 use crate::metrics::Metrics;
 

@@ -355,6 +355,75 @@ fn write_vol_data(
     Ok(())
 }
 
+/// Reads a `vol_data.json`.
+fn read_vol_data(path: &Path) -> Option<BTreeMap<String, String>> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// The spec of a persistent CSI volume as reconstruction knows it: the PV's name, driver and
+/// handle (what unpublish and unstage need).
+fn persistent_spec(pv_name: &str, driver: &str, handle: &str) -> VolumeSpec {
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaimVolumeSource,
+        PersistentVolumeSpec, Volume,
+    };
+    let mut pv = PersistentVolume::default();
+    pv.metadata.name = Some(pv_name.to_string());
+    pv.spec = Some(PersistentVolumeSpec {
+        csi: Some(CSIPersistentVolumeSource {
+            driver: driver.to_string(),
+            volume_handle: handle.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    VolumeSpec {
+        volume: Volume {
+            name: pv_name.to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource::default()),
+            ..Default::default()
+        },
+        persistent_volume: Some(Arc::new(pv)),
+        block: false,
+    }
+}
+
+/// The staged (globally mounted) filesystem volumes the plugin directory tells of:
+/// `plugins/kubernetes.io/csi/<driver>/<hash>/vol_data.json` beside `globalmount`.
+pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, VolumeSpec, PathBuf)> {
+    let mut out = Vec::new();
+    let base = host.root.join(csi_dir());
+    let dirs = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    };
+    for driver_dir in dirs(&base) {
+        if driver_dir.file_name().is_some_and(|n| n == "volumeDevices") {
+            continue;
+        }
+        for vol_dir in dirs(&driver_dir) {
+            let Some(data) = read_vol_data(&vol_dir.join(VOL_DATA)) else {
+                continue;
+            };
+            let (Some(driver), Some(handle)) = (data.get("driverName"), data.get("volumeHandle"))
+            else {
+                continue;
+            };
+            out.push((
+                UniqueVolumeName(format!("{PLUGIN_NAME}/{driver}^{handle}")),
+                persistent_spec("", driver, handle),
+                vol_dir.join("globalmount"),
+            ));
+        }
+    }
+    out
+}
+
 /// Removes `vol_data.json` and then the directory `dir` and its empty parents up to `stop`,
 /// with rmdir only (a directory with anything else in it stays).
 fn remove_vol_data(host: &PluginHost, dir: &Path, stop: &Path) {
@@ -403,6 +472,39 @@ impl VolumePlugin for CsiPlugin {
             attachable: attach_required,
             device_mountable: persistent,
         }
+    }
+
+    fn reconstruct(
+        &self,
+        _host: &PluginHost,
+        _pod: &PodRef,
+        _name: &str,
+        dir: &Path,
+        _mounted: bool,
+    ) -> Option<(VolumeSpec, PathBuf)> {
+        let data = read_vol_data(&dir.join(VOL_DATA))?;
+        let (driver, handle, spec_name) = (
+            data.get("driverName")?,
+            data.get("volumeHandle")?,
+            data.get("specVolID")?,
+        );
+        let spec = if data.get("volumeLifecycleMode").map(String::as_str) == Some("Ephemeral") {
+            VolumeSpec {
+                volume: k8s_openapi::api::core::v1::Volume {
+                    name: spec_name.clone(),
+                    csi: Some(k8s_openapi::api::core::v1::CSIVolumeSource {
+                        driver: driver.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                persistent_volume: None,
+                block: false,
+            }
+        } else {
+            persistent_spec(spec_name, driver, handle)
+        };
+        Some((spec, dir.join("mount")))
     }
 
     fn requires_remount(&self) -> bool {
@@ -827,7 +929,13 @@ async fn expand_if_grown(
     };
     let seen = {
         let mut s = crate::sync::lock(sizes);
-        *s.entry(volume.clone()).or_insert(want)
+        *s.entry(volume.clone()).or_insert_with(|| {
+            // After a restart: the size recorded when it was last expanded.
+            host.record
+                .device(volume)
+                .and_then(|d| d.expanded_size)
+                .unwrap_or(want)
+        })
     };
     if want <= seen || !driver.capabilities.expand_volume {
         if want > seen {
@@ -887,6 +995,13 @@ async fn expand_if_grown(
         .await?;
     tracing::info!(driver = %r.driver, volume = %r.handle, bytes = resp.capacity_bytes, "volume expanded on the node");
     crate::sync::lock(sizes).insert(volume.clone(), want);
+    let (h, v) = (host.clone(), volume.clone());
+    blocking(move || {
+        h.record
+            .set_expanded_size(&v, want)
+            .map_err(|e| not_ready(format!("cannot record the expanded size: {e}")))
+    })
+    .await?;
     Ok(())
 }
 

@@ -121,6 +121,34 @@ impl VolumePlugin for ContentPlugin {
         true
     }
 
+    fn reconstruct(
+        &self,
+        _host: &PluginHost,
+        _pod: &kubevol_core::PodRef,
+        name: &str,
+        dir: &std::path::Path,
+        _mounted: bool,
+    ) -> Option<(VolumeSpec, std::path::PathBuf)> {
+        let mut volume = k8s_openapi::api::core::v1::Volume {
+            name: name.to_string(),
+            ..Default::default()
+        };
+        match self.0 {
+            ContentKind::ConfigMap => volume.config_map = Some(Default::default()),
+            ContentKind::Secret => volume.secret = Some(Default::default()),
+            ContentKind::DownwardApi => volume.downward_api = Some(Default::default()),
+            ContentKind::Projected => volume.projected = Some(Default::default()),
+        }
+        Some((
+            VolumeSpec {
+                volume,
+                persistent_volume: None,
+                block: false,
+            },
+            dir.to_path_buf(),
+        ))
+    }
+
     fn set_up(
         &self,
         host: Arc<PluginHost>,

@@ -161,6 +161,33 @@ impl VolumePlugin for EmptyDirPlugin {
         spec.volume.empty_dir.is_some()
     }
 
+    fn reconstruct(
+        &self,
+        _host: &PluginHost,
+        _pod: &kubevol_core::PodRef,
+        name: &str,
+        dir: &Path,
+        mounted: bool,
+    ) -> Option<(VolumeSpec, std::path::PathBuf)> {
+        // A mount of its own means a memory-backed medium: teardown unmounts it.
+        let volume = k8s_openapi::api::core::v1::Volume {
+            name: name.to_string(),
+            empty_dir: Some(k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                medium: mounted.then(|| "Memory".to_string()),
+                size_limit: None,
+            }),
+            ..Default::default()
+        };
+        Some((
+            VolumeSpec {
+                volume,
+                persistent_volume: None,
+                block: false,
+            },
+            dir.to_path_buf(),
+        ))
+    }
+
     fn set_up(
         &self,
         host: Arc<PluginHost>,

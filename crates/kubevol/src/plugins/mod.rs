@@ -53,6 +53,10 @@ pub struct PluginHost {
     pub node_allocatable: NodeAllocatable,
     /// The CSI drivers.
     pub csi: Arc<crate::csi::Drivers>,
+    /// The durable record of what is on the node.
+    pub record: Arc<crate::record::Record>,
+    /// Whether a busy mount may be detached lazily.
+    pub allow_lazy_unmount: bool,
 }
 
 /// A filesystem a volume directory is covered with (tmpfs, hugetlbfs).
@@ -97,6 +101,19 @@ impl PluginHost {
         };
         // A directory made a moment ago cannot be a mount point: only an existing one (a
         // repeated or interrupted set-up) needs the check that keeps this idempotent.
+        if !created && self.mounter.is_mount_point(&path)? {
+            // Mounted already (a repeated or interrupted set-up): keep it unless it is dead.
+            if let Err(e) = parent.open_beneath(Path::new(name)) {
+                if e.errno()
+                    .is_some_and(kubevol_mount::is_corrupted_mount_errno)
+                {
+                    tracing::warn!(path = %path.display(), "corrupted mount ({e}): unmounting it and mounting again");
+                    self.unmount_all(&path)?;
+                } else {
+                    return Err(e.into());
+                }
+            }
+        }
         if created || !self.mounter.is_mount_point(&path)? {
             // The new filesystem's root, not the directory it covers, must be 0777.
             fs.data.push("mode=0777".to_string());
@@ -137,9 +154,30 @@ impl PluginHost {
                 }
                 .into());
             }
-            self.mounter.unmount(path)?;
+            self.unmount_all(path)?;
         }
         parent.remove_dir_all_one_fs(name)?;
+        Ok(())
+    }
+
+    /// Unmounts `path`, and whatever is stacked under it there (a dead mount over the
+    /// volume's own). EBUSY is an error to retry unless lazy unmounts are allowed.
+    pub(crate) fn unmount_all(&self, path: &Path) -> Result<(), MountError> {
+        for _ in 0..16 {
+            let done = match self.mounter.unmount(path) {
+                Err(MountError::Unmount {
+                    errno: kubevol_mount::Errno::BUSY,
+                    ..
+                }) if self.allow_lazy_unmount => {
+                    tracing::warn!(path = %path.display(), "mount busy: detaching it lazily (--allow-lazy-unmount)");
+                    self.mounter.unmount_lazy(path)?
+                }
+                r => r?,
+            };
+            if done == kubevol_mount::Unmounted::NotMounted || !self.mounter.is_mount_point(path)? {
+                return Ok(());
+            }
+        }
         Ok(())
     }
 }
@@ -237,6 +275,21 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// The volume's key in the states of world. Per-pod volumes by default.
     fn volume_name(&self, pod: &PodRef, spec: &VolumeSpec) -> UniqueVolumeName {
         UniqueVolumeName::for_pod_volume(self.name(), &pod.uid, &spec.volume.name)
+    }
+
+    /// The spec and path of a volume found only in the pods directory (no record of it): its
+    /// directory `dir` (absolute) is `pods/<pod>/volumes/<plugin>/<name>`, and `mounted` says
+    /// whether the mount table shows a mount there. Enough to tear it down the right way, or to
+    /// set it up again. `None`: the plugin cannot tell, and the directory is left in place.
+    fn reconstruct(
+        &self,
+        _host: &PluginHost,
+        _pod: &PodRef,
+        _name: &str,
+        _dir: &Path,
+        _mounted: bool,
+    ) -> Option<(VolumeSpec, PathBuf)> {
+        None
     }
 
     /// Sets the volume up for one pod. Must be idempotent: it may run again on a volume that is

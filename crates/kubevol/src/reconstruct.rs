@@ -1,0 +1,362 @@
+//! Reconstruction at start, and the sweep of orphaned pod directories.
+//!
+//! Before the first reconcile the actual state is rebuilt from four witnesses: the durable
+//! record (exact specs and paths), the pods directory (`pods/<uid>/volumes/<plugin>/<name>`),
+//! the CSI plugin directory (`vol_data.json` beside each staging path) and the mount table.
+//! Everything found enters the actual state as *uncertain*: a pod that is still wanted gets
+//! its volumes set up again (idempotently: no second mount on a target), and one that is gone
+//! gets them torn down the right way, CSI volumes unpublished and unstaged, once every pod
+//! source has listed its pods. Nothing here stats a volume, so a dead or hung filesystem cannot
+//! stall the start.
+//!
+//! The sweep removes the directory of a pod that is gone and has nothing left on the node, with
+//! rmdir only and never crossing a mount point: whatever is left is reported, not deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kubevol_core::state::{MountedPodVolume, PodMountState, ReconstructedDevice, VolumeTraits};
+use kubevol_core::{PodRef, PodUid};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::manager::Inner;
+
+/// What reconstruction found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reconstruction {
+    /// Pod volumes found (all uncertain until set up again or torn down).
+    pub pod_volumes: usize,
+    /// Of those, found only in the pods directory (no record).
+    pub from_layout: usize,
+    /// Volumes found attached or globally mounted.
+    pub devices: usize,
+    /// Records that could not be read, and directories no plugin could account for.
+    pub problems: Vec<String>,
+}
+
+/// A pod directory that could not be removed, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leftover {
+    /// The pod's UID.
+    pub uid: String,
+    /// Its directory.
+    pub path: String,
+    /// What is left in it.
+    pub reason: String,
+}
+
+/// The pod a directory or record belongs to when nothing names it.
+fn unknown_pod(uid: &PodUid) -> PodRef {
+    PodRef {
+        namespace: "(unknown)".into(),
+        name: uid.to_string(),
+        uid: uid.clone(),
+    }
+}
+
+fn dirs(d: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(d)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+fn name_of(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Rebuilds the actual state. Runs once, before the reconciler starts; blocking.
+pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
+    let host = &inner.host;
+    let mut report = Reconstruction::default();
+    let mounts: BTreeSet<PathBuf> = match host.mounter.mount_table() {
+        Ok(t) => t.into_iter().map(|m| m.mount_point).collect(),
+        Err(e) => {
+            report.problems.push(format!(
+                "cannot read the mount table ({e}): every volume found is treated as mounted"
+            ));
+            BTreeSet::new()
+        }
+    };
+    let table_known = report.problems.is_empty();
+    let loaded = host.record.load();
+    let mut asw = inner.asw_mut();
+
+    // 1. The record: exact specs, paths and traits.
+    for r in &loaded.pods {
+        let spec = Arc::new(r.spec.spec());
+        asw.mark_pod_volume(
+            &r.unique_name,
+            &r.traits.traits(),
+            r.pod.uid.clone(),
+            MountedPodVolume {
+                pod_ref: r.pod.clone(),
+                outer_volume_name: r.volume.clone(),
+                spec,
+                state: PodMountState::Uncertain,
+                path: r.path.clone(),
+                read_only: r.read_only,
+                content_generation: 0,
+                sub_paths: r.sub_paths.clone(),
+            },
+        );
+        report.pod_volumes += 1;
+    }
+    for d in &loaded.devices {
+        asw.mark_reconstructed_device(
+            &d.unique_name,
+            &d.traits.traits(),
+            ReconstructedDevice {
+                attach: d.attach.is_some(),
+                device: d.device_mount.is_some(),
+                device_mount_path: d.device_mount_path.clone(),
+                publish_context: d.publish_context.clone(),
+                spec: Some(Arc::new(d.spec.spec())),
+            },
+        );
+        report.devices += 1;
+    }
+    for c in &loaded.corrupt {
+        warn!("{c}");
+        report.problems.push(c.to_string());
+    }
+
+    // 2. The pods directory: volumes without a (readable) record.
+    let recorded: BTreeSet<(PodUid, String, String)> = loaded
+        .pods
+        .iter()
+        .map(|r| {
+            let dir_name = if r.traits.plugin == crate::csi::PLUGIN_NAME {
+                r.path
+                    .parent()
+                    .map(name_of)
+                    .unwrap_or_else(|| r.volume.clone())
+            } else {
+                r.volume.clone()
+            };
+            (r.pod.uid.clone(), r.traits.plugin.clone(), dir_name)
+        })
+        .collect();
+    for pod_dir in dirs(&host.root.join("pods")) {
+        let uid = PodUid(name_of(&pod_dir));
+        let pod_ref = loaded
+            .pods
+            .iter()
+            .find(|r| r.pod.uid == uid)
+            .map(|r| r.pod.clone())
+            .unwrap_or_else(|| unknown_pod(&uid));
+        for plugin_dir in dirs(&pod_dir.join("volumes")) {
+            let escaped = name_of(&plugin_dir);
+            let plugin_name = escaped.replace('~', "/");
+            for vol_dir in dirs(&plugin_dir) {
+                let name = name_of(&vol_dir);
+                if recorded.contains(&(uid.clone(), plugin_name.clone(), name.clone())) {
+                    continue;
+                }
+                let Some(plugin) = inner.plugins.by_name(&plugin_name) else {
+                    report.problems.push(format!(
+                        "{}: no plugin {plugin_name} is registered; left in place",
+                        vol_dir.display()
+                    ));
+                    continue;
+                };
+                let mounted = !table_known
+                    || mounts.contains(&vol_dir)
+                    || mounts.contains(&vol_dir.join("mount"));
+                let Some((spec, path)) =
+                    plugin.reconstruct(host, &pod_ref, &name, &vol_dir, mounted)
+                else {
+                    report.problems.push(format!(
+                        "{}: plugin {plugin_name} cannot tell what this volume was; left in place",
+                        vol_dir.display()
+                    ));
+                    continue;
+                };
+                let traits = layout_traits(plugin.traits(host, &spec));
+                let unique = plugin.volume_name(&pod_ref, &spec);
+                info!(pod = %uid, volume = %name, plugin = %plugin_name, "volume found in the pods directory without a record");
+                asw.mark_pod_volume(
+                    &unique,
+                    &traits,
+                    uid.clone(),
+                    MountedPodVolume {
+                        pod_ref: pod_ref.clone(),
+                        outer_volume_name: name.clone(),
+                        spec: Arc::new(spec),
+                        state: PodMountState::Uncertain,
+                        path,
+                        read_only: false,
+                        content_generation: 0,
+                        sub_paths: Vec::new(),
+                    },
+                );
+                report.pod_volumes += 1;
+                report.from_layout += 1;
+            }
+        }
+    }
+
+    // 3. The CSI plugin directory: staged volumes whose record is lost.
+    for (unique, spec, path) in crate::csi::staged_volumes(host) {
+        let known = asw
+            .volume(&unique)
+            .is_some_and(|v| v.device_state != kubevol_core::state::DeviceMountState::NotMounted);
+        if known {
+            continue;
+        }
+        let traits = VolumeTraits {
+            plugin: crate::csi::PLUGIN_NAME.to_string(),
+            attachable: false,
+            device_mountable: true,
+        };
+        info!(volume = %unique, "staged volume found in the plugin directory without a record");
+        asw.mark_reconstructed_device(
+            &unique,
+            &traits,
+            ReconstructedDevice {
+                attach: false,
+                device: true,
+                device_mount_path: Some(path),
+                publish_context: BTreeMap::new(),
+                spec: Some(Arc::new(spec)),
+            },
+        );
+        report.devices += 1;
+    }
+    drop(asw);
+    report
+}
+
+/// Traits of a volume known only from the layout: never attachable (nothing says an attach
+/// was made, and a detach kubevol cannot make would block the volume forever).
+fn layout_traits(t: VolumeTraits) -> VolumeTraits {
+    VolumeTraits {
+        attachable: false,
+        ..t
+    }
+}
+
+/// One sweep: removes the directories of gone pods that have nothing left on the node.
+/// Returns how many were removed; leftovers are kept in `inner.leftovers`.
+pub(crate) async fn sweep_orphans(inner: &Arc<Inner>) -> usize {
+    let candidates: Vec<PodUid> = {
+        let dsw = inner.dsw();
+        let asw = inner.asw();
+        dirs(&inner.host.root.join("pods"))
+            .iter()
+            .map(|p| PodUid(name_of(p)))
+            .filter(|u| dsw.pod(u).is_none() && asw.pod_volumes(u).next().is_none())
+            .collect()
+    };
+    let host = inner.host.clone();
+    let results = tokio::task::spawn_blocking(move || {
+        let pods = host.root_dir.open_beneath(Path::new("pods"));
+        candidates
+            .into_iter()
+            .map(|uid| {
+                let r = match &pods {
+                    Ok(p) => p.remove_empty_tree(uid.as_str()),
+                    Err(e) => Err(kubevol_mount::MountError::Table(e.to_string())),
+                };
+                (uid, r)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    let mut cleaned = 0;
+    let mut leftovers = BTreeMap::new();
+    for (uid, r) in results {
+        // A pod that came back while the sweep ran is not an orphan.
+        if inner.dsw().pod(&uid).is_some() {
+            continue;
+        }
+        match r {
+            Ok(()) => {
+                cleaned += 1;
+                inner.events.forget(&uid);
+                inner.forget_pod_signal(&uid);
+            }
+            Err(e) => {
+                let path = inner.host.root.join("pods").join(uid.as_str());
+                leftovers.insert(
+                    uid.clone(),
+                    Leftover {
+                        uid: uid.to_string(),
+                        path: path.display().to_string(),
+                        reason: format!(
+                            "orphaned pod directory kept: {e}. kubevol removes directories only with rmdir and never through a mount; remove what is left by hand once it is no longer needed"
+                        ),
+                    },
+                );
+            }
+        }
+    }
+    let errors = leftovers.len();
+    let changed = {
+        let mut l = crate::sync::lock(&inner.leftovers);
+        let changed = *l != leftovers;
+        *l = leftovers;
+        changed
+    };
+    if changed {
+        for l in crate::sync::lock(&inner.leftovers).values() {
+            warn!(pod = %l.uid, "{}", l.reason);
+        }
+        inner.changed.send_modify(|g| *g += 1);
+    }
+    inner.metrics.set_orphan_sweep(cleaned, errors);
+    cleaned
+}
+
+/// Sweeps orphaned pod directories once every pod source has listed its pods and the first
+/// full reconcile is done, then every resync period.
+pub(crate) async fn sweep_loop(inner: Arc<Inner>) {
+    let mut changes = inner.changed.subscribe();
+    while !inner
+        .states_synced
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+    let mut stop = inner.shutdown.subscribe();
+    loop {
+        sweep_orphans(&inner).await;
+        tokio::select! {
+            _ = tokio::time::sleep(inner.config.resync_period) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Reconstructs, once, and stores what was found for the status.
+pub(crate) async fn at_start(inner: &Arc<Inner>) {
+    let i = inner.clone();
+    let report = tokio::task::spawn_blocking(move || reconstruct(&i))
+        .await
+        .unwrap_or_else(|e| Reconstruction {
+            problems: vec![format!("reconstruction failed: {e}")],
+            ..Default::default()
+        });
+    info!(
+        pod_volumes = report.pod_volumes,
+        from_layout = report.from_layout,
+        devices = report.devices,
+        problems = report.problems.len(),
+        "actual state reconstructed"
+    );
+    inner.metrics.set_record_problems(report.problems.len());
+    *crate::sync::lock(&inner.reconstruction) = report;
+    inner.notify_changed();
+}

@@ -1,0 +1,631 @@
+//! The durable record: what kubevol intends to do and has done on the node, kept under
+//! `<root>/volume-record/` so that a crash at any instant leaves evidence for reconstruction.
+//!
+//! ```text
+//! <root>/volume-record/pods/<pod uid>/<volume>.<hash of unique name>.json
+//! <root>/volume-record/volumes/<hash of unique name>.json
+//! ```
+//!
+//! One small, versioned JSON file per pod volume and per node-wide volume (attach, CSI stage).
+//! Before a side effect the intent is written durably: a temporary file, fsync, rename over the
+//! old record, fsync of the directory. After the side effect the record is rewritten to say
+//! what the actual state now holds (or removed when nothing is left); that second write needs
+//! no fsync, because losing it only brings back the intent, and an intent means "uncertain",
+//! which reconstruction handles the same way. A record that cannot be parsed is reported and
+//! treated as uncertain: its file name still says which pod and volume it was about.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
+use kubevol_core::state::{SubPathMount, VolumeSpec, VolumeTraits};
+use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+/// The record's directory under the root.
+pub const RECORD_DIR: &str = "volume-record";
+
+/// The record format's version.
+pub const VERSION: u32 = 1;
+
+/// Where a pod volume stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PodVolumeState {
+    /// Set-up was about to start (or ran and was interrupted).
+    SettingUp,
+    /// Set-up succeeded.
+    SetUp,
+    /// Set-up or teardown failed in a way that may have left something on the node.
+    Uncertain,
+    /// Teardown was about to start (or ran and was interrupted).
+    TearingDown,
+}
+
+/// A node-wide step's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DeviceStepState {
+    /// About to start, or interrupted.
+    Starting,
+    /// Done.
+    Done,
+    /// Failed in a way that may have done it.
+    Uncertain,
+    /// Its inverse was about to start, or was interrupted.
+    Undoing,
+}
+
+/// A volume's spec as recorded (the pod's volume, and the PV a claim resolved to).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecRecord {
+    /// The pod's `spec.volumes[]` entry.
+    pub volume: Volume,
+    /// The PersistentVolume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume: Option<PersistentVolume>,
+    /// A raw block volume.
+    #[serde(default)]
+    pub block: bool,
+}
+
+impl SpecRecord {
+    /// The record of a spec.
+    pub fn of(spec: &VolumeSpec) -> Self {
+        SpecRecord {
+            volume: spec.volume.clone(),
+            persistent_volume: spec.persistent_volume.as_deref().cloned(),
+            block: spec.block,
+        }
+    }
+
+    /// The spec it records.
+    pub fn spec(&self) -> VolumeSpec {
+        VolumeSpec {
+            volume: self.volume.clone(),
+            persistent_volume: self.persistent_volume.clone().map(std::sync::Arc::new),
+            block: self.block,
+        }
+    }
+}
+
+/// The plugin facts of a volume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TraitsRecord {
+    /// The plugin.
+    pub plugin: String,
+    /// Attachable.
+    #[serde(default)]
+    pub attachable: bool,
+    /// Device-mountable.
+    #[serde(default)]
+    pub device_mountable: bool,
+}
+
+impl TraitsRecord {
+    /// The record of a volume's traits.
+    pub fn of(t: &VolumeTraits) -> Self {
+        TraitsRecord {
+            plugin: t.plugin.clone(),
+            attachable: t.attachable,
+            device_mountable: t.device_mountable,
+        }
+    }
+
+    /// The traits it records.
+    pub fn traits(&self) -> VolumeTraits {
+        VolumeTraits {
+            plugin: self.plugin.clone(),
+            attachable: self.attachable,
+            device_mountable: self.device_mountable,
+        }
+    }
+}
+
+/// One pod's volume.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodVolumeRecord {
+    /// The format version.
+    pub version: u32,
+    /// Where it stands.
+    pub state: PodVolumeState,
+    /// The pod.
+    pub pod: PodRef,
+    /// Where the pod came from (manifest file and document), for messages.
+    #[serde(default)]
+    pub source: String,
+    /// The volume's name in the pod's spec.
+    pub volume: String,
+    /// The volume's key in the states of world.
+    pub unique_name: UniqueVolumeName,
+    /// Its plugin's facts.
+    pub traits: TraitsRecord,
+    /// The path handed to the runtime.
+    pub path: PathBuf,
+    /// Whether the runtime mounts it read-only.
+    #[serde(default)]
+    pub read_only: bool,
+    /// The subPath mounts made for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sub_paths: Vec<SubPathMount>,
+    /// The spec it was set up with.
+    pub spec: SpecRecord,
+}
+
+/// One volume's node-wide state (attach, device mount).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRecord {
+    /// The format version.
+    pub version: u32,
+    /// The volume's key.
+    pub unique_name: UniqueVolumeName,
+    /// Its plugin's facts.
+    pub traits: TraitsRecord,
+    /// Attach, if it was ever started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<DeviceStepState>,
+    /// Device mount (CSI stage), if it was ever started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mount: Option<DeviceStepState>,
+    /// Where the device is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_mount_path: Option<PathBuf>,
+    /// What attach returned.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub publish_context: BTreeMap<String, String>,
+    /// The size the volume was last expanded to, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expanded_size: Option<i64>,
+    /// The spec it was set up with.
+    pub spec: SpecRecord,
+}
+
+/// A record that could not be read, and what its file name says.
+#[derive(Clone, Debug)]
+pub struct CorruptRecord {
+    /// The file.
+    pub path: PathBuf,
+    /// The pod it was about (pod records).
+    pub pod: Option<PodUid>,
+    /// The volume's name in the pod's spec (pod records).
+    pub volume: Option<String>,
+    /// What is wrong with it.
+    pub error: String,
+}
+
+impl std::fmt::Display for CorruptRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "record {} cannot be read ({}); its volume is treated as possibly mounted and reconstructed from the pods directory and the mount table",
+            self.path.display(),
+            self.error
+        )
+    }
+}
+
+/// Everything the record holds.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Pod volumes.
+    pub pods: Vec<PodVolumeRecord>,
+    /// Node-wide volumes.
+    pub devices: Vec<DeviceRecord>,
+    /// Records that could not be read.
+    pub corrupt: Vec<CorruptRecord>,
+}
+
+fn short_hash(s: &str) -> String {
+    let d = sha2::Sha256::digest(s.as_bytes());
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The record under one root directory.
+pub struct Record {
+    dir: PathBuf,
+    /// What each file was last written with, so an unchanged record is not written again.
+    written: Mutex<BTreeMap<PathBuf, Vec<u8>>>,
+}
+
+impl Record {
+    /// The record under `root`; its directories are made if missing.
+    pub fn open(root: &Path) -> std::io::Result<Self> {
+        let dir = root.join(RECORD_DIR);
+        std::fs::create_dir_all(dir.join("pods"))?;
+        std::fs::create_dir_all(dir.join("volumes"))?;
+        Ok(Record {
+            dir,
+            written: Mutex::default(),
+        })
+    }
+
+    /// The record's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn pod_file(&self, uid: &PodUid, volume: &str, unique: &UniqueVolumeName) -> PathBuf {
+        self.dir
+            .join("pods")
+            .join(uid.as_str())
+            .join(format!("{volume}.{}.json", short_hash(unique.as_str())))
+    }
+
+    fn device_file(&self, unique: &UniqueVolumeName) -> PathBuf {
+        self.dir
+            .join("volumes")
+            .join(format!("{}.json", short_hash(unique.as_str())))
+    }
+
+    /// Writes a pod volume's record; `durable` waits until it is on disk.
+    pub fn write_pod_volume(&self, r: &PodVolumeRecord, durable: bool) -> std::io::Result<()> {
+        let file = self.pod_file(&r.pod.uid, &r.volume, &r.unique_name);
+        self.write(&file, r, durable)
+    }
+
+    /// Removes a pod volume's record (and the pod's record directory once empty).
+    pub fn remove_pod_volume(
+        &self,
+        uid: &PodUid,
+        volume: &str,
+        unique: &UniqueVolumeName,
+    ) -> std::io::Result<()> {
+        let file = self.pod_file(uid, volume, unique);
+        self.remove(&file)?;
+        if let Some(dir) = file.parent() {
+            // Fails while another volume of the pod is recorded, as it should.
+            let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+
+    /// Writes a volume's node-wide record; `durable` waits until it is on disk.
+    pub fn write_device(&self, r: &DeviceRecord, durable: bool) -> std::io::Result<()> {
+        let file = self.device_file(&r.unique_name);
+        self.write(&file, r, durable)
+    }
+
+    /// Removes a volume's node-wide record.
+    pub fn remove_device(&self, unique: &UniqueVolumeName) -> std::io::Result<()> {
+        self.remove(&self.device_file(unique))
+    }
+
+    /// Records durably the size a volume was expanded to, in its node-wide record (volumes
+    /// without one, which are never staged or attached, are expanded again after a restart,
+    /// which drivers treat as a no-op).
+    pub fn set_expanded_size(&self, unique: &UniqueVolumeName, size: i64) -> std::io::Result<()> {
+        match self.device(unique) {
+            Some(mut d) if d.expanded_size != Some(size) => {
+                d.expanded_size = Some(size);
+                self.write_device(&d, true)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The last node-wide record written for a volume, if it is still there.
+    pub fn device(&self, unique: &UniqueVolumeName) -> Option<DeviceRecord> {
+        let file = self.device_file(unique);
+        let cached = crate::sync::lock(&self.written).get(&file).cloned();
+        let bytes = match cached {
+            Some(b) => b,
+            None => std::fs::read(&file).ok()?,
+        };
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn write<T: Serialize>(&self, file: &Path, value: &T, durable: bool) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        if !durable && crate::sync::lock(&self.written).get(file) == Some(&bytes) {
+            return Ok(());
+        }
+        let dir = file.parent().unwrap_or(&self.dir);
+        std::fs::create_dir_all(dir)?;
+        let tmp = file.with_extension("json.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            if durable {
+                f.sync_all()?;
+            }
+        }
+        std::fs::rename(&tmp, file)?;
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        crate::sync::lock(&self.written).insert(file.to_path_buf(), bytes);
+        Ok(())
+    }
+
+    fn remove(&self, file: &Path) -> std::io::Result<()> {
+        crate::sync::lock(&self.written).remove(file);
+        match std::fs::remove_file(file) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads every record. Unreadable ones are returned as [`CorruptRecord`]s and left in
+    /// place (they are replaced when their volume is recorded again).
+    pub fn load(&self) -> Loaded {
+        let mut out = Loaded::default();
+        let corrupt = |path: &Path, pod: Option<PodUid>, error: String| {
+            let volume = pod.as_ref().and_then(|_| {
+                let name = path.file_name()?.to_str()?;
+                Some(name.split('.').next()?.to_string())
+            });
+            CorruptRecord {
+                path: path.to_path_buf(),
+                pod,
+                volume,
+                error,
+            }
+        };
+        let is_record = |p: &Path| p.extension().is_some_and(|e| e == "json");
+        for pod_dir in read_dir(&self.dir.join("pods")) {
+            let Some(uid) = pod_dir.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let uid = PodUid(uid.to_string());
+            for file in read_dir(&pod_dir).into_iter().filter(|p| is_record(p)) {
+                match read_json::<PodVolumeRecord>(&file) {
+                    Ok(r) if r.pod.uid == uid => out.pods.push(r),
+                    Ok(r) => out.corrupt.push(corrupt(
+                        &file,
+                        Some(uid.clone()),
+                        format!(
+                            "it is about pod {} but lies in {}'s directory",
+                            r.pod.uid, uid
+                        ),
+                    )),
+                    Err(e) => out.corrupt.push(corrupt(&file, Some(uid.clone()), e)),
+                }
+            }
+        }
+        for file in read_dir(&self.dir.join("volumes"))
+            .into_iter()
+            .filter(|p| is_record(p))
+        {
+            match read_json::<DeviceRecord>(&file) {
+                Ok(r) => out.devices.push(r),
+                Err(e) => out.corrupt.push(corrupt(&file, None, e)),
+            }
+        }
+        out
+    }
+}
+
+fn read_dir(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, String> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        version: u32,
+    }
+    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let v: Versioned = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if v.version != VERSION {
+        return Err(format!(
+            "format version {} is not {VERSION}, the one this kubevol writes",
+            v.version
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// The environment variable that arms a fail point: `<operation>:<step>[:<n>]` kills the process
+/// with SIGKILL the n-th time (default: the first) the step is reached. Operations: `attach`,
+/// `mount_device`, `set_up`, `tear_down`, `unmount_device`, `detach`; steps: `before` (the
+/// intent is on disk, the side effect not started) and `after` (the side effect is done, the
+/// record not yet updated). For crash tests.
+pub const FAIL_POINT_ENV: &str = "KUBEVOL_FAIL_POINT";
+
+/// Every fail point.
+pub const FAIL_POINTS: [&str; 12] = [
+    "attach:before",
+    "attach:after",
+    "mount_device:before",
+    "mount_device:after",
+    "set_up:before",
+    "set_up:after",
+    "tear_down:before",
+    "tear_down:after",
+    "unmount_device:before",
+    "unmount_device:after",
+    "detach:before",
+    "detach:after",
+];
+
+struct Armed {
+    name: String,
+    at: u32,
+    hits: AtomicU32,
+}
+
+fn armed() -> Option<&'static Armed> {
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let v = std::env::var(FAIL_POINT_ENV).ok()?;
+            let mut parts = v.rsplitn(2, ':');
+            let last = parts.next()?;
+            let (name, at) = match (last.parse::<u32>(), parts.next()) {
+                (Ok(n), Some(name)) if name.contains(':') => (name.to_string(), n),
+                _ => (v.clone(), 1),
+            };
+            if !FAIL_POINTS.contains(&name.as_str()) {
+                tracing::error!(
+                    "{FAIL_POINT_ENV}={v}: no such fail point (known: {FAIL_POINTS:?})"
+                );
+                return None;
+            }
+            Some(Armed {
+                name,
+                at: at.max(1),
+                hits: AtomicU32::new(0),
+            })
+        })
+        .as_ref()
+}
+
+/// A named step of an operation: when armed through [`FAIL_POINT_ENV`], the process dies here
+/// with SIGKILL, as it would if killed from outside at this instant.
+pub fn fail_point(operation: &str, step: &str) {
+    let Some(a) = armed() else { return };
+    if a.name.split_once(':') != Some((operation, step)) {
+        return;
+    }
+    if a.hits.fetch_add(1, Ordering::SeqCst) + 1 == a.at {
+        eprintln!("kubevol: fail point {operation}:{step} reached, killing the process");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod_record(uid: &str, volume: &str) -> PodVolumeRecord {
+        PodVolumeRecord {
+            version: VERSION,
+            state: PodVolumeState::SettingUp,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: "web".into(),
+                uid: PodUid(uid.into()),
+            },
+            source: "/m/web.yaml, document 1".into(),
+            volume: volume.into(),
+            unique_name: UniqueVolumeName(format!("kubernetes.io/empty-dir/{uid}-{volume}")),
+            traits: TraitsRecord {
+                plugin: "kubernetes.io/empty-dir".into(),
+                attachable: false,
+                device_mountable: false,
+            },
+            path: PathBuf::from("/r/pods/x/volumes/kubernetes.io~empty-dir/cache"),
+            read_only: false,
+            sub_paths: Vec::new(),
+            spec: SpecRecord {
+                volume: Volume {
+                    name: volume.into(),
+                    ..Default::default()
+                },
+                persistent_volume: None,
+                block: false,
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_are_human_readable() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Record::open(t.path()).unwrap();
+        let mut r = pod_record("u1", "cache");
+        rec.write_pod_volume(&r, true).unwrap();
+        r.state = PodVolumeState::SetUp;
+        rec.write_pod_volume(&r, false).unwrap();
+        let files = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"));
+        assert_eq!(files.len(), 1, "one file per pod volume: {files:?}");
+        let text = std::fs::read_to_string(&files[0]).unwrap();
+        assert!(text.contains("\"version\": 1"), "{text}");
+        assert!(text.contains("\"state\": \"setUp\""), "{text}");
+        let loaded = rec.load();
+        assert_eq!(loaded.pods.len(), 1);
+        assert_eq!(loaded.pods[0].state, PodVolumeState::SetUp);
+        rec.remove_pod_volume(&r.pod.uid, &r.volume, &r.unique_name)
+            .unwrap();
+        assert!(rec.load().pods.is_empty());
+        assert!(
+            !t.path().join(RECORD_DIR).join("pods").join("u1").exists(),
+            "the pod's record directory goes with its last record"
+        );
+    }
+
+    #[test]
+    fn corrupt_truncated_and_foreign_version_records_are_reported_with_their_pod() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Record::open(t.path()).unwrap();
+        let r = pod_record("u1", "cache");
+        rec.write_pod_volume(&r, true).unwrap();
+        let file = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"))[0].clone();
+        let text = std::fs::read_to_string(&file).unwrap();
+        for bad in [
+            text[..text.len() / 2].to_string(),
+            String::new(),
+            text.replace("\"version\": 1", "\"version\": 7"),
+        ] {
+            std::fs::write(&file, &bad).unwrap();
+            let loaded = rec.load();
+            assert!(loaded.pods.is_empty());
+            assert_eq!(loaded.corrupt.len(), 1, "{bad}");
+            let c = &loaded.corrupt[0];
+            assert_eq!(c.pod, Some(PodUid("u1".into())));
+            assert_eq!(c.volume.as_deref(), Some("cache"));
+            assert!(c.to_string().contains("possibly mounted"), "{c}");
+        }
+        std::fs::write(
+            t.path().join(RECORD_DIR).join("volumes").join("x.json"),
+            "{",
+        )
+        .unwrap();
+        let loaded = rec.load();
+        assert_eq!(loaded.corrupt.len(), 2);
+        assert!(loaded.corrupt.iter().any(|c| c.pod.is_none()));
+    }
+
+    #[test]
+    fn device_records_keep_attach_stage_and_size() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Record::open(t.path()).unwrap();
+        let name = UniqueVolumeName("kubernetes.io/csi/loop^pv1".into());
+        let d = DeviceRecord {
+            version: VERSION,
+            unique_name: name.clone(),
+            traits: TraitsRecord {
+                plugin: "kubernetes.io/csi".into(),
+                attachable: true,
+                device_mountable: true,
+            },
+            attach: Some(DeviceStepState::Done),
+            device_mount: Some(DeviceStepState::Starting),
+            device_mount_path: Some("/r/plugins/g".into()),
+            publish_context: [("devicePath".to_string(), "/dev/loop3".to_string())].into(),
+            expanded_size: Some(1 << 30),
+            spec: pod_record("u", "v").spec,
+        };
+        rec.write_device(&d, true).unwrap();
+        assert_eq!(rec.device(&name).unwrap().expanded_size, Some(1 << 30));
+        let loaded = Record::open(t.path()).unwrap().load();
+        assert_eq!(loaded.devices.len(), 1);
+        assert_eq!(
+            loaded.devices[0].device_mount,
+            Some(DeviceStepState::Starting)
+        );
+        assert_eq!(
+            loaded.devices[0].publish_context["devicePath"],
+            "/dev/loop3"
+        );
+        rec.remove_device(&name).unwrap();
+        assert!(rec.load().devices.is_empty());
+    }
+}
