@@ -5,150 +5,19 @@
 #[macro_use]
 #[path = "../../kubevol/tests/common/mod.rs"]
 mod common;
+mod loop_driver;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::*;
+use loop_driver::{Driver, DRIVER};
 use k8s_openapi::api::core::v1::Pod;
 use kubevol::source::parse_manifest;
 use kubevol::store::Object;
 use kubevol::VolumeManager;
 use serde_json::json;
 
-const DRIVER: &str = "loop.csi.kubevol.io";
-
-fn driver_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_kubevol-csi-loop"))
-}
-
-/// A running kubevol-csi-loop. Dropping it kills it and detaches its volumes' loop devices.
-struct Driver {
-    child: Option<Child>,
-    dir: PathBuf,
-    args: Vec<String>,
-}
-
-impl Driver {
-    /// Starts the driver with its socket and data under `dir`, registering through
-    /// `registry` when given.
-    fn start(dir: &Path, registry: Option<&Path>, extra: &[&str]) -> Driver {
-        std::fs::create_dir_all(dir).unwrap();
-        let mut args = vec![
-            "--endpoint".to_string(),
-            format!("unix://{}", dir.join("csi.sock").display()),
-            "--data-dir".into(),
-            dir.join("data").display().to_string(),
-            "--node-id".into(),
-            "test-node".into(),
-            "--call-log".into(),
-            dir.join("calls.json").display().to_string(),
-        ];
-        if let Some(r) = registry {
-            args.push("--registration-dir".into());
-            args.push(r.display().to_string());
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut d = Driver {
-            child: None,
-            dir: dir.to_path_buf(),
-            args,
-        };
-        d.restart();
-        d
-    }
-
-    fn restart(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("driver.log"))
-            .unwrap();
-        let _ = std::fs::remove_file(self.socket());
-        self.child = Some(
-            Command::new(driver_binary())
-                .args(&self.args)
-                .stderr(log)
-                .spawn()
-                .expect("start kubevol-csi-loop"),
-        );
-        for _ in 0..200 {
-            if self.socket().exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("the driver did not listen on {}", self.socket().display());
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.join("csi.sock")
-    }
-
-    /// SIGKILL: nothing is cleaned up, as when a driver crashes.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM: the driver removes its sockets and exits.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let _ = c.wait();
-        }
-    }
-
-    /// The calls the driver has answered: (method, volume, path, code).
-    fn calls(&self) -> Vec<(String, String, String, String)> {
-        std::fs::read_to_string(self.dir.join("calls.json"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|v| {
-                let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
-                (s("method"), s("volume_id"), s("path"), s("code"))
-            })
-            .collect()
-    }
-
-    fn count(&self, method: &str, code: &str) -> usize {
-        self.calls()
-            .iter()
-            .filter(|c| c.0 == method && c.3 == code)
-            .count()
-    }
-
-    /// What the stage or publish requests of a method carried, in order.
-    fn requests(&self, method: &str) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.join("calls.json"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["request"] == method)
-            .collect()
-    }
-
-    fn image(&self, id: &str) -> PathBuf {
-        self.dir.join("data/volumes").join(format!("{id}.img"))
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = Command::new(driver_binary())
-            .arg("--detach-all")
-            .arg("--data-dir")
-            .arg(self.dir.join("data"))
-            .status();
-    }
-}
 
 /// Objects from JSON, read as the manifest directory reads them.
 fn objects(items: serde_json::Value) -> Vec<Object> {
