@@ -11,13 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use loop_driver::{Driver, DRIVER};
 use k8s_openapi::api::core::v1::Pod;
 use kubevol::source::parse_manifest;
 use kubevol::store::Object;
 use kubevol::VolumeManager;
+use loop_driver::{Driver, DRIVER};
 use serde_json::json;
-
 
 /// Objects from JSON, read as the manifest directory reads them.
 fn objects(items: serde_json::Value) -> Vec<Object> {

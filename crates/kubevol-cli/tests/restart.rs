@@ -201,7 +201,13 @@ struct StormPod {
 
 fn storm_pods(env: &Env) -> Vec<StormPod> {
     let host = env.host();
-    let defs: Vec<(&str, &str, Vec<(&str, &str, bool)>, Vec<&str>)> = vec![
+    type Def = (
+        &'static str,
+        &'static str,
+        Vec<(&'static str, &'static str, bool)>,
+        Vec<&'static str>,
+    );
+    let defs: Vec<Def> = vec![
         (
             "disk",
             "[{name: scratch, emptyDir: {}}, {name: config, configMap: {name: app}}]",
@@ -309,7 +315,13 @@ fn expected_mounts(root: &Path, pods: &[StormPod], present: &BTreeSet<usize>) ->
         let p = &pods[i];
         for (name, dir, own) in &p.volumes {
             if *own {
-                out.push(root.join("pods").join(&p.uid).join("volumes").join(dir).join(name));
+                out.push(
+                    root.join("pods")
+                        .join(&p.uid)
+                        .join("volumes")
+                        .join(dir)
+                        .join(name),
+                );
             }
         }
         for pv in &p.pvs {
@@ -400,7 +412,13 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
             let ready: BTreeSet<String> = pods
                 .iter()
                 .filter(|p| p["phase"] == "Ready")
-                .map(|p| format!("{}/{}", p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap()))
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p["namespace"].as_str().unwrap(),
+                        p["name"].as_str().unwrap()
+                    )
+                })
                 .collect();
             let done = synced
                 && ready == want
@@ -452,7 +470,12 @@ fn check_invariants(env: &Env, w: &mut World) {
     }
     for (path, want) in &w.canaries {
         if path.is_absolute() {
-            assert_eq!(&std::fs::read_to_string(path).unwrap(), want, "{}", path.display());
+            assert_eq!(
+                &std::fs::read_to_string(path).unwrap(),
+                want,
+                "{}",
+                path.display()
+            );
         }
     }
     let calls = env.driver.calls();
@@ -463,8 +486,7 @@ fn check_invariants(env: &Env, w: &mut World) {
         ] {
             let last = calls
                 .iter()
-                .filter(|c| c.1 == pv && (c.0 == on || c.0 == off) && c.3 == "Ok")
-                .next_back()
+                .rfind(|c| c.1 == pv && (c.0 == on || c.0 == off) && c.3 == "Ok")
                 .map(|c| c.0.as_str());
             if in_use.contains(pv) {
                 assert_eq!(last, Some(on), "{pv} is in use: its last call must be {on}");
@@ -482,7 +504,10 @@ fn check_invariants(env: &Env, w: &mut World) {
         .map(|d| std::fs::read_dir(d.path()).unwrap().count())
         .sum();
     let want: usize = w.present.iter().map(|&i| w.pods[i].names.len()).sum();
-    assert_eq!(records, want, "one record per present pod volume, none leaked");
+    assert_eq!(
+        records, want,
+        "one record per present pod volume, none leaked"
+    );
 }
 
 /// How many random kills the harness adds to the named fail points
@@ -585,5 +610,282 @@ mount_test! {
             2 * points.len() + 1,
             started.elapsed()
         );
+    }
+}
+
+/// The index of a storm pod by name.
+fn index(w: &World, name: &str) -> usize {
+    w.pods.iter().position(|p| p.name == name).unwrap()
+}
+
+/// Mount ID and mount point of every mount under `dir`: a remount changes the ID.
+fn mount_ids(dir: &Path) -> Vec<(u32, PathBuf)> {
+    use kubevol_mount::Mounter;
+    let mut v: Vec<(u32, PathBuf)> = kubevol_mount::LinuxMounter
+        .mount_table()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(dir))
+        .map(|m| (m.id, m.mount_point))
+        .collect();
+    v.sort();
+    v
+}
+
+fn status_of<'a>(s: &'a serde_json::Value, pod: &str) -> Option<&'a serde_json::Value> {
+    s["pods"].as_array()?.iter().find(|p| p["name"] == pod)
+}
+
+/// Waits until `cond` holds for the daemon's status; panics with it after `secs`.
+fn wait_status(d: &Daemon, secs: u64, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last = None;
+    while Instant::now() < deadline {
+        if let Some(s) = d.status() {
+            if cond(&s) {
+                return;
+            }
+            last = Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!(
+        "{what}: not reached in {secs}s; status {}\nlog:\n{}",
+        serde_json::to_string_pretty(&last).unwrap_or_default(),
+        d.log_tail()
+    );
+}
+
+mount_test! {
+    fn a_pod_deleted_while_down_is_torn_down_on_return_even_with_a_corrupt_record() {
+        let env = Env::new();
+        let mut w = World::new(&env, 1);
+        for name in ["memory", "csi-a", "csi-b"] {
+            let i = index(&w, name);
+            w.toggle(&env, i);
+        }
+        let mut d = Daemon::start(&env, None, &[]);
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+        d.kill();
+
+        // While down: two pods go, and the record of one of their volumes is cut in half.
+        for name in ["memory", "csi-a"] {
+            let i = index(&w, name);
+            w.toggle(&env, i);
+        }
+        let memory = &w.pods[index(&w, "memory")];
+        let record_dir = env.root().join("volume-record/pods").join(&memory.uid);
+        let record = std::fs::read_dir(&record_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("cache."))
+            .expect("the emptyDir's record");
+        let text = std::fs::read(&record).unwrap();
+        std::fs::write(&record, &text[..text.len() / 2]).unwrap();
+
+        let d = Daemon::start(&env, None, &[]);
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+        let s = d.status().unwrap();
+        let problems = s["reconstruction"]["problems"].to_string();
+        assert!(
+            problems.contains(&record.display().to_string()) && problems.contains("possibly mounted"),
+            "the corrupt record is reported: {problems}"
+        );
+        assert!(s["reconstruction"]["from_layout"].as_u64().unwrap() >= 1, "{s}");
+        let calls = env.driver.calls();
+        let unpublished = calls
+            .iter()
+            .any(|c| c.0 == "NodeUnpublishVolume" && c.1 == "pv-a" && c.3 == "Ok");
+        assert!(unpublished, "the deleted pod's claim was unpublished");
+        // Its claim comes back with another pod: the canary written before is still there.
+        let i = index(&w, "csi-a2");
+        w.toggle(&env, i);
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+    }
+}
+
+mount_test! {
+    fn a_pod_source_missing_for_a_minute_at_start_unmounts_nothing() {
+        let env = Env::new();
+        let mut w = World::new(&env, 1);
+        for name in ["memory", "csi-a", "disk", "host"] {
+            let i = index(&w, name);
+            w.toggle(&env, i);
+        }
+        let mut d = Daemon::start(&env, None, &[]);
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+        let before = mount_ids(&env.root());
+        d.kill();
+
+        let away = env.tmp.path().join("manifests.away");
+        std::fs::rename(env.manifests(), &away).unwrap();
+        let d = Daemon::start(&env, None, &[]);
+        let outage = Instant::now();
+        while outage.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_secs(1));
+            assert_eq!(mount_ids(&env.root()), before, "nothing is unmounted or remounted while the source is missing");
+            if let Some((code, _)) = d.get("/readyz") {
+                assert_eq!(code, 503, "not ready before the source is listed");
+            }
+        }
+        let s = d.status().expect("the daemon serves its status while it waits");
+        assert_eq!(s["states_synced"], false);
+        assert!(
+            std::fs::read_to_string(&d.log).unwrap().contains("cannot read the manifest directory"),
+            "the wait is logged"
+        );
+        std::fs::rename(&away, env.manifests()).unwrap();
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+        assert_eq!(mount_ids(&env.root()), before, "the same mounts: set up again without a second mount");
+        assert_eq!(d.get("/readyz").map(|r| r.0), Some(200));
+    }
+}
+
+/// A FUSE mount at `target` whose daemon never answers: every lookup of its root hangs until
+/// the returned descriptor is closed, after which it fails with ENOTCONN (a dead mount).
+fn fuse_mount(target: &Path) -> OwnedFd {
+    use kubevol_mount::Mounter;
+    let fd: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .expect("open /dev/fuse")
+        .into();
+    let options = kubevol_mount::MountOptions {
+        nosuid: true,
+        nodev: true,
+        data: vec![
+            format!("fd={}", fd.as_raw_fd()),
+            "rootmode=40000".into(),
+            "user_id=0".into(),
+            "group_id=0".into(),
+        ],
+        ..Default::default()
+    };
+    kubevol_mount::LinuxMounter
+        .mount("kubevol-test-hang", target, "fuse", &options)
+        .expect("mount fuse");
+    fd
+}
+
+mount_test! {
+    fn hung_fuse_mounts_stall_only_their_own_pod_and_dead_ones_are_unmounted() {
+        let env = Env::new();
+        let mut w = World::new(&env, 1);
+        let hung = env.tmp.path().join("hung");
+        std::fs::create_dir_all(&hung).unwrap();
+        let hung_fd = fuse_mount(&hung);
+        env.write(
+            "stuck.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: stuck, namespace: default, uid: 00000000-0000-4000-8000-0000000000ff}}\n\
+                 spec: {{containers: [{{name: c, volumeMounts: [{{name: data, mountPath: /data}}]}}], volumes: [{{name: data, hostPath: {{path: {}, type: Directory}}}}]}}\n",
+                hung.display()
+            ),
+        );
+        let i = index(&w, "memory");
+        w.toggle(&env, i);
+        let mut d = Daemon::start(&env, None, &["--operation-timeout", "2s"]);
+        // The pod on the hung filesystem says so; the other one mounts meanwhile.
+        wait_status(&d, 60, "memory ready while stuck stalls", |s| {
+            let ready = status_of(s, "memory").is_some_and(|p| p["phase"] == "Ready");
+            let stalled = status_of(s, "stuck").is_some_and(|p| {
+                p["volumes"][0]["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("has not finished after"))
+            });
+            ready && stalled
+        });
+        let memory = &w.pods[i];
+        let cache = env
+            .root()
+            .join("pods")
+            .join(&memory.uid)
+            .join("volumes/kubernetes.io~empty-dir/cache");
+        std::fs::write(cache.join("canary"), "in memory\n").unwrap();
+        d.kill();
+
+        // Down: a hung mount lands on the memory volume too, and another pod arrives.
+        let stacked_fd = fuse_mount(&cache);
+        let j = index(&w, "disk");
+        w.toggle(&env, j);
+        let d = Daemon::start(&env, None, &["--operation-timeout", "2s"]);
+        wait_status(&d, 60, "the new pod is ready while memory's volume hangs", |s| {
+            status_of(s, "disk").is_some_and(|p| p["phase"] == "Ready")
+                && s["states_synced"] == true
+        });
+        // The filesystems die: the stacked dead mount is removed, the tmpfs below kept.
+        drop(stacked_fd);
+        drop(hung_fd);
+        wait_status(&d, 60, "stuck fails with the dead mount's error", |s| {
+            status_of(s, "stuck").is_some_and(|p| {
+                p["volumes"][0]["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("not connected"))
+            })
+        });
+        env.remove("stuck.yaml");
+        {
+            use kubevol_mount::Mounter;
+            kubevol_mount::LinuxMounter.unmount(&hung).unwrap();
+        }
+        converge(&env, &d, &w, 60);
+        assert_eq!(
+            std::fs::read_to_string(cache.join("canary")).unwrap(),
+            "in memory\n",
+            "the memory volume under the dead mount kept its content"
+        );
+        // A dead mount over a volume whose pod is deleted: unmounted with it.
+        let dead = fuse_mount(&cache);
+        drop(dead);
+        w.toggle(&env, i);
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+    }
+}
+
+mount_test! {
+    fn a_busy_volume_is_retried_with_the_reason_shown_and_never_lazily_detached() {
+        let env = Env::new();
+        let mut w = World::new(&env, 1);
+        let i = index(&w, "memory");
+        w.toggle(&env, i);
+        let d = Daemon::start(&env, None, &[]);
+        converge(&env, &d, &w, 60);
+        let cache = env
+            .root()
+            .join("pods")
+            .join(&w.pods[i].uid)
+            .join("volumes/kubernetes.io~empty-dir/cache");
+        std::fs::write(cache.join("work"), "unsaved\n").unwrap();
+        let mut holder = Command::new("sleep")
+            .arg("600")
+            .current_dir(&cache)
+            .spawn()
+            .unwrap();
+        w.toggle(&env, i);
+        wait_status(&d, 60, "the busy unmount is shown", |s| {
+            status_of(s, "memory").is_some_and(|p| {
+                p["phase"] == "Terminating"
+                    && p["volumes"]
+                        .to_string()
+                        .contains("the mount is busy")
+            })
+        });
+        assert!(
+            actual_mounts(&env.root()).contains(&cache),
+            "still mounted: no lazy unmount without --allow-lazy-unmount"
+        );
+        assert_eq!(std::fs::read_to_string(cache.join("work")).unwrap(), "unsaved\n");
+        let _ = holder.kill();
+        let _ = holder.wait();
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
     }
 }

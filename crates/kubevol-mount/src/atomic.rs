@@ -452,6 +452,34 @@ fn converge(
     Ok(())
 }
 
+/// Writes every entry into the new payload directory `new_name`.
+fn write_payload(
+    dir: &Dir,
+    new_name: &str,
+    entries: &[Entry<'_>],
+    own: Ownership,
+    hook: &mut dyn FnMut(Step),
+) -> Result<(), MountError> {
+    let payload = dir.open_child(OsStr::new(new_name))?;
+    own.apply(&payload.fd, own.dir_mode(), &payload.path)?;
+    hook(Step::PayloadDirCreated);
+    let mut dirs: BTreeMap<String, Dir> = BTreeMap::new();
+    for e in entries {
+        let (parent, name) = match e.path.rsplit_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, e.path),
+        };
+        let parent_dir = match parent {
+            Some(p) => create_dirs(&payload, &mut dirs, p, own)?,
+            None => &payload,
+        };
+        write_file(parent_dir, name, e, own)?;
+        hook(Step::FileWritten);
+    }
+    hook(Step::PayloadWritten);
+    Ok(())
+}
+
 /// Makes the volume directory hold exactly `entries`, atomically. Unchanged content is not
 /// rewritten (only what an interrupted run left is completed). `hook` is told of each step.
 pub fn write(
@@ -484,27 +512,17 @@ pub fn write(
             Err(e) => return Err(io("mkdir", &dir.child_path(OsStr::new(&name)))(e)),
         }
     };
-    let payload = dir.open_child(OsStr::new(&new_name))?;
-    own.apply(&payload.fd, own.dir_mode(), &payload.path)?;
-    hook(Step::PayloadDirCreated);
-
-    let mut dirs: BTreeMap<String, Dir> = BTreeMap::new();
-    for e in entries {
-        let (parent, name) = match e.path.rsplit_once('/') {
-            Some((p, n)) => (Some(p), n),
-            None => (None, e.path),
-        };
-        let parent_dir = match parent {
-            Some(p) => create_dirs(&payload, &mut dirs, p, own)?,
-            None => &payload,
-        };
-        write_file(parent_dir, name, e, own)?;
-        hook(Step::FileWritten);
+    // Until the swap, a failure (a full disk among them) leaves the previous content in place;
+    // the half-written payload is removed so that retries do not pile up.
+    let written = write_payload(dir, &new_name, entries, own, hook).and_then(|()| {
+        rustix::fs::symlinkat(new_name.as_str(), &dir.fd, DATA_DIR_TMP)
+            .map_err(io("symlink", &dir.child_path(OsStr::new(DATA_DIR_TMP))))
+    });
+    if let Err(e) = written {
+        let _ = remove_link(dir, DATA_DIR_TMP);
+        let _ = dir.remove_dir_all_one_fs(&new_name);
+        return Err(e);
     }
-    hook(Step::PayloadWritten);
-
-    rustix::fs::symlinkat(new_name.as_str(), &dir.fd, DATA_DIR_TMP)
-        .map_err(io("symlink", &dir.child_path(OsStr::new(DATA_DIR_TMP))))?;
     hook(Step::TmpLinked);
     rustix::fs::renameat(&dir.fd, DATA_DIR_TMP, &dir.fd, DATA_DIR)
         .map_err(io("rename", &dir.child_path(OsStr::new(DATA_DIR))))?;

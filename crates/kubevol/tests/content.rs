@@ -445,3 +445,47 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    fn a_full_volume_keeps_its_previous_content() {
+        // A secret volume lives on a tmpfs sized by the pod's memory limit: 64Ki here.
+        let root = TestRoot::new();
+        let manifests = root.path().join("manifests");
+        fs::create_dir(&manifests).unwrap();
+        let secret = |value: &str| {
+            format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: big}}\nstringData: {{value: \"{value}\"}}\n")
+        };
+        write_manifest(&manifests, "secret.yaml", &secret("small"));
+        write_manifest(
+            &manifests,
+            "pod.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: full}\nspec:\n  containers: [{name: c, resources: {limits: {memory: 64Ki}}, volumeMounts: [{name: s, mountPath: /s}]}]\n  volumes: [{name: s, secret: {secretName: big}}]\n",
+        );
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
+            let _watch = source.start().expect("watch manifests");
+            let p = common::pod(json!({"metadata": {"name": "full", "namespace": "default"}, "spec": {"containers": []}}));
+            wait_for_status(&m, &p, 20, |s| s.phase == PodPhase::Ready).await;
+            let uid = kubevol::pod_uid(&p);
+            let dir = m.config().root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~secret/s"));
+            assert_eq!(fs::read_to_string(dir.join("value")).unwrap(), "small");
+
+            // 200 KiB does not fit: the write fails with ENOSPC and the old content stays.
+            write_manifest(&manifests, "secret.yaml", &secret(&"x".repeat(200 * 1024)));
+            let s = wait_for_status(&m, &p, 20, |s| {
+                s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("No space left on device"))
+            })
+            .await;
+            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("full"), "{s:#?}");
+            assert_eq!(fs::read_to_string(dir.join("value")).unwrap(), "small", "the previous content is intact");
+            assert_eq!(payload_dirs(&dir), 1, "the half-written payload is removed");
+            assert!(!dir.join("..data_tmp").exists());
+
+            // Once it fits again, the update lands.
+            write_manifest(&manifests, "secret.yaml", &secret("fits"));
+            wait_for_file(&dir.join("value"), "fits", "secret update after a full disk").await;
+            assert_eq!(payload_dirs(&dir), 1);
+        });
+    }
+}

@@ -95,25 +95,30 @@ impl PluginHost {
         let parent_rel = Self::pod_plugin_dir(pod, plugin);
         let path = self.root.join(&parent_rel).join(name);
         let (parent, _) = self.root_dir.create_dir_all(&parent_rel, 0o750)?;
+        if fs.is_some() {
+            // Mounted already (a repeated or interrupted set-up): kept, unless it is dead. A
+            // dead mount stacked over the volume's own filesystem is removed layer by layer
+            // down to a live one, whose content is kept.
+            for _ in 0..16 {
+                match parent.open_beneath(Path::new(name)) {
+                    Err(e)
+                        if e.errno()
+                            .is_some_and(kubevol_mount::is_corrupted_mount_errno)
+                            && self.mounter.is_mount_point(&path)? =>
+                    {
+                        tracing::warn!(path = %path.display(), "corrupted mount ({e}): unmounting it");
+                        self.mounter.unmount(&path)?;
+                    }
+                    _ => break,
+                }
+            }
+        }
         let (dir, created) = parent.create_dir_all(Path::new(name), 0o777)?;
         let Some(mut fs) = fs else {
             return Ok((path, dir));
         };
         // A directory made a moment ago cannot be a mount point: only an existing one (a
         // repeated or interrupted set-up) needs the check that keeps this idempotent.
-        if !created && self.mounter.is_mount_point(&path)? {
-            // Mounted already (a repeated or interrupted set-up): keep it unless it is dead.
-            if let Err(e) = parent.open_beneath(Path::new(name)) {
-                if e.errno()
-                    .is_some_and(kubevol_mount::is_corrupted_mount_errno)
-                {
-                    tracing::warn!(path = %path.display(), "corrupted mount ({e}): unmounting it and mounting again");
-                    self.unmount_all(&path)?;
-                } else {
-                    return Err(e.into());
-                }
-            }
-        }
         if created || !self.mounter.is_mount_point(&path)? {
             // The new filesystem's root, not the directory it covers, must be 0777.
             fs.data.push("mode=0777".to_string());
@@ -146,7 +151,17 @@ impl PluginHost {
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        if parent.has_entry(name)? && self.mounter.is_mount_point(path)? {
+        // A dead mount cannot be looked at, but it is there.
+        let present = match parent.has_entry(name) {
+            Err(e)
+                if e.errno()
+                    .is_some_and(kubevol_mount::is_corrupted_mount_errno) =>
+            {
+                true
+            }
+            r => r?,
+        };
+        if present && self.mounter.is_mount_point(path)? {
             if !mounted {
                 // Something else is mounted over a disk volume: never unmount or enter it.
                 return Err(MountError::NestedMount {
