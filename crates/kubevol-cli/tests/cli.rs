@@ -5,6 +5,9 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+mod loop_driver;
+use loop_driver::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_kubevol");
 
 /// A valid pod with one emptyDir.
@@ -208,14 +211,6 @@ fn json_logs_are_one_json_object_per_line() {
             .any(|l| l["fields"]["reason"] == "SuccessfulMountVolume" && l["level"] == "INFO"),
         "{stderr}"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn status(server: &str, extra: &[&str]) -> String {

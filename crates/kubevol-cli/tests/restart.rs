@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use loop_driver::{Driver, DRIVER};
+use loop_driver::{free_port, Driver, DRIVER};
 use sha2::Digest;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevol");
@@ -71,14 +71,6 @@ struct Daemon {
     child: Option<Child>,
     port: u16,
     log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Daemon {
@@ -403,6 +395,17 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
         .filter(|i| !w.present.contains(i))
         .map(|i| root.join("pods").join(&w.pods[i].uid))
         .collect();
+    let pvs_in_use: BTreeSet<&str> = w
+        .present
+        .iter()
+        .flat_map(|&i| w.pods[i].pvs.iter().copied())
+        .collect();
+    // Node-wide records go once a volume is unstaged and detached.
+    let device_records = || {
+        std::fs::read_dir(root.join("volume-record/volumes"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut last = None;
     loop {
@@ -424,7 +427,8 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
                 && ready == want
                 && pods.len() == want.len()
                 && gone.iter().all(|g| !g.exists())
-                && actual_mounts(&root) == expected;
+                && actual_mounts(&root) == expected
+                && device_records() == pvs_in_use.len();
             if done {
                 return;
             }
@@ -432,8 +436,9 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
         }
         if Instant::now() > deadline {
             panic!(
-                "not converged after {secs}s\nwanted pods: {want:?}\nexpected mounts: {expected:#?}\nactual mounts: {:#?}\ngone pod directories still there: {:?}\nstatus: {}\ndaemon log:\n{}",
+                "not converged after {secs}s\nwanted pods: {want:?}\nexpected mounts: {expected:#?}\nactual mounts: {:#?}\nnode-wide records: {} for claims in use {pvs_in_use:?}\ngone pod directories still there: {:?}\nstatus: {}\ndaemon log:\n{}",
                 actual_mounts(&root),
+                device_records(),
                 gone.iter().filter(|g| g.exists()).collect::<Vec<_>>(),
                 serde_json::to_string_pretty(&last).unwrap_or_default(),
                 d.log_tail()
@@ -684,6 +689,10 @@ mount_test! {
             .expect("the emptyDir's record");
         let text = std::fs::read(&record).unwrap();
         std::fs::write(&record, &text[..text.len() / 2]).unwrap();
+        // A gone pod's directory with a file of someone else's in it: kept and reported.
+        let orphan = env.root().join("pods/00000000-0000-4000-8000-0000000000aa");
+        std::fs::create_dir_all(orphan.join("volumes")).unwrap();
+        std::fs::write(orphan.join("notes.txt"), "not kubevol's\n").unwrap();
 
         let d = Daemon::start(&env, None, &[]);
         converge(&env, &d, &w, 60);
@@ -695,6 +704,20 @@ mount_test! {
             "the corrupt record is reported: {problems}"
         );
         assert!(s["reconstruction"]["from_layout"].as_u64().unwrap() >= 1, "{s}");
+        wait_status(&d, 30, "the orphan's leftover is reported", |s| {
+            s["leftovers"].to_string().contains("notes.txt")
+        });
+        assert_eq!(
+            std::fs::read_to_string(orphan.join("notes.txt")).unwrap(),
+            "not kubevol's\n",
+            "never force-deleted"
+        );
+        assert!(!orphan.join("volumes").exists(), "its empty directories are removed");
+        let metrics = d.get("/metrics").unwrap().1;
+        assert!(
+            metrics.contains("kubelet_orphan_pod_cleaned_volumes_errors 1"),
+            "{metrics}"
+        );
         let calls = env.driver.calls();
         let unpublished = calls
             .iter()

@@ -433,14 +433,27 @@ impl Dir {
         if self.is_mount_root(name)? {
             return Err(MountError::NestedMount { path });
         }
+        // Every empty directory goes, even beside a leftover; the first leftover is reported.
+        let mut first_leftover = None;
         for (entry, ft) in child.entries()? {
             let entry = String::from_utf8_lossy(&entry).into_owned();
-            if ft != FileType::Directory {
-                return Err(MountError::Leftover {
-                    path: path.join(entry),
-                });
+            let r = if ft != FileType::Directory {
+                Err(MountError::Leftover {
+                    path: path.join(&entry),
+                })
+            } else {
+                child.remove_empty_tree(&entry)
+            };
+            match r {
+                Ok(()) => {}
+                Err(e @ (MountError::Leftover { .. } | MountError::NestedMount { .. })) => {
+                    first_leftover.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
             }
-            child.remove_empty_tree(&entry)?;
+        }
+        if let Some(e) = first_leftover {
+            return Err(e);
         }
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),

@@ -183,6 +183,10 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
                 };
                 let traits = layout_traits(plugin.traits(host, &spec));
                 let unique = plugin.volume_name(&pod_ref, &spec);
+                if asw.pod_volume(&unique, &uid).is_some() {
+                    // Recorded under the pod's own name for the volume.
+                    continue;
+                }
                 info!(pod = %uid, volume = %name, plugin = %plugin_name, "volume found in the pods directory without a record");
                 asw.mark_pod_volume(
                     &unique,

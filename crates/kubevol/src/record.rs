@@ -268,10 +268,12 @@ impl Record {
     /// Writes a pod volume's record; `durable` waits until it is on disk.
     pub fn write_pod_volume(&self, r: &PodVolumeRecord, durable: bool) -> std::io::Result<()> {
         let file = self.pod_file(&r.pod.uid, &r.volume, &r.unique_name);
-        self.write(&file, r, durable)
+        self.write(&file, r, durable)?;
+        self.remove_other_names(&file)
     }
 
-    /// Removes a pod volume's record (and the pod's record directory once empty).
+    /// Removes a pod volume's record (and the pod's record directory once empty), whatever
+    /// volume name it was recorded under.
     pub fn remove_pod_volume(
         &self,
         uid: &PodUid,
@@ -280,9 +282,29 @@ impl Record {
     ) -> std::io::Result<()> {
         let file = self.pod_file(uid, volume, unique);
         self.remove(&file)?;
+        self.remove_other_names(&file)?;
         if let Some(dir) = file.parent() {
             // Fails while another volume of the pod is recorded, as it should.
             let _ = std::fs::remove_dir(dir);
+        }
+        Ok(())
+    }
+
+    /// Removes the records of the same pod and volume key under another volume name (a volume
+    /// reconstructed from the pods directory knows only its directory's name).
+    fn remove_other_names(&self, file: &Path) -> std::io::Result<()> {
+        let (Some(dir), Some(name)) = (file.parent(), file.file_name().and_then(|n| n.to_str()))
+        else {
+            return Ok(());
+        };
+        let Some(suffix) = name.find('.').map(|i| &name[i..]) else {
+            return Ok(());
+        };
+        for other in read_dir(dir) {
+            let other_name = other.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if other_name != name && other_name.ends_with(suffix) {
+                self.remove(&other)?;
+            }
         }
         Ok(())
     }
@@ -552,6 +574,13 @@ mod tests {
         let loaded = rec.load();
         assert_eq!(loaded.pods.len(), 1);
         assert_eq!(loaded.pods[0].state, PodVolumeState::SetUp);
+        // The same volume recorded under its directory's name replaces the first record.
+        let mut renamed = r.clone();
+        renamed.volume = "cache-dir".into();
+        rec.write_pod_volume(&renamed, false).unwrap();
+        let loaded = rec.load();
+        assert_eq!(loaded.pods.len(), 1);
+        assert_eq!(loaded.pods[0].volume, "cache-dir");
         rec.remove_pod_volume(&r.pod.uid, &r.volume, &r.unique_name)
             .unwrap();
         assert!(rec.load().pods.is_empty());

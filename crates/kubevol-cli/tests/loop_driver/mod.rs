@@ -1,4 +1,5 @@
-//! The kubevol-csi-loop driver as a child process of a test, shared by the test files.
+//! The kubevol-csi-loop driver as a child process of a test, and other helpers shared by the
+//! test files.
 
 #![allow(dead_code)]
 
@@ -7,6 +8,15 @@ use std::process::{Child, Command};
 use std::time::Duration;
 
 pub const DRIVER: &str = "loop.csi.kubevol.io";
+
+/// A TCP port nothing listens on now, for a daemon's `--listen`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
 
 pub fn driver_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_kubevol-csi-loop"))

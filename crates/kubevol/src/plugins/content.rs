@@ -139,14 +139,7 @@ impl VolumePlugin for ContentPlugin {
             ContentKind::DownwardApi => volume.downward_api = Some(Default::default()),
             ContentKind::Projected => volume.projected = Some(Default::default()),
         }
-        Some((
-            VolumeSpec {
-                volume,
-                persistent_volume: None,
-                block: false,
-            },
-            dir.to_path_buf(),
-        ))
+        super::reconstructed(volume, dir)
     }
 
     fn set_up(

@@ -178,14 +178,7 @@ impl VolumePlugin for EmptyDirPlugin {
             }),
             ..Default::default()
         };
-        Some((
-            VolumeSpec {
-                volume,
-                persistent_volume: None,
-                block: false,
-            },
-            dir.to_path_buf(),
-        ))
+        super::reconstructed(volume, dir)
     }
 
     fn set_up(

@@ -197,6 +197,21 @@ impl PluginHost {
     }
 }
 
+/// What [`VolumePlugin::reconstruct`] returns for a volume whose directory is the volume.
+pub(crate) fn reconstructed(
+    volume: k8s_openapi::api::core::v1::Volume,
+    dir: &Path,
+) -> Option<(VolumeSpec, PathBuf)> {
+    Some((
+        VolumeSpec {
+            volume,
+            persistent_volume: None,
+            block: false,
+        },
+        dir.to_path_buf(),
+    ))
+}
+
 /// The pod's `securityContext.fsGroup` and `fsGroupChangePolicy`, when it sets a group.
 pub fn fs_group(pod: &Pod) -> Option<(u32, FsGroupPolicy)> {
     let sc = pod.spec.as_ref()?.security_context.as_ref()?;
