@@ -22,10 +22,12 @@ use sha2::Digest;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevol");
 
-/// The test's directories and the driver, shared by every daemon it starts.
+/// The test's directories and the driver, shared by every daemon it starts. The driver is
+/// dropped first (killed, its loop devices detached), then the directories are unmounted and
+/// removed.
 struct Env {
-    tmp: TestRoot,
     driver: Driver,
+    tmp: TestRoot,
 }
 
 impl Env {
@@ -40,7 +42,7 @@ impl Env {
             Some(&root.join("plugins_registry")),
             &[],
         );
-        Env { tmp, driver }
+        Env { driver, tmp }
     }
 
     fn root(&self) -> PathBuf {

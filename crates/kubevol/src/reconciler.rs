@@ -790,6 +790,8 @@ async fn cleanup_pod_dir(inner: &Arc<Inner>, pod: &PodUid) {
     })
     .await;
     match result {
+        // Gone already: the orphan sweep may have removed it first.
+        Ok(Err(e)) if e.is_not_found() => {}
         Ok(Ok(())) => {
             inner.events.forget(pod);
             inner.forget_pod_signal(pod);

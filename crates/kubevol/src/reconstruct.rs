@@ -290,6 +290,8 @@ pub(crate) async fn sweep_orphans(inner: &Arc<Inner>) -> usize {
                 inner.events.forget(&uid);
                 inner.forget_pod_signal(&uid);
             }
+            // Removed meanwhile by the teardown of its last volume.
+            Err(e) if e.is_not_found() => cleaned += 1,
             Err(e) => {
                 let path = inner.host.root.join("pods").join(uid.as_str());
                 leftovers.insert(
