@@ -408,6 +408,7 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
             .map(|d| d.count())
             .unwrap_or(0)
     };
+    let want_records: usize = w.present.iter().map(|&i| w.pods[i].names.len()).sum();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut last = None;
     loop {
@@ -430,7 +431,8 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
                 && pods.len() == want.len()
                 && gone.iter().all(|g| !g.exists())
                 && actual_mounts(&root) == expected
-                && device_records() == pvs_in_use.len();
+                && device_records() == pvs_in_use.len()
+                && pod_records(&root) == want_records;
             if done {
                 return;
             }
@@ -438,9 +440,10 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
         }
         if Instant::now() > deadline {
             panic!(
-                "not converged after {secs}s\nwanted pods: {want:?}\nexpected mounts: {expected:#?}\nactual mounts: {:#?}\nnode-wide records: {} for claims in use {pvs_in_use:?}\ngone pod directories still there: {:?}\nstatus: {}\ndaemon log:\n{}",
+                "not converged after {secs}s\nwanted pods: {want:?}\nexpected mounts: {expected:#?}\nactual mounts: {:#?}\nnode-wide records: {} for claims in use {pvs_in_use:?}\npod volume records: {} of {want_records}\ngone pod directories still there: {:?}\nstatus: {}\ndaemon log:\n{}",
                 actual_mounts(&root),
                 device_records(),
+                pod_records(&root),
                 gone.iter().filter(|g| g.exists()).collect::<Vec<_>>(),
                 serde_json::to_string_pretty(&last).unwrap_or_default(),
                 d.log_tail()
@@ -505,16 +508,23 @@ fn check_invariants(env: &Env, w: &mut World) {
             }
         }
     }
-    let records: usize = std::fs::read_dir(root.join("volume-record/pods"))
-        .unwrap()
-        .flatten()
-        .map(|d| std::fs::read_dir(d.path()).unwrap().count())
-        .sum();
     let want: usize = w.present.iter().map(|&i| w.pods[i].names.len()).sum();
     assert_eq!(
-        records, want,
+        pod_records(&root),
+        want,
         "one record per present pod volume, none leaked"
     );
+}
+
+/// The pod volume records under `root` (finished files, not a write in flight).
+fn pod_records(root: &Path) -> usize {
+    std::fs::read_dir(root.join("volume-record/pods"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .filter(|f| f.path().extension().is_some_and(|e| e == "json"))
+        .count()
 }
 
 /// How many random kills the harness adds to the named fail points
