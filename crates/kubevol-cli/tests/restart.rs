@@ -405,8 +405,11 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
     // Node-wide records go once a volume is unstaged and detached.
     let device_records = || {
         std::fs::read_dir(root.join("volume-record/volumes"))
-            .map(|d| d.count())
-            .unwrap_or(0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == "json"))
+            .count()
     };
     let want_records: usize = w.present.iter().map(|&i| w.pods[i].names.len()).sum();
     let deadline = Instant::now() + Duration::from_secs(secs);

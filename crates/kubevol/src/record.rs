@@ -394,6 +394,19 @@ impl Record {
             }
         };
         let is_record = |p: &Path| p.extension().is_some_and(|e| e == "json");
+        // A temporary file is a write that was interrupted before its rename: its side effect
+        // never started (it waits for the rename and the fsync), so it is dropped.
+        let drop_partial = |dir: &Path| {
+            for p in read_dir(dir) {
+                if p.extension().is_some_and(|e| e == "tmp") {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        };
+        drop_partial(&self.dir.join("volumes"));
+        for pod_dir in read_dir(&self.dir.join("pods")) {
+            drop_partial(&pod_dir);
+        }
         for pod_dir in read_dir(&self.dir.join("pods")) {
             let Some(uid) = pod_dir.file_name().and_then(|n| n.to_str()) else {
                 continue;
