@@ -168,6 +168,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn report_lists_what_was_found_at_start_and_orphaned_directories_kept() {
+        let report = kubevol::status::StatusReport {
+            node_name: "n".into(),
+            root_dir: "/r".into(),
+            states_synced: true,
+            pods: Vec::new(),
+            manifest_errors: Vec::new(),
+            reconstruction: kubevol::reconstruct::Reconstruction {
+                problems: vec!["record /r/volume-record/pods/u/v.1.json cannot be read".into()],
+                ..Default::default()
+            },
+            leftovers: vec![kubevol::reconstruct::Leftover {
+                uid: "u".into(),
+                path: "/r/pods/u".into(),
+                reason: "orphaned pod directory kept: /r/pods/u/notes.txt".into(),
+            }],
+        };
+        let mut out = Vec::new();
+        print_report(&report, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(
+                "Found at start:\n  record /r/volume-record/pods/u/v.1.json cannot be read"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("Orphaned pod directories kept:\n  /r/pods/u: orphaned pod directory kept: /r/pods/u/notes.txt"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn drivers_table_shows_node_id_capabilities_endpoint_and_health() {
         let drivers: Vec<serde_json::Value> = serde_json::from_value(serde_json::json!([
             {"name": "loop.csi.kubevol.io", "endpoint": "/run/csi.sock", "node_id": "node-1",

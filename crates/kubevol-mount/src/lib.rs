@@ -231,6 +231,18 @@ pub trait Mounter: Send + Sync + 'static {
     fn mount_table(&self) -> Result<Vec<MountInfo>, MountError>;
 }
 
+/// umount2(2): EINVAL (nothing mounted there) is what was wanted.
+fn umount(target: &Path, flags: UnmountFlags) -> Result<Unmounted, MountError> {
+    match rustix::mount::unmount(target, flags) {
+        Ok(()) => Ok(Unmounted::Done),
+        Err(Errno::INVAL) => Ok(Unmounted::NotMounted),
+        Err(errno) => Err(MountError::Unmount {
+            target: target.into(),
+            errno,
+        }),
+    }
+}
+
 /// The real [`Mounter`]: mount(2), umount2(2), statx(2) and `/proc/self/mountinfo`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LinuxMounter;
@@ -298,25 +310,11 @@ impl Mounter for LinuxMounter {
     }
 
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {
-        match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW) {
-            Ok(()) => Ok(Unmounted::Done),
-            Err(Errno::INVAL) => Ok(Unmounted::NotMounted),
-            Err(errno) => Err(MountError::Unmount {
-                target: target.into(),
-                errno,
-            }),
-        }
+        umount(target, UnmountFlags::NOFOLLOW)
     }
 
     fn unmount_lazy(&self, target: &Path) -> Result<Unmounted, MountError> {
-        match rustix::mount::unmount(target, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH) {
-            Ok(()) => Ok(Unmounted::Done),
-            Err(Errno::INVAL) => Ok(Unmounted::NotMounted),
-            Err(errno) => Err(MountError::Unmount {
-                target: target.into(),
-                errno,
-            }),
-        }
+        umount(target, UnmountFlags::NOFOLLOW | UnmountFlags::DETACH)
     }
 
     fn is_mount_point(&self, path: &Path) -> Result<bool, MountError> {

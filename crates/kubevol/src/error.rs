@@ -79,6 +79,14 @@ pub enum VolumeError {
     /// A blocking task died.
     #[error("operation task failed: {0}")]
     Task(String),
+    /// The intent could not be recorded: nothing was done on the node.
+    #[error("cannot record the intent in {} ({source}); nothing was done on the node and it is tried again: make room or fix permissions there", dir.display())]
+    Record {
+        /// The record's directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 impl VolumeError {
@@ -95,7 +103,7 @@ impl VolumeError {
             VolumeError::Task(_) => ErrorClass::Uncertain,
             VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
             VolumeError::Csi(_) => ErrorClass::Uncertain,
-            VolumeError::CsiNotReady(_) => ErrorClass::Transient,
+            VolumeError::CsiNotReady(_) | VolumeError::Record { .. } => ErrorClass::Transient,
             VolumeError::Content(e) if e.is_transient() => ErrorClass::Transient,
             VolumeError::Content(_) | VolumeError::SubPath { .. } => ErrorClass::Final,
             VolumeError::HostPathType { .. }

@@ -101,7 +101,7 @@ pub struct Metrics {
     volume_stats: [Family<VolumeStatsLabels, Gauge>; 7],
     orphans_cleaned: Gauge,
     orphan_errors: Gauge,
-    record_problems: Gauge,
+    reconstruction_problems: Gauge,
     render: Mutex<()>,
 }
 
@@ -176,7 +176,7 @@ impl Default for Metrics {
         }
         let orphans_cleaned = Gauge::default();
         let orphan_errors = Gauge::default();
-        let record_problems = Gauge::default();
+        let reconstruction_problems = Gauge::default();
         registry.register(
             "kubelet_orphan_pod_cleaned_volumes",
             "The total number of orphaned Pods whose volumes were cleaned in the last periodic sweep",
@@ -190,13 +190,13 @@ impl Default for Metrics {
         registry.register(
             "kubevol_reconstruction_problems",
             "Unreadable records and unaccounted volume directories found at start",
-            record_problems.clone(),
+            reconstruction_problems.clone(),
         );
         Metrics {
             registry,
             orphans_cleaned,
             orphan_errors,
-            record_problems,
+            reconstruction_problems,
             total_volumes,
             operation_duration,
             pod_ready,
@@ -215,8 +215,8 @@ impl Metrics {
     }
 
     /// Records how many problems reconstruction reported.
-    pub fn set_record_problems(&self, n: usize) {
-        self.record_problems.set(n as i64);
+    pub fn set_reconstruction_problems(&self, n: usize) {
+        self.reconstruction_problems.set(n as i64);
     }
 
     /// Records one finished operation.

@@ -15,7 +15,7 @@ use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use tokio::time::Instant;
 use tracing::{info, instrument, warn};
 
-use crate::error::ErrorClass;
+use crate::error::{ErrorClass, VolumeError};
 use crate::events::reason;
 use crate::executor::NotStarted;
 use crate::manager::Inner;
@@ -104,9 +104,9 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
         r = &mut work => r,
         _ = tokio::time::sleep(inner.config.operation_timeout) => {
             let message = format!(
-                "{} of volume {} has not finished after {:?}: its filesystem or CSI driver may be hung; other volumes carry on, and this one is tried again once the call returns",
+                "{} of {} has not finished after {:?}: its filesystem or CSI driver may be hung (check the mount and the driver); other volumes carry on, and this one is tried again once the call returns",
                 op.metric_name(),
-                op.key().volume,
+                describe(&inner, &op),
                 inner.config.operation_timeout
             );
             warn!("{message}");
@@ -134,6 +134,29 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     inner.changed.send_modify(|g| *g += 1);
     if failed || replan {
         inner.wake.notify_one();
+    }
+}
+
+/// What an operation is about, for messages: the pod's volume with its manifest, or the
+/// node-wide volume.
+fn describe(inner: &Inner, op: &Operation) -> String {
+    let key = op.key();
+    let Some(pod) = &key.pod else {
+        return format!("volume {}", key.volume);
+    };
+    let wanted = inner
+        .dsw()
+        .pod_volume(&key.volume, pod)
+        .map(|w| (w.outer_volume_name.clone(), w.pod_ref.clone()));
+    let known = wanted.or_else(|| {
+        inner
+            .asw()
+            .pod_volume(&key.volume, pod)
+            .map(|m| (m.outer_volume_name.clone(), m.pod_ref.clone()))
+    });
+    match known {
+        Some((outer, pref)) => format!("volume {outer:?} of pod {pref} ({})", inner.origin_of(pod)),
+        None => format!("volume {} of pod {pod}", key.volume),
     }
 }
 
@@ -167,31 +190,34 @@ fn notify_operation(inner: &Inner, op: &Operation) {
 
 /// Writes an intent durably before a side effect, then passes the operation's `before` fail
 /// point. An intent that cannot be written stops the operation before it does anything.
-async fn intend(inner: &Arc<Inner>, operation: &'static str, intent: Intent) -> Result<(), String> {
+async fn intend(
+    inner: &Arc<Inner>,
+    operation: &'static str,
+    intent: Intent,
+) -> Result<(), VolumeError> {
     let host = inner.host.clone();
-    let written = tokio::task::spawn_blocking(move || match &intent {
+    tokio::task::spawn_blocking(move || match &intent {
         Intent::Pod(r) => host.record.write_pod_volume(r, true),
         Intent::Device(r) => host.record.write_device(r, true),
     })
     .await
     .map_err(std::io::Error::other)
-    .and_then(|r| r);
-    if let Err(e) = written {
-        return Err(format!(
-            "{operation}: cannot record the intent in {} ({e}); nothing was done, it is tried again",
-            inner.host.record.dir().display()
-        ));
-    }
+    .and_then(|r| r)
+    .map_err(|source| VolumeError::Record {
+        dir: inner.host.record.dir().to_path_buf(),
+        source,
+    })?;
     record::fail_point(operation, "before");
     Ok(())
 }
 
-pub(crate) enum Intent {
+enum Intent {
     Pod(record::PodVolumeRecord),
     Device(record::DeviceRecord),
 }
 
-/// A pod volume's record as the actual state holds it, with `state`.
+/// A pod volume's record as the actual state holds it, in `state` (default: as the actual
+/// state says).
 fn pod_record_of(
     inner: &Inner,
     volume: &UniqueVolumeName,
@@ -205,23 +231,27 @@ fn pod_record_of(
         PodMountState::Mounted => record::PodVolumeState::SetUp,
         PodMountState::Uncertain => record::PodVolumeState::Uncertain,
     });
-    Some(record::PodVolumeRecord {
-        version: record::VERSION,
+    Some(record::PodVolumeRecord::of(
         state,
-        pod: m.pod_ref.clone(),
-        source: inner.origin_of(pod),
-        volume: m.outer_volume_name.clone(),
-        unique_name: volume.clone(),
-        traits: record::TraitsRecord::of(&v.traits),
-        path: m.path.clone(),
-        read_only: m.read_only,
-        sub_paths: m.sub_paths.clone(),
-        spec: record::SpecRecord::of(&m.spec),
-    })
+        volume,
+        &v.traits,
+        m,
+        inner.origin_of(pod),
+    ))
 }
 
-/// After an operation on a pod volume: the record says what the actual state holds (no fsync:
-/// losing this write brings back the intent, which means the same "uncertain").
+/// After an operation: the record says what the actual state now holds (no fsync: losing
+/// this write brings back the intent, which means the same "uncertain").
+async fn settle(
+    inner: &Arc<Inner>,
+    update: impl FnOnce(&record::Record) -> std::io::Result<()> + Send + 'static,
+) {
+    let host = inner.host.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || update(&host.record)).await {
+        warn!(dir = %inner.host.record.dir().display(), "cannot update the volume record: {e}");
+    }
+}
+
 async fn settle_pod_record(
     inner: &Arc<Inner>,
     volume: &UniqueVolumeName,
@@ -229,74 +259,32 @@ async fn settle_pod_record(
     outer: &str,
 ) {
     let now = pod_record_of(inner, volume, pod, None);
-    let (host, volume, pod, outer) = (
-        inner.host.clone(),
-        volume.clone(),
-        pod.clone(),
-        outer.to_string(),
-    );
-    let r = tokio::task::spawn_blocking(move || match now {
-        Some(r) => host.record.write_pod_volume(&r, false),
-        None => host.record.remove_pod_volume(&pod, &outer, &volume),
+    if now
+        .as_ref()
+        .is_some_and(|r| inner.host.record.holds_pod_volume(r))
+    {
+        // A content rewrite: the record already says so.
+        return;
+    }
+    let (volume, pod, outer) = (volume.clone(), pod.clone(), outer.to_string());
+    settle(inner, move |r| match now {
+        Some(now) => r.write_pod_volume(&now, false),
+        None => r.remove_pod_volume(&pod, &outer, &volume),
     })
     .await;
-    if let Ok(Err(e)) = r {
-        warn!("cannot update the volume record: {e}");
-    }
-}
-
-/// A volume's node-wide record as the actual state holds it (`None`: nothing left).
-fn device_record_of(inner: &Inner, volume: &UniqueVolumeName) -> Option<record::DeviceRecord> {
-    use record::DeviceStepState as S;
-    let asw = inner.asw();
-    let v = asw.volume(volume)?;
-    let attach = if !v.traits.attachable {
-        None
-    } else if v.attached {
-        Some(S::Done)
-    } else if v.attach_uncertain {
-        Some(S::Uncertain)
-    } else {
-        None
-    };
-    let device_mount = match v.device_state {
-        DeviceMountState::Mounted => Some(S::Done),
-        DeviceMountState::Uncertain => Some(S::Uncertain),
-        DeviceMountState::NotMounted => None,
-    };
-    if attach.is_none() && device_mount.is_none() {
-        return None;
-    }
-    Some(record::DeviceRecord {
-        version: record::VERSION,
-        unique_name: volume.clone(),
-        traits: record::TraitsRecord::of(&v.traits),
-        attach,
-        device_mount,
-        device_mount_path: v.device_mount_path.clone(),
-        publish_context: v.publish_context.clone(),
-        expanded_size: None,
-        spec: record::SpecRecord::of(v.spec.as_deref()?),
-    })
 }
 
 async fn settle_device_record(inner: &Arc<Inner>, volume: &UniqueVolumeName) {
-    let now = device_record_of(inner, volume);
-    let (host, volume) = (inner.host.clone(), volume.clone());
-    let r = tokio::task::spawn_blocking(move || {
-        let size = host.record.device(&volume).and_then(|d| d.expanded_size);
-        match now {
-            Some(mut r) => {
-                r.expanded_size = size;
-                host.record.write_device(&r, false)
-            }
-            None => host.record.remove_device(&volume),
-        }
+    let now = inner
+        .asw()
+        .volume(volume)
+        .and_then(record::DeviceRecord::of);
+    let volume = volume.clone();
+    settle(inner, move |r| match now {
+        Some(now) => r.write_device(&now, false),
+        None => r.remove_device(&volume),
     })
     .await;
-    if let Ok(Err(e)) = r {
-        warn!("cannot update the volume record: {e}");
-    }
 }
 
 #[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
@@ -324,11 +312,18 @@ async fn mount_volume(
             true,
         );
     };
-    let publish_context = inner
+    // What the node has of it: the attach's publish context, and this pod's set-up.
+    let (publish_context, have) = inner
         .asw()
         .volume(volume)
-        .map(|v| v.publish_context.clone())
+        .map(|v| {
+            let have = v.pods.get(pod).map(|m| (m.state, m.path.clone()));
+            (v.publish_context.clone(), have)
+        })
         .unwrap_or_default();
+    let was_mounted = have
+        .as_ref()
+        .is_some_and(|(state, _)| *state == PodMountState::Mounted);
     let req = SetUpRequest {
         volume: volume.clone(),
         publish_context,
@@ -338,48 +333,44 @@ async fn mount_volume(
         spec: want.spec.clone(),
     };
     // A content rewrite of a volume already set up adds nothing to the node: its record stands.
-    let recorded_mounted = inner
-        .asw()
-        .pod_volume(volume, pod)
-        .is_some_and(|m| m.state == PodMountState::Mounted);
-    if !(remount && recorded_mounted) {
-        let path = inner
-            .asw()
-            .pod_volume(volume, pod)
-            .map(|m| m.path.clone())
-            .unwrap_or_else(|| {
-                inner
-                    .host
-                    .pod_volume_path(&want.pod_ref, &traits.plugin, &want.outer_volume_name)
-            });
-        let intent = record::PodVolumeRecord {
-            version: record::VERSION,
-            state: record::PodVolumeState::SettingUp,
-            pod: want.pod_ref.clone(),
-            source: inner.origin_of(pod),
-            volume: want.outer_volume_name.clone(),
-            unique_name: volume.clone(),
-            traits: record::TraitsRecord::of(&traits),
-            path,
-            read_only: false,
-            sub_paths: Vec::new(),
-            spec: record::SpecRecord::of(&want.spec),
-        };
-        if let Err(e) = intend(inner, "set_up", Intent::Pod(intent)).await {
-            return (traits.plugin, Err(e), true);
-        }
-    }
+    let intent = if remount && was_mounted {
+        Ok(())
+    } else {
+        let path = have.map(|(_, path)| path).unwrap_or_else(|| {
+            inner
+                .host
+                .pod_volume_path(&want.pod_ref, &traits.plugin, &want.outer_volume_name)
+        });
+        let m = as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new());
+        let r = record::PodVolumeRecord::of(
+            record::PodVolumeState::SettingUp,
+            volume,
+            &traits,
+            &m,
+            inner.origin_of(pod),
+        );
+        intend(inner, "set_up", Intent::Pod(r)).await
+    };
     // The volume first, then its subPath mounts: if those fail the volume is set up but the
     // pod cannot use it yet, so it is recorded as uncertain (torn down if the pod goes away).
-    let result = match plugin.set_up(inner.host.clone(), req).await {
-        Ok(done) => match crate::subpath::bind_all(inner.host.clone(), &want, &done.path).await {
-            Ok(subs) => Ok((done, subs)),
-            Err(e) => Err((e, Some(done.path))),
-        },
+    let result = match intent {
         Err(e) => Err((e, None)),
+        Ok(()) => {
+            let result = match plugin.set_up(inner.host.clone(), req).await {
+                Ok(done) => {
+                    match crate::subpath::bind_all(inner.host.clone(), &want, &done.path).await {
+                        Ok(subs) => Ok((done, subs)),
+                        Err(e) => Err((e, Some(done.path))),
+                    }
+                }
+                Err(e) => Err((e, None)),
+            };
+            effected("set_up", result)
+        }
     };
-    record::fail_point("set_up", "after");
-    let outcome = set_up_outcome(inner, volume, pod, remount, &traits, &want, result);
+    // The event is for a first set-up, not for a content rewrite or a re-check.
+    let announce = !was_mounted && !remount;
+    let outcome = set_up_outcome(inner, volume, pod, announce, &traits, &want, result);
     settle_pod_record(inner, volume, pod, &want.outer_volume_name).await;
     outcome
 }
@@ -388,7 +379,7 @@ fn set_up_outcome(
     inner: &Arc<Inner>,
     volume: &UniqueVolumeName,
     pod: &PodUid,
-    remount: bool,
+    announce: bool,
     traits: &kubevol_core::state::VolumeTraits,
     want: &kubevol_core::state::DesiredPodVolume,
     result: Result<
@@ -403,10 +394,6 @@ fn set_up_outcome(
     let traits = traits.clone();
     match result {
         Ok((done, subs)) => {
-            let was_mounted = inner
-                .asw()
-                .pod_volume(volume, pod)
-                .is_some_and(|m| m.state == PodMountState::Mounted);
             inner.asw_mut().mark_pod_volume(
                 volume,
                 &traits,
@@ -419,7 +406,7 @@ fn set_up_outcome(
                     subs,
                 ),
             );
-            if !was_mounted && !remount {
+            if announce {
                 inner.events.record(
                     pref,
                     false,
@@ -507,30 +494,30 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
         spec: spec.clone(),
         publish_context: publish_context.clone(),
     };
-    let step = match op {
-        Operation::Attach { .. } => "attach",
-        Operation::MountDevice { .. } => "mount_device",
-        Operation::UnmountDevice { .. } => "unmount_device",
-        _ => "detach",
+    // The fail point and record name of the step, and the kubelet's name in messages.
+    let (step, what) = match op {
+        Operation::Attach { .. } => ("attach", "AttachVolume.Attach"),
+        Operation::MountDevice { .. } => ("mount_device", "MountVolume.MountDevice"),
+        Operation::UnmountDevice { .. } => ("unmount_device", "UnmountDevice"),
+        _ => ("detach", "DetachVolume.Detach"),
     };
     let intent = {
         use record::DeviceStepState as S;
-        let mut r = device_record_of(inner, volume).unwrap_or(record::DeviceRecord {
-            version: record::VERSION,
-            unique_name: volume.clone(),
-            traits: record::TraitsRecord::of(&traits),
-            attach: None,
-            device_mount: None,
-            device_mount_path: None,
-            publish_context,
-            expanded_size: None,
-            spec: record::SpecRecord::of(&spec),
-        });
-        r.expanded_size = inner
-            .host
-            .record
-            .device(volume)
-            .and_then(|d| d.expanded_size);
+        let mut r = inner
+            .asw()
+            .volume(volume)
+            .and_then(record::DeviceRecord::of)
+            .unwrap_or(record::DeviceRecord {
+                version: record::VERSION,
+                unique_name: volume.clone(),
+                traits: record::TraitsRecord::of(&traits),
+                attach: None,
+                device_mount: None,
+                device_mount_path: None,
+                publish_context,
+                expanded_size: None,
+                spec: record::SpecRecord::of(&spec),
+            });
         match op {
             Operation::Attach { .. } => r.attach = Some(S::Starting),
             Operation::MountDevice { .. } => r.device_mount = Some(S::Starting),
@@ -539,77 +526,78 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
         }
         r
     };
-    if let Err(e) = intend(inner, step, Intent::Device(intent)).await {
-        return (traits.plugin, Err(e));
-    }
     let host = inner.host.clone();
-    let (outcome, what) = match op {
-        Operation::Attach { .. } => match effected(step, plugin.attach(host, req).await) {
-            Ok(ctx) => {
-                inner
-                    .asw_mut()
-                    .mark_attached(volume, &traits, ctx, spec.clone());
-                (Ok(()), "AttachVolume.Attach")
-            }
-            Err(e) => {
-                if e.class() == ErrorClass::Uncertain {
+    let outcome = match intend(inner, step, Intent::Device(intent)).await {
+        Err(e) => Err(e),
+        Ok(()) => match op {
+            Operation::Attach { .. } => match effected(step, plugin.attach(host, req).await) {
+                Ok(ctx) => {
                     inner
                         .asw_mut()
-                        .mark_attach_uncertain(volume, &traits, spec.clone());
+                        .mark_attached(volume, &traits, ctx, spec.clone());
+                    Ok(())
                 }
-                (Err(e), "AttachVolume.Attach")
-            }
-        },
-        Operation::MountDevice { .. } => match effected(step, plugin.mount_device(host, req).await)
-        {
-            Ok(path) => {
-                inner.asw_mut().mark_device_state(
-                    volume,
-                    &traits,
-                    DeviceMountState::Mounted,
-                    path,
-                    spec.clone(),
-                );
-                (Ok(()), "MountVolume.MountDevice")
-            }
-            Err(e) => {
-                if e.class() == ErrorClass::Uncertain {
-                    inner.asw_mut().mark_device_state(
-                        volume,
-                        &traits,
-                        DeviceMountState::Uncertain,
-                        None,
-                        spec.clone(),
-                    );
+                Err(e) => {
+                    if e.class() == ErrorClass::Uncertain {
+                        inner
+                            .asw_mut()
+                            .mark_attach_uncertain(volume, &traits, spec.clone());
+                    }
+                    Err(e)
                 }
-                (Err(e), "MountVolume.MountDevice")
+            },
+            Operation::MountDevice { .. } => {
+                match effected(step, plugin.mount_device(host, req).await) {
+                    Ok(path) => {
+                        inner.asw_mut().mark_device_state(
+                            volume,
+                            &traits,
+                            DeviceMountState::Mounted,
+                            path,
+                            spec.clone(),
+                        );
+                        Ok(())
+                    }
+                    Err(e) => {
+                        if e.class() == ErrorClass::Uncertain {
+                            inner.asw_mut().mark_device_state(
+                                volume,
+                                &traits,
+                                DeviceMountState::Uncertain,
+                                None,
+                                spec.clone(),
+                            );
+                        }
+                        Err(e)
+                    }
+                }
             }
-        },
-        Operation::UnmountDevice { .. } => {
-            match effected(step, plugin.unmount_device(host, req).await) {
+            Operation::UnmountDevice { .. } => {
+                match effected(step, plugin.unmount_device(host, req).await) {
+                    Ok(()) => {
+                        inner.asw_mut().mark_device_state(
+                            volume,
+                            &traits,
+                            DeviceMountState::NotMounted,
+                            None,
+                            spec.clone(),
+                        );
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Operation::Detach { .. } => match effected(step, plugin.detach(host, req).await) {
                 Ok(()) => {
-                    inner.asw_mut().mark_device_state(
-                        volume,
-                        &traits,
-                        DeviceMountState::NotMounted,
-                        None,
-                        spec.clone(),
-                    );
-                    (Ok(()), "UnmountDevice")
+                    inner.asw_mut().mark_detached(volume);
+                    Ok(())
                 }
-                Err(e) => (Err(e), "UnmountDevice"),
+                Err(e) => Err(e),
+            },
+            Operation::MountVolume { .. } | Operation::UnmountVolume { .. } => {
+                unreachable!("per-pod operations are not device operations")
             }
-        }
-        Operation::Detach { .. } => match effected(step, plugin.detach(host, req).await) {
-            Ok(()) => {
-                inner.asw_mut().mark_detached(volume);
-                (Ok(()), "DetachVolume.Detach")
-            }
-            Err(e) => (Err(e), "DetachVolume.Detach"),
         },
-        Operation::MountVolume { .. } | Operation::UnmountVolume { .. } => {
-            unreachable!("per-pod operations are not device operations")
-        }
     };
     settle_device_record(inner, volume).await;
     match outcome {
@@ -726,28 +714,33 @@ async fn unmount_volume(
         path: mounted.path.clone(),
     };
     let pref = mounted.pod_ref.clone();
-    if let Some(intent) = pod_record_of(
+    let intent = pod_record_of(
         inner,
         volume,
         pod,
         Some(record::PodVolumeState::TearingDown),
-    ) {
-        if let Err(e) = intend(inner, "tear_down", Intent::Pod(intent)).await {
-            return (traits.plugin, Err(e));
-        }
-    }
-    // subPath mounts go first: they keep the volume busy.
-    let torn = match crate::subpath::unmount_all(
-        inner.host.clone(),
-        &mounted.pod_ref,
-        &mounted.outer_volume_name,
-    )
-    .await
-    {
-        Ok(()) => plugin.tear_down(inner.host.clone(), req).await,
-        Err(e) => Err(e),
+    );
+    let intent = match intent {
+        Some(r) => intend(inner, "tear_down", Intent::Pod(r)).await,
+        None => Ok(()),
     };
-    let torn = effected("tear_down", torn);
+    // subPath mounts go first: they keep the volume busy.
+    let torn = match intent {
+        Err(e) => Err(e),
+        Ok(()) => {
+            let torn = match crate::subpath::unmount_all(
+                inner.host.clone(),
+                &mounted.pod_ref,
+                &mounted.outer_volume_name,
+            )
+            .await
+            {
+                Ok(()) => plugin.tear_down(inner.host.clone(), req).await,
+                Err(e) => Err(e),
+            };
+            effected("tear_down", torn)
+        }
+    };
     match torn {
         Ok(()) => {
             info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");

@@ -56,7 +56,8 @@ fn unknown_pod(uid: &PodUid) -> PodRef {
     }
 }
 
-fn dirs(d: &Path) -> Vec<PathBuf> {
+/// The subdirectories of `d`, sorted (none if it cannot be read).
+pub(crate) fn dirs(d: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(d)
         .into_iter()
         .flatten()
@@ -131,21 +132,6 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
     }
 
     // 2. The pods directory: volumes without a (readable) record.
-    let recorded: BTreeSet<(PodUid, String, String)> = loaded
-        .pods
-        .iter()
-        .map(|r| {
-            let dir_name = if r.traits.plugin == crate::csi::PLUGIN_NAME {
-                r.path
-                    .parent()
-                    .map(name_of)
-                    .unwrap_or_else(|| r.volume.clone())
-            } else {
-                r.volume.clone()
-            };
-            (r.pod.uid.clone(), r.traits.plugin.clone(), dir_name)
-        })
-        .collect();
     for pod_dir in dirs(&host.root.join("pods")) {
         let uid = PodUid(name_of(&pod_dir));
         let pod_ref = loaded
@@ -159,7 +145,11 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
             let plugin_name = escaped.replace('~', "/");
             for vol_dir in dirs(&plugin_dir) {
                 let name = name_of(&vol_dir);
-                if recorded.contains(&(uid.clone(), plugin_name.clone(), name.clone())) {
+                if asw
+                    .pod_volumes(&uid)
+                    .any(|(_, m)| m.path.starts_with(&vol_dir))
+                {
+                    // Recorded: the record's spec and name are exact.
                     continue;
                 }
                 let Some(plugin) = inner.plugins.by_name(&plugin_name) else {
@@ -184,7 +174,8 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
                 let traits = layout_traits(plugin.traits(host, &spec));
                 let unique = plugin.volume_name(&pod_ref, &spec);
                 if asw.pod_volume(&unique, &uid).is_some() {
-                    // Recorded under the pod's own name for the volume.
+                    // Recorded under another path (an intent written before its set-up
+                    // chose the path).
                     continue;
                 }
                 info!(pod = %uid, volume = %name, plugin = %plugin_name, "volume found in the pods directory without a record");
@@ -263,14 +254,17 @@ pub(crate) async fn sweep_orphans(inner: &Arc<Inner>) -> usize {
     };
     let host = inner.host.clone();
     let results = tokio::task::spawn_blocking(move || {
-        let pods = host.root_dir.open_beneath(Path::new("pods"));
+        let pods = match host.root_dir.open_beneath(Path::new("pods")) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("orphan sweep skipped: cannot open the pods directory: {e}");
+                return Vec::new();
+            }
+        };
         candidates
             .into_iter()
             .map(|uid| {
-                let r = match &pods {
-                    Ok(p) => p.remove_empty_tree(uid.as_str()),
-                    Err(e) => Err(kubevol_mount::MountError::Table(e.to_string())),
-                };
+                let r = pods.remove_empty_tree(uid.as_str());
                 (uid, r)
             })
             .collect::<Vec<_>>()
@@ -362,7 +356,9 @@ pub(crate) async fn at_start(inner: &Arc<Inner>) {
         problems = report.problems.len(),
         "actual state reconstructed"
     );
-    inner.metrics.set_record_problems(report.problems.len());
+    inner
+        .metrics
+        .set_reconstruction_problems(report.problems.len());
     *crate::sync::lock(&inner.reconstruction) = report;
     inner.notify_changed();
 }

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
-use kubevol_core::state::{SubPathMount, VolumeSpec, VolumeTraits};
+use kubevol_core::state::{
+    ActualVolume, DeviceMountState, MountedPodVolume, SubPathMount, VolumeSpec, VolumeTraits,
+};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
@@ -159,6 +161,31 @@ pub struct PodVolumeRecord {
     pub spec: SpecRecord,
 }
 
+impl PodVolumeRecord {
+    /// The record of one pod's use of a volume, in `state`.
+    pub fn of(
+        state: PodVolumeState,
+        unique_name: &UniqueVolumeName,
+        traits: &VolumeTraits,
+        m: &MountedPodVolume,
+        source: String,
+    ) -> Self {
+        PodVolumeRecord {
+            version: VERSION,
+            state,
+            pod: m.pod_ref.clone(),
+            source,
+            volume: m.outer_volume_name.clone(),
+            unique_name: unique_name.clone(),
+            traits: TraitsRecord::of(traits),
+            path: m.path.clone(),
+            read_only: m.read_only,
+            sub_paths: m.sub_paths.clone(),
+            spec: SpecRecord::of(&m.spec),
+        }
+    }
+}
+
 /// One volume's node-wide state (attach, device mount).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -188,6 +215,39 @@ pub struct DeviceRecord {
     pub spec: SpecRecord,
 }
 
+impl DeviceRecord {
+    /// The record of what the actual state holds of a volume node-wide; `None` when nothing
+    /// (no attach, no device mount) is left, or no spec is known.
+    pub fn of(v: &ActualVolume) -> Option<Self> {
+        use DeviceStepState as S;
+        let attach = match (v.traits.attachable, v.attached, v.attach_uncertain) {
+            (false, _, _) => None,
+            (true, true, _) => Some(S::Done),
+            (true, false, true) => Some(S::Uncertain),
+            (true, false, false) => None,
+        };
+        let device_mount = match v.device_state {
+            DeviceMountState::Mounted => Some(S::Done),
+            DeviceMountState::Uncertain => Some(S::Uncertain),
+            DeviceMountState::NotMounted => None,
+        };
+        if attach.is_none() && device_mount.is_none() {
+            return None;
+        }
+        Some(DeviceRecord {
+            version: VERSION,
+            unique_name: v.name.clone(),
+            traits: TraitsRecord::of(&v.traits),
+            attach,
+            device_mount,
+            device_mount_path: v.device_mount_path.clone(),
+            publish_context: v.publish_context.clone(),
+            expanded_size: None,
+            spec: SpecRecord::of(v.spec.as_deref()?),
+        })
+    }
+}
+
 /// A record that could not be read, and what its file name says.
 #[derive(Clone, Debug)]
 pub struct CorruptRecord {
@@ -203,10 +263,13 @@ pub struct CorruptRecord {
 
 impl std::fmt::Display for CorruptRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "record {}", self.path.display())?;
+        if let (Some(pod), Some(volume)) = (&self.pod, &self.volume) {
+            write!(f, " (volume {volume:?} of pod {pod})")?;
+        }
         write!(
             f,
-            "record {} cannot be read ({}); its volume is treated as possibly mounted and reconstructed from the pods directory and the mount table",
-            self.path.display(),
+            " cannot be read ({}); its volume is treated as possibly mounted and reconstructed from the pods directory and the mount table. The file is replaced when the volume is recorded again; remove it by hand once nothing of it is mounted",
             self.error
         )
     }
@@ -309,9 +372,19 @@ impl Record {
         Ok(())
     }
 
-    /// Writes a volume's node-wide record; `durable` waits until it is on disk.
+    /// Writes a volume's node-wide record; `durable` waits until it is on disk. A record
+    /// without `expanded_size` keeps the size recorded before.
     pub fn write_device(&self, r: &DeviceRecord, durable: bool) -> std::io::Result<()> {
         let file = self.device_file(&r.unique_name);
+        if r.expanded_size.is_none() {
+            if let Some(size) = self.device(&r.unique_name).and_then(|d| d.expanded_size) {
+                let r = DeviceRecord {
+                    expanded_size: Some(size),
+                    ..r.clone()
+                };
+                return self.write(&file, &r, durable);
+            }
+        }
         self.write(&file, r, durable)
     }
 
@@ -344,9 +417,15 @@ impl Record {
         serde_json::from_slice(&bytes).ok()
     }
 
+    /// Whether a pod volume's record on disk already says exactly `r` (checked in memory, so
+    /// that an unchanged outcome costs no write and no blocking call).
+    pub fn holds_pod_volume(&self, r: &PodVolumeRecord) -> bool {
+        let file = self.pod_file(&r.pod.uid, &r.volume, &r.unique_name);
+        encode(r).is_ok_and(|b| crate::sync::lock(&self.written).get(&file) == Some(&b))
+    }
+
     fn write<T: Serialize>(&self, file: &Path, value: &T, durable: bool) -> std::io::Result<()> {
-        let mut bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-        bytes.push(b'\n');
+        let bytes = encode(value)?;
         if !durable && crate::sync::lock(&self.written).get(file) == Some(&bytes) {
             return Ok(());
         }
@@ -438,6 +517,13 @@ impl Record {
         }
         out
     }
+}
+
+/// A record as it is written: pretty JSON and a newline.
+fn encode<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
 }
 
 fn read_dir(dir: &Path) -> Vec<PathBuf> {
@@ -624,6 +710,10 @@ mod tests {
             assert_eq!(c.pod, Some(PodUid("u1".into())));
             assert_eq!(c.volume.as_deref(), Some("cache"));
             assert!(c.to_string().contains("possibly mounted"), "{c}");
+            assert!(
+                c.to_string().contains("(volume \"cache\" of pod u1)"),
+                "{c}"
+            );
         }
         std::fs::write(
             t.path().join(RECORD_DIR).join("volumes").join("x.json"),
@@ -666,6 +756,17 @@ mod tests {
         assert_eq!(
             loaded.devices[0].publish_context["devicePath"],
             "/dev/loop3"
+        );
+        let later = DeviceRecord {
+            expanded_size: None,
+            device_mount: Some(DeviceStepState::Done),
+            ..d.clone()
+        };
+        rec.write_device(&later, false).unwrap();
+        assert_eq!(
+            rec.device(&name).unwrap().expanded_size,
+            Some(1 << 30),
+            "a later write keeps the recorded size"
         );
         rec.remove_device(&name).unwrap();
         assert!(rec.load().devices.is_empty());

@@ -393,15 +393,7 @@ fn persistent_spec(pv_name: &str, driver: &str, handle: &str) -> VolumeSpec {
 pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, VolumeSpec, PathBuf)> {
     let mut out = Vec::new();
     let base = host.root.join(csi_dir());
-    let dirs = |d: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect()
-    };
+    use crate::reconstruct::dirs;
     for driver_dir in dirs(&base) {
         if driver_dir.file_name().is_some_and(|n| n == "volumeDevices") {
             continue;
