@@ -5,6 +5,10 @@
 //! detach) excludes every pod operation on the same volume, as the kubelet's nested pending
 //! operations do. A failing key backs off alone; other keys are unaffected. This type holds no
 //! lock across an await: callers reserve a key, run the operation, and report the result.
+//!
+//! A key turned away because a conflicting operation was running is remembered until that
+//! operation finishes, and `finish` says so: the caller must plan again then, or the work the
+//! planner asked for would wait for the next resync.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
@@ -12,7 +16,7 @@ use std::time::SystemTime;
 
 use kubevol_core::backoff::{Backoff, BackoffPolicy};
 use kubevol_core::reconcile::OperationKey;
-use kubevol_core::UniqueVolumeName;
+use kubevol_core::{PodUid, UniqueVolumeName};
 use tokio::time::Instant;
 
 /// Why an operation was not started.
@@ -44,6 +48,8 @@ struct State {
     pod_ops: HashMap<UniqueVolumeName, usize>,
     backoff: HashMap<OperationKey, Backoff>,
     errors: BTreeMap<OperationKey, LastError>,
+    /// Keys turned away as busy, by volume (every conflict is within one volume).
+    turned_away: HashMap<UniqueVolumeName, HashSet<Option<PodUid>>>,
 }
 
 /// The bookkeeping.
@@ -77,6 +83,10 @@ impl Executor {
             || s.volume_wide.contains(&key.volume)
             || (key.pod.is_none() && s.pod_ops.get(&key.volume).copied().unwrap_or(0) > 0);
         if conflict {
+            s.turned_away
+                .entry(key.volume.clone())
+                .or_default()
+                .insert(key.pod.clone());
             return Err(NotStarted::Busy);
         }
         if let Some(b) = s.backoff.get(key) {
@@ -95,10 +105,24 @@ impl Executor {
     }
 
     /// Releases `key` with the operation's outcome: success clears its backoff and error, failure
-    /// doubles its backoff and records the message.
-    pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) {
+    /// doubles its backoff and records the message. Returns whether a key this operation kept
+    /// from starting was turned away meanwhile (it may start now: plan again).
+    #[must_use = "a key turned away while this one ran waits for a new plan"]
+    pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
         let mut s = self.lock();
         s.running.remove(key);
+        let mut blocked = false;
+        if let Some(waiting) = s.turned_away.get_mut(&key.volume) {
+            // The same key, or any key of the volume when one of the two is volume-wide.
+            waiting.retain(|pod| {
+                let conflicts = key.pod.is_none() || pod.is_none() || *pod == key.pod;
+                blocked |= conflicts;
+                !conflicts
+            });
+            if waiting.is_empty() {
+                s.turned_away.remove(&key.volume);
+            }
+        }
         if key.pod.is_none() {
             s.volume_wide.remove(&key.volume);
         } else if let Some(n) = s.pod_ops.get_mut(&key.volume) {
@@ -128,6 +152,7 @@ impl Executor {
                 );
             }
         }
+        blocked
     }
 
     /// Reports that the running operation of `key` has not finished in time (a hung
@@ -223,8 +248,14 @@ mod tests {
             Err(NotStarted::Busy),
             "volume-wide waits for pod ops"
         );
-        e.finish(&key("v", Some("a")), Ok(()), now);
-        e.finish(&key("v", Some("b")), Ok(()), now);
+        assert!(
+            e.finish(&key("v", Some("a")), Ok(()), now),
+            "a was turned away while it ran, and the volume-wide key too"
+        );
+        assert!(
+            !e.finish(&key("v", Some("b")), Ok(()), now),
+            "already reported by a's finish"
+        );
         assert!(e.try_start(&key("v", None), now).is_ok());
         assert_eq!(
             e.try_start(&key("v", Some("c")), now),
@@ -244,7 +275,7 @@ mod tests {
         let (a, b) = (key("v", Some("a")), key("v", Some("b")));
         for k in [&a, &b] {
             e.try_start(k, now).unwrap();
-            e.finish(k, Err("configMap default/x not found".into()), now);
+            assert!(!e.finish(k, Err("configMap default/x not found".into()), now));
         }
         assert!(matches!(
             e.try_start(&a, now),
@@ -269,7 +300,7 @@ mod tests {
         let k = key("v", Some("a"));
         let t0 = Instant::now();
         e.try_start(&k, t0).unwrap();
-        e.finish(&k, Err("boom".into()), t0);
+        assert!(!e.finish(&k, Err("boom".into()), t0));
         assert_eq!(
             e.try_start(&k, t0),
             Err(NotStarted::BackingOff(t0 + Duration::from_millis(500)))
@@ -281,7 +312,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         let t1 = Instant::now();
         e.try_start(&k, t1).unwrap();
-        e.finish(&k, Err("boom".into()), t1);
+        assert!(!e.finish(&k, Err("boom".into()), t1));
         assert_eq!(
             e.try_start(&k, t1),
             Err(NotStarted::BackingOff(t1 + Duration::from_secs(1)))
@@ -289,8 +320,45 @@ mod tests {
         assert_eq!(e.last_error(&k).unwrap().failures, 2);
         tokio::time::advance(Duration::from_secs(1)).await;
         e.try_start(&k, Instant::now()).unwrap();
-        e.finish(&k, Ok(()), Instant::now());
+        assert!(!e.finish(&k, Ok(()), Instant::now()));
         assert!(e.last_error(&k).is_none(), "success clears the error");
         assert!(e.try_start(&k, Instant::now()).is_ok(), "and the backoff");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finishing_says_whether_it_kept_a_wanted_key_waiting() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        let (a, b) = (key("v", Some("a")), key("v", Some("b")));
+        e.try_start(&a, now).unwrap();
+        e.try_start(&b, now).unwrap();
+        assert!(!e.finish(&b, Ok(()), now), "nothing asked for b meanwhile");
+        e.try_start(&b, now).unwrap();
+        assert_eq!(e.try_start(&a, now), Err(NotStarted::Busy));
+        assert!(
+            !e.finish(&b, Ok(()), now),
+            "a was turned away by its own run, not by b"
+        );
+        assert!(e.finish(&a, Ok(()), now), "a was asked for while it ran");
+        e.try_start(&a, now).unwrap();
+        assert!(!e.finish(&a, Ok(()), now), "reported once");
+
+        // A pod key waiting for a volume-wide operation, and the other way round.
+        let whole = key("v", None);
+        e.try_start(&whole, now).unwrap();
+        assert_eq!(e.try_start(&a, now), Err(NotStarted::Busy));
+        assert_eq!(
+            e.try_start(&key("w", Some("a")), now),
+            Ok(()),
+            "another volume"
+        );
+        assert!(e.finish(&whole, Ok(()), now));
+        e.try_start(&a, now).unwrap();
+        assert_eq!(e.try_start(&whole, now), Err(NotStarted::Busy));
+        assert!(
+            !e.finish(&key("w", Some("a")), Ok(()), now),
+            "another volume's key"
+        );
+        assert!(e.finish(&a, Err("boom".into()), now), "failed or not");
     }
 }

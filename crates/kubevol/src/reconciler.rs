@@ -125,14 +125,15 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
         started.elapsed().as_secs_f64(),
     );
     let failed = outcome.is_err();
-    inner.executor.finish(&op.key(), outcome, Instant::now());
+    let blocked = inner.executor.finish(&op.key(), outcome, Instant::now());
     notify_operation(&inner, &op);
     // Re-planning the whole world after every operation would be quadratic: a pass is needed
-    // only when the operation failed (a backoff to schedule) or may have enabled a follow-up
-    // (`replan`: the volume is still on the node after an unmount, the pod's wish changed while
-    // its set-up ran, or a volume-wide operation finished).
+    // only when the operation failed (a backoff to schedule), may have enabled a follow-up
+    // (`replan`: the volume is still on the node after an unmount, or a volume-wide operation
+    // finished), or kept a key the planner asked for from starting (`blocked`: the pod's wish
+    // changed while this operation ran, e.g. a ConfigMap edited during a content rewrite).
     inner.changed.send_modify(|g| *g += 1);
-    if failed || replan {
+    if failed || replan || blocked {
         inner.wake.notify_one();
     }
 }
@@ -418,10 +419,9 @@ fn set_up_outcome(
                 );
             }
             observe_pod_ready(inner, pod);
-            let unchanged = inner.dsw().pod_volume(volume, pod).is_some_and(|w| {
-                Arc::ptr_eq(&w.pod, &want.pod) && w.content_generation == want.content_generation
-            });
-            (traits.plugin, Ok(()), !unchanged)
+            // Nothing follows a set-up; a wish that changed while it ran was turned away by
+            // the executor, which asks for the new plan when this key is released.
+            (traits.plugin, Ok(()), false)
         }
         Err((e, set_up_path)) => {
             let message = format!(

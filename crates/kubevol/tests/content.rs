@@ -90,7 +90,8 @@ mount_test! {
         write_manifest(&manifests, "objects.yaml", OBJECTS);
         write_manifest(&manifests, "pod.yaml", &pod_yaml("front"));
         runtime().block_on(async {
-            let m = manager(root.path(), |_| {});
+            // No safety-net resync within the test: every update must arrive by its own event.
+            let m = manager(root.path(), |c| c.resync_period = Duration::from_secs(3600));
             let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
             let _watch = source.start().expect("watch manifests");
             // The manifest pod, by the name its UID derives from.
@@ -172,6 +173,15 @@ mount_test! {
             write_manifest(&manifests, "pod.yaml", &pod_yaml("back"));
             let took = wait_for_file(&info.join("tier"), "back", "label update").await;
             eprintln!("label update visible after {took:?}");
+
+            // A burst of edits, each landing while the previous rewrite may still run: the last
+            // one is written (an edit made during a rewrite is not left for a resync).
+            for i in 0..30 {
+                write_manifest(&manifests, "objects.yaml", &OBJECTS.replace("level=info", &format!("level={i}")));
+                tokio::time::sleep(Duration::from_millis(i % 4)).await;
+            }
+            wait_for_file(&config.join("app.conf"), "level=29", "last of a burst of updates").await;
+            wait_for_file(&all.join("cfg"), "level=29", "last of a burst of updates, projected").await;
 
             // The pod goes away: subPath mounts first, then the volumes.
             fs::remove_file(manifests.join("pod.yaml")).unwrap();
