@@ -91,9 +91,14 @@ pub fn resolve(
         return Err("not a persistentVolumeClaim volume".into());
     };
     let Some(claim) = claim else {
-        return Err(format!(
-            "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
-        ));
+        return Err(
+            match store.not_loaded("PersistentVolumeClaim", ns, cname) {
+                Some(why) => format!("PersistentVolumeClaim {ns}/{cname} is not loaded: {why}"),
+                None => format!(
+                    "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
+                ),
+            },
+        );
     };
     if claim.metadata.deletion_timestamp.is_some() {
         return Err(format!(
@@ -107,9 +112,14 @@ pub fn resolve(
         .filter(|n| !n.is_empty());
     let Some(pv) = bound_volume(store, ns, &claim) else {
         return Err(match volume_name {
-            Some(n) => format!(
-                "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which does not exist: add it to the manifests"
-            ),
+            Some(n) => match store.not_loaded("PersistentVolume", "", &n) {
+                Some(why) => format!(
+                    "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which is not loaded: {why}"
+                ),
+                None => format!(
+                    "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which does not exist: add it to the manifests"
+                ),
+            },
             None => format!(
                 "PersistentVolumeClaim {ns}/{cname} is not bound: set its spec.volumeName, or a PersistentVolume's spec.claimRef to it"
             ),
@@ -185,9 +195,14 @@ pub fn lifecycle_allows(store: &ObjectStore, driver: &str, mode: &str) -> Result
         return Ok(());
     }
     Err(match modes {
-        None => format!(
-            "CSI driver {driver} has no CSIDriver object, so only persistent volumes are allowed: add a CSIDriver {driver} with volumeLifecycleModes [{mode}]"
-        ),
+        None => match store.not_loaded("CSIDriver", "", driver) {
+            Some(why) => format!(
+                "CSI driver {driver}'s CSIDriver object is not loaded, so only persistent volumes are allowed: {why}"
+            ),
+            None => format!(
+                "CSI driver {driver} has no CSIDriver object, so only persistent volumes are allowed: add a CSIDriver {driver} with volumeLifecycleModes [{mode}]"
+            ),
+        },
         Some(m) => format!(
             "CSIDriver {driver} does not list {mode} in spec.volumeLifecycleModes ({}): add it, or use the volume another way",
             if m.is_empty() { "Persistent".to_string() } else { m.join(", ") }
@@ -271,6 +286,39 @@ mod tests {
             pvc("c", None, "Block")
         ]);
         assert_eq!(resolved(block, "c", DEVICE).unwrap(), "k");
+    }
+
+    #[test]
+    fn objects_held_back_by_a_broken_file_are_named_with_its_error() {
+        let broken = |s: &ObjectStore, text: &str| {
+            let path = std::path::Path::new("/m/broken.yaml");
+            let (_, errors) = crate::source::parse_manifest(path, text);
+            s.set_file_errors(path, errors);
+        };
+        let s = ObjectStore::new();
+        broken(&s, "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c, namespace: ns}\nspec: {volumeName: [a]}\n");
+        let err = resolve(&s, "ns", &volume("c"), MOUNTED).unwrap_err();
+        assert!(
+            err.starts_with("PersistentVolumeClaim ns/c is not loaded: it is defined in /m/broken.yaml: document 1, line 4")
+                && err.ends_with("that file is not applied while it has an error: fix it"),
+            "{err}"
+        );
+        let s = store(json!([pvc("c", Some("a"), "Filesystem")]));
+        broken(
+            &s,
+            "apiVersion: v2\nkind: PersistentVolume\nmetadata: {name: a}\n",
+        );
+        let err = resolve(&s, "ns", &volume("c"), MOUNTED).unwrap_err();
+        assert!(err.contains("PersistentVolume a (spec.volumeName), which is not loaded: it is defined in /m/broken.yaml: document 1: apiVersion \"v2\" is not supported"), "{err}");
+        broken(&s, "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: d.example.com}\nspec: {volumeLifecycleModes: Ephemeral}\n");
+        let err = lifecycle_allows(&s, "d.example.com", "Ephemeral").unwrap_err();
+        assert!(err.contains("CSIDriver object is not loaded, so only persistent volumes are allowed: it is defined in /m/broken.yaml"), "{err}");
+        assert!(
+            lifecycle_allows(&s, "other.example.com", "Ephemeral")
+                .unwrap_err()
+                .contains("has no CSIDriver object"),
+            "another driver's object is simply missing"
+        );
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub(crate) async fn run(inner: Arc<Inner>) {
 #[derive(Clone, Debug)]
 enum Version {
     Missing,
+    /// Missing, and a manifest file with an error defines it: the pod's message says so.
+    NotLoaded,
     ConfigMap(Arc<k8s_openapi::api::core::v1::ConfigMap>),
     Secret(Arc<k8s_openapi::api::core::v1::Secret>),
     Claim(Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>),
@@ -95,6 +97,7 @@ impl PartialEq for Version {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Version::Missing, Version::Missing) => true,
+            (Version::NotLoaded, Version::NotLoaded) => true,
             (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
             (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
             (Version::Claim(a), Version::Claim(b)) => Arc::ptr_eq(a, b),
@@ -157,15 +160,19 @@ fn object_versions(inner: &Inner, pod: &Pod) -> Vec<Version> {
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         storage_versions(inner, ns, v, &mut out);
         for r in referenced_objects(pod, v) {
+            let missing = |kind: &str| match inner.store.not_loaded(kind, &r.namespace, &r.name) {
+                Some(_) => Version::NotLoaded,
+                None => Version::Missing,
+            };
             out.push(match r.kind {
                 ObjectKind::ConfigMap => inner
                     .store
                     .config_map(&r.namespace, &r.name)
-                    .map_or(Version::Missing, |s| Version::ConfigMap(s.object)),
+                    .map_or_else(|| missing("ConfigMap"), |s| Version::ConfigMap(s.object)),
                 ObjectKind::Secret => inner
                     .store
                     .secret(&r.namespace, &r.name)
-                    .map_or(Version::Missing, |s| Version::Secret(s.object)),
+                    .map_or_else(|| missing("Secret"), |s| Version::Secret(s.object)),
             });
         }
     }

@@ -148,6 +148,21 @@ pub struct ManifestError {
     pub column: Option<usize>,
     /// What is wrong.
     pub message: String,
+    /// The object the document defines, when its kind and name could be read: pods that use
+    /// it are told that it waits for this file to be fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<ObjectName>,
+}
+
+/// A Kubernetes object's kind, namespace and name, as a manifest document states them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectName {
+    /// The kind, e.g. `Secret`.
+    pub kind: String,
+    /// The namespace (`default` when the document has none; empty for cluster-scoped kinds).
+    pub namespace: String,
+    /// The name.
+    pub name: String,
 }
 
 impl std::fmt::Display for ManifestError {
@@ -432,6 +447,7 @@ impl ObjectStore {
                     line: None,
                     column: None,
                     message,
+                    object: None,
                 });
             }
         }
@@ -612,6 +628,24 @@ impl ObjectStore {
     }
 
     /// Every file error.
+    /// Why an object the store does not hold is not there, when a manifest file with an error
+    /// defines it (such a file is not applied): a sentence for the message of whatever needs
+    /// the object. `namespace` is ignored for cluster-scoped kinds.
+    pub fn not_loaded(&self, kind: &str, namespace: &str, name: &str) -> Option<String> {
+        let o = self.read();
+        let err = o.file_errors.values().flatten().find(|e| {
+            e.object.as_ref().is_some_and(|x| {
+                x.kind == kind
+                    && x.name == name
+                    && (x.namespace.is_empty() || x.namespace == namespace)
+            })
+        })?;
+        Some(format!(
+            "it is defined in {err}; that file is not applied while it has an error: fix it"
+        ))
+    }
+
+    /// Every manifest error, file by file.
     pub fn file_errors(&self) -> Vec<ManifestError> {
         self.read()
             .file_errors

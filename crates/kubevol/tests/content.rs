@@ -255,6 +255,41 @@ mount_test! {
 }
 
 mount_test! {
+    fn an_object_in_a_broken_file_fails_its_pods_with_the_files_error_until_fixed() {
+        let root = TestRoot::new();
+        let manifests = root.path().join("manifests");
+        fs::create_dir(&manifests).unwrap();
+        let secret = |value: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\ndata:\n  password: {value:?}\n");
+        write_manifest(&manifests, "creds.yaml", &secret("not base64!"));
+        write_manifest(&manifests, "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: creds, mountPath: /c}, {name: maybe, mountPath: /m}]}]\n  volumes:\n  - {name: creds, secret: {secretName: creds}}\n  - {name: maybe, secret: {secretName: creds, optional: true}}\n");
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| c.backoff.initial = Duration::from_secs(30));
+            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().unwrap();
+            let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"containers": []}}));
+            let s = wait_for_status(&m, &p, 10, |s| s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
+            let file = manifests.canonicalize().unwrap().join("creds.yaml");
+            for v in &s.volumes {
+                // Not "not found": the Secret is there, in a file that does not load; an
+                // optional volume is not mounted empty in its place.
+                let e = v.retry.last_error.clone().unwrap();
+                assert!(e.contains(&format!("volume {:?} of pod default/app", v.name)), "{e}");
+                assert!(e.contains(&format!("secret default/creds is invalid: it is defined in {}: document 1, line 5, column 13: invalid Secret: data.password:", file.display())), "{e}");
+                assert!(e.ends_with("that file is not applied while it has an error: fix it"), "{e}");
+            }
+            // Fixing the file mounts both at once, not after the 30 s backoff.
+            write_manifest(&manifests, "creds.yaml", &secret("aHVudGVyMg=="));
+            wait_for_status(&m, &p, 10, |s| s.phase == PodPhase::Ready).await;
+            let uid = kubevol::pod_uid(&p);
+            let vols = m.mounted_volumes_for_pod(&uid);
+            for name in ["creds", "maybe"] {
+                assert_eq!(fs::read_to_string(vols[name].path.join("password")).unwrap(), "hunter2");
+            }
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
     fn a_planted_data_link_is_refused_and_the_outside_untouched() {
         let root = TestRoot::new();
         let outside = root.path().join("outside");

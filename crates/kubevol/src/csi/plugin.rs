@@ -237,10 +237,15 @@ fn secrets(
         return Ok(HashMap::new());
     };
     let Some(s) = host.store.secret(&r.namespace, &r.name) else {
-        return Err(not_ready(format!(
-            "Secret {}/{} referenced by the volume does not exist: add it to the manifests",
-            r.namespace, r.name
-        )));
+        let (ns, name) = (&r.namespace, &r.name);
+        return Err(not_ready(
+            match host.store.not_loaded("Secret", ns, name) {
+                Some(why) => format!("Secret {ns}/{name} referenced by the volume is not loaded: {why}"),
+                None => format!(
+                    "Secret {ns}/{name} referenced by the volume does not exist: add it to the manifests"
+                ),
+            },
+        ));
     };
     Ok(s.object
         .data

@@ -74,9 +74,19 @@ pub struct ContentPlugin(pub ContentKind);
 /// The store seen as the projection's object source: invalid objects fail with their reason.
 pub(crate) struct StoreObjects<'a>(pub(crate) &'a ObjectStore);
 
-fn lookup<T>(found: Option<Stored<T>>) -> Lookup<T> {
+/// An object from the store; one a broken manifest file holds back is invalid with that file's
+/// error, not missing (and not silently skipped when the volume is optional).
+fn lookup<T>(
+    store: &ObjectStore,
+    kind: &str,
+    (namespace, name): (&str, &str),
+    found: Option<Stored<T>>,
+) -> Lookup<T> {
     match found {
-        None => Lookup::Missing,
+        None => match store.not_loaded(kind, namespace, name) {
+            Some(why) => Lookup::Invalid(why),
+            None => Lookup::Missing,
+        },
         Some(s) => match s.invalid {
             Some(why) => Lookup::Invalid(why.to_string()),
             None => Lookup::Found(s.object),
@@ -90,11 +100,13 @@ impl Objects for StoreObjects<'_> {
         namespace: &str,
         name: &str,
     ) -> Lookup<k8s_openapi::api::core::v1::ConfigMap> {
-        lookup(self.0.config_map(namespace, name))
+        let found = self.0.config_map(namespace, name);
+        lookup(self.0, "ConfigMap", (namespace, name), found)
     }
 
     fn secret(&self, namespace: &str, name: &str) -> Lookup<k8s_openapi::api::core::v1::Secret> {
-        lookup(self.0.secret(namespace, name))
+        let found = self.0.secret(namespace, name);
+        lookup(self.0, "Secret", (namespace, name), found)
     }
 }
 

@@ -18,7 +18,10 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::store::{normalize_pod, normalize_secret, ManifestError, Object, ObjectStore};
+use crate::store::{
+    normalize_pod, normalize_secret, ManifestError, Object, ObjectName, ObjectStore,
+    DEFAULT_NAMESPACE,
+};
 
 /// Whether a file name is a manifest kubevol reads.
 pub fn is_manifest_file(path: &Path) -> bool {
@@ -42,7 +45,28 @@ fn manifest_error(
         line: loc.map(|l| l.0),
         column: loc.map(|l| l.1),
         message,
+        object: None,
     }
+}
+
+/// The kind, namespace and name a document states, for an error that keeps it from loading.
+fn object_name(kind: &str, value: &serde_json::Value) -> Option<ObjectName> {
+    let meta = value.get("metadata")?;
+    let text = |k: &str| {
+        meta.get(k)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    let cluster_scoped = matches!(kind, "PersistentVolume" | "CSIDriver");
+    Some(ObjectName {
+        kind: kind.to_string(),
+        namespace: if cluster_scoped {
+            String::new()
+        } else {
+            text("namespace").unwrap_or(DEFAULT_NAMESPACE).to_string()
+        },
+        name: text("name")?.to_string(),
+    })
 }
 
 /// A YAML error's message without the location suffix serde adds (the location is reported in
@@ -128,16 +152,20 @@ fn convert(
         relocate: Relocate<'_>,
         errs: &mut Vec<ManifestError>,
     ) -> Option<T> {
+        let name = object_name(kind, &value);
         match serde_json::from_value::<T>(value) {
             Ok(t) => Some(t),
             Err(e) => {
-                let (loc, msg) = relocate(kind).unwrap_or((None, e.to_string()));
-                errs.push(manifest_error(
-                    path,
-                    Some(document),
-                    loc,
-                    format!("invalid {kind}: {msg}"),
-                ));
+                let (loc, mut msg) = relocate(kind).unwrap_or((None, e.to_string()));
+                if kind == "Secret" && msg.starts_with("data.") {
+                    msg.push_str(
+                        " (values under data are base64; put plain text under stringData)",
+                    );
+                }
+                errs.push(ManifestError {
+                    object: name,
+                    ..manifest_error(path, Some(document), loc, format!("invalid {kind}: {msg}"))
+                });
                 None
             }
         }
@@ -153,14 +181,17 @@ fn convert(
         }
     };
     if api_version != want_version {
-        errs.push(manifest_error(
-            path,
-            Some(document),
-            None,
-            format!(
-                "apiVersion {api_version:?} is not supported for kind {kind}; use {want_version:?}"
-            ),
-        ));
+        errs.push(ManifestError {
+            object: object_name(&kind, &value),
+            ..manifest_error(
+                path,
+                Some(document),
+                None,
+                format!(
+                    "apiVersion {api_version:?} is not supported for kind {kind}; use {want_version:?}"
+                ),
+            )
+        });
         return;
     }
     let obj =
@@ -452,6 +483,40 @@ mod tests {
         );
         assert!(errs.is_empty(), "{errs:?}");
         assert_eq!(objs.len(), 1);
+    }
+
+    #[test]
+    fn a_document_that_does_not_load_names_its_object() {
+        let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: prod}\ndata: {k: \"not base64!\"}\n---\napiVersion: v2\nkind: PersistentVolume\nmetadata: {name: pv, namespace: ignored}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {}\ndata: 3\n";
+        let (objs, errs) = parse_manifest(Path::new("/m/o.yaml"), text);
+        assert!(objs.is_empty());
+        let names: Vec<_> = errs.iter().map(|e| e.object.clone()).collect();
+        let name = |kind: &str, namespace: &str, name: &str| {
+            Some(ObjectName {
+                kind: kind.into(),
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+        };
+        assert_eq!(
+            names,
+            [
+                name("Secret", "prod", "s"),
+                name("PersistentVolume", "", "pv"),
+                None
+            ],
+            "{errs:?}"
+        );
+        assert!(
+            errs[0]
+                .to_string()
+                .starts_with("/m/o.yaml: document 1, line 4, column 11: invalid Secret: data.k:")
+                && errs[0]
+                    .message
+                    .ends_with(" (values under data are base64; put plain text under stringData)"),
+            "{}",
+            errs[0]
+        );
     }
 
     #[test]
