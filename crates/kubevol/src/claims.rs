@@ -91,14 +91,12 @@ pub fn resolve(
         return Err("not a persistentVolumeClaim volume".into());
     };
     let Some(claim) = claim else {
-        return Err(
-            match store.not_loaded("PersistentVolumeClaim", ns, cname) {
-                Some(why) => format!("PersistentVolumeClaim {ns}/{cname} is not loaded: {why}"),
-                None => format!(
-                    "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
-                ),
-            },
-        );
+        return Err(match store.not_loaded("PersistentVolumeClaim", ns, cname) {
+            Some(why) => format!("PersistentVolumeClaim {ns}/{cname} is not loaded: {why}"),
+            None => format!(
+                "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
+            ),
+        });
     };
     if claim.metadata.deletion_timestamp.is_some() {
         return Err(format!(

@@ -194,27 +194,19 @@ fn notify_operation(inner: &Inner, op: &Operation) {
 async fn intend(
     inner: &Arc<Inner>,
     operation: &'static str,
-    intent: Intent,
+    intent: record::Change,
 ) -> Result<(), VolumeError> {
-    let host = inner.host.clone();
-    tokio::task::spawn_blocking(move || match &intent {
-        Intent::Pod(r) => host.record.write_pod_volume(r, true),
-        Intent::Device(r) => host.record.write_device(r, true),
-    })
-    .await
-    .map_err(std::io::Error::other)
-    .and_then(|r| r)
-    .map_err(|source| VolumeError::Record {
-        dir: inner.host.record.dir().to_path_buf(),
-        source,
-    })?;
+    inner
+        .host
+        .record
+        .commit(intent, true)
+        .await
+        .map_err(|source| VolumeError::Record {
+            dir: inner.host.record.dir().to_path_buf(),
+            source,
+        })?;
     record::fail_point(operation, "before");
     Ok(())
-}
-
-enum Intent {
-    Pod(record::PodVolumeRecord),
-    Device(record::DeviceRecord),
 }
 
 /// A pod volume's record as the actual state holds it, in `state` (default: as the actual
@@ -243,12 +235,8 @@ fn pod_record_of(
 
 /// After an operation: the record says what the actual state now holds (no fsync: losing
 /// this write brings back the intent, which means the same "uncertain").
-async fn settle(
-    inner: &Arc<Inner>,
-    update: impl FnOnce(&record::Record) -> std::io::Result<()> + Send + 'static,
-) {
-    let host = inner.host.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || update(&host.record)).await {
+async fn settle(inner: &Arc<Inner>, change: record::Change) {
+    if let Err(e) = inner.host.record.commit(change, false).await {
         warn!(dir = %inner.host.record.dir().display(), "cannot update the volume record: {e}");
     }
 }
@@ -267,12 +255,15 @@ async fn settle_pod_record(
         // A content rewrite: the record already says so.
         return;
     }
-    let (volume, pod, outer) = (volume.clone(), pod.clone(), outer.to_string());
-    settle(inner, move |r| match now {
-        Some(now) => r.write_pod_volume(&now, false),
-        None => r.remove_pod_volume(&pod, &outer, &volume),
-    })
-    .await;
+    let change = match now {
+        Some(now) => record::Change::PodVolume(now),
+        None => record::Change::RemovePodVolume {
+            pod: pod.clone(),
+            volume: outer.to_string(),
+            unique: volume.clone(),
+        },
+    };
+    settle(inner, change).await;
 }
 
 async fn settle_device_record(inner: &Arc<Inner>, volume: &UniqueVolumeName) {
@@ -280,12 +271,11 @@ async fn settle_device_record(inner: &Arc<Inner>, volume: &UniqueVolumeName) {
         .asw()
         .volume(volume)
         .and_then(record::DeviceRecord::of);
-    let volume = volume.clone();
-    settle(inner, move |r| match now {
-        Some(now) => r.write_device(&now, false),
-        None => r.remove_device(&volume),
-    })
-    .await;
+    let change = match now {
+        Some(now) => record::Change::Device(now),
+        None => record::Change::RemoveDevice(volume.clone()),
+    };
+    settle(inner, change).await;
 }
 
 #[instrument(skip(inner), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
@@ -350,7 +340,7 @@ async fn mount_volume(
             &m,
             inner.origin_of(pod),
         );
-        intend(inner, "set_up", Intent::Pod(r)).await
+        intend(inner, "set_up", record::Change::PodVolume(r)).await
     };
     // The volume first, then its subPath mounts: if those fail the volume is set up but the
     // pod cannot use it yet, so it is recorded as uncertain (torn down if the pod goes away).
@@ -527,7 +517,7 @@ async fn device_operation(inner: &Arc<Inner>, op: &Operation) -> (String, Result
         r
     };
     let host = inner.host.clone();
-    let outcome = match intend(inner, step, Intent::Device(intent)).await {
+    let outcome = match intend(inner, step, record::Change::Device(intent)).await {
         Err(e) => Err(e),
         Ok(()) => match op {
             Operation::Attach { .. } => match effected(step, plugin.attach(host, req).await) {
@@ -721,7 +711,7 @@ async fn unmount_volume(
         Some(record::PodVolumeState::TearingDown),
     );
     let intent = match intent {
-        Some(r) => intend(inner, "tear_down", Intent::Pod(r)).await,
+        Some(r) => intend(inner, "tear_down", record::Change::PodVolume(r)).await,
         None => Ok(()),
     };
     // subPath mounts go first: they keep the volume busy.

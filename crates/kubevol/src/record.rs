@@ -13,12 +13,16 @@
 //! no fsync, because losing it only brings back the intent, and an intent means "uncertain",
 //! which reconstruction handles the same way. A record that cannot be parsed is reported and
 //! treated as uncertain: its file name still says which pod and volume it was about.
+//!
+//! Operations hand their changes to one writer thread ([`Record::commit`]), which applies all
+//! changes queued at that moment as one batch: a storm of set-ups pays for one journal commit
+//! per batch, not one per volume, and no operation blocks a runtime thread on the disk.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use kubevol_core::state::{
@@ -296,6 +300,78 @@ pub struct Record {
     dir: PathBuf,
     /// What each file was last written with, so an unchanged record is not written again.
     written: Mutex<BTreeMap<PathBuf, Vec<u8>>>,
+    /// The writer thread's queue, started by the first [`Record::commit`].
+    queue: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
+}
+
+/// One change to the record.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Write a pod volume's record.
+    PodVolume(PodVolumeRecord),
+    /// Remove a pod volume's record, whatever volume name it was recorded under.
+    RemovePodVolume {
+        /// The pod.
+        pod: PodUid,
+        /// The pod's name for the volume.
+        volume: String,
+        /// The volume.
+        unique: UniqueVolumeName,
+    },
+    /// Write a volume's node-wide record (without `expanded_size`, the size recorded before
+    /// is kept).
+    Device(DeviceRecord),
+    /// Remove a volume's node-wide record.
+    RemoveDevice(UniqueVolumeName),
+}
+
+/// A change waiting for the writer thread.
+struct Job {
+    change: Change,
+    durable: bool,
+    reply: tokio::sync::oneshot::Sender<std::io::Result<()>>,
+}
+
+/// The most changes one batch takes, so that a storm's first writes are not held up by its
+/// last.
+const MAX_BATCH: usize = 256;
+
+/// The writer thread: takes every change queued, applies them as one batch, answers each,
+/// and repeats. A change to a file already in the batch waits for the next one. It holds the
+/// record only while applying, and ends when the record is dropped.
+fn write_batches(record: &std::sync::Weak<Record>, rx: &std::sync::mpsc::Receiver<Job>) {
+    let mut carried: Option<Job> = None;
+    loop {
+        let first = match carried.take() {
+            Some(job) => job,
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        let Some(rec) = record.upgrade() else {
+            return;
+        };
+        let mut keys = std::collections::HashSet::from([rec.conflict_key(&first.change)]);
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            let Ok(job) = rx.try_recv() else {
+                break;
+            };
+            if keys.insert(rec.conflict_key(&job.change)) {
+                jobs.push(job);
+            } else {
+                carried = Some(job);
+                break;
+            }
+        }
+        let batch: Vec<(&Change, bool)> = jobs.iter().map(|j| (&j.change, j.durable)).collect();
+        let results = rec.apply(&batch);
+        drop(rec);
+        for (job, result) in jobs.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+    }
 }
 
 impl Record {
@@ -307,6 +383,7 @@ impl Record {
         Ok(Record {
             dir,
             written: Mutex::default(),
+            queue: OnceLock::new(),
         })
     }
 
@@ -330,9 +407,7 @@ impl Record {
 
     /// Writes a pod volume's record; `durable` waits until it is on disk.
     pub fn write_pod_volume(&self, r: &PodVolumeRecord, durable: bool) -> std::io::Result<()> {
-        let file = self.pod_file(&r.pod.uid, &r.volume, &r.unique_name);
-        self.write(&file, r, durable)?;
-        self.remove_other_names(&file)
+        self.apply_one(Change::PodVolume(r.clone()), durable)
     }
 
     /// Removes a pod volume's record (and the pod's record directory once empty), whatever
@@ -343,54 +418,44 @@ impl Record {
         volume: &str,
         unique: &UniqueVolumeName,
     ) -> std::io::Result<()> {
-        let file = self.pod_file(uid, volume, unique);
-        self.remove(&file)?;
-        self.remove_other_names(&file)?;
-        if let Some(dir) = file.parent() {
-            // Fails while another volume of the pod is recorded, as it should.
-            let _ = std::fs::remove_dir(dir);
-        }
-        Ok(())
+        self.apply_one(
+            Change::RemovePodVolume {
+                pod: uid.clone(),
+                volume: volume.to_string(),
+                unique: unique.clone(),
+            },
+            false,
+        )
     }
 
-    /// Removes the records of the same pod and volume key under another volume name (a volume
+    /// The records of the same pod and volume key under another volume name (a volume
     /// reconstructed from the pods directory knows only its directory's name).
-    fn remove_other_names(&self, file: &Path) -> std::io::Result<()> {
+    fn other_names(file: &Path) -> Vec<PathBuf> {
         let (Some(dir), Some(name)) = (file.parent(), file.file_name().and_then(|n| n.to_str()))
         else {
-            return Ok(());
+            return Vec::new();
         };
         let Some(suffix) = name.find('.').map(|i| &name[i..]) else {
-            return Ok(());
+            return Vec::new();
         };
-        for other in read_dir(dir) {
-            let other_name = other.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if other_name != name && other_name.ends_with(suffix) {
-                self.remove(&other)?;
-            }
-        }
-        Ok(())
+        read_dir(dir)
+            .into_iter()
+            .filter(|other| {
+                let other_name = other.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                other_name != name && other_name.ends_with(suffix)
+            })
+            .collect()
     }
 
     /// Writes a volume's node-wide record; `durable` waits until it is on disk. A record
     /// without `expanded_size` keeps the size recorded before.
     pub fn write_device(&self, r: &DeviceRecord, durable: bool) -> std::io::Result<()> {
-        let file = self.device_file(&r.unique_name);
-        if r.expanded_size.is_none() {
-            if let Some(size) = self.device(&r.unique_name).and_then(|d| d.expanded_size) {
-                let r = DeviceRecord {
-                    expanded_size: Some(size),
-                    ..r.clone()
-                };
-                return self.write(&file, &r, durable);
-            }
-        }
-        self.write(&file, r, durable)
+        self.apply_one(Change::Device(r.clone()), durable)
     }
 
     /// Removes a volume's node-wide record.
     pub fn remove_device(&self, unique: &UniqueVolumeName) -> std::io::Result<()> {
-        self.remove(&self.device_file(unique))
+        self.apply_one(Change::RemoveDevice(unique.clone()), false)
     }
 
     /// Records durably the size a volume was expanded to, in its node-wide record (volumes
@@ -424,27 +489,144 @@ impl Record {
         encode(r).is_ok_and(|b| crate::sync::lock(&self.written).get(&file) == Some(&b))
     }
 
-    fn write<T: Serialize>(&self, file: &Path, value: &T, durable: bool) -> std::io::Result<()> {
-        let bytes = encode(value)?;
-        if !durable && crate::sync::lock(&self.written).get(file) == Some(&bytes) {
-            return Ok(());
+    /// The file a change is about.
+    fn file_of(&self, change: &Change) -> PathBuf {
+        match change {
+            Change::PodVolume(r) => self.pod_file(&r.pod.uid, &r.volume, &r.unique_name),
+            Change::RemovePodVolume {
+                pod,
+                volume,
+                unique,
+            } => self.pod_file(pod, volume, unique),
+            Change::Device(r) => self.device_file(&r.unique_name),
+            Change::RemoveDevice(unique) => self.device_file(unique),
         }
-        let dir = file.parent().unwrap_or(&self.dir);
-        std::fs::create_dir_all(dir)?;
-        let tmp = file.with_extension("json.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            if durable {
-                f.sync_all()?;
+    }
+
+    /// Changes two jobs of one batch must not share: a pod volume's record under any of its
+    /// names, or a node-wide record.
+    fn conflict_key(&self, change: &Change) -> (PathBuf, String) {
+        let file = self.file_of(change);
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let suffix = name.find('.').map_or(name, |i| &name[i..]).to_string();
+        (file.parent().unwrap_or(&self.dir).to_path_buf(), suffix)
+    }
+
+    fn apply_one(&self, change: Change, durable: bool) -> std::io::Result<()> {
+        self.apply(&[(&change, durable)]).pop().unwrap_or(Ok(()))
+    }
+
+    /// Applies a batch of changes to different files and returns each one's result. A durable
+    /// write is on disk when its result is returned: every temporary file of the batch is
+    /// written first, then the durable ones are fsync'd, then all are renamed into place, then
+    /// each directory holding a durable one is fsync'd once. The filesystem's journal commits the
+    /// whole batch in the first of those fsyncs, so a batch costs about as much as one write.
+    /// Removals (a record's other names, removed records) come after the renames and their
+    /// fsync, so a crash never leaves a volume without any record of it.
+    fn apply(&self, batch: &[(&Change, bool)]) -> Vec<std::io::Result<()>> {
+        struct Staged {
+            job: usize,
+            handle: std::fs::File,
+            tmp: PathBuf,
+            file: PathBuf,
+            bytes: Vec<u8>,
+            durable: bool,
+        }
+        let mut results: Vec<std::io::Result<()>> = batch.iter().map(|_| Ok(())).collect();
+        let mut staged = Vec::new();
+        let mut removals: Vec<(usize, PathBuf)> = Vec::new();
+        let mut empty_dirs = Vec::new();
+        for (job, &(change, durable)) in batch.iter().enumerate() {
+            let file = self.file_of(change);
+            let bytes = match change {
+                Change::PodVolume(r) => encode(r),
+                Change::Device(r) if r.expanded_size.is_none() => {
+                    let kept = self.device(&r.unique_name).and_then(|d| d.expanded_size);
+                    encode(&DeviceRecord {
+                        expanded_size: kept,
+                        ..r.clone()
+                    })
+                }
+                Change::Device(r) => encode(r),
+                Change::RemovePodVolume { .. } => {
+                    removals.push((job, file.clone()));
+                    removals.extend(Self::other_names(&file).into_iter().map(|f| (job, f)));
+                    empty_dirs.extend(file.parent().map(Path::to_path_buf));
+                    continue;
+                }
+                Change::RemoveDevice(_) => {
+                    removals.push((job, file));
+                    continue;
+                }
+            };
+            if let Change::PodVolume(_) = change {
+                removals.extend(Self::other_names(&file).into_iter().map(|f| (job, f)));
+            }
+            let stage = |bytes: std::io::Result<Vec<u8>>| -> std::io::Result<Option<Staged>> {
+                let bytes = bytes?;
+                if !durable && crate::sync::lock(&self.written).get(&file) == Some(&bytes) {
+                    return Ok(None);
+                }
+                let dir = file.parent().unwrap_or(&self.dir);
+                std::fs::create_dir_all(dir)?;
+                let tmp = file.with_extension("json.tmp");
+                let mut handle = std::fs::File::create(&tmp)?;
+                handle.write_all(&bytes)?;
+                Ok(Some(Staged {
+                    job,
+                    handle,
+                    tmp,
+                    file: file.clone(),
+                    bytes,
+                    durable,
+                }))
+            };
+            match stage(bytes) {
+                Ok(s) => staged.extend(s),
+                Err(e) => results[job] = Err(e),
             }
         }
-        std::fs::rename(&tmp, file)?;
-        if durable {
-            std::fs::File::open(dir)?.sync_all()?;
+        // All written before any is synced: the first fsync commits them all.
+        for s in staged.iter().filter(|s| s.durable) {
+            if let Err(e) = s.handle.sync_all() {
+                results[s.job] = Err(e);
+            }
         }
-        crate::sync::lock(&self.written).insert(file.to_path_buf(), bytes);
-        Ok(())
+        let mut synced_dirs: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
+        for s in staged {
+            if results[s.job].is_err() {
+                continue;
+            }
+            drop(s.handle);
+            if let Err(e) = std::fs::rename(&s.tmp, &s.file) {
+                results[s.job] = Err(e);
+                continue;
+            }
+            crate::sync::lock(&self.written).insert(s.file.clone(), s.bytes);
+            if s.durable {
+                let dir = s.file.parent().unwrap_or(&self.dir).to_path_buf();
+                synced_dirs.entry(dir).or_default().push(s.job);
+            }
+        }
+        for (dir, jobs) in synced_dirs {
+            if let Err(e) = std::fs::File::open(&dir).and_then(|d| d.sync_all()) {
+                for job in jobs {
+                    results[job] = Err(std::io::Error::new(e.kind(), e.to_string()));
+                }
+            }
+        }
+        for (job, file) in removals {
+            if results[job].is_ok() {
+                if let Err(e) = self.remove(&file) {
+                    results[job] = Err(e);
+                }
+            }
+        }
+        for dir in empty_dirs {
+            // Fails while another volume of the pod is recorded, as it should.
+            let _ = std::fs::remove_dir(dir);
+        }
+        results
     }
 
     fn remove(&self, file: &Path) -> std::io::Result<()> {
@@ -454,6 +636,39 @@ impl Record {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Applies `change` on the record's writer thread, batched with the changes other
+    /// operations submit meanwhile (one journal commit for all of them), and returns when it
+    /// is done: for a `durable` change, when it is on disk.
+    pub async fn commit(self: &Arc<Self>, change: Change, durable: bool) -> std::io::Result<()> {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            let record = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("kubevol-record".into())
+                .spawn(move || write_batches(&record, &rx));
+            if let Err(e) = spawned {
+                tracing::error!("cannot start the record writer thread: {e}");
+            }
+            Mutex::new(tx)
+        });
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let sent = crate::sync::lock(queue).send(Job {
+            change,
+            durable,
+            reply,
+        });
+        if sent.is_err() {
+            return Err(std::io::Error::other(
+                "the record writer thread has stopped",
+            ));
+        }
+        done.await.unwrap_or_else(|_| {
+            Err(std::io::Error::other(
+                "the record writer thread has stopped",
+            ))
+        })
     }
 
     /// Reads every record. Unreadable ones are returned as [`CorruptRecord`]s and left in
@@ -655,6 +870,61 @@ mod tests {
                 block: false,
             },
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_commits_are_batched_and_keep_their_order_per_file() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
+        // Many pods at once, each an intent then its outcome.
+        let mut tasks = Vec::new();
+        for i in 0..300 {
+            let rec = rec.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut r = pod_record(&format!("uid-{i}"), "cache");
+                rec.commit(Change::PodVolume(r.clone()), true).await?;
+                r.state = PodVolumeState::SetUp;
+                rec.commit(Change::PodVolume(r), false).await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        // Two changes to one file submitted together: applied in the order submitted.
+        let mut last = pod_record("uid-0", "cache");
+        last.state = PodVolumeState::TearingDown;
+        let (a, b) = tokio::join!(
+            rec.commit(
+                Change::RemovePodVolume {
+                    pod: PodUid("uid-1".into()),
+                    volume: "cache".into(),
+                    unique: pod_record("uid-1", "cache").unique_name,
+                },
+                false
+            ),
+            rec.commit(Change::PodVolume(last), true)
+        );
+        a.unwrap();
+        b.unwrap();
+        let loaded = Record::open(t.path()).unwrap().load();
+        assert!(loaded.corrupt.is_empty(), "{:?}", loaded.corrupt);
+        assert_eq!(loaded.pods.len(), 299, "uid-1 removed");
+        let state = |uid: &str| {
+            loaded
+                .pods
+                .iter()
+                .find(|p| p.pod.uid.0 == uid)
+                .map(|p| p.state)
+        };
+        assert_eq!(state("uid-0"), Some(PodVolumeState::TearingDown));
+        assert_eq!(state("uid-1"), None);
+        assert_eq!(state("uid-299"), Some(PodVolumeState::SetUp));
+        assert!(
+            !t.path().join(RECORD_DIR).join("pods/uid-1").exists(),
+            "an empty pod directory is removed"
+        );
+        let leftovers = read_dir(&t.path().join(RECORD_DIR).join("pods/uid-7"));
+        assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");
     }
 
     #[test]
