@@ -72,7 +72,10 @@ fn prune_errors(inner: &Inner) {
 async fn run_operation(inner: Arc<Inner>, op: Operation) {
     let mut permit = inner.operations.acquire().await.ok();
     let started = Instant::now();
-    let work = async {
+    // Boxed, and only once a slot is free: a storm spawns thousands of these tasks that wait
+    // for a slot, and the operation's state machine (plugin calls, record writes) is tens of
+    // KiB; inline, every waiting task would hold one.
+    let mut work = Box::pin(async {
         match &op {
             Operation::MountVolume {
                 volume,
@@ -94,8 +97,7 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
                 (plugin, outcome, true)
             }
         }
-    };
-    tokio::pin!(work);
+    });
     // A call into a dead filesystem (stat, statfs, umount on a hung FUSE or NFS mount) or a
     // driver that never answers cannot be cancelled, but it holds only its own key: after the
     // operation timeout the pod shows why, the slot is given back for other operations, and the
