@@ -299,8 +299,7 @@ async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>) {
             self.0.abort();
         }
     }
-    let mut delay = Duration::from_millis(500);
-    loop {
+    for delay in kubevol_core::backoff::BackoffPolicy::RECONNECT.delays() {
         let started = ManifestSource::new(&dir, store.clone()).and_then(|s| s.start());
         match started {
             Ok(watch) => {
@@ -311,7 +310,6 @@ async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>) {
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), retry_in = ?delay, "cannot read the manifest directory: {e}; nothing is torn down until it is listed");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }

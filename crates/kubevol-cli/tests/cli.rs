@@ -56,6 +56,24 @@ fn in_namespace(args: &[&str]) -> Command {
     c
 }
 
+/// `kubevol [global...] run --once` on a manifest directory and root, in a private namespace.
+fn run_once(
+    global: &[&str],
+    manifests: &std::path::Path,
+    root: &std::path::Path,
+) -> std::process::Output {
+    let mut args = global.to_vec();
+    args.extend([
+        "run",
+        "--once",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root-dir",
+        root.to_str().unwrap(),
+    ]);
+    in_namespace(&args).output().unwrap()
+}
+
 fn require_root() {
     let out = Command::new("id").arg("-u").output().unwrap();
     assert_eq!(
@@ -147,16 +165,7 @@ fn run_once_exits_non_zero_and_explains_invalid_pods() {
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
     std::fs::write(manifests.path().join("bad.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, hostPath: {path: /tmp, type: Folder}}]}\n").unwrap();
-    let out = in_namespace(&[
-        "run",
-        "--once",
-        "--manifests",
-        manifests.path().to_str().unwrap(),
-        "--root-dir",
-        root.path().to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
+    let out = run_once(&[], manifests.path(), root.path());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
@@ -183,18 +192,7 @@ fn json_logs_are_one_json_object_per_line() {
     let root = tempfile::tempdir().unwrap();
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
-    let out = in_namespace(&[
-        "--log-format",
-        "json",
-        "run",
-        "--once",
-        "--manifests",
-        manifests.path().to_str().unwrap(),
-        "--root-dir",
-        root.path().to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
+    let out = run_once(&["--log-format", "json"], manifests.path(), root.path());
     assert!(
         out.status.success(),
         "{}",

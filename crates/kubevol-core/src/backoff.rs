@@ -23,6 +23,21 @@ impl BackoffPolicy {
     };
 }
 
+impl BackoffPolicy {
+    /// Retrying a source or a driver that is not there yet: 500 ms doubling to 30 s.
+    pub const RECONNECT: BackoffPolicy = BackoffPolicy {
+        initial: Duration::from_millis(500),
+        max: Duration::from_secs(30),
+    };
+
+    /// The delays between the attempts of one retry loop: `initial`, doubling up to `max`.
+    pub fn delays(self) -> impl Iterator<Item = Duration> {
+        std::iter::successors(Some(self.initial.min(self.max)), move |d| {
+            Some(d.saturating_mul(2).min(self.max))
+        })
+    }
+}
+
 impl Default for BackoffPolicy {
     fn default() -> Self {
         Self::KUBELET
@@ -94,6 +109,19 @@ mod tests {
         assert_eq!(seen[8], Duration::from_secs(122), "capped at 2m2s");
         assert_eq!(*seen.last().unwrap(), Duration::from_secs(122));
         assert_eq!(b.failures, 13);
+    }
+
+    #[test]
+    fn retry_loop_delays_double_up_to_the_maximum() {
+        let seen: Vec<u64> = BackoffPolicy::RECONNECT
+            .delays()
+            .take(9)
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        assert_eq!(
+            seen,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::safe::{io, Dir};
-use crate::{MountError, Mounter, Unmounted};
+use crate::{MountError, Mounter};
 
 /// The directory under a pod's directory that holds its subPath mounts.
 pub const SUBPATHS_DIR: &str = "volume-subpaths";
@@ -109,7 +109,7 @@ pub fn bind_sub_path(
     let (parent, _) = pod_dir.create_dir_all(&rel, 0o750)?;
     let name = index.to_string();
     let target = parent.path().join(&name);
-    if parent.has_entry(&name)? && parent.is_mount_root(&name)? {
+    if parent.has_entry(&name)? && mounter.is_mount_point(&target)? {
         return Ok(target);
     }
     if is_dir {
@@ -143,11 +143,12 @@ pub fn bind_sub_path(
     Ok(target)
 }
 
-/// Unmounts every subPath mount of one volume of a pod and removes their mount points (empty
-/// directories and the empty files made for file subPaths). Run before the volume itself is
-/// torn down.
+/// Unmounts every subPath mount of one volume of a pod with `unmount` (which must remove every
+/// layer mounted at a path, and treat "not mounted" as done) and removes their mount points
+/// (empty directories and the empty files made for file subPaths). Run before the volume
+/// itself is torn down.
 pub fn unmount_sub_paths(
-    mounter: &dyn Mounter,
+    unmount: &dyn Fn(&Path) -> Result<(), MountError>,
     pod_dir: &Dir,
     volume_name: &str,
 ) -> Result<(), MountError> {
@@ -165,16 +166,7 @@ pub fn unmount_sub_paths(
         let cdir = vol.open_child(OsStr::new(&container))?;
         for (entry, _) in cdir.entries()? {
             let entry = String::from_utf8_lossy(&entry).into_owned();
-            let path = cdir.path().join(&entry);
-            // A stacked mount (a set-up repeated by hand) needs one unmount per layer.
-            for _ in 0..16 {
-                if !cdir.is_mount_root(&entry)? {
-                    break;
-                }
-                if mounter.unmount(&path)? == Unmounted::NotMounted {
-                    break;
-                }
-            }
+            unmount(&cdir.path().join(&entry))?;
             remove_mount_point(&cdir, &entry)?;
         }
         vol.remove_empty_tree(&container)?;

@@ -91,12 +91,10 @@ pub fn resolve(
         return Err("not a persistentVolumeClaim volume".into());
     };
     let Some(claim) = claim else {
-        return Err(match store.not_loaded("PersistentVolumeClaim", ns, cname) {
-            Some(why) => format!("PersistentVolumeClaim {ns}/{cname} is not loaded: {why}"),
-            None => format!(
-                "PersistentVolumeClaim {ns}/{cname} does not exist: add it to the manifests"
-            ),
-        });
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} {}",
+            store.absence("PersistentVolumeClaim", ns, cname)
+        ));
     };
     if claim.metadata.deletion_timestamp.is_some() {
         return Err(format!(
@@ -110,14 +108,10 @@ pub fn resolve(
         .filter(|n| !n.is_empty());
     let Some(pv) = bound_volume(store, ns, &claim) else {
         return Err(match volume_name {
-            Some(n) => match store.not_loaded("PersistentVolume", "", &n) {
-                Some(why) => format!(
-                    "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which is not loaded: {why}"
-                ),
-                None => format!(
-                    "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which does not exist: add it to the manifests"
-                ),
-            },
+            Some(n) => format!(
+                "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which {}",
+                store.absence("PersistentVolume", "", &n)
+            ),
             None => format!(
                 "PersistentVolumeClaim {ns}/{cname} is not bound: set its spec.volumeName, or a PersistentVolume's spec.claimRef to it"
             ),

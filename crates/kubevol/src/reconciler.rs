@@ -84,9 +84,9 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
             } => mount_volume(&inner, volume, pod, *remount).await,
             Operation::UnmountVolume { volume, pod } => {
                 let (plugin, outcome) = unmount_volume(&inner, volume, pod).await;
-                // Still on the node (device unmount, detach due) or wanted again by the pod.
-                let replan = inner.asw().volume(volume).is_some()
-                    || inner.dsw().pod_volume(volume, pod).is_some();
+                // Still on the node: a device unmount or a detach may be due now. (A pod that
+                // wants it again meanwhile was turned away by the executor, which reports it.)
+                let replan = inner.asw().volume(volume).is_some();
                 (plugin, outcome, replan)
             }
             Operation::Attach { .. }

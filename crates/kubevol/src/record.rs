@@ -405,29 +405,6 @@ impl Record {
             .join(format!("{}.json", short_hash(unique.as_str())))
     }
 
-    /// Writes a pod volume's record; `durable` waits until it is on disk.
-    pub fn write_pod_volume(&self, r: &PodVolumeRecord, durable: bool) -> std::io::Result<()> {
-        self.apply_one(Change::PodVolume(r.clone()), durable)
-    }
-
-    /// Removes a pod volume's record (and the pod's record directory once empty), whatever
-    /// volume name it was recorded under.
-    pub fn remove_pod_volume(
-        &self,
-        uid: &PodUid,
-        volume: &str,
-        unique: &UniqueVolumeName,
-    ) -> std::io::Result<()> {
-        self.apply_one(
-            Change::RemovePodVolume {
-                pod: uid.clone(),
-                volume: volume.to_string(),
-                unique: unique.clone(),
-            },
-            false,
-        )
-    }
-
     /// The records of the same pod and volume key under another volume name (a volume
     /// reconstructed from the pods directory knows only its directory's name).
     fn other_names(file: &Path) -> Vec<PathBuf> {
@@ -447,25 +424,18 @@ impl Record {
             .collect()
     }
 
-    /// Writes a volume's node-wide record; `durable` waits until it is on disk. A record
-    /// without `expanded_size` keeps the size recorded before.
-    pub fn write_device(&self, r: &DeviceRecord, durable: bool) -> std::io::Result<()> {
-        self.apply_one(Change::Device(r.clone()), durable)
-    }
-
-    /// Removes a volume's node-wide record.
-    pub fn remove_device(&self, unique: &UniqueVolumeName) -> std::io::Result<()> {
-        self.apply_one(Change::RemoveDevice(unique.clone()), false)
-    }
-
     /// Records durably the size a volume was expanded to, in its node-wide record (volumes
     /// without one, which are never staged or attached, are expanded again after a restart,
     /// which drivers treat as a no-op).
-    pub fn set_expanded_size(&self, unique: &UniqueVolumeName, size: i64) -> std::io::Result<()> {
+    pub async fn set_expanded_size(
+        self: &Arc<Self>,
+        unique: &UniqueVolumeName,
+        size: i64,
+    ) -> std::io::Result<()> {
         match self.device(unique) {
             Some(mut d) if d.expanded_size != Some(size) => {
                 d.expanded_size = Some(size);
-                self.write_device(&d, true)
+                self.commit(Change::Device(d), true).await
             }
             _ => Ok(()),
         }
@@ -510,10 +480,6 @@ impl Record {
         let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let suffix = name.find('.').map_or(name, |i| &name[i..]).to_string();
         (file.parent().unwrap_or(&self.dir).to_path_buf(), suffix)
-    }
-
-    fn apply_one(&self, change: Change, durable: bool) -> std::io::Result<()> {
-        self.apply(&[(&change, durable)]).pop().unwrap_or(Ok(()))
     }
 
     /// Applies a batch of changes to different files and returns each one's result. A durable
@@ -927,14 +893,18 @@ mod tests {
         assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");
     }
 
-    #[test]
-    fn records_round_trip_and_are_human_readable() {
+    #[tokio::test]
+    async fn records_round_trip_and_are_human_readable() {
         let t = tempfile::tempdir().unwrap();
-        let rec = Record::open(t.path()).unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
         let mut r = pod_record("u1", "cache");
-        rec.write_pod_volume(&r, true).unwrap();
+        rec.commit(Change::PodVolume(r.clone()), true)
+            .await
+            .unwrap();
         r.state = PodVolumeState::SetUp;
-        rec.write_pod_volume(&r, false).unwrap();
+        rec.commit(Change::PodVolume(r.clone()), false)
+            .await
+            .unwrap();
         let files = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"));
         assert_eq!(files.len(), 1, "one file per pod volume: {files:?}");
         let text = std::fs::read_to_string(&files[0]).unwrap();
@@ -946,12 +916,16 @@ mod tests {
         // The same volume recorded under its directory's name replaces the first record.
         let mut renamed = r.clone();
         renamed.volume = "cache-dir".into();
-        rec.write_pod_volume(&renamed, false).unwrap();
+        rec.commit(Change::PodVolume(renamed), false).await.unwrap();
         let loaded = rec.load();
         assert_eq!(loaded.pods.len(), 1);
         assert_eq!(loaded.pods[0].volume, "cache-dir");
-        rec.remove_pod_volume(&r.pod.uid, &r.volume, &r.unique_name)
-            .unwrap();
+        let removal = Change::RemovePodVolume {
+            pod: r.pod.uid.clone(),
+            volume: r.volume.clone(),
+            unique: r.unique_name.clone(),
+        };
+        rec.commit(removal, false).await.unwrap();
         assert!(rec.load().pods.is_empty());
         assert!(
             !t.path().join(RECORD_DIR).join("pods").join("u1").exists(),
@@ -959,12 +933,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn corrupt_truncated_and_foreign_version_records_are_reported_with_their_pod() {
+    #[tokio::test]
+    async fn corrupt_truncated_and_foreign_version_records_are_reported_with_their_pod() {
         let t = tempfile::tempdir().unwrap();
-        let rec = Record::open(t.path()).unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
         let r = pod_record("u1", "cache");
-        rec.write_pod_volume(&r, true).unwrap();
+        rec.commit(Change::PodVolume(r), true).await.unwrap();
         let file = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"))[0].clone();
         let text = std::fs::read_to_string(&file).unwrap();
         for bad in [
@@ -995,10 +969,10 @@ mod tests {
         assert!(loaded.corrupt.iter().any(|c| c.pod.is_none()));
     }
 
-    #[test]
-    fn device_records_keep_attach_stage_and_size() {
+    #[tokio::test]
+    async fn device_records_keep_attach_stage_and_size() {
         let t = tempfile::tempdir().unwrap();
-        let rec = Record::open(t.path()).unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
         let name = UniqueVolumeName("kubernetes.io/csi/loop^pv1".into());
         let d = DeviceRecord {
             version: VERSION,
@@ -1015,7 +989,7 @@ mod tests {
             expanded_size: Some(1 << 30),
             spec: pod_record("u", "v").spec,
         };
-        rec.write_device(&d, true).unwrap();
+        rec.commit(Change::Device(d.clone()), true).await.unwrap();
         assert_eq!(rec.device(&name).unwrap().expanded_size, Some(1 << 30));
         let loaded = Record::open(t.path()).unwrap().load();
         assert_eq!(loaded.devices.len(), 1);
@@ -1032,13 +1006,18 @@ mod tests {
             device_mount: Some(DeviceStepState::Done),
             ..d.clone()
         };
-        rec.write_device(&later, false).unwrap();
+        rec.commit(Change::Device(later), false).await.unwrap();
         assert_eq!(
             rec.device(&name).unwrap().expanded_size,
             Some(1 << 30),
             "a later write keeps the recorded size"
         );
-        rec.remove_device(&name).unwrap();
+        rec.set_expanded_size(&name, 2 << 30).await.unwrap();
+        let loaded = Record::open(t.path()).unwrap().load();
+        assert_eq!(loaded.devices[0].expanded_size, Some(2 << 30));
+        rec.commit(Change::RemoveDevice(name.clone()), false)
+            .await
+            .unwrap();
         assert!(rec.load().devices.is_empty());
     }
 }

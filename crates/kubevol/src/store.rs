@@ -645,6 +645,15 @@ impl ObjectStore {
         ))
     }
 
+    /// What to say of an object the store does not hold: that a broken manifest file holds it
+    /// back (see [`ObjectStore::not_loaded`]), or that it does not exist.
+    pub fn absence(&self, kind: &str, namespace: &str, name: &str) -> String {
+        match self.not_loaded(kind, namespace, name) {
+            Some(why) => format!("is not loaded: {why}"),
+            None => "does not exist: add it to the manifests".into(),
+        }
+    }
+
     /// Every manifest error, file by file.
     pub fn file_errors(&self) -> Vec<ManifestError> {
         self.read()

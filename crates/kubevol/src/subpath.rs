@@ -139,7 +139,8 @@ pub(crate) async fn unmount_all(
         let Some(dir) = pod_dir(&host, &pod)? else {
             return Ok(());
         };
-        subpath::unmount_sub_paths(host.mounter.as_ref(), &dir, &volume_name)?;
+        // The same unmount as a volume's: every stacked or dead layer, lazily if allowed.
+        subpath::unmount_sub_paths(&|p| host.unmount_all(p), &dir, &volume_name)?;
         Ok(())
     })
     .await

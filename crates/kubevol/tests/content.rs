@@ -85,8 +85,7 @@ async fn wait_for_file(path: &Path, want: &str, what: &str) -> Duration {
 mount_test! {
     fn content_volumes_from_manifests_with_live_updates_and_sub_paths() {
         let root = TestRoot::new();
-        let manifests = root.path().join("manifests");
-        fs::create_dir(&manifests).unwrap();
+        let manifests = root.manifests();
         write_manifest(&manifests, "objects.yaml", OBJECTS);
         write_manifest(&manifests, "pod.yaml", &pod_yaml("front"));
         runtime().block_on(async {
@@ -126,6 +125,7 @@ mount_test! {
             assert_eq!(fstype(&config), None, "configMaps live on disk");
 
             let info = pod_dir.join("volumes/kubernetes.io~downward-api/info");
+            assert_eq!(fstype(&info), None, "downwardAPI volumes live on disk");
             assert_eq!(fs::read_to_string(info.join("labels")).unwrap(), "app=\"web\"\ntier=\"front\"");
             let all = pod_dir.join("volumes/kubernetes.io~projected/all");
             assert_eq!(fs::read_to_string(all.join("cfg")).unwrap(), "level=info");
@@ -257,8 +257,7 @@ mount_test! {
 mount_test! {
     fn an_object_in_a_broken_file_fails_its_pods_with_the_files_error_until_fixed() {
         let root = TestRoot::new();
-        let manifests = root.path().join("manifests");
-        fs::create_dir(&manifests).unwrap();
+        let manifests = root.manifests();
         let secret = |value: &str| format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\ndata:\n  password: {value:?}\n");
         write_manifest(&manifests, "creds.yaml", &secret("not base64!"));
         write_manifest(&manifests, "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: creds, mountPath: /c}, {name: maybe, mountPath: /m}]}]\n  volumes:\n  - {name: creds, secret: {secretName: creds}}\n  - {name: maybe, secret: {secretName: creds, optional: true}}\n");
@@ -495,8 +494,7 @@ mount_test! {
     fn a_full_volume_keeps_its_previous_content() {
         // A secret volume lives on a tmpfs sized by the pod's memory limit: 64Ki here.
         let root = TestRoot::new();
-        let manifests = root.path().join("manifests");
-        fs::create_dir(&manifests).unwrap();
+        let manifests = root.manifests();
         let secret = |value: &str| {
             format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: big}}\nstringData: {{value: \"{value}\"}}\n")
         };

@@ -160,3 +160,45 @@ async fn library_queries_answer_from_the_states_of_world() {
     );
     m.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_path_mounts_are_removed_before_their_volume() {
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let m = start(t.path(), fake.clone());
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sub"},
+        "spec": {
+            "containers": [{"name": "c", "volumeMounts": [{"name": "m", "mountPath": "/logs", "subPath": "logs"}]}],
+            "volumes": [{"name": "m", "emptyDir": {"medium": "Memory"}}]
+        }
+    }))
+    .unwrap();
+    let uid = m.add_pod(p.clone());
+    m.wait_for_attach_and_mount(&p).await.expect("mounted");
+    let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
+    let volume = pod_dir.join("volumes/kubernetes.io~empty-dir/m");
+    let sub_path = pod_dir.join("volume-subpaths/m/c/0");
+    assert!(fake.is_mounted(&volume) && fake.is_mounted(&sub_path));
+    assert!(
+        volume.join("logs").is_dir(),
+        "the missing subPath was created"
+    );
+    m.remove_pod(&p);
+    m.wait_for_unmount(&p).await.unwrap();
+    let unmounted: Vec<_> = fake
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            MountCall::Unmount { target } => Some(target),
+            MountCall::Mount { .. } => None,
+        })
+        .collect();
+    let at = |p: &std::path::Path| unmounted.iter().position(|t| t == p);
+    assert!(
+        at(&sub_path).is_some() && at(&sub_path) < at(&volume),
+        "subPath first, then its volume: {unmounted:?}"
+    );
+    assert!(!pod_dir.exists());
+    m.shutdown();
+}

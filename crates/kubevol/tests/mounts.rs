@@ -58,8 +58,7 @@ mount_test! {
 mount_test! {
     fn deleting_the_manifest_unmounts_and_removes_the_pod_directory() {
         let root = TestRoot::new();
-        let manifests = root.path().join("manifests");
-        std::fs::create_dir(&manifests).unwrap();
+        let manifests = root.manifests();
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             let watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().unwrap();
@@ -203,8 +202,7 @@ mount_test! {
 mount_test! {
     fn an_invalid_manifest_gets_a_clear_error_and_other_pods_mount() {
         let root = TestRoot::new();
-        let manifests = root.path().join("manifests");
-        std::fs::create_dir(&manifests).unwrap();
+        let manifests = root.manifests();
         std::fs::write(manifests.join("broken.yaml"), "apiVersion: v1\nkind: Pod\nmetadata:\n  name: broken\n spec: [\n").unwrap();
         std::fs::write(
             manifests.join("invalid.yaml"),

@@ -447,8 +447,7 @@ pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String,
     for (name, endpoint) in missing {
         let d = drivers.clone();
         tasks.spawn(async move {
-            let mut delay = Duration::from_millis(500);
-            loop {
+            for delay in kubevol_core::backoff::BackoffPolicy::RECONNECT.delays() {
                 tokio::time::sleep(delay).await;
                 match d
                     .register(&name, endpoint.clone(), DriverSource::CommandLine)
@@ -456,8 +455,7 @@ pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String,
                 {
                     Ok(_) => return,
                     Err(e) => {
-                        tracing::warn!(driver = %name, endpoint = %endpoint.display(), "CSI driver not reachable yet, retrying in {delay:?}: {e}");
-                        delay = (delay * 2).min(Duration::from_secs(30));
+                        tracing::warn!(driver = %name, endpoint = %endpoint.display(), "CSI driver not reachable yet, retrying with backoff (500 ms doubling to 30 s): {e}");
                     }
                 }
             }

@@ -237,15 +237,12 @@ fn secrets(
         return Ok(HashMap::new());
     };
     let Some(s) = host.store.secret(&r.namespace, &r.name) else {
-        let (ns, name) = (&r.namespace, &r.name);
-        return Err(not_ready(
-            match host.store.not_loaded("Secret", ns, name) {
-                Some(why) => format!("Secret {ns}/{name} referenced by the volume is not loaded: {why}"),
-                None => format!(
-                    "Secret {ns}/{name} referenced by the volume does not exist: add it to the manifests"
-                ),
-            },
-        ));
+        return Err(not_ready(format!(
+            "Secret {}/{} referenced by the volume {}",
+            r.namespace,
+            r.name,
+            host.store.absence("Secret", &r.namespace, &r.name)
+        )));
     };
     Ok(s.object
         .data
@@ -992,14 +989,10 @@ async fn expand_if_grown(
         .await?;
     tracing::info!(driver = %r.driver, volume = %r.handle, bytes = resp.capacity_bytes, "volume expanded on the node");
     crate::sync::lock(sizes).insert(volume.clone(), want);
-    let (h, v) = (host.clone(), volume.clone());
-    blocking(move || {
-        h.record
-            .set_expanded_size(&v, want)
-            .map_err(|e| not_ready(format!("cannot record the expanded size: {e}")))
-    })
-    .await?;
-    Ok(())
+    host.record
+        .set_expanded_size(volume, want)
+        .await
+        .map_err(|e| not_ready(format!("cannot record the expanded size: {e}")))
 }
 
 /// The usage of a mounted volume from a claim: NodeGetVolumeStats for a CSI driver that has

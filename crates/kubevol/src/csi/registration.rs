@@ -62,7 +62,12 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
     // A socket appears at bind(), a moment before its server accepts: try a few times.
     let mut info = None;
     let mut last = String::new();
-    for attempt in 0..10u32 {
+    let delays = kubevol_core::backoff::BackoffPolicy {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(800),
+    }
+    .delays();
+    for delay in delays.take(10) {
         match tokio::time::timeout(drivers.timeout(), client.get_info(InfoRequest {})).await {
             Ok(Ok(r)) => {
                 info = Some(r.into_inner());
@@ -71,7 +76,7 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
             Ok(Err(s)) => last = format!("{}: {}", super::code_name(s.code()), s.message()),
             Err(_) => last = "GetInfo timed out".into(),
         }
-        tokio::time::sleep(Duration::from_millis(50 << attempt.min(4))).await;
+        tokio::time::sleep(delay).await;
     }
     let Some(info) = info else {
         return Err(format!(

@@ -187,16 +187,8 @@ impl VolumePlugin for EmptyDirPlugin {
         req: SetUpRequest,
     ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         blocking(move || {
-            let medium = medium(&req.spec);
-            let medium_name = req
-                .spec
-                .volume
-                .empty_dir
-                .as_ref()
-                .and_then(|e| e.medium.clone())
-                .unwrap_or_default();
             // Check what can fail for the user's reasons before creating anything.
-            let fs = match &medium {
+            let fs = match medium(&req.spec) {
                 Medium::Disk => None,
                 Medium::Memory => {
                     let data = tmpfs_size(&req.pod, &req.spec)
@@ -209,8 +201,15 @@ impl VolumePlugin for EmptyDirPlugin {
                     })
                 }
                 Medium::HugePages(size) => {
-                    let size = huge_page_size(&req.pod, size.as_deref(), &medium_name)?;
-                    check_node_huge_pages(&host.hugepages_dir, size, &medium_name)?;
+                    let medium_name = req
+                        .spec
+                        .volume
+                        .empty_dir
+                        .as_ref()
+                        .and_then(|e| e.medium.as_deref())
+                        .unwrap_or_default();
+                    let size = huge_page_size(&req.pod, size.as_deref(), medium_name)?;
+                    check_node_huge_pages(&host.hugepages_dir, size, medium_name)?;
                     Some(Filesystem {
                         source: "nodev",
                         fstype: "hugetlbfs",

@@ -78,6 +78,13 @@ impl TestRoot {
     pub fn path(&self) -> &Path {
         self.dir.as_ref().expect("live").path()
     }
+
+    /// A new, empty manifest directory below the root.
+    pub fn manifests(&self) -> PathBuf {
+        let dir = self.path().join("manifests");
+        std::fs::create_dir(&dir).expect("create the manifest directory");
+        dir
+    }
 }
 
 /// Mount points at or below `dir`, deepest first.
