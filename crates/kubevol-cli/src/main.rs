@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod logs;
 mod signal;
 mod table;
 
@@ -98,6 +99,26 @@ struct RunArgs {
     /// Detach a busy mount lazily (umount MNT_DETACH) instead of retrying until it is free.
     #[arg(long)]
     allow_lazy_unmount: bool,
+    /// The largest manifest file read (bytes, or with a Ki, Mi or Gi suffix); a bigger file is
+    /// reported as an error of that file and not read.
+    #[arg(long, default_value = "8Mi", value_parser = parse_size)]
+    max_manifest_size: u64,
+}
+
+/// Parses a size in bytes: `8388608`, `512Ki`, `8Mi`, `1Gi`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.trim() {
+        t if t.ends_with("Ki") => (&t[..t.len() - 2], 10),
+        t if t.ends_with("Mi") => (&t[..t.len() - 2], 20),
+        t if t.ends_with("Gi") => (&t[..t.len() - 2], 30),
+        t => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: write a number of bytes, optionally with Ki, Mi or Gi"))?;
+    n.checked_mul(1 << shift)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?}: must be between 1 byte and 2^64 bytes"))
 }
 
 /// Parses NAME=unix:///path.sock.
@@ -165,16 +186,29 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-fn init_logs(format: LogFormat, default_level: &str) {
+/// Sets up logging to stderr through [`logs::LogWriter`] (never blocking, never panicking),
+/// with colour only on a terminal. The returned guard lets the last lines out at exit.
+fn init_logs(format: LogFormat, default_level: &str) -> logs::Flush {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let (writer, flush) = logs::LogWriter::new(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(std::io::stderr().is_terminal())
+        .log_internal_errors(false)
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    flush
+}
+
+/// Writes a message to stderr; a closed or full stderr loses it rather than panicking.
+fn say(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 fn main() -> ExitCode {
@@ -182,20 +216,22 @@ fn main() -> ExitCode {
     if let Command::Bench(args) = &cli.command {
         // Before any thread exists: the benchmark mounts only in its own namespace.
         if let Err(e) = kubevol_mount::ns::enter_private_mount_namespace() {
-            eprintln!("kubevol bench: {e} (the benchmark mounts for real and must run as root)");
+            say(format_args!(
+                "kubevol bench: {e} (the benchmark mounts for real and must run as root)"
+            ));
             return ExitCode::FAILURE;
         }
-        init_logs(cli.log_format, "warn");
+        let _flush = init_logs(cli.log_format, "warn");
         return report(bench::run(args));
     }
-    init_logs(cli.log_format, "info");
+    let _flush = init_logs(cli.log_format, "info");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("kubevol: cannot start the runtime: {e}");
+            say(format_args!("kubevol: cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -204,14 +240,20 @@ fn main() -> ExitCode {
         Command::Status(args) => status(args),
         Command::Bench(_) => unreachable!("handled above"),
     };
+    // A blocking thread stuck in a hung filesystem or a FIFO must not hold the exit: mounts
+    // stay in place whatever it is doing.
+    runtime.shutdown_timeout(STOP_GRACE);
     report(result)
 }
+
+/// How long a stop waits for the manager's loops and blocking threads before it exits anyway.
+const STOP_GRACE: Duration = Duration::from_secs(3);
 
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kubevol: {e:#}");
+            say(format_args!("kubevol: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -245,13 +287,19 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 )
             })?;
         source
+            .with_max_file_size(args.max_manifest_size)
             .start()
+            .await
             .context("cannot watch the manifest directory")?
     } else {
         // The daemon keeps running while the directory is missing or unreadable: until it is
         // listed, the source is not synced and nothing is torn down.
         manager.store().register_source(ManifestSource::NAME);
-        tokio::spawn(keep_source(args.manifests.clone(), manager.store().clone()))
+        tokio::spawn(keep_source(
+            args.manifests.clone(),
+            manager.store().clone(),
+            args.max_manifest_size,
+        ))
     };
     let running = tokio::spawn({
         let m = manager.clone();
@@ -286,12 +334,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     manager.shutdown();
     watch.abort();
-    let _ = running.await;
+    if tokio::time::timeout(STOP_GRACE, running).await.is_err() {
+        tracing::warn!("the manager did not stop within {STOP_GRACE:?} (an operation is blocked in the kernel or a driver); exiting anyway, mounts stay in place");
+    }
     Ok(code)
 }
 
 /// Lists and watches the manifest directory, retrying with backoff while it cannot be read.
-async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>) {
+async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>, max_size: u64) {
     /// Aborts the watch when the task that owns it is aborted.
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
     impl Drop for AbortOnDrop {
@@ -300,7 +350,10 @@ async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>) {
         }
     }
     for delay in kubevol_core::backoff::BackoffPolicy::RECONNECT.delays() {
-        let started = ManifestSource::new(&dir, store.clone()).and_then(|s| s.start());
+        let started = match ManifestSource::new(&dir, store.clone()) {
+            Ok(s) => s.with_max_file_size(max_size).start().await,
+            Err(e) => Err(e),
+        };
         match started {
             Ok(watch) => {
                 let mut watch = AbortOnDrop(watch);
@@ -347,7 +400,8 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let body = client::get(&args.server, "/api/v1/pods")?;
     let drivers = client::get(&args.server, "/api/v1/drivers")?;
     if args.output == Some(Output::Json) {
-        println!("{body}");
+        use std::io::Write;
+        writeln!(std::io::stdout(), "{body}")?;
         return Ok(ExitCode::SUCCESS);
     }
     let drivers: Vec<serde_json::Value> = serde_json::from_str(&drivers)

@@ -285,7 +285,10 @@ mod tests {
         let broken = |s: &ObjectStore, text: &str| {
             let path = std::path::Path::new("/m/broken.yaml");
             let (_, errors) = crate::source::parse_manifest(path, text);
-            s.set_file_errors(path, errors);
+            s.apply([crate::store::Change::File {
+                path: path.to_path_buf(),
+                content: crate::store::FileContent::Broken(errors),
+            }]);
         };
         let s = ObjectStore::new();
         broken(&s, "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c, namespace: ns}\nspec: {volumeName: [a]}\n");

@@ -380,6 +380,23 @@ impl crate::status::RetryInfo {
     }
 }
 
+/// Runs one of the manager's loops until it returns, starting it again if it panics: a bug hit
+/// by one input must not leave the node without a populator or reconciler.
+async fn supervise<F, Fut>(name: &'static str, inner: Arc<Inner>, run: F)
+where
+    F: Fn(Arc<Inner>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match tokio::spawn(run(inner.clone())).await {
+            Err(e) if e.is_panic() && !*inner.shutdown.borrow() => {
+                tracing::error!("the {name} panicked; starting it again: {e}");
+            }
+            _ => return,
+        }
+    }
+}
+
 /// The volume manager. Cheap to clone; all clones share one manager.
 #[derive(Clone)]
 pub struct VolumeManager {
@@ -474,8 +491,16 @@ impl VolumeManager {
     pub async fn run(&self) {
         crate::reconstruct::at_start(&self.inner).await;
         let missing = crate::csi::register_at_start(&self.inner).await;
-        let populator = tokio::spawn(crate::populator::run(self.inner.clone()));
-        let reconciler = tokio::spawn(crate::reconciler::run(self.inner.clone()));
+        let populator = tokio::spawn(supervise(
+            "populator",
+            self.inner.clone(),
+            crate::populator::run,
+        ));
+        let reconciler = tokio::spawn(supervise(
+            "reconciler",
+            self.inner.clone(),
+            crate::reconciler::run,
+        ));
         let csi = tokio::spawn(crate::csi::run(self.inner.clone(), missing));
         let sweep = tokio::spawn(crate::reconstruct::sweep_loop(self.inner.clone()));
         let _ = tokio::join!(populator, reconciler);

@@ -6,9 +6,10 @@
 //! the desired state until all its volumes were mounted.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -85,6 +86,20 @@ pub struct VolumeUsage {
     pub inodes_used: i64,
     /// Whether the driver reports the volume abnormal.
     pub abnormal: bool,
+}
+
+/// Log lines lost because they could not be queued or written (a closed pipe, a full disk, a
+/// reader that stalls): the process logs through one writer, so the count is process-wide.
+static LOG_LINES_DROPPED: LazyLock<Counter> = LazyLock::new(Counter::default);
+
+/// Counts log lines the log writer had to drop.
+pub fn count_dropped_log_lines(n: u64) {
+    LOG_LINES_DROPPED.inc_by(n);
+}
+
+/// How many log lines have been dropped so far.
+pub fn dropped_log_lines() -> u64 {
+    LOG_LINES_DROPPED.get()
 }
 
 fn operation_histogram() -> Histogram {
@@ -191,6 +206,11 @@ impl Default for Metrics {
             "kubevol_reconstruction_problems",
             "Unreadable records and unaccounted volume directories found at start",
             reconstruction_problems.clone(),
+        );
+        registry.register(
+            "kubevol_log_lines_dropped",
+            "Log lines dropped because they could not be written (closed or full log) or queued",
+            LOG_LINES_DROPPED.clone(),
         );
         Metrics {
             registry,

@@ -75,7 +75,7 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     // Boxed, and only once a slot is free: a storm spawns thousands of these tasks that wait
     // for a slot, and the operation's state machine (plugin calls, record writes) is tens of
     // KiB; inline, every waiting task would hold one.
-    let mut work = Box::pin(async {
+    let work = Box::pin(async {
         match &op {
             Operation::MountVolume {
                 volume,
@@ -102,7 +102,8 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     // driver that never answers cannot be cancelled, but it holds only its own key: after the
     // operation timeout the pod shows why, the slot is given back for other operations, and the
     // key runs again (with backoff) once the call returns.
-    let (plugin, outcome, replan) = tokio::select! {
+    let mut work = CatchUnwind(work);
+    let done = tokio::select! {
         r = &mut work => r,
         _ = tokio::time::sleep(inner.config.operation_timeout) => {
             let message = format!(
@@ -120,6 +121,10 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
         }
     };
     drop(permit);
+    let (plugin, outcome, replan) = match done {
+        Ok(r) => r,
+        Err(panic) => panicked(&inner, &op, &panic).await,
+    };
     inner.metrics.observe_operation(
         &plugin,
         op.metric_name(),
@@ -138,6 +143,130 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     if failed || replan || blocked {
         inner.wake.notify_one();
     }
+}
+
+/// A future whose panic is caught and returned as the panic's message, so that an operation
+/// that panics still releases its key and records its outcome.
+struct CatchUnwind<F>(F);
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = std::pin::Pin::new(&mut self.0);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into());
+                std::task::Poll::Ready(Err(message))
+            }
+        }
+    }
+}
+
+/// Records the outcome of an operation that panicked: whatever it may have done is uncertain
+/// (a set-up may have mounted, a teardown may have unmounted), so the volume stays in the
+/// actual state as uncertain, its record says so, its pod shows the error, and the operation is
+/// tried again with backoff.
+async fn panicked(
+    inner: &Arc<Inner>,
+    op: &Operation,
+    panic: &str,
+) -> (String, Result<(), String>, bool) {
+    let key = op.key();
+    let message = format!(
+        "{} of {} failed: kubevol panicked ({panic}); whatever it did is treated as uncertain and it is tried again with backoff",
+        op.metric_name(),
+        describe(inner, op),
+    );
+    tracing::error!("{message}");
+    let plugin = {
+        let dsw = inner.dsw();
+        let asw = inner.asw();
+        dsw.volume(&key.volume)
+            .map(|v| v.traits.plugin.clone())
+            .or_else(|| asw.volume(&key.volume).map(|v| v.traits.plugin.clone()))
+            .unwrap_or_default()
+    };
+    match op {
+        Operation::MountVolume { volume, pod, .. } => {
+            let want = {
+                let dsw = inner.dsw();
+                dsw.volume(volume)
+                    .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
+            };
+            let have = inner.asw().pod_volume(volume, pod).map(|m| m.path.clone());
+            if let Some((traits, want)) = want {
+                let path = have.unwrap_or_else(|| {
+                    inner.host.pod_volume_path(
+                        &want.pod_ref,
+                        &traits.plugin,
+                        &want.outer_volume_name,
+                    )
+                });
+                inner.asw_mut().mark_pod_volume(
+                    volume,
+                    &traits,
+                    pod.clone(),
+                    as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new()),
+                );
+                inner
+                    .events
+                    .record(&want.pod_ref, true, reason::FAILED_MOUNT, message.clone());
+                settle_pod_record(inner, volume, pod, &want.outer_volume_name).await;
+            }
+        }
+        Operation::UnmountVolume { volume, pod } => {
+            let mounted = inner.asw().pod_volume(volume, pod).cloned();
+            if let Some(m) = mounted {
+                inner
+                    .asw_mut()
+                    .set_pod_state(volume, pod, PodMountState::Uncertain);
+                inner
+                    .events
+                    .record(&m.pod_ref, true, reason::FAILED_UNMOUNT, message.clone());
+                settle_pod_record(inner, volume, pod, &m.outer_volume_name).await;
+            }
+        }
+        Operation::Attach { volume } | Operation::MountDevice { volume } => {
+            let want = {
+                let dsw = inner.dsw();
+                dsw.volume(volume).and_then(|v| {
+                    v.pods
+                        .values()
+                        .next()
+                        .map(|p| (v.traits.clone(), p.spec.clone()))
+                })
+            };
+            if let Some((traits, spec)) = want {
+                if matches!(op, Operation::Attach { .. }) {
+                    inner.asw_mut().mark_attach_uncertain(volume, &traits, spec);
+                } else {
+                    inner.asw_mut().mark_device_state(
+                        volume,
+                        &traits,
+                        DeviceMountState::Uncertain,
+                        None,
+                        spec,
+                    );
+                }
+            }
+            settle_device_record(inner, volume).await;
+        }
+        // Still in the actual state as they were: the teardown step runs again.
+        Operation::UnmountDevice { volume } | Operation::Detach { volume } => {
+            settle_device_record(inner, volume).await;
+        }
+    }
+    (plugin, Err(message), true)
 }
 
 /// What an operation is about, for messages: the pod's volume with its manifest, or the

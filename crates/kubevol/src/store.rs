@@ -5,22 +5,24 @@
 //! file, and so a file's objects can be replaced or removed as a whole. Every change bumps a
 //! generation on a watch channel: readers are woken, never poll.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::projection::ObjectKind;
-use kubevol_core::validation::FieldError;
 use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// Where an object came from.
+/// Where an object came from. The order is the precedence when two origins define the same
+/// object: the library API first, then manifest files by path (byte order) and document.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Origin {
+    /// The library API (an embedding node agent).
+    Api,
     /// A manifest file, and the 1-based index of the document in it.
     File {
         /// The file.
@@ -28,8 +30,6 @@ pub enum Origin {
         /// The document.
         document: usize,
     },
-    /// The library API (an embedding node agent).
-    Api,
 }
 
 impl std::fmt::Display for Origin {
@@ -121,18 +121,6 @@ pub struct Stored<T> {
     pub invalid: Option<Arc<str>>,
 }
 
-impl<T> Stored<T> {
-    /// An object as stored; `errors` are its validation errors, already formatted.
-    fn new(object: T, origin: Origin, errors: Option<&str>) -> Self {
-        let invalid = errors.map(|list| Arc::from(format!("{origin}: {list}")));
-        Stored {
-            object: Arc::new(object),
-            origin,
-            invalid,
-        }
-    }
-}
-
 type NsName = (String, String);
 
 /// A problem with a manifest file as a whole or one of its documents.
@@ -180,170 +168,446 @@ impl std::fmt::Display for ManifestError {
     }
 }
 
+/// What the store keys an object by: its kind and name (a pod by its UID).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Key {
+    Pod(PodUid),
+    ConfigMap(NsName),
+    Secret(NsName),
+    PersistentVolume(String),
+    PersistentVolumeClaim(NsName),
+    CSIDriver(String),
+}
+
+impl Key {
+    fn of(obj: &Object) -> Key {
+        let name = |m: &ObjectMeta| m.name.clone().unwrap_or_default();
+        match obj {
+            Object::Pod(p) => Key::Pod(pod_uid(p)),
+            Object::ConfigMap(c) => Key::ConfigMap(ns_name(&c.metadata)),
+            Object::Secret(s) => Key::Secret(ns_name(&s.metadata)),
+            Object::PersistentVolume(pv) => Key::PersistentVolume(name(&pv.metadata)),
+            Object::PersistentVolumeClaim(c) => Key::PersistentVolumeClaim(ns_name(&c.metadata)),
+            Object::CSIDriver(d) => Key::CSIDriver(name(&d.metadata)),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Pod(uid) => write!(f, "pod (uid {uid})"),
+            Key::ConfigMap((ns, n)) => write!(f, "ConfigMap {ns}/{n}"),
+            Key::Secret((ns, n)) => write!(f, "Secret {ns}/{n}"),
+            Key::PersistentVolume(n) => write!(f, "PersistentVolume {n}"),
+            Key::PersistentVolumeClaim((ns, n)) => write!(f, "PersistentVolumeClaim {ns}/{n}"),
+            Key::CSIDriver(n) => write!(f, "CSIDriver {n}"),
+        }
+    }
+}
+
+/// One definition of an object, shared with the store's view when it is the one in effect (so
+/// that readers comparing by identity see no change when only its origin changes).
+#[derive(Clone, Debug)]
+enum Shared {
+    Pod(Arc<Pod>),
+    ConfigMap(Arc<ConfigMap>),
+    Secret(Arc<Secret>),
+    PersistentVolume(Arc<PersistentVolume>),
+    PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
+    CSIDriver(Arc<CSIDriver>),
+}
+
+impl From<Object> for Shared {
+    fn from(obj: Object) -> Self {
+        match obj {
+            Object::Pod(x) => Shared::Pod(Arc::new(x)),
+            Object::ConfigMap(x) => Shared::ConfigMap(Arc::new(x)),
+            Object::Secret(x) => Shared::Secret(Arc::new(x)),
+            Object::PersistentVolume(x) => Shared::PersistentVolume(Arc::new(x)),
+            Object::PersistentVolumeClaim(x) => Shared::PersistentVolumeClaim(Arc::new(x)),
+            Object::CSIDriver(x) => Shared::CSIDriver(Arc::new(x)),
+        }
+    }
+}
+
+impl Shared {
+    /// Whether two definitions have the same content.
+    fn same(&self, other: &Shared) -> bool {
+        match (self, other) {
+            (Shared::Pod(a), Shared::Pod(b)) => a == b,
+            (Shared::ConfigMap(a), Shared::ConfigMap(b)) => a == b,
+            (Shared::Secret(a), Shared::Secret(b)) => a == b,
+            (Shared::PersistentVolume(a), Shared::PersistentVolume(b)) => a == b,
+            (Shared::PersistentVolumeClaim(a), Shared::PersistentVolumeClaim(b)) => a == b,
+            (Shared::CSIDriver(a), Shared::CSIDriver(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The object's validation errors, joined (ConfigMaps and Secrets are checked here; pods
+    /// by the populator).
+    fn invalid(&self) -> Option<String> {
+        use kubevol_core::validation::{validate_config_map, validate_secret};
+        let errs = match self {
+            Shared::ConfigMap(c) => validate_config_map(c),
+            Shared::Secret(s) => validate_secret(s),
+            _ => return None,
+        };
+        (!errs.is_empty()).then(|| {
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+}
+
+/// What a manifest file delivers when it is read.
+#[derive(Clone, Debug)]
+pub enum FileContent {
+    /// Its objects, each with its 1-based document index: they replace what the file delivered
+    /// before.
+    Objects(Vec<(usize, Object)>),
+    /// It cannot be applied (it does not parse, a document is not a valid object, it is not a
+    /// regular file, ...): what it delivered before stays, so a half-saved edit never unmounts
+    /// a running pod, and these errors are reported for it.
+    Broken(Vec<ManifestError>),
+    /// It is gone: what it delivered goes too.
+    Gone,
+}
+
+/// A change to the store; a batch of them is applied as one ([`ObjectStore::apply`]). An
+/// upserted object is moved into an `Arc` right away, so boxing it would only add an allocation.
+#[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Change {
+    /// A manifest file's new content.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What it holds now.
+        content: FileContent,
+    },
+    /// An object given through the library API, added or replaced.
+    Upsert(Object),
+    /// A pod given through the library API, removed.
+    RemovePod(PodUid),
+    /// A ConfigMap or Secret given through the library API, removed.
+    RemoveObject {
+        /// Its kind.
+        kind: ObjectKind,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// What the store knows of one manifest file.
+#[derive(Default)]
+struct FileEntry {
+    /// The definitions it delivered (document, key).
+    defs: Vec<(usize, Key)>,
+    /// Why its last read was not applied.
+    errors: Vec<ManifestError>,
+}
+
 #[derive(Default)]
 struct Objects {
+    // The objects in effect: for each key, the definition of the first origin (see `Origin`).
     pods: BTreeMap<PodUid, StoredPod>,
     config_maps: BTreeMap<NsName, Stored<ConfigMap>>,
     secrets: BTreeMap<NsName, Stored<Secret>>,
     persistent_volumes: BTreeMap<String, Stored<PersistentVolume>>,
     persistent_volume_claims: BTreeMap<NsName, Stored<PersistentVolumeClaim>>,
     csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
-    file_errors: BTreeMap<PathBuf, Vec<ManifestError>>,
+    /// Every definition of every object, by origin: when the one in effect goes, the next one
+    /// takes its place without any file being read again.
+    defs: HashMap<Key, BTreeMap<Origin, Shared>>,
+    files: BTreeMap<PathBuf, FileEntry>,
+}
+
+/// Puts `def` (from `origin`) in effect in `map`, keeping the object in effect when its content
+/// is the same. Returns whether anything changed.
+fn put<K: Ord, T: PartialEq>(
+    map: &mut BTreeMap<K, Stored<T>>,
+    key: K,
+    def: &Arc<T>,
+    origin: &Origin,
+    invalid: Option<String>,
+) -> bool {
+    let invalid = invalid.map(|list| Arc::from(format!("{origin}: {list}")));
+    match map.get_mut(&key) {
+        Some(s) if Arc::ptr_eq(&s.object, def) || *s.object == **def => {
+            if s.origin == *origin && s.invalid == invalid {
+                return false;
+            }
+            s.origin = origin.clone();
+            s.invalid = invalid;
+            true
+        }
+        _ => {
+            map.insert(
+                key,
+                Stored {
+                    object: def.clone(),
+                    origin: origin.clone(),
+                    invalid,
+                },
+            );
+            true
+        }
+    }
 }
 
 impl Objects {
-    /// The origin of every object held.
-    fn origins(&self) -> impl Iterator<Item = &Origin> {
-        self.pods
-            .values()
-            .map(|p| &p.origin)
-            .chain(self.config_maps.values().map(|s| &s.origin))
-            .chain(self.secrets.values().map(|s| &s.origin))
-            .chain(self.persistent_volumes.values().map(|s| &s.origin))
-            .chain(self.persistent_volume_claims.values().map(|s| &s.origin))
-            .chain(self.csi_drivers.values().map(|s| &s.origin))
-    }
-
-    /// Adds or replaces one object. Returns an error to report for its origin: an invalid
-    /// ConfigMap or Secret (kept, so that pods using it fail with the reason), or a pod whose
-    /// UID another origin already defines (not taken).
-    fn insert(&mut self, origin: Origin, obj: Object) -> Result<(), String> {
-        use kubevol_core::validation::{validate_config_map, validate_secret};
-        // The joined field errors (kept with the object) and the report for its origin.
-        let check = |kind: &str, meta: &ObjectMeta, errs: Vec<FieldError>| {
-            if errs.is_empty() {
-                return (None, Ok(()));
-            }
-            let list = errs
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("; ");
-            let (ns, name) = ns_name(meta);
-            let report = format!(
-                "{kind} {ns}/{name} is invalid and pods that use it will fail; fix these fields: {list}"
-            );
-            (Some(list), Err(report))
+    /// Puts the first definition of `key` in effect, or removes the object when none is left.
+    /// Returns whether what readers see changed.
+    fn promote(&mut self, key: &Key) -> bool {
+        let first = self
+            .defs
+            .get(key)
+            .and_then(|m| m.iter().next())
+            .map(|(o, d)| (o.clone(), d.clone()));
+        let Some((origin, def)) = first else {
+            self.defs.remove(key);
+            return match key {
+                Key::Pod(k) => self.pods.remove(k).is_some(),
+                Key::ConfigMap(k) => self.config_maps.remove(k).is_some(),
+                Key::Secret(k) => self.secrets.remove(k).is_some(),
+                Key::PersistentVolume(k) => self.persistent_volumes.remove(k).is_some(),
+                Key::PersistentVolumeClaim(k) => self.persistent_volume_claims.remove(k).is_some(),
+                Key::CSIDriver(k) => self.csi_drivers.remove(k).is_some(),
+            };
         };
-        match obj {
-            Object::Pod(pod) => {
-                let uid = pod_uid(&pod);
-                if let Some(other) = self.pods.get(&uid).filter(|o| o.origin != origin) {
-                    return Err(format!(
-                        "pod {}/{} (uid {uid}) is already defined by {}; this definition is ignored: rename one of them",
-                        pod.metadata.namespace.as_deref().unwrap_or_default(),
-                        pod.metadata.name.as_deref().unwrap_or_default(),
-                        other.origin
-                    ));
+        let invalid = def.invalid();
+        match (key, &def) {
+            (Key::Pod(k), Shared::Pod(p)) => match self.pods.get_mut(k) {
+                Some(s) if Arc::ptr_eq(&s.pod, p) || *s.pod == **p => {
+                    let moved = s.origin != origin;
+                    s.origin = origin;
+                    moved
                 }
-                self.pods.insert(
-                    uid,
-                    StoredPod {
-                        pod: Arc::new(pod),
-                        origin,
-                    },
-                );
-                Ok(())
+                _ => {
+                    self.pods.insert(
+                        k.clone(),
+                        StoredPod {
+                            pod: p.clone(),
+                            origin,
+                        },
+                    );
+                    true
+                }
+            },
+            (Key::ConfigMap(k), Shared::ConfigMap(d)) => {
+                put(&mut self.config_maps, k.clone(), d, &origin, invalid)
             }
-            Object::ConfigMap(c) => {
-                let (list, report) = check("ConfigMap", &c.metadata, validate_config_map(&c));
-                let key = ns_name(&c.metadata);
-                self.config_maps
-                    .insert(key, Stored::new(c, origin, list.as_deref()));
-                report
+            (Key::Secret(k), Shared::Secret(d)) => {
+                put(&mut self.secrets, k.clone(), d, &origin, invalid)
             }
-            Object::Secret(x) => {
-                let (list, report) = check("Secret", &x.metadata, validate_secret(&x));
-                let key = ns_name(&x.metadata);
-                self.secrets
-                    .insert(key, Stored::new(x, origin, list.as_deref()));
-                report
+            (Key::PersistentVolume(k), Shared::PersistentVolume(d)) => {
+                put(&mut self.persistent_volumes, k.clone(), d, &origin, None)
             }
-            Object::PersistentVolume(pv) => {
-                let k = pv.metadata.name.clone().unwrap_or_default();
-                self.persistent_volumes
-                    .insert(k, Stored::new(pv, origin, None));
-                Ok(())
-            }
-            Object::PersistentVolumeClaim(c) => {
-                let k = ns_name(&c.metadata);
-                self.persistent_volume_claims
-                    .insert(k, Stored::new(c, origin, None));
-                Ok(())
-            }
-            Object::CSIDriver(d) => {
-                let k = d.metadata.name.clone().unwrap_or_default();
-                self.csi_drivers.insert(k, Stored::new(d, origin, None));
-                Ok(())
-            }
-        }
-    }
-
-    /// Drops every object a file delivered.
-    fn forget_file(&mut self, path: &std::path::Path) {
-        self.pods.retain(|_, p| !from_file(&p.origin, path));
-        self.config_maps.retain(|_, s| !from_file(&s.origin, path));
-        self.secrets.retain(|_, s| !from_file(&s.origin, path));
-        self.persistent_volumes
-            .retain(|_, s| !from_file(&s.origin, path));
-        self.persistent_volume_claims
-            .retain(|_, s| !from_file(&s.origin, path));
-        self.csi_drivers.retain(|_, s| !from_file(&s.origin, path));
-    }
-
-    /// Whether the store holds exactly `obj`, delivered by document `document` of `path`.
-    fn holds(&self, path: &std::path::Path, document: usize, obj: &Object) -> bool {
-        let here = |o: &Origin| matches!(o, Origin::File { path: p, document: d } if p == path && *d == document);
-        fn same<T: PartialEq>(
-            s: Option<&Stored<T>>,
-            obj: &T,
-            here: impl Fn(&Origin) -> bool,
-        ) -> bool {
-            s.is_some_and(|s| here(&s.origin) && *s.object == *obj)
-        }
-        match obj {
-            Object::Pod(p) => self
-                .pods
-                .get(&pod_uid(p))
-                .is_some_and(|s| here(&s.origin) && *s.pod == *p),
-            Object::ConfigMap(c) => same(self.config_maps.get(&ns_name(&c.metadata)), c, here),
-            Object::Secret(x) => same(self.secrets.get(&ns_name(&x.metadata)), x, here),
-            Object::PersistentVolume(pv) => same(
-                self.persistent_volumes
-                    .get(pv.metadata.name.as_deref().unwrap_or_default()),
-                pv,
-                here,
-            ),
-            Object::PersistentVolumeClaim(c) => same(
-                self.persistent_volume_claims.get(&ns_name(&c.metadata)),
-                c,
-                here,
-            ),
-            Object::CSIDriver(d) => same(
-                self.csi_drivers
-                    .get(d.metadata.name.as_deref().unwrap_or_default()),
+            (Key::PersistentVolumeClaim(k), Shared::PersistentVolumeClaim(d)) => put(
+                &mut self.persistent_volume_claims,
+                k.clone(),
                 d,
-                here,
+                &origin,
+                None,
             ),
+            (Key::CSIDriver(k), Shared::CSIDriver(d)) => {
+                put(&mut self.csi_drivers, k.clone(), d, &origin, None)
+            }
+            _ => unreachable!("a key and its definitions are of one kind"),
         }
     }
 
-    /// Whether a file's new content is what the store already has from it (compared in place,
-    /// without copying what it holds).
-    fn file_unchanged(
-        &self,
-        path: &std::path::Path,
-        objects: &[(usize, Object)],
-        errors: &[ManifestError],
-    ) -> bool {
-        let have_errors = self
-            .file_errors
-            .get(path)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        have_errors == errors
-            && self.origins().filter(|o| from_file(o, path)).count() == objects.len()
-            && objects.iter().all(|(d, obj)| self.holds(path, *d, obj))
+    /// Adds one definition; returns its key.
+    fn define(&mut self, origin: Origin, obj: Object) -> Key {
+        let key = Key::of(&obj);
+        self.defs
+            .entry(key.clone())
+            .or_default()
+            .insert(origin, obj.into());
+        key
+    }
+
+    /// Drops one definition.
+    fn undefine(&mut self, key: &Key, origin: &Origin) {
+        if let Some(m) = self.defs.get_mut(key) {
+            m.remove(origin);
+        }
+    }
+
+    /// Whether a file's new objects are exactly what it delivered before.
+    fn file_unchanged(&self, path: &Path, objects: &[(usize, Object)]) -> bool {
+        let Some(entry) = self.files.get(path) else {
+            return objects.is_empty();
+        };
+        entry.errors.is_empty()
+            && entry.defs.len() == objects.len()
+            && objects.iter().zip(&entry.defs).all(|((doc, obj), (d, k))| {
+                let origin = Origin::File {
+                    path: path.to_path_buf(),
+                    document: *doc,
+                };
+                let key = Key::of(obj);
+                doc == d
+                    && key == *k
+                    && self
+                        .defs
+                        .get(&key)
+                        .and_then(|m| m.get(&origin))
+                        .is_some_and(|have| have.same(&obj.clone().into()))
+            })
+    }
+
+    /// Applies one change; `touched` collects the keys whose definitions changed.
+    fn change(&mut self, change: Change, touched: &mut BTreeSet<Key>) -> bool {
+        match change {
+            Change::File { path, content } => match content {
+                FileContent::Objects(objects) => {
+                    if self.file_unchanged(&path, &objects) {
+                        return false;
+                    }
+                    let old = self.files.remove(&path).unwrap_or_default();
+                    for (document, key) in old.defs {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        self.undefine(&key, &origin);
+                        touched.insert(key);
+                    }
+                    let mut entry = FileEntry::default();
+                    for (document, obj) in objects {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        let key = self.define(origin, obj);
+                        entry.defs.push((document, key.clone()));
+                        touched.insert(key);
+                    }
+                    self.files.insert(path, entry);
+                    true
+                }
+                FileContent::Broken(errors) => {
+                    let entry = self.files.entry(path).or_default();
+                    if entry.errors == errors {
+                        return false;
+                    }
+                    entry.errors = errors;
+                    true
+                }
+                FileContent::Gone => {
+                    let Some(old) = self.files.remove(&path) else {
+                        return false;
+                    };
+                    for (document, key) in old.defs {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        self.undefine(&key, &origin);
+                        touched.insert(key);
+                    }
+                    true
+                }
+            },
+            Change::Upsert(obj) => {
+                let obj = match obj {
+                    Object::Pod(p) => Object::Pod(normalize_pod(p)),
+                    Object::Secret(s) => Object::Secret(normalize_secret(s)),
+                    other => other,
+                };
+                let key = Key::of(&obj);
+                let unchanged = self
+                    .defs
+                    .get(&key)
+                    .and_then(|m| m.get(&Origin::Api))
+                    .is_some_and(|have| have.same(&obj.clone().into()));
+                if unchanged {
+                    return false;
+                }
+                self.define(Origin::Api, obj);
+                touched.insert(key);
+                true
+            }
+            Change::RemovePod(uid) => {
+                let key = Key::Pod(uid);
+                self.undefine(&key, &Origin::Api);
+                touched.insert(key);
+                true
+            }
+            Change::RemoveObject {
+                kind,
+                namespace,
+                name,
+            } => {
+                let key = match kind {
+                    ObjectKind::ConfigMap => Key::ConfigMap((namespace, name)),
+                    ObjectKind::Secret => Key::Secret((namespace, name)),
+                };
+                self.undefine(&key, &Origin::Api);
+                touched.insert(key);
+                true
+            }
+        }
+    }
+
+    /// The errors to report for a file: why it is not applied, its invalid objects, and its
+    /// definitions that another origin overrides.
+    fn errors_of(&self, path: &Path, entry: &FileEntry) -> Vec<ManifestError> {
+        let mut out = entry.errors.clone();
+        for (document, key) in &entry.defs {
+            let here = Origin::File {
+                path: path.to_path_buf(),
+                document: *document,
+            };
+            let Some(defs) = self.defs.get(key) else {
+                continue;
+            };
+            let report = |message: String| ManifestError {
+                path: path.to_path_buf(),
+                document: Some(*document),
+                line: None,
+                column: None,
+                message,
+                object: None,
+            };
+            match defs.iter().next() {
+                Some((winner, _)) if *winner != here => {
+                    let what = match (key, defs.get(&here)) {
+                        (Key::Pod(uid), Some(Shared::Pod(p))) => format!(
+                            "pod {}/{} (uid {uid})",
+                            p.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
+                            p.metadata.name.as_deref().unwrap_or_default()
+                        ),
+                        _ => key.to_string(),
+                    };
+                    let rule = match winner {
+                        Origin::Api => "the library API's definition wins",
+                        Origin::File { path: p, .. } if p == path => {
+                            "the first document of a file wins"
+                        }
+                        Origin::File { .. } => "the file whose path sorts first wins",
+                    };
+                    out.push(report(format!(
+                        "{what} is also defined by {winner} ({rule}); this definition is ignored while that one exists: remove one of them"
+                    )));
+                }
+                _ => {
+                    if let Some(list) = defs.get(&here).and_then(Shared::invalid) {
+                        out.push(report(format!(
+                            "{key} is invalid and pods that use it will fail; fix these fields: {list}"
+                        )));
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -355,10 +619,6 @@ fn ns_name(meta: &ObjectMeta) -> NsName {
             .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
         meta.name.clone().unwrap_or_default(),
     )
-}
-
-fn from_file(origin: &Origin, path: &std::path::Path) -> bool {
-    matches!(origin, Origin::File { path: p, .. } if p == path)
 }
 
 /// The store.
@@ -420,78 +680,34 @@ impl ObjectStore {
         crate::sync::lock(&self.sources).values().all(|s| *s)
     }
 
-    /// Replaces every object that came from `path` with `objects`, and clears the file's errors
-    /// (setting `errors` instead). A pod whose UID another file already defines is not taken;
-    /// that is reported as an error of this file.
-    pub fn replace_file(
-        &self,
-        path: &std::path::Path,
-        objects: Vec<(usize, Object)>,
-        mut errors: Vec<ManifestError>,
-    ) {
-        let mut o = self.write();
-        if o.file_unchanged(path, &objects, &errors) {
-            // A reload of identical content keeps the same objects: nothing to reprocess.
-            return;
-        }
-        o.forget_file(path);
-        for (document, obj) in objects {
-            let origin = Origin::File {
-                path: path.to_path_buf(),
-                document,
-            };
-            if let Err(message) = o.insert(origin, obj) {
-                errors.push(ManifestError {
-                    path: path.to_path_buf(),
-                    document: Some(document),
-                    line: None,
-                    column: None,
-                    message,
-                    object: None,
-                });
-            }
-        }
-        if errors.is_empty() {
-            o.file_errors.remove(path);
-        } else {
-            o.file_errors.insert(path.to_path_buf(), errors);
-        }
-        drop(o);
-        self.bump();
-    }
-
-    /// Records errors for a file while keeping the objects it delivered before, so that a
-    /// broken edit never takes a running pod's volumes away.
-    pub fn set_file_errors(&self, path: &std::path::Path, errors: Vec<ManifestError>) {
+    /// Applies a batch of changes as one: every definition is updated first, then the object
+    /// in effect for each name is decided, and readers are woken once. So a pod whose
+    /// definition moves from one file to another in the batch (a rename) is never seen gone,
+    /// and keeps its identity when its content is the same.
+    ///
+    /// When two origins define the same object, the first in [`Origin`]'s order is in effect
+    /// (the library API, then the file whose path sorts first, then the first document); the
+    /// others are reported as errors of their files and take over when it goes.
+    pub fn apply(&self, changes: impl IntoIterator<Item = Change>) {
+        let mut touched = BTreeSet::new();
+        let mut changed = false;
         {
             let mut o = self.write();
-            if o.file_errors.get(path) == Some(&errors) {
-                return;
+            for c in changes {
+                changed |= o.change(c, &mut touched);
             }
-            o.file_errors.insert(path.to_path_buf(), errors);
+            for key in &touched {
+                changed |= o.promote(key);
+            }
         }
-        self.bump();
-    }
-
-    /// Forgets everything a file delivered (the file was removed).
-    pub fn remove_file(&self, path: &std::path::Path) {
-        self.replace_file(path, Vec::new(), Vec::new());
+        if changed {
+            self.bump();
+        }
     }
 
     /// The files that have delivered objects or errors.
     pub fn known_files(&self) -> Vec<PathBuf> {
-        let o = self.read();
-        let mut files: Vec<PathBuf> = o
-            .origins()
-            .filter_map(|o| match o {
-                Origin::File { path, .. } => Some(path.clone()),
-                Origin::Api => None,
-            })
-            .chain(o.file_errors.keys().cloned())
-            .collect();
-        files.sort();
-        files.dedup();
-        files
+        self.read().files.keys().cloned().collect()
     }
 
     /// Adds or replaces a pod given through the library API. Returns its UID.
@@ -502,23 +718,9 @@ impl ObjectStore {
     /// Adds or replaces many pods given through the library API in one change (one wake-up of
     /// the populator). Returns their UIDs.
     pub fn upsert_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
-        let mut uids = Vec::new();
-        {
-            let mut o = self.write();
-            for pod in pods {
-                let pod = normalize_pod(pod);
-                let uid = pod_uid(&pod);
-                o.pods.insert(
-                    uid.clone(),
-                    StoredPod {
-                        pod: Arc::new(pod),
-                        origin: Origin::Api,
-                    },
-                );
-                uids.push(uid);
-            }
-        }
-        self.bump();
+        let pods: Vec<Pod> = pods.into_iter().map(normalize_pod).collect();
+        let uids = pods.iter().map(pod_uid).collect();
+        self.apply(pods.into_iter().map(|p| Change::Upsert(Object::Pod(p))));
         uids
     }
 
@@ -526,35 +728,32 @@ impl ObjectStore {
     /// change. Returns the problems found (an invalid object is kept and fails the pods that
     /// use it).
     pub fn upsert_objects(&self, objects: impl IntoIterator<Item = Object>) -> Vec<String> {
-        let mut problems = Vec::new();
-        {
-            let mut o = self.write();
-            for obj in objects {
-                let obj = match obj {
-                    Object::Pod(p) => Object::Pod(normalize_pod(p)),
-                    Object::Secret(s) => Object::Secret(normalize_secret(s)),
-                    other => other,
+        let objects: Vec<Object> = objects.into_iter().collect();
+        let problems = objects
+            .iter()
+            .filter_map(|obj| {
+                let shared = match obj {
+                    Object::Secret(s) => Shared::from(Object::Secret(normalize_secret(s.clone()))),
+                    other => Shared::from(other.clone()),
                 };
-                if let Err(e) = o.insert(Origin::Api, obj) {
-                    problems.push(e);
-                }
-            }
-        }
-        self.bump();
+                let list = shared.invalid()?;
+                Some(format!(
+                    "{} is invalid and pods that use it will fail; fix these fields: {list}",
+                    Key::of(obj)
+                ))
+            })
+            .collect();
+        self.apply(objects.into_iter().map(Change::Upsert));
         problems
     }
 
     /// Removes a ConfigMap or Secret given through the library API.
     pub fn remove_object(&self, kind: ObjectKind, namespace: &str, name: &str) {
-        {
-            let mut o = self.write();
-            let key = (namespace.to_string(), name.to_string());
-            match kind {
-                ObjectKind::ConfigMap => o.config_maps.remove(&key).is_some(),
-                ObjectKind::Secret => o.secrets.remove(&key).is_some(),
-            };
-        }
-        self.bump();
+        self.apply([Change::RemoveObject {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }]);
     }
 
     /// Removes a pod given through the library API.
@@ -562,15 +761,9 @@ impl ObjectStore {
         self.remove_pods(std::slice::from_ref(uid));
     }
 
-    /// Removes many pods in one change.
+    /// Removes many pods given through the library API in one change.
     pub fn remove_pods(&self, uids: &[PodUid]) {
-        {
-            let mut o = self.write();
-            for uid in uids {
-                o.pods.remove(uid);
-            }
-        }
-        self.bump();
+        self.apply(uids.iter().cloned().map(Change::RemovePod));
     }
 
     /// Every pod.
@@ -627,13 +820,12 @@ impl ObjectStore {
         self.read().csi_drivers.get(name).cloned()
     }
 
-    /// Every file error.
     /// Why an object the store does not hold is not there, when a manifest file with an error
     /// defines it (such a file is not applied): a sentence for the message of whatever needs
     /// the object. `namespace` is ignored for cluster-scoped kinds.
     pub fn not_loaded(&self, kind: &str, namespace: &str, name: &str) -> Option<String> {
         let o = self.read();
-        let err = o.file_errors.values().flatten().find(|e| {
+        let err = o.files.values().flat_map(|f| &f.errors).find(|e| {
             e.object.as_ref().is_some_and(|x| {
                 x.kind == kind
                     && x.name == name
@@ -656,11 +848,10 @@ impl ObjectStore {
 
     /// Every manifest error, file by file.
     pub fn file_errors(&self) -> Vec<ManifestError> {
-        self.read()
-            .file_errors
-            .values()
-            .flatten()
-            .cloned()
+        let o = self.read();
+        o.files
+            .iter()
+            .flat_map(|(path, entry)| o.errors_of(path, entry))
             .collect()
     }
 }
@@ -668,6 +859,21 @@ impl ObjectStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file read with these objects.
+    fn load(s: &ObjectStore, path: &Path, objects: Vec<(usize, Object)>) {
+        s.apply([Change::File {
+            path: path.to_path_buf(),
+            content: FileContent::Objects(objects),
+        }]);
+    }
+
+    fn gone(path: &Path) -> Change {
+        Change::File {
+            path: path.to_path_buf(),
+            content: FileContent::Gone,
+        }
+    }
 
     fn pod(ns: Option<&str>, name: &str) -> Pod {
         let mut p = Pod::default();
@@ -704,7 +910,7 @@ mod tests {
             "data": {"ok": "1", "bad/key": "2"},
         }))
         .unwrap();
-        store.replace_file(file, vec![(2, Object::ConfigMap(cm))], Vec::new());
+        load(&store, file, vec![(2, Object::ConfigMap(cm))]);
         let errors = store.file_errors();
         assert_eq!(errors.len(), 1);
         assert_eq!(
@@ -735,19 +941,19 @@ mod tests {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
         let b = PathBuf::from("/m/b.yaml");
-        s.replace_file(
+        load(
+            &s,
             &a,
             vec![
                 (1, Object::Pod(normalize_pod(pod(None, "x")))),
                 (2, Object::Pod(normalize_pod(pod(None, "y")))),
             ],
-            vec![],
         );
         assert_eq!(s.pods().len(), 2);
-        s.replace_file(
+        load(
+            &s,
             &b,
             vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
-            vec![],
         );
         assert_eq!(s.pods().len(), 2);
         let errs = s.file_errors();
@@ -759,17 +965,20 @@ mod tests {
             "{}",
             errs[0]
         );
-        s.replace_file(
+        load(
+            &s,
             &a,
             vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
-            vec![],
         );
         assert_eq!(
             s.pods().len(),
-            1,
-            "x went away with the new version of a.yaml"
+            2,
+            "x went away from a.yaml, and b.yaml's definition took its place"
         );
-        s.remove_file(&a);
+        assert!(s.file_errors().is_empty(), "{:?}", s.file_errors());
+        s.apply([gone(&a)]);
+        assert_eq!(s.pods().len(), 1);
+        s.apply([gone(&b)]);
         assert!(s.pods().is_empty());
     }
 
@@ -778,22 +987,186 @@ mod tests {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
         let objs = || vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))];
-        s.replace_file(&a, objs(), vec![]);
+        load(&s, &a, objs());
         let before = s.pods()[0].1.pod.clone();
         let mut rx = s.subscribe();
         rx.borrow_and_update();
-        s.replace_file(&a, objs(), vec![]);
+        load(&s, &a, objs());
         assert!(!rx.has_changed().unwrap(), "no change announced");
         assert!(
             Arc::ptr_eq(&before, &s.pods()[0].1.pod),
             "the same object is kept"
         );
-        s.replace_file(
+        load(
+            &s,
             &a,
             vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
-            vec![],
         );
         assert!(rx.has_changed().unwrap());
+    }
+
+    /// Every pod's (UID, origin), and whether it is the same object as in `before`.
+    fn pods_seen(s: &ObjectStore) -> Vec<(PodUid, Origin, Arc<Pod>)> {
+        s.pods()
+            .into_iter()
+            .map(|(u, p)| (u, p.origin, p.pod))
+            .collect()
+    }
+
+    #[test]
+    fn a_renamed_file_keeps_its_pods_in_any_order_of_events() {
+        let web = || vec![(1, Object::Pod(normalize_pod(pod(None, "web"))))];
+        let (old, new) = (
+            PathBuf::from("/m/web.yaml"),
+            PathBuf::from("/m/00-web.yaml"),
+        );
+        let file = |p: &Path| Origin::File {
+            path: p.to_path_buf(),
+            document: 1,
+        };
+        // (row, the changes a rename gives, applied one batch at a time)
+        let rows: [(&str, Vec<Vec<Change>>); 3] = [
+            (
+                "one batch",
+                vec![vec![
+                    gone(&old),
+                    Change::File {
+                        path: new.clone(),
+                        content: FileContent::Objects(web()),
+                    },
+                ]],
+            ),
+            (
+                "new name read first, old name gone later",
+                vec![
+                    vec![Change::File {
+                        path: new.clone(),
+                        content: FileContent::Objects(web()),
+                    }],
+                    vec![gone(&old)],
+                ],
+            ),
+            (
+                "old name gone first, in the same batch as the new name",
+                vec![vec![
+                    Change::File {
+                        path: new.clone(),
+                        content: FileContent::Objects(web()),
+                    },
+                    gone(&old),
+                ]],
+            ),
+        ];
+        for (row, batches) in rows {
+            let s = ObjectStore::new();
+            load(&s, &old, web());
+            let before = pods_seen(&s);
+            assert_eq!(before[0].1, file(&old), "row {row}");
+            let rx = s.subscribe();
+            for batch in batches {
+                s.apply(batch);
+                let now = pods_seen(&s);
+                assert_eq!(now.len(), 1, "row {row}: the pod is never gone");
+                assert!(
+                    Arc::ptr_eq(&now[0].2, &before[0].2),
+                    "row {row}: the same object, so nothing is set up again"
+                );
+            }
+            assert_eq!(pods_seen(&s)[0].1, file(&new), "row {row}");
+            assert!(
+                s.file_errors().is_empty(),
+                "row {row}: {:?}",
+                s.file_errors()
+            );
+            assert!(rx.has_changed().unwrap(), "row {row}: the origin changed");
+        }
+    }
+
+    #[test]
+    fn the_first_file_wins_a_duplicate_whatever_order_they_are_read_in() {
+        let (a, b) = (PathBuf::from("/m/a.yaml"), PathBuf::from("/m/b.yaml"));
+        let with_label = |v: &str| {
+            let mut p = pod(None, "x");
+            p.metadata.labels = Some([("from".to_string(), v.to_string())].into());
+            vec![(1, Object::Pod(normalize_pod(p)))]
+        };
+        for order in [[&a, &b], [&b, &a]] {
+            let s = ObjectStore::new();
+            for path in order {
+                let from = path.file_name().unwrap().to_str().unwrap();
+                load(&s, path, with_label(from));
+            }
+            let (_, stored) = s.pods().remove(0);
+            let label =
+                |stored: &StoredPod| stored.pod.metadata.labels.as_ref().unwrap()["from"].clone();
+            assert_eq!(label(&stored), "a.yaml", "order {order:?}");
+            let errs = s.file_errors();
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert!(
+                errs[0].to_string().starts_with("/m/b.yaml: document 1: pod default/x (uid ")
+                    && errs[0].message.contains("is also defined by /m/a.yaml (document 1) (the file whose path sorts first wins)"),
+                "{}",
+                errs[0]
+            );
+            // The winner goes: the other definition takes over without its file being read.
+            s.apply([gone(&a)]);
+            let (_, stored) = s.pods().remove(0);
+            assert_eq!(label(&stored), "b.yaml");
+            assert!(s.file_errors().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_broken_file_keeps_what_it_delivered() {
+        let s = ObjectStore::new();
+        let a = PathBuf::from("/m/a.yaml");
+        load(
+            &s,
+            &a,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
+        );
+        let err = ManifestError {
+            path: a.clone(),
+            document: Some(1),
+            line: Some(3),
+            column: Some(1),
+            message: "bad".into(),
+            object: None,
+        };
+        s.apply([Change::File {
+            path: a.clone(),
+            content: FileContent::Broken(vec![err.clone()]),
+        }]);
+        assert_eq!(s.pods().len(), 1);
+        assert_eq!(s.file_errors(), vec![err]);
+        load(
+            &s,
+            &a,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
+        );
+        assert!(s.file_errors().is_empty());
+        assert_eq!(s.pods().len(), 1);
+    }
+
+    #[test]
+    fn the_library_api_wins_over_files_and_removes_only_its_own() {
+        let s = ObjectStore::new();
+        let a = PathBuf::from("/m/a.yaml");
+        load(
+            &s,
+            &a,
+            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
+        );
+        let uid = s.upsert_pod(pod(None, "x"));
+        assert_eq!(s.pod(&uid).unwrap().origin, Origin::Api);
+        assert!(s.file_errors()[0]
+            .message
+            .contains("the library API's definition wins"));
+        s.remove_pod(&uid);
+        assert!(
+            matches!(s.pod(&uid).unwrap().origin, Origin::File { .. }),
+            "the file's definition is back"
+        );
     }
 
     #[test]

@@ -92,7 +92,7 @@ mount_test! {
             // No safety-net resync within the test: every update must arrive by its own event.
             let m = manager(root.path(), |c| c.resync_period = Duration::from_secs(3600));
             let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
-            let _watch = source.start().expect("watch manifests");
+            let _watch = source.start().await.expect("watch manifests");
             // The manifest pod, by the name its UID derives from.
             let p = common::pod(json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}}));
             let uid = kubevol::pod_uid(&p);
@@ -263,7 +263,7 @@ mount_test! {
         write_manifest(&manifests, "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: creds, mountPath: /c}, {name: maybe, mountPath: /m}]}]\n  volumes:\n  - {name: creds, secret: {secretName: creds}}\n  - {name: maybe, secret: {secretName: creds, optional: true}}\n");
         runtime().block_on(async {
             let m = manager(root.path(), |c| c.backoff.initial = Duration::from_secs(30));
-            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().unwrap();
+            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
             let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"containers": []}}));
             let s = wait_for_status(&m, &p, 10, |s| s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
             let file = manifests.canonicalize().unwrap().join("creds.yaml");
@@ -507,7 +507,7 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
-            let _watch = source.start().expect("watch manifests");
+            let _watch = source.start().await.expect("watch manifests");
             let p = common::pod(json!({"metadata": {"name": "full", "namespace": "default"}, "spec": {"containers": []}}));
             wait_for_status(&m, &p, 20, |s| s.phase == PodPhase::Ready).await;
             let uid = kubevol::pod_uid(&p);

@@ -30,6 +30,7 @@ async fn own_reads_do_not_trigger_reloads() {
     let watch = ManifestSource::new(dir.path(), store.clone())
         .unwrap()
         .start()
+        .await
         .unwrap();
     assert_eq!(store.pods().len(), 1);
     std::fs::write(dir.path().join("b.yaml"), POD.replace("name: a", "name: b")).unwrap();
@@ -53,6 +54,7 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
     let watch = ManifestSource::new(dir.path(), store.clone())
         .unwrap()
         .start()
+        .await
         .unwrap();
     let lost = Arc::new(AtomicBool::new(false));
     let observer = tokio::spawn({
@@ -91,5 +93,230 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
         "the pod disappeared while its file was being rewritten"
     );
     observer.abort();
+    watch.abort();
+}
+
+/// A pod manifest named `name` (no volumes: the store is what is tested here).
+fn pod_yaml(name: &str) -> String {
+    POD.replace("name: a", &format!("name: {name}"))
+}
+
+/// Writes a marker pod and waits until the store has it: every event before it was handled.
+async fn settle(dir: &std::path::Path, store: &ObjectStore, round: usize) {
+    let marker = format!("marker-{round}");
+    std::fs::write(dir.join("marker.yaml"), pod_yaml(&marker)).unwrap();
+    until(store, |s| {
+        s.pods()
+            .iter()
+            .any(|(_, p)| p.pod.metadata.name.as_deref() == Some(marker.as_str()))
+    })
+    .await;
+}
+
+/// The pod named `name`, as the store holds it.
+fn stored(store: &ObjectStore, name: &str) -> Option<kubevol::store::StoredPod> {
+    store
+        .pods()
+        .into_iter()
+        .map(|(_, p)| p)
+        .find(|p| p.pod.metadata.name.as_deref() == Some(name))
+}
+
+fn origin_file(p: &kubevol::store::StoredPod) -> std::path::PathBuf {
+    match &p.origin {
+        kubevol::store::Origin::File { path, .. } => path.clone(),
+        other => panic!("from a file, not {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_manifest_keeps_the_same_pod_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::write(d.join("web.yaml"), pod_yaml("web")).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&d, store.clone())
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let first = stored(&store, "web").expect("loaded").pod;
+    // New names that sort before and after the old one: either may be read first.
+    let names = [
+        "00-web.yaml",
+        "zz-web.yaml",
+        "web.yaml",
+        "a.yaml",
+        "web.yml",
+    ];
+    let mut current = "web.yaml";
+    for (round, next) in names.iter().cycle().take(20).enumerate() {
+        std::fs::rename(d.join(current), d.join(next)).unwrap();
+        current = next;
+        settle(&d, &store, round).await;
+        let now = stored(&store, "web").expect("the pod is still there");
+        assert!(
+            Arc::ptr_eq(&now.pod, &first),
+            "round {round}: the same object (never removed and added again)"
+        );
+        assert_eq!(origin_file(&now), d.join(current), "round {round}");
+        assert!(store.file_errors().is_empty(), "{:?}", store.file_errors());
+    }
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_file_that_wins_a_duplicate_goes_the_other_takes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::write(d.join("b.yaml"), pod_yaml("web")).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&d, store.clone())
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let first = stored(&store, "web").unwrap().pod;
+    std::fs::write(d.join("a.yaml"), pod_yaml("web")).unwrap();
+    settle(&d, &store, 0).await;
+    let now = stored(&store, "web").unwrap();
+    assert_eq!(origin_file(&now), d.join("a.yaml"), "the first path wins");
+    assert!(Arc::ptr_eq(&now.pod, &first), "same content: same object");
+    let errs = store.file_errors();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].path, d.join("b.yaml"));
+    std::fs::remove_file(d.join("a.yaml")).unwrap();
+    settle(&d, &store, 1).await;
+    let now = stored(&store, "web").expect("b.yaml still defines it");
+    assert_eq!(origin_file(&now), d.join("b.yaml"));
+    assert!(Arc::ptr_eq(&now.pod, &first), "never removed");
+    assert!(store.file_errors().is_empty(), "{:?}", store.file_errors());
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_ends_with_exactly_the_pods_the_directory_defines() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&d, store.clone())
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    // A fixed pseudo-random sequence of creates, renames, copies and removals of files that
+    // define 8 pods, some of them in two files at once.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..1000 {
+        let file = |i: u64| d.join(format!("f{i}.yaml"));
+        let (a, b) = (file(next(12)), file(next(12)));
+        match next(4) {
+            0 => std::fs::write(&a, pod_yaml(&format!("p{}", next(8)))).unwrap(),
+            1 => {
+                let _ = std::fs::rename(&a, &b);
+            }
+            2 => {
+                let _ = std::fs::copy(&a, &b);
+            }
+            _ => {
+                let _ = std::fs::remove_file(&a);
+            }
+        }
+    }
+    settle(&d, &store, 0).await;
+    let mut want = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(&d).unwrap() {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+        // (A file copied onto itself is empty.)
+        if let Some(name) = text
+            .split("name: ")
+            .nth(1)
+            .and_then(|t| t.split('}').next())
+        {
+            want.insert(name.to_string());
+        }
+    }
+    let have: std::collections::BTreeSet<String> = store
+        .pods()
+        .into_iter()
+        .map(|(_, p)| p.pod.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(have, want);
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_that_are_not_regular_or_too_big_are_reported_and_never_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    let fifo = d.join("fifo-target");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    std::os::unix::fs::symlink(&fifo, d.join("fifo.yaml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", d.join("zero.yaml")).unwrap();
+    std::fs::create_dir(d.join("dir.yaml")).unwrap();
+    std::fs::write(d.join("big.yaml"), pod_yaml("big") + &"#".repeat(4096)).unwrap();
+    std::fs::write(d.join("ok.yaml"), pod_yaml("ok")).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    // Listing must finish although nobody ever writes to the FIFO.
+    let watch = tokio::time::timeout(
+        Duration::from_secs(30),
+        ManifestSource::new(&d, store.clone())
+            .unwrap()
+            .with_max_file_size(1024)
+            .start(),
+    )
+    .await
+    .expect("the first listing does not wait for a FIFO")
+    .unwrap();
+    assert!(stored(&store, "ok").is_some());
+    let errs = |store: &ObjectStore| -> Vec<String> {
+        store.file_errors().iter().map(|e| e.to_string()).collect()
+    };
+    let want = [
+        ("big.yaml", "is 4"),
+        (
+            "dir.yaml",
+            "is a directory (after following links), not a regular file",
+        ),
+        (
+            "fifo.yaml",
+            "is a FIFO (named pipe) (after following links), not a regular file",
+        ),
+        (
+            "zero.yaml",
+            "is a character device (after following links), not a regular file",
+        ),
+    ];
+    let have = errs(&store);
+    assert_eq!(have.len(), want.len(), "{have:#?}");
+    for ((file, text), e) in want.iter().zip(&have) {
+        assert!(
+            e.starts_with(&d.join(file).display().to_string()) && e.contains(text),
+            "{file}: {e}"
+        );
+    }
+    assert!(
+        have[0].contains("more than the limit of 1024 bytes"),
+        "{}",
+        have[0]
+    );
+    // While running: a FIFO written into place is reported, and later files still load.
+    std::os::unix::fs::symlink(&fifo, d.join("fifo2.yaml")).unwrap();
+    std::fs::write(d.join("later.yaml"), pod_yaml("later")).unwrap();
+    until(&store, |s| stored(s, "later").is_some()).await;
+    until(&store, |s| errs(s).iter().any(|e| e.contains("fifo2.yaml"))).await;
+    // Made regular and small, a file loads.
+    std::fs::write(d.join("big.yaml"), pod_yaml("big")).unwrap();
+    until(&store, |s| stored(s, "big").is_some()).await;
     watch.abort();
 }

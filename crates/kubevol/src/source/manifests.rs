@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::CSIDriver;
@@ -19,8 +20,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::store::{
-    normalize_pod, normalize_secret, ManifestError, Object, ObjectName, ObjectStore,
-    DEFAULT_NAMESPACE,
+    normalize_pod, normalize_secret, Change, FileContent, ManifestError, Object, ObjectName,
+    ObjectStore, DEFAULT_NAMESPACE,
 };
 
 /// Whether a file name is a manifest kubevol reads.
@@ -312,11 +313,131 @@ pub fn settles_file(kind: &notify::EventKind) -> bool {
     )
 }
 
+/// The largest manifest file read by default (8 MiB; the API server's own request limit is
+/// 3 MiB, so no real manifest comes near it).
+pub const DEFAULT_MAX_FILE_SIZE: u64 = 8 << 20;
+
+/// How long reading one file may take before the file is reported and the others are read
+/// without it (a file on a hung filesystem).
+const READ_STALL: Duration = Duration::from_secs(10);
+
+/// What a file that is not a regular file is, in words.
+fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match mode {
+        FileType::Directory => "a directory",
+        FileType::Fifo => "a FIFO (named pipe)",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Socket => "a socket",
+        FileType::Symlink => "a symbolic link",
+        FileType::RegularFile => "a regular file",
+        FileType::Unknown => "of an unknown type",
+    }
+}
+
+/// Reads one manifest file as the store takes it: its objects, its errors, or that it is gone.
+///
+/// Only a regular file is read (a symbolic link is followed, and the type is checked on the
+/// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
+/// FIFO or a device never blocks, and at most `max_size` bytes of it.
+pub fn read_file(path: &Path, max_size: u64) -> FileContent {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let broken = |message: String| {
+        let err = manifest_error(path, None, None, message);
+        warn!("{err}");
+        FileContent::Broken(vec![err])
+    };
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => {
+            info!(file = %path.display(), "manifest removed");
+            return FileContent::Gone;
+        }
+        Err(e) => return broken(format!("cannot open: {}", std::io::Error::from(e))),
+    };
+    let stat = match rustix::fs::fstat(&fd) {
+        Ok(st) => st,
+        Err(e) => return broken(format!("cannot stat: {}", std::io::Error::from(e))),
+    };
+    let kind = FileType::from_raw_mode(stat.st_mode);
+    if kind != FileType::RegularFile {
+        return broken(format!(
+            "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
+            file_type_name(kind)
+        ));
+    }
+    let too_big = |size: u64| {
+        format!(
+            "is {size} bytes, more than the limit of {max_size} bytes for one manifest file: split it, or raise the limit (--max-manifest-size)"
+        )
+    };
+    let size = stat.st_size as u64;
+    if size > max_size {
+        return broken(too_big(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    // A file that grows while it is read is still cut at the limit.
+    if let Err(e) = std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::from(fd), max_size + 1),
+        &mut bytes,
+    ) {
+        return broken(format!("cannot read: {e}"));
+    }
+    if bytes.len() as u64 > max_size {
+        return broken(too_big(bytes.len() as u64));
+    }
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            return broken(format!(
+                "is not UTF-8 text (byte {} is not valid): manifests are YAML or JSON text",
+                e.utf8_error().valid_up_to()
+            ))
+        }
+    };
+    let (objects, errors) = parse_manifest(path, &text);
+    for e in &errors {
+        warn!("{e}");
+    }
+    if errors.is_empty() {
+        debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
+        FileContent::Objects(objects)
+    } else {
+        // A file with any error is not applied: what it delivered before stays, so a
+        // half-written edit never takes a running pod's volumes away.
+        FileContent::Broken(errors)
+    }
+}
+
+/// How long the watch waits for the second half of a rename (the new name) before it takes
+/// the first half for a file moved out of the directory. Both halves come from one rename(2)
+/// and are reported within microseconds; the wait only bounds the case where no second half
+/// ever comes.
+const RENAME_PAIR_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a batch of events holds the old name of a rename without its new name.
+fn unpaired_rename(batch: &[notify::Result<notify::Event>]) -> bool {
+    use notify::event::{EventKind, ModifyKind, RenameMode};
+    let tracked = |mode: RenameMode| {
+        batch
+            .iter()
+            .flatten()
+            .filter(move |e| e.kind == EventKind::Modify(ModifyKind::Name(mode)))
+            .filter_map(|e| e.tracker())
+    };
+    let mut paired = tracked(RenameMode::To).chain(tracked(RenameMode::Both));
+    let paired: BTreeSet<usize> = paired.by_ref().collect();
+    tracked(RenameMode::From).any(|t| !paired.contains(&t))
+}
+
 /// The manifest-directory source.
 #[derive(Clone)]
 pub struct ManifestSource {
     dir: PathBuf,
     store: Arc<ObjectStore>,
+    max_file_size: u64,
 }
 
 impl ManifestSource {
@@ -333,7 +454,17 @@ impl ManifestSource {
             ));
         }
         store.register_source(Self::NAME);
-        Ok(ManifestSource { dir, store })
+        Ok(ManifestSource {
+            dir,
+            store,
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+        })
+    }
+
+    /// Sets the largest file read (bigger files are reported, not read).
+    pub fn with_max_file_size(mut self, bytes: u64) -> Self {
+        self.max_file_size = bytes;
+        self
     }
 
     /// The directory read.
@@ -341,61 +472,93 @@ impl ManifestSource {
         &self.dir
     }
 
+    /// Reads files into changes for the store, never waiting on one file for long: a file
+    /// whose read has not finished after a while (a hung filesystem) is reported as such and
+    /// the rest are read on another thread.
+    async fn read_files(&self, paths: Vec<PathBuf>) -> Vec<Change> {
+        let mut changes = Vec::with_capacity(paths.len());
+        let mut rest = std::collections::VecDeque::from(paths);
+        while !rest.is_empty() {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let todo: Vec<PathBuf> = rest.iter().cloned().collect();
+            let max = self.max_file_size;
+            tokio::task::spawn_blocking(move || {
+                for path in todo {
+                    let content = read_file(&path, max);
+                    if tx.send(Change::File { path, content }).is_err() {
+                        return;
+                    }
+                }
+            });
+            loop {
+                match tokio::time::timeout(READ_STALL, rx.recv()).await {
+                    Ok(Some(change)) => {
+                        rest.pop_front();
+                        changes.push(change);
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        let Some(path) = rest.pop_front() else { break };
+                        let err = manifest_error(
+                            &path,
+                            None,
+                            None,
+                            format!("reading it has not finished after {READ_STALL:?} (is its filesystem hung?); other files carry on, and it is read again on its next change"),
+                        );
+                        warn!("{err}");
+                        changes.push(Change::File {
+                            path,
+                            content: FileContent::Broken(vec![err]),
+                        });
+                        break;
+                    }
+                }
+            }
+        }
+        changes
+    }
+
     /// Reads one file (or forgets it, if it is gone) into the store.
-    pub fn load_file(&self, path: &Path) {
-        if !is_manifest_file(path) {
-            return;
-        }
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                info!(file = %path.display(), "manifest removed");
-                self.store.remove_file(path);
-                return;
-            }
-            Err(e) => {
-                let err = manifest_error(path, None, None, format!("cannot read: {e}"));
-                warn!("{err}");
-                self.store.set_file_errors(path, vec![err]);
-                return;
-            }
-        };
-        let (objects, errors) = parse_manifest(path, &text);
-        for e in &errors {
-            warn!("{e}");
-        }
-        if errors.is_empty() {
-            debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
-            self.store.replace_file(path, objects, errors);
-        } else {
-            // A file with any error is not applied: what it delivered before stays, so a
-            // half-written edit never takes a running pod's volumes away.
-            self.store.set_file_errors(path, errors);
+    pub async fn load_file(&self, path: &Path) {
+        if is_manifest_file(path) {
+            let changes = self.read_files(vec![path.to_path_buf()]).await;
+            self.store.apply(changes);
         }
     }
 
-    /// Reads every manifest file, and forgets files that are gone.
-    pub fn load_all(&self) -> std::io::Result<()> {
-        let mut present = BTreeSet::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let path = entry?.path();
-            if is_manifest_file(&path) {
-                present.insert(path.clone());
-                self.load_file(&path);
+    /// Reads every manifest file, and forgets files that are gone, as one change of the store.
+    pub async fn load_all(&self) -> std::io::Result<()> {
+        let dir = self.dir.clone();
+        let listed = tokio::task::spawn_blocking(move || -> std::io::Result<BTreeSet<PathBuf>> {
+            let mut present = BTreeSet::new();
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if is_manifest_file(&path) {
+                    present.insert(path);
+                }
             }
-        }
+            Ok(present)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        let mut changes = self.read_files(listed.iter().cloned().collect()).await;
         for known in self.store.known_files() {
-            if known.starts_with(&self.dir) && !present.contains(&known) {
-                self.store.remove_file(&known);
+            if known.starts_with(&self.dir) && !listed.contains(&known) {
+                changes.push(Change::File {
+                    path: known,
+                    content: FileContent::Gone,
+                });
             }
         }
+        self.store.apply(changes);
         Ok(())
     }
 
     /// Starts watching the directory, reads it once completely, marks the source synced, and
     /// then applies every change as inotify reports it, until the returned task is dropped or
-    /// aborted.
-    pub fn start(self) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    /// aborted. The events that arrive together are applied together: a rename (the old name
+    /// gone, the new one there) never shows the store a moment without the pods it moved.
+    pub async fn start(self) -> std::io::Result<tokio::task::JoinHandle<()>> {
         let (tx, mut rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
         let mut watcher = notify::recommended_watcher(move |ev| {
             let _ = tx.send(ev);
@@ -405,7 +568,7 @@ impl ManifestSource {
         watcher
             .watch(&self.dir, notify::RecursiveMode::NonRecursive)
             .map_err(std::io::Error::other)?;
-        self.load_all()?;
+        self.load_all().await?;
         self.store.mark_source_synced(Self::NAME);
         info!(dir = %self.dir.display(), "manifest directory listed");
         Ok(tokio::spawn(async move {
@@ -414,6 +577,15 @@ impl ManifestSource {
                 let mut batch = vec![first];
                 while let Ok(more) = rx.try_recv() {
                     batch.push(more);
+                }
+                // The two halves of a rename are reported one after the other: applying the
+                // old name's removal without the new name would take the pod away.
+                while unpaired_rename(&batch) {
+                    match tokio::time::timeout(RENAME_PAIR_WAIT, rx.recv()).await {
+                        Ok(Some(more)) => batch.push(more),
+                        // Moved out of the directory (or the watch ended): a removal.
+                        Ok(None) | Err(_) => break,
+                    }
                 }
                 let mut paths = BTreeSet::new();
                 let mut rescan = false;
@@ -431,19 +603,14 @@ impl ManifestSource {
                         }
                     }
                 }
-                let this = self.clone();
-                let _ = tokio::task::spawn_blocking(move || {
-                    if rescan {
-                        if let Err(e) = this.load_all() {
-                            warn!(dir = %this.dir.display(), "cannot list manifest directory: {e}");
-                        }
-                    } else {
-                        for p in paths {
-                            this.load_file(&p);
-                        }
+                if rescan {
+                    if let Err(e) = self.load_all().await {
+                        warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
                     }
-                })
-                .await;
+                } else if !paths.is_empty() {
+                    let changes = self.read_files(paths.into_iter().collect()).await;
+                    self.store.apply(changes);
+                }
             }
         }))
     }

@@ -1,0 +1,177 @@
+//! What an operator's worst day brings, mounting for real in private mount namespaces: manifest
+//! files renamed, duplicated and churned while their pods run, and operations that panic.
+
+#[macro_use]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use kubevol::source::ManifestSource;
+use kubevol::status::PodPhase;
+use kubevol_mount::Mounter;
+use serde_json::json;
+
+/// A pod manifest with one Memory emptyDir.
+fn memory_pod(name: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, volumeMounts: [{{name: mem, mountPath: /m}}]}}]\n  volumes: [{{name: mem, emptyDir: {{medium: Memory}}}}]\n")
+}
+
+/// Mount point → mount ID of every mount under `dir`. A volume unmounted and mounted again gets
+/// a new ID.
+fn mount_ids(dir: &Path) -> BTreeMap<PathBuf, u32> {
+    kubevol_mount::LinuxMounter
+        .mount_table()
+        .expect("mount table")
+        .into_iter()
+        .filter(|m| m.mount_point.starts_with(dir))
+        .map(|m| (m.mount_point, m.id))
+        .collect()
+}
+
+fn pod_ref(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    common::pod(json!({"metadata": {"name": name, "namespace": "default"}}))
+}
+
+/// Writes a marker pod and waits until it is ready: every manifest event before it was handled
+/// and every operation it caused has finished.
+async fn settle_manifests(m: &kubevol::VolumeManager, dir: &Path, round: usize) {
+    let name = format!("marker-{round}");
+    std::fs::write(dir.join("marker.yaml"), memory_pod(&name)).unwrap();
+    m.wait_for_attach_and_mount(&pod_ref(&name))
+        .await
+        .expect("the marker pod mounts");
+}
+
+mount_test! {
+    fn renaming_or_duplicating_a_manifest_never_unmounts_its_pod() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            std::fs::write(manifests.join("web.yaml"), memory_pod("web")).unwrap();
+            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let web = pod_ref("web");
+            m.wait_for_attach_and_mount(&web).await.expect("mounted");
+            let uid = kubevol::pod_uid(&web);
+            let volume = m.mounted_volumes_for_pod(&uid)["mem"].path.clone();
+            std::fs::write(volume.join("canary"), b"data of a running pod").unwrap();
+            let ids = mount_ids(&volume);
+            assert_eq!(ids.len(), 1);
+            // (row, what is done to the manifest directory, the file that defines the pod after)
+            type Step = Box<dyn Fn(&Path)>;
+            let rows: Vec<(&str, Step, &str)> = vec![
+                ("renamed to a name that sorts first", Box::new(|d: &Path| std::fs::rename(d.join("web.yaml"), d.join("00-web.yaml")).unwrap()), "00-web.yaml"),
+                ("renamed to a name that sorts last", Box::new(|d: &Path| std::fs::rename(d.join("00-web.yaml"), d.join("zz-web.yaml")).unwrap()), "zz-web.yaml"),
+                ("copied to a file that sorts first (a duplicate that wins)", Box::new(|d: &Path| { std::fs::copy(d.join("zz-web.yaml"), d.join("aa-web.yaml")).unwrap(); }), "aa-web.yaml"),
+                ("the winner of the duplicate removed", Box::new(|d: &Path| std::fs::remove_file(d.join("aa-web.yaml")).unwrap()), "zz-web.yaml"),
+                ("renamed over another manifest", Box::new(|d: &Path| { std::fs::write(d.join("other.yaml"), memory_pod("other")).unwrap(); std::fs::rename(d.join("zz-web.yaml"), d.join("other.yaml")).unwrap(); }), "other.yaml"),
+            ];
+            for (round, (row, step, file)) in rows.iter().enumerate() {
+                step(&manifests);
+                settle_manifests(&m, &manifests, round).await;
+                let s = m.pod_status(&uid).expect("the pod is known");
+                assert_eq!(s.phase, PodPhase::Ready, "row {row}: {s:#?}");
+                assert!(s.source.starts_with(&manifests.join(file).display().to_string()), "row {row}: {}", s.source);
+                assert_eq!(mount_ids(&volume), ids, "row {row}: never unmounted or mounted again");
+                assert_eq!(std::fs::read(volume.join("canary")).unwrap(), b"data of a running pod", "row {row}");
+                let errors = m.status(false).manifest_errors;
+                if row.starts_with("copied") {
+                    assert!(errors.len() == 1 && errors[0].contains("zz-web.yaml: document 1: pod default/web") && errors[0].contains("is also defined by"), "row {row}: {errors:?}");
+                } else {
+                    assert!(errors.is_empty(), "row {row}: {errors:?}");
+                }
+            }
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn manifest_churn_ends_with_exactly_the_mounts_the_directory_asks_for() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = |n: u64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            };
+            // Creates, renames, copies and removals of 16 files defining 10 pods.
+            for _ in 0..1000 {
+                let file = |i: u64| manifests.join(format!("f{i:02}.yaml"));
+                let (a, b) = (file(next(16)), file(next(16)));
+                match next(4) {
+                    0 => std::fs::write(&a, memory_pod(&format!("p{}", next(10)))).unwrap(),
+                    1 => { let _ = std::fs::rename(&a, &b); }
+                    2 => { let _ = std::fs::copy(&a, &b); }
+                    _ => { let _ = std::fs::remove_file(&a); }
+                }
+            }
+            settle_manifests(&m, &manifests, 0).await;
+            let mut wanted = std::collections::BTreeSet::new();
+            for e in std::fs::read_dir(&manifests).unwrap() {
+                let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+                // (A file copied onto itself is empty.)
+                if let Some(name) = text.split("name: ").nth(1).and_then(|t| t.split('}').next()) {
+                    wanted.insert(name.to_string());
+                }
+            }
+            for name in &wanted {
+                m.wait_for_attach_and_mount(&pod_ref(name)).await.expect("every defined pod mounts");
+            }
+            for i in 0..10 {
+                let name = format!("p{i}");
+                if !wanted.contains(&name) {
+                    m.wait_for_unmount(&pod_ref(&name)).await.expect("every pod no file defines is torn down");
+                }
+            }
+            let want: std::collections::BTreeSet<PathBuf> = wanted
+                .iter()
+                .map(|n| m.config().root_dir.join(format!("pods/{}/volumes/kubernetes.io~empty-dir/mem", kubevol::pod_uid(&pod_ref(n)))))
+                .collect();
+            let have: std::collections::BTreeSet<PathBuf> = mount_ids(&m.config().root_dir).into_keys().collect();
+            assert_eq!(have, want, "the mount table holds exactly the defined pods' volumes");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn an_operation_that_panics_is_recorded_as_uncertain_and_retried() {
+        // The set-up panics after it mounted, the teardown after it unmounted: each time the
+        // outcome is unknown to kubevol, which must neither lose the mount nor stop.
+        // SAFETY of the environment: this test runs alone in its own process.
+        std::env::set_var(kubevol::record::FAIL_POINT_ENV, "set_up:after:panic,tear_down:after:panic");
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let p = pod_with_volumes("p", json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted on the retry");
+            let s = m.pod_status(&uid).unwrap();
+            let failed = s.events.iter().find(|e| e.reason == "FailedMount").expect("the panic is shown");
+            assert!(failed.message.contains("kubevol panicked (fail point set_up:after reached)"), "{failed:?}");
+            let volume = m.mounted_volumes_for_pod(&uid)["mem"].path.clone();
+            assert_eq!(mount_ids(&volume).len(), 1, "mounted once, not stacked by the retry");
+            let record = m.config().root_dir.join("volume-record");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("unmounted on the retry");
+            assert!(mount_ids(&m.config().root_dir).is_empty());
+            let records: Vec<PathBuf> = std::fs::read_dir(record.join("pods"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+                .map(|f| f.path())
+                .collect();
+            assert!(records.is_empty(), "no record left: {records:?}");
+            m.shutdown();
+        });
+    }
+}
