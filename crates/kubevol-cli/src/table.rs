@@ -137,7 +137,26 @@ pub fn print_drivers(drivers: &[serde_json::Value], out: &mut impl Write) -> std
             s("health"),
         ]);
     }
-    write_columns(&rows, out)
+    write_columns(&rows, out)?;
+    for d in drivers {
+        let warnings: Vec<&str> = d["warnings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w.as_str())
+            .collect();
+        if !warnings.is_empty() {
+            writeln!(
+                out,
+                "\nRegistrations of {}:",
+                d["name"].as_str().unwrap_or_default()
+            )?;
+            for w in warnings {
+                writeln!(out, "  {w}")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes rows of five columns, each of the first four padded to its widest cell.
@@ -207,7 +226,8 @@ mod tests {
              "capabilities": {"stage_unstage_volume": true, "get_volume_stats": false, "expand_volume": true},
              "health": "healthy"},
             {"name": "other.example.com", "endpoint": "/run/o.sock", "node_id": "n",
-             "capabilities": {}, "health": "CSI driver other.example.com: NodeStageVolume failed: Unavailable (gone)"}
+             "capabilities": {}, "health": "CSI driver other.example.com: NodeStageVolume failed: Unavailable (gone)",
+             "warnings": ["a registration of other.example.com at /run/p.sock was refused: why"]}
         ]))
         .unwrap();
         let mut out = Vec::new();
@@ -229,6 +249,15 @@ mod tests {
         );
         assert!(
             lines[3].contains(" - ") && lines[3].ends_with("Unavailable (gone)"),
+            "{text}"
+        );
+        assert_eq!(
+            &lines[4..],
+            [
+                "",
+                "Registrations of other.example.com:",
+                "  a registration of other.example.com at /run/p.sock was refused: why"
+            ],
             "{text}"
         );
         let mut none = Vec::new();

@@ -311,3 +311,130 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
         "{rest:?}"
     );
 }
+
+/// `GET path` on a daemon's port: the whole answer (status line, headers and body), or empty
+/// while nothing listens.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET {path} HTTP/1.0\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Polls `GET path` until `cond` holds for the answer, for at most a minute (a readiness probe,
+/// as a kubelet's would be; the daemon's own logs cannot be read in these tests).
+fn until_http(port: u16, path: &str, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let answer = http_get(port, path);
+        if cond(&answer) {
+            return answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "GET {path} never satisfied the condition; last answer: {answer}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_closed_log_pipe_changes_nothing_and_sighup_stops_cleanly() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // stdout and stderr are pipes whose reading ends are closed at once (`... 2>&1 | head -0`).
+    let mut child = in_namespace(&[
+        "run",
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+        "--listen",
+        &listen,
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    until_http(port, "/readyz", |a| a.contains(" 200 "));
+    // Every pod added now is mounted although every log line fails to be written.
+    for i in 0..5 {
+        std::fs::write(
+            manifests.path().join(format!("ok{i}.yaml")),
+            OK_POD.replace("name: ok", &format!("name: ok{i}")),
+        )
+        .unwrap();
+    }
+    until_http(port, "/api/v1/pods", |a| {
+        a.matches("\"phase\":\"Ready\"").count() == 5
+    });
+    let metrics = until_http(port, "/metrics", |a| {
+        a.contains("kubevol_log_lines_dropped_total")
+    });
+    let dropped: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kubevol_log_lines_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(dropped > 0.0, "the lost lines are counted: {metrics}");
+    let st = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = child.wait().unwrap();
+    assert!(
+        code.success(),
+        "SIGHUP stops the daemon as SIGTERM does: {code:?}"
+    );
+}
+
+#[test]
+fn a_full_stderr_or_a_closed_stdout_never_panics() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
+    let args = [
+        "run",
+        "--once",
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+    ];
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = in_namespace(&args).stderr(full).output().unwrap();
+    assert!(
+        out.status.success(),
+        "the pod mounts although stderr is full: {:?}",
+        out.status
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("default/ok"),
+        "the table is printed"
+    );
+    // stdout closed before the table is printed: an error of the write, not a panic (101).
+    let mut child = in_namespace(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

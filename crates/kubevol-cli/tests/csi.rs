@@ -298,6 +298,22 @@ mount_test! {
             wait_until("registration", 20, || m.csi_drivers().len() == 1).await;
             assert_eq!(good.count("NotifyRegistrationStatus", "Ok"), 1);
             assert_eq!(m.csi_drivers()[0].name, DRIVER);
+            // The same name at another endpoint: refused at the same CSI version, as the
+            // kubelet does, and taken at a higher one; both shown to the operator.
+            let same = Driver::start(&t.path().join("same"), Some(&reg), &["--registration-socket", "same-reg.sock"]);
+            wait_until("the same version refused", 20, || same.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
+            let refusal = same.calls().into_iter().find(|c| c.0 == "NotifyRegistrationStatus").unwrap().2;
+            assert!(refusal.contains("already registered at") && refusal.contains("higher or equal supported version: \"1.0.0\""), "{refusal}");
+            let d = &m.csi_drivers()[0];
+            assert!(d.endpoint.contains("/good/"), "the registered driver is kept: {d:?}");
+            assert!(d.warnings.iter().any(|w| w.contains("/same/") && w.contains("was refused")), "{d:?}");
+            let mut newer = Driver::start(&t.path().join("newer"), Some(&reg), &["--registration-socket", "newer-reg.sock", "--registration-versions", "1.0.0,1.1.0"]);
+            wait_until("a higher version replaces it", 20, || m.csi_drivers().first().is_some_and(|d| d.endpoint.contains("/newer/"))).await;
+            let d = &m.csi_drivers()[0];
+            assert!(d.warnings.iter().any(|w| w.contains("/good/") && w.contains("/newer/") && w.contains("was replaced")), "{d:?}");
+            newer.stop();
+            wait_until("deregistration of the newer", 20, || m.csi_drivers().is_empty()).await;
+            drop(same);
             good.stop();
             wait_until("deregistration", 20, || m.csi_drivers().is_empty()).await;
             good.restart();

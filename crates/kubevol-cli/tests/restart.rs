@@ -145,6 +145,24 @@ impl Daemon {
         }
     }
 
+    /// SIGTERM, and how long the process took to exit (it must exit cleanly).
+    fn terminate(&mut self) -> Duration {
+        let mut c = self.child.take().expect("running");
+        let started = std::time::Instant::now();
+        let st = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let code = c.wait().unwrap();
+        assert!(
+            code.success(),
+            "a clean stop: {code:?}\n{}",
+            self.log_tail()
+        );
+        started.elapsed()
+    }
+
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -834,7 +852,9 @@ mount_test! {
             .join(&memory.uid)
             .join("volumes/kubernetes.io~empty-dir/cache");
         std::fs::write(cache.join("canary"), "in memory\n").unwrap();
-        d.kill();
+        // A thread is blocked in the hung filesystem: the stop does not wait for it.
+        let took = d.terminate();
+        assert!(took < Duration::from_secs(20), "SIGTERM took {took:?} with a blocked thread");
 
         // Down: a hung mount lands on the memory volume too, and another pod arrives.
         let stacked_fd = fuse_mount(&cache);

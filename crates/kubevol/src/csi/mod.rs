@@ -105,6 +105,8 @@ pub enum DriverSource {
     Registration {
         /// The registration socket.
         socket: PathBuf,
+        /// The highest CSI version the plugin reported that kubevol speaks (e.g. `1.0.0`).
+        version: String,
     },
     /// From `--csi-driver NAME=ENDPOINT`.
     CommandLine,
@@ -147,6 +149,56 @@ pub struct DriverStatus {
     pub controller: Option<String>,
     /// `healthy`, or the last failed call.
     pub health: String,
+    /// What happened to registrations under this name that an operator should know: another
+    /// endpoint replacing this one, or refused (newest last).
+    pub warnings: Vec<String>,
+}
+
+/// How many warnings are kept per driver name.
+const WARNINGS_KEPT: usize = 5;
+
+/// A CSI version as `major.minor.patch` numbers, for comparing registrations (`v1.2`, `1.2.0`).
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = v.trim().trim_start_matches('v').split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    Some((major, minor, patch))
+}
+
+/// The highest of `versions` that kubevol speaks (CSI 1.x), as the kubelet picks it.
+pub fn highest_supported_version(versions: &[String]) -> Option<String> {
+    versions
+        .iter()
+        .filter_map(|v| parse_version(v).map(|p| (p, v)))
+        .filter(|((major, _, _), _)| *major == 1)
+        .max_by_key(|(p, _)| *p)
+        .map(|((a, b, c), _)| format!("{a}.{b}.{c}"))
+}
+
+/// Whether a registration may take `name` from the driver registered under it now. As the
+/// kubelet decides: the same registration socket again is the driver restarting; another
+/// endpoint must report a strictly higher CSI version. A driver given on the command line is
+/// the operator's choice and is never replaced by a registration.
+fn may_replace(existing: &Driver, new_source: &DriverSource) -> Result<(), String> {
+    use DriverSource::{CommandLine, Registration};
+    match (&existing.source, new_source) {
+        (Registration { socket: a, .. }, Registration { socket: b, .. }) if a == b => Ok(()),
+        (CommandLine, CommandLine) => Ok(()),
+        (Registration { version: old, .. }, Registration { version: new, .. })
+            if parse_version(old) < parse_version(new) =>
+        {
+            Ok(())
+        }
+        (Registration { version: old, .. }, _) => Err(format!(
+            "another driver with the same name is already registered at {} with a higher or equal supported version: {old:?}",
+            existing.endpoint.display()
+        )),
+        (CommandLine, _) => Err(format!(
+            "the driver is given on the command line (--csi-driver) with endpoint {}, which a registration does not replace",
+            existing.endpoint.display()
+        )),
+    }
 }
 
 /// The CSI drivers kubevol knows.
@@ -158,6 +210,8 @@ pub struct Drivers {
     controller_caps: Mutex<HashMap<String, Vec<i32>>>,
     /// Driver → the last call's failure (cleared by a success).
     health: Mutex<HashMap<String, String>>,
+    /// Driver name → registrations that replaced another endpoint or were refused.
+    warnings: Mutex<HashMap<String, Vec<String>>>,
     /// Bumped on every registration change, so that waiting volumes are retried at once.
     pub(crate) changed: tokio::sync::watch::Sender<u64>,
 }
@@ -172,6 +226,7 @@ impl Drivers {
             controllers: RwLock::default(),
             controller_caps: Mutex::default(),
             health: Mutex::default(),
+            warnings: Mutex::default(),
             changed: tokio::sync::watch::channel(0).0,
         }
     }
@@ -290,13 +345,50 @@ impl Drivers {
             capabilities,
             channel,
         });
-        self.nodes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), driver.clone());
+        {
+            let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(existing) = nodes.get(name) {
+                let same_endpoint = existing.endpoint == driver.endpoint;
+                if let Err(why) = may_replace(existing, &driver.source) {
+                    let warning = format!(
+                        "a registration of {name} at {} was refused: {why}",
+                        driver.endpoint.display()
+                    );
+                    tracing::warn!(driver = name, registered = %existing.endpoint.display(), refused = %driver.endpoint.display(), "{warning}");
+                    self.warn(name, warning);
+                    return Err(CsiError {
+                        driver: name.to_string(),
+                        method: "registration",
+                        code: Code::AlreadyExists,
+                        message: why,
+                    });
+                }
+                if !same_endpoint {
+                    let warning = format!(
+                        "{name} at {} (node ID {}) was replaced by a registration at {} (node ID {}) with a higher CSI version; its volumes are served by the new endpoint",
+                        existing.endpoint.display(),
+                        existing.node_id,
+                        driver.endpoint.display(),
+                        driver.node_id
+                    );
+                    tracing::warn!(driver = name, old = %existing.endpoint.display(), new = %driver.endpoint.display(), "{warning}");
+                    self.warn(name, warning);
+                }
+            }
+            nodes.insert(name.to_string(), driver.clone());
+        }
         tracing::info!(driver = name, endpoint = %driver.endpoint.display(), node_id = %driver.node_id, capabilities = ?driver.capabilities, "CSI driver registered");
         self.changed.send_modify(|g| *g += 1);
         Ok(driver)
+    }
+
+    /// Keeps a warning for a driver name, for the status API.
+    fn warn(&self, name: &str, warning: String) {
+        let mut w = crate::sync::lock(&self.warnings);
+        let list = w.entry(name.to_string()).or_default();
+        list.push(warning);
+        let over = list.len().saturating_sub(WARNINGS_KEPT);
+        list.drain(..over);
     }
 
     /// Forgets a driver registered through `socket` (a driver since registered again another
@@ -305,7 +397,7 @@ impl Drivers {
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         let name = nodes
             .iter()
-            .find(|(_, d)| matches!(&d.source, DriverSource::Registration { socket: s } if s == socket))
+            .find(|(_, d)| matches!(&d.source, DriverSource::Registration { socket: s, .. } if s == socket))
             .map(|(n, _)| n.clone())?;
         nodes.remove(&name);
         drop(nodes);
@@ -387,6 +479,7 @@ impl Drivers {
         let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
         let controllers = self.controllers.read().unwrap_or_else(|e| e.into_inner());
         let health = crate::sync::lock(&self.health);
+        let warnings = crate::sync::lock(&self.warnings);
         let mut out: BTreeMap<String, DriverStatus> = BTreeMap::new();
         for d in nodes.values() {
             out.insert(
@@ -405,6 +498,7 @@ impl Drivers {
                         .get(&d.name)
                         .cloned()
                         .unwrap_or_else(|| "healthy".into()),
+                    warnings: warnings.get(&d.name).cloned().unwrap_or_default(),
                 },
             );
         }
@@ -524,5 +618,24 @@ async fn stats_loop(inner: Arc<crate::manager::Inner>) {
             }
         }
         inner.metrics.set_volume_stats(&stats);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_csi_1_version_is_compared() {
+        let v = |list: &[&str]| {
+            highest_supported_version(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            v(&["0.3.0", "v1.2", "1.10.0", "1.9.9"]).as_deref(),
+            Some("1.10.0")
+        );
+        assert_eq!(v(&["0.3.0", "2.0.0"]), None);
+        assert!(parse_version("1.2.0") < parse_version("1.10.0"));
+        assert!(parse_version("v1") == parse_version("1.0.0"));
     }
 }

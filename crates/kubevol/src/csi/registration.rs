@@ -92,6 +92,8 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
             } else {
                 kubevol_csi::socket_path(&info.endpoint)
             };
+            let version =
+                super::highest_supported_version(&info.supported_versions).unwrap_or_default();
             match endpoint {
                 Ok(endpoint) => drivers
                     .register(
@@ -99,6 +101,7 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
                         endpoint,
                         DriverSource::Registration {
                             socket: socket.to_path_buf(),
+                            version,
                         },
                     )
                     .await

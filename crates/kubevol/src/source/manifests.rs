@@ -110,6 +110,102 @@ fn deserialize_error<'de, D: serde::Deserializer<'de>>(kind: &str, d: D) -> Opti
     }
 }
 
+/// Rewrites a deserializer's message for the user. A base64 error names the offending
+/// character and its offset (`'_' at offset 7`) instead of a byte value. For a Secret
+/// (`secret`), no value is ever quoted: a Secret's values must not reach a log, an event or the
+/// status API, so `invalid type: integer `98765432`` becomes `invalid type: integer` and a base64
+/// error gives only the offset.
+pub fn humanize(msg: &str, secret: bool) -> String {
+    let msg = base64_message(msg, secret);
+    if secret {
+        redact_values(&msg)
+    } else {
+        msg
+    }
+}
+
+/// The base64 decoder's errors in words (`Invalid symbol 95, offset 7.`).
+fn base64_message(msg: &str, secret: bool) -> String {
+    let number_after = |s: &str, prefix: &str| -> Option<(u64, usize)> {
+        let i = s.find(prefix)? + prefix.len();
+        let digits = s[i..].bytes().take_while(u8::is_ascii_digit).count();
+        Some((s[i..i + digits].parse().ok()?, i + digits))
+    };
+    for (prefix, what) in [
+        ("Invalid symbol ", "is not a base64 character"),
+        (
+            "Invalid last symbol ",
+            "cannot end base64 data (it leaves bits over)",
+        ),
+    ] {
+        let Some(start) = msg.find(prefix) else {
+            continue;
+        };
+        let Some((byte, after)) = number_after(msg, prefix) else {
+            continue;
+        };
+        let Some((offset, end)) = number_after(&msg[after..], ", offset ") else {
+            continue;
+        };
+        let end = after + end + usize::from(msg[after + end..].starts_with('.'));
+        let character = if secret {
+            "the character".to_string()
+        } else {
+            match u8::try_from(byte).map(char::from) {
+                Ok(c) if c.is_ascii_graphic() => format!("{c:?}"),
+                _ => format!("byte 0x{byte:02x}"),
+            }
+        };
+        return format!(
+            "{}{character} at offset {offset} {what}{}",
+            &msg[..start],
+            &msg[end..]
+        );
+    }
+    if let Some((n, _)) = number_after(msg, "Invalid input length: ") {
+        return msg.replace(
+            &format!("Invalid input length: {n}"),
+            &format!("{n} base64 characters cannot be decoded (base64 comes in groups of 4, padded with '=')"),
+        );
+    }
+    msg.replace("Invalid padding", "the base64 padding ('=') is wrong")
+}
+
+/// Drops the values serde quotes in its messages (`invalid type: string "x"`, `invalid value:
+/// integer `5``), keeping what kind of value it was.
+fn redact_values(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = ["invalid type: ", "invalid value: "]
+        .iter()
+        .filter_map(|p| rest.find(p).map(|i| i + p.len()))
+        .min()
+    {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        // The kind of value (`integer`, `floating point`, `string`, ...), then maybe its quote.
+        let quote = rest.find(['`', '"']).filter(|q| {
+            let kind = &rest[..*q];
+            kind.ends_with(' ')
+                && kind
+                    .trim_end()
+                    .chars()
+                    .all(|c| c.is_ascii_alphabetic() || c == ' ')
+        });
+        let Some(q) = quote else { continue };
+        out.push_str(rest[..q].trim_end());
+        let close = rest.as_bytes()[q];
+        let mut j = q + 1;
+        let bytes = rest.as_bytes();
+        while j < bytes.len() && bytes[j] != close {
+            j += if bytes[j] == b'\\' { 2 } else { 1 };
+        }
+        rest = &rest[(j + 1).min(rest.len())..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Re-parses a document as a kind, for the location of its error: `(line, column)`, message.
 type Relocate<'a> = &'a dyn Fn(&str) -> Option<(Option<(usize, usize)>, String)>;
 
@@ -154,14 +250,28 @@ fn convert(
         errs: &mut Vec<ManifestError>,
     ) -> Option<T> {
         let name = object_name(kind, &value);
-        match serde_json::from_value::<T>(value) {
+        match serde_path_to_error::deserialize::<_, T>(value) {
             Ok(t) => Some(t),
             Err(e) => {
-                let (loc, mut msg) = relocate(kind).unwrap_or((None, e.to_string()));
+                let (loc, msg) = relocate(kind).unwrap_or_else(|| {
+                    let path = e.path().to_string();
+                    let msg = strip_location(&e.inner().to_string());
+                    (
+                        None,
+                        if path == "." {
+                            msg
+                        } else {
+                            format!("{path}: {msg}")
+                        },
+                    )
+                });
+                let mut msg = humanize(&msg, kind == "Secret");
                 if kind == "Secret" && msg.starts_with("data.") {
                     msg.push_str(
                         " (values under data are base64; put plain text under stringData)",
                     );
+                } else if kind == "Secret" && msg.starts_with("stringData.") {
+                    msg.push_str(" (values under stringData are text: quote the value)");
                 }
                 errs.push(ManifestError {
                     object: name,
@@ -811,6 +921,58 @@ mod tests {
         assert_eq!(vols[1].config_map.as_ref().unwrap().default_mode, Some(420));
         let (_, errs) = parse("p.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [], volumes: [{name: s, secret: {defaultMode: 0800}}]}\n");
         assert_eq!(errs.len(), 1, "0800 is not octal: {errs:?}");
+    }
+
+    #[test]
+    fn secret_values_never_appear_in_errors() {
+        // (row, document, the value that must not appear, what the message must say)
+        let rows = [
+            ("stringData number", "stringData: {pin: 98765432}", "98765432", "stringData.pin: invalid type: integer, expected a string (values under stringData are text: quote the value)"),
+            ("data number", "data: {password: 424242424242}", "424242424242", "data.password: invalid type: integer, expected a base64-encoded string"),
+            ("data not base64", "data: {password: \"c2VjcmV0_dmFsdWU=\"}", "_", "data.password: the character at offset 8 is not a base64 character"),
+            ("data float", "data: {password: 1.5e300}", "1.5e300", "data.password: the character at offset 1 is not a base64 character"),
+            ("stringData map", "stringData: {pin: {nested: hunter2}}", "hunter2", "stringData.pin: invalid type: map, expected a string"),
+            ("stringData bool", "stringData: {pin: true}", "true", "stringData.pin: invalid type: boolean, expected a string"),
+        ];
+        for (row, body, secret, want) in rows {
+            let text = format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\n{body}\n");
+            let (_, errs) = parse("/m/s.yaml", &text);
+            assert_eq!(errs.len(), 1, "row {row}: {errs:?}");
+            let msg = errs[0].split("invalid Secret: ").nth(1).unwrap_or(&errs[0]);
+            assert!(!msg.contains(secret), "row {row}: the value leaks: {msg}");
+            assert!(msg.starts_with(want), "row {row}: {msg} / {}", errs[0]);
+            // Inside a List too, where no location is known.
+            let list = format!("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Secret\n  metadata: {{name: s}}\n  {body}\n");
+            let (_, errs) = parse("/m/l.yaml", &list);
+            assert_eq!(errs.len(), 1, "row {row} in a List: {errs:?}");
+            let msg = errs[0].split("invalid Secret: ").nth(1).unwrap_or(&errs[0]);
+            assert!(
+                !msg.contains(secret),
+                "row {row} in a List: the value leaks: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn base64_errors_name_the_character_outside_secrets() {
+        let rows = [
+            ("Invalid symbol 95, offset 7.", "'_' at offset 7 is not a base64 character"),
+            ("x: Invalid symbol 10, offset 2. (hint)", "x: byte 0x0a at offset 2 is not a base64 character (hint)"),
+            ("Invalid last symbol 66, offset 3.", "'B' at offset 3 cannot end base64 data (it leaves bits over)"),
+            ("Invalid input length: 5", "5 base64 characters cannot be decoded (base64 comes in groups of 4, padded with '=')"),
+            ("Invalid padding", "the base64 padding ('=') is wrong"),
+        ];
+        for (msg, want) in rows {
+            assert_eq!(humanize(msg, false), want, "row {msg:?}");
+        }
+        let (_, errs) = parse(
+            "/m/c.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\nbinaryData: {b: \"YWJj_ZGVm\"}\n",
+        );
+        assert!(
+            errs[0].contains("binaryData.b: '_' at offset 4 is not a base64 character"),
+            "{errs:?}"
+        );
     }
 
     #[test]

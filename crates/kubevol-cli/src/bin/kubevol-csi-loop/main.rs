@@ -37,6 +37,10 @@ struct Args {
     /// DIR/<driver-name>-reg.sock (DIR is the agent's plugins_registry directory).
     #[arg(long, value_name = "DIR")]
     registration_dir: Option<PathBuf>,
+    /// The registration socket's file name in --registration-dir, instead of
+    /// <driver-name>-reg.sock (two instances of one driver need two names).
+    #[arg(long, value_name = "NAME")]
+    registration_socket: Option<String>,
     /// The CSI versions offered at registration (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1.0.0")]
     registration_versions: Vec<String>,
@@ -105,10 +109,13 @@ async fn main() -> anyhow::Result<()> {
         .serve_with_incoming_shutdown(incoming, signal::terminated());
     tracing::info!(driver = %args.driver_name, endpoint = %socket.display(), node = %node_id, "serving CSI");
 
-    let reg_socket = args
-        .registration_dir
-        .as_ref()
-        .map(|d| d.join(format!("{}-reg.sock", args.driver_name)));
+    let reg_socket = args.registration_dir.as_ref().map(|d| {
+        d.join(
+            args.registration_socket
+                .clone()
+                .unwrap_or_else(|| format!("{}-reg.sock", args.driver_name)),
+        )
+    });
     let registration = async {
         let Some(path) = &reg_socket else {
             return Ok(());
