@@ -109,10 +109,11 @@ impl DesiredState {
             volumes.insert(w.pod_volume.outer_volume_name.clone(), w.name.clone());
         }
         if let Some(old) = self.pods.get(&uid) {
+            let wanted: std::collections::BTreeSet<&UniqueVolumeName> = volumes.values().collect();
             let stale: Vec<UniqueVolumeName> = old
                 .volumes
                 .values()
-                .filter(|n| !volumes.values().any(|v| v == *n))
+                .filter(|n| !wanted.contains(n))
                 .cloned()
                 .collect();
             for name in stale {
@@ -295,6 +296,9 @@ pub struct ActualState {
     volumes: BTreeMap<UniqueVolumeName, ActualVolume>,
     /// Pod → the volumes it has on the node, so per-pod questions never scan every volume.
     by_pod: BTreeMap<PodUid, std::collections::BTreeSet<UniqueVolumeName>>,
+    /// Pod → how many of its volumes are [`PodMountState::Mounted`], so that "is the pod
+    /// ready?" is answered without a look at each volume until the count says it may be.
+    mounted_by_pod: std::collections::HashMap<PodUid, usize>,
 }
 
 impl ActualState {
@@ -402,20 +406,56 @@ impl ActualState {
             .entry(uid.clone())
             .or_default()
             .insert(name.clone());
-        self.entry(name, traits).pods.insert(uid, mounted);
+        let now = mounted.state;
+        let was = self
+            .entry(name, traits)
+            .pods
+            .insert(uid.clone(), mounted)
+            .map(|m| m.state);
+        self.count_mounted(&uid, was, Some(now));
+    }
+
+    /// Keeps [`ActualState::mounted_count`] right across one pod volume's change of state.
+    fn count_mounted(
+        &mut self,
+        uid: &PodUid,
+        was: Option<PodMountState>,
+        now: Option<PodMountState>,
+    ) {
+        let mounted = |s: Option<PodMountState>| s == Some(PodMountState::Mounted);
+        match (mounted(was), mounted(now)) {
+            (false, true) => *self.mounted_by_pod.entry(uid.clone()).or_default() += 1,
+            (true, false) => {
+                if let Some(n) = self.mounted_by_pod.get_mut(uid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.mounted_by_pod.remove(uid);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// How many of a pod's volumes are set up and verified.
+    pub fn mounted_count(&self, uid: &PodUid) -> usize {
+        self.mounted_by_pod.get(uid).copied().unwrap_or(0)
     }
 
     /// Changes how far a pod's use of a volume got (e.g. to uncertain after a failed teardown).
     pub fn set_pod_state(&mut self, name: &UniqueVolumeName, uid: &PodUid, state: PodMountState) {
-        if let Some(m) = self.volumes.get_mut(name).and_then(|v| v.pods.get_mut(uid)) {
-            m.state = state;
-        }
+        let was = match self.volumes.get_mut(name).and_then(|v| v.pods.get_mut(uid)) {
+            Some(m) => std::mem::replace(&mut m.state, state),
+            None => return,
+        };
+        self.count_mounted(uid, Some(was), Some(state));
     }
 
     /// Records a pod's volume as torn down.
     pub fn mark_pod_unmounted(&mut self, name: &UniqueVolumeName, uid: &PodUid) {
         if let Some(v) = self.volumes.get_mut(name) {
-            v.pods.remove(uid);
+            let was = v.pods.remove(uid).map(|m| m.state);
+            self.count_mounted(uid, was, None);
         }
         if let Some(set) = self.by_pod.get_mut(uid) {
             set.remove(name);
@@ -478,5 +518,56 @@ impl ActualState {
     /// Every pod that has something on the node.
     pub fn pods(&self) -> impl Iterator<Item = &PodUid> {
         self.by_pod.keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mounted(state: PodMountState) -> MountedPodVolume {
+        MountedPodVolume {
+            pod_ref: PodRef {
+                namespace: "default".into(),
+                name: "p".into(),
+                uid: PodUid("u".into()),
+            },
+            outer_volume_name: "v".into(),
+            spec: Arc::new(VolumeSpec {
+                volume: Volume::default(),
+                persistent_volume: None,
+                block: false,
+            }),
+            state,
+            path: PathBuf::from("/x"),
+            read_only: false,
+            content_generation: 0,
+            sub_paths: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_mounted_count_follows_every_change_of_state() {
+        let traits = VolumeTraits {
+            plugin: "p".into(),
+            attachable: false,
+            device_mountable: false,
+        };
+        let (a, b) = (UniqueVolumeName("a".into()), UniqueVolumeName("b".into()));
+        let uid = PodUid("u".into());
+        let mut asw = ActualState::default();
+        asw.mark_pod_volume(&a, &traits, uid.clone(), mounted(PodMountState::Uncertain));
+        assert_eq!(asw.mounted_count(&uid), 0);
+        asw.mark_pod_volume(&a, &traits, uid.clone(), mounted(PodMountState::Mounted));
+        asw.mark_pod_volume(&a, &traits, uid.clone(), mounted(PodMountState::Mounted));
+        asw.mark_pod_volume(&b, &traits, uid.clone(), mounted(PodMountState::Mounted));
+        assert_eq!(asw.mounted_count(&uid), 2, "set up again: counted once");
+        asw.set_pod_state(&a, &uid, PodMountState::Uncertain);
+        assert_eq!(asw.mounted_count(&uid), 1);
+        asw.mark_pod_unmounted(&a, &uid);
+        asw.mark_pod_unmounted(&b, &uid);
+        asw.mark_pod_unmounted(&b, &uid);
+        assert_eq!(asw.mounted_count(&uid), 0);
+        assert!(asw.mounted_by_pod.is_empty(), "nothing kept for a gone pod");
     }
 }

@@ -43,6 +43,7 @@ pub mod populator;
 mod reconciler;
 pub mod reconstruct;
 pub mod record;
+mod slots;
 pub mod source;
 pub mod status;
 pub mod store;

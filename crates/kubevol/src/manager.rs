@@ -17,7 +17,7 @@ use kubevol_core::backoff::BackoffPolicy;
 use kubevol_core::state::{ActualState, DesiredState, PodMountState, SubPathMount};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use kubevol_mount::Mounter;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::events::EventRecorder;
@@ -157,7 +157,7 @@ pub(crate) struct Inner {
     pub(crate) pending_since: Mutex<HashMap<PodUid, Instant>>,
     pub(crate) pod_signals: Mutex<HashMap<PodUid, Arc<Notify>>>,
     pub(crate) shutdown: watch::Sender<bool>,
-    pub(crate) operations: Semaphore,
+    pub(crate) operations: crate::slots::Slots<crate::slots::Group>,
     /// What reconstruction found at start.
     pub(crate) reconstruction: Mutex<crate::reconstruct::Reconstruction>,
     /// Orphaned pod directories the last sweep could not remove.
@@ -240,6 +240,11 @@ impl Inner {
             return false;
         }
         let asw = self.asw();
+        // Fewer mounted than wanted: not ready, without looking at each volume (a pod with
+        // thousands of volumes is asked after each of their set-ups).
+        if asw.mounted_count(uid) < dp.volumes.len() {
+            return false;
+        }
         dp.volumes.values().all(|u| {
             asw.pod_volume(u, uid)
                 .is_some_and(|m| m.state == PodMountState::Mounted)
@@ -451,7 +456,7 @@ impl VolumeManager {
             inner: Arc::new(Inner {
                 executor: Executor::new(config.backoff),
                 content_generation: std::sync::atomic::AtomicU64::new(0),
-                operations: Semaphore::new(config.max_concurrent_operations.max(1)),
+                operations: crate::slots::Slots::new(config.max_concurrent_operations),
                 config,
                 store,
                 plugins,

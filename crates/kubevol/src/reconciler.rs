@@ -70,7 +70,12 @@ fn prune_errors(inner: &Inner) {
 }
 
 async fn run_operation(inner: Arc<Inner>, op: Operation) {
-    let mut permit = inner.operations.acquire().await.ok();
+    let mut permit = Some(
+        inner
+            .operations
+            .acquire(crate::slots::Group::of(&op.key()))
+            .await,
+    );
     let started = Instant::now();
     // Boxed, and only once a slot is free: a storm spawns thousands of these tasks that wait
     // for a slot, and the operation's state machine (plugin calls, record writes) is tens of

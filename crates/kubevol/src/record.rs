@@ -18,7 +18,7 @@
 //! changes queued at that moment as one batch: a storm of set-ups pays for one journal commit
 //! per batch, not one per volume, and no operation blocks a runtime thread on the disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -302,6 +302,19 @@ pub struct Record {
     written: Mutex<BTreeMap<PathBuf, Vec<u8>>>,
     /// The writer thread's queue, started by the first [`Record::commit`].
     queue: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
+    /// The record files of each directory, by key (see [`record_key`]): a directory is listed
+    /// once, then kept up to date by the writer, so that finding a record's other names costs
+    /// no listing per write (a pod with thousands of volumes would make that quadratic).
+    names: Mutex<HashMap<PathBuf, HashMap<String, BTreeSet<PathBuf>>>>,
+}
+
+/// What a pod volume's record files have in common whatever volume name they were recorded
+/// under: the hash of the unique volume name (`<volume>.<hash>.json`). Volume names may hold
+/// dots (a PersistentVolume's name), so it is taken from the end.
+fn record_key(file: &Path) -> Option<&str> {
+    let name = file.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".json")?;
+    Some(stem.rsplit_once('.').map_or(stem, |(_, hash)| hash))
 }
 
 /// One change to the record.
@@ -384,6 +397,7 @@ impl Record {
             dir,
             written: Mutex::default(),
             queue: OnceLock::new(),
+            names: Mutex::default(),
         })
     }
 
@@ -407,21 +421,48 @@ impl Record {
 
     /// The records of the same pod and volume key under another volume name (a volume
     /// reconstructed from the pods directory knows only its directory's name).
-    fn other_names(file: &Path) -> Vec<PathBuf> {
-        let (Some(dir), Some(name)) = (file.parent(), file.file_name().and_then(|n| n.to_str()))
-        else {
+    fn other_names(&self, file: &Path) -> Vec<PathBuf> {
+        let (Some(dir), Some(key)) = (file.parent(), record_key(file)) else {
             return Vec::new();
         };
-        let Some(suffix) = name.find('.').map(|i| &name[i..]) else {
-            return Vec::new();
-        };
-        read_dir(dir)
+        let mut names = crate::sync::lock(&self.names);
+        let known = names.entry(dir.to_path_buf()).or_insert_with(|| {
+            let mut by_key: HashMap<String, BTreeSet<PathBuf>> = HashMap::new();
+            for f in read_dir(dir) {
+                if let Some(k) = record_key(&f) {
+                    by_key.entry(k.to_string()).or_default().insert(f.clone());
+                }
+            }
+            by_key
+        });
+        known
+            .get(key)
             .into_iter()
-            .filter(|other| {
-                let other_name = other.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                other_name != name && other_name.ends_with(suffix)
-            })
+            .flatten()
+            .filter(|f| f.as_path() != file)
+            .cloned()
             .collect()
+    }
+
+    /// Keeps [`Record::names`] up to date with a file written (`present`) or removed.
+    fn note(&self, file: &Path, present: bool) {
+        let (Some(dir), Some(key)) = (file.parent(), record_key(file)) else {
+            return;
+        };
+        let mut names = crate::sync::lock(&self.names);
+        // A directory not listed yet is listed when it is first asked about.
+        let Some(known) = names.get_mut(dir) else {
+            return;
+        };
+        let set = known.entry(key.to_string()).or_default();
+        if present {
+            set.insert(file.to_path_buf());
+        } else {
+            set.remove(file);
+            if set.is_empty() {
+                known.remove(key);
+            }
+        }
     }
 
     /// Records durably the size a volume was expanded to, in its node-wide record (volumes
@@ -477,9 +518,8 @@ impl Record {
     /// names, or a node-wide record.
     fn conflict_key(&self, change: &Change) -> (PathBuf, String) {
         let file = self.file_of(change);
-        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let suffix = name.find('.').map_or(name, |i| &name[i..]).to_string();
-        (file.parent().unwrap_or(&self.dir).to_path_buf(), suffix)
+        let key = record_key(&file).unwrap_or_default().to_string();
+        (file.parent().unwrap_or(&self.dir).to_path_buf(), key)
     }
 
     /// Applies a batch of changes to different files and returns each one's result. A durable
@@ -516,7 +556,7 @@ impl Record {
                 Change::Device(r) => encode(r),
                 Change::RemovePodVolume { .. } => {
                     removals.push((job, file.clone()));
-                    removals.extend(Self::other_names(&file).into_iter().map(|f| (job, f)));
+                    removals.extend(self.other_names(&file).into_iter().map(|f| (job, f)));
                     empty_dirs.extend(file.parent().map(Path::to_path_buf));
                     continue;
                 }
@@ -526,7 +566,7 @@ impl Record {
                 }
             };
             if let Change::PodVolume(_) = change {
-                removals.extend(Self::other_names(&file).into_iter().map(|f| (job, f)));
+                removals.extend(self.other_names(&file).into_iter().map(|f| (job, f)));
             }
             let stage = |bytes: std::io::Result<Vec<u8>>| -> std::io::Result<Option<Staged>> {
                 let bytes = bytes?;
@@ -568,6 +608,7 @@ impl Record {
                 results[s.job] = Err(e);
                 continue;
             }
+            self.note(&s.file, true);
             crate::sync::lock(&self.written).insert(s.file.clone(), s.bytes);
             if s.durable {
                 let dir = s.file.parent().unwrap_or(&self.dir).to_path_buf();
@@ -590,13 +631,16 @@ impl Record {
         }
         for dir in empty_dirs {
             // Fails while another volume of the pod is recorded, as it should.
-            let _ = std::fs::remove_dir(dir);
+            if std::fs::remove_dir(&dir).is_ok() {
+                crate::sync::lock(&self.names).remove(&dir);
+            }
         }
         results
     }
 
     fn remove(&self, file: &Path) -> std::io::Result<()> {
         crate::sync::lock(&self.written).remove(file);
+        self.note(file, false);
         match std::fs::remove_file(file) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

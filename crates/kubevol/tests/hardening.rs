@@ -175,3 +175,35 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    fn a_small_pod_is_not_kept_waiting_by_a_pod_with_thousands_of_volumes() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| c.wait_timeout = std::time::Duration::from_secs(120));
+            let volumes: Vec<serde_json::Value> = (0..2000)
+                .map(|i| json!({"name": format!("v{i}"), "emptyDir": {"medium": "Memory"}}))
+                .collect();
+            let big = pod_with_volumes("big", json!(volumes));
+            let big_uid = m.add_pod(big.clone());
+            // Once the big pod's set-up is under way, the small pod arrives.
+            let mut changes = m.subscribe();
+            while m.mounted_volumes_for_pod(&big_uid).len() < 100 {
+                changes.changed().await.unwrap();
+            }
+            let small = pod_with_volumes("small", json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]));
+            m.add_pod(small.clone());
+            m.wait_for_attach_and_mount(&small).await.expect("the small pod mounts");
+            let big_done = m.mounted_volumes_for_pod(&big_uid).len();
+            assert!(
+                big_done < 1000,
+                "the small pod took turns with the big one instead of waiting for it: {big_done} of the big pod's 2000 volumes were mounted first"
+            );
+            m.wait_for_attach_and_mount(&big).await.expect("the big pod mounts too");
+            m.remove_pods(&[big.clone(), small.clone()]);
+            m.wait_for_all_pods_unmount(&[big, small]).await.expect("torn down");
+            assert!(mount_ids(&m.config().root_dir).is_empty());
+            m.shutdown();
+        });
+    }
+}
