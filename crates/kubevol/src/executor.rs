@@ -50,6 +50,8 @@ struct State {
     errors: BTreeMap<OperationKey, LastError>,
     /// Keys turned away as busy, by volume (every conflict is within one volume).
     turned_away: HashMap<UniqueVolumeName, HashSet<Option<PodUid>>>,
+    /// Running keys whose operation tears something down.
+    teardowns: HashSet<OperationKey>,
 }
 
 /// The bookkeeping.
@@ -111,6 +113,7 @@ impl Executor {
     pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
         let mut s = self.lock();
         s.running.remove(key);
+        s.teardowns.remove(key);
         let mut blocked = false;
         if let Some(waiting) = s.turned_away.get_mut(&key.volume) {
             // The same key, or any key of the volume when one of the two is volume-wide.
@@ -153,6 +156,20 @@ impl Executor {
             }
         }
         blocked
+    }
+
+    /// Notes that the operation started for `key` tears something down: until it finishes,
+    /// a pod that wants the volume again is not ready (see [`Executor::tearing_down`]).
+    pub fn mark_teardown(&self, key: &OperationKey) {
+        let mut s = self.lock();
+        if s.running.contains(key) {
+            s.teardowns.insert(key.clone());
+        }
+    }
+
+    /// Whether a teardown of `key` has been started and has not finished.
+    pub fn tearing_down(&self, key: &OperationKey) -> bool {
+        self.lock().teardowns.contains(key)
     }
 
     /// Reports that the running operation of `key` has not finished in time (a hung
@@ -266,6 +283,21 @@ mod tests {
             e.try_start(&key("w", Some("c")), now).is_ok(),
             "other volumes are unaffected"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_teardown_is_known_until_it_finishes() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        let k = key("v", Some("a"));
+        e.mark_teardown(&k);
+        assert!(!e.tearing_down(&k), "only a started key");
+        e.try_start(&k, now).unwrap();
+        e.mark_teardown(&k);
+        assert!(e.tearing_down(&k));
+        assert!(!e.tearing_down(&key("v", Some("b"))));
+        let _ = e.finish(&k, Err("busy".into()), now);
+        assert!(!e.tearing_down(&k), "failed or not, it is over");
     }
 
     #[tokio::test(start_paused = true)]

@@ -245,9 +245,17 @@ impl Inner {
         if asw.mounted_count(uid) < dp.volumes.len() {
             return false;
         }
+        // A teardown under way (the pod is back while its volume is being unmounted) makes
+        // the volume not ready, although the actual state still says mounted.
         dp.volumes.values().all(|u| {
             asw.pod_volume(u, uid)
                 .is_some_and(|m| m.state == PodMountState::Mounted)
+                && !self
+                    .executor
+                    .tearing_down(&kubevol_core::reconcile::OperationKey {
+                        volume: u.clone(),
+                        pod: Some(uid.clone()),
+                    })
         })
     }
 

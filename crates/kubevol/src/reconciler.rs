@@ -39,6 +39,9 @@ pub(crate) async fn run(inner: Arc<Inner>) {
         for op in ops {
             match inner.executor.try_start(&op.key(), now) {
                 Ok(()) => {
+                    if op.is_teardown() {
+                        inner.executor.mark_teardown(&op.key());
+                    }
                     let i = inner.clone();
                     tokio::spawn(async move { run_operation(i, op).await });
                 }
@@ -128,7 +131,8 @@ async fn run_operation(inner: Arc<Inner>, op: Operation) {
     drop(permit);
     let (plugin, outcome, replan) = match done {
         Ok(r) => r,
-        Err(panic) => panicked(&inner, &op, &panic).await,
+        // Boxed: inline, its state would make every task waiting for a slot bigger.
+        Err(panic) => Box::pin(panicked(&inner, &op, &panic)).await,
     };
     inner.metrics.observe_operation(
         &plugin,
@@ -850,6 +854,13 @@ async fn unmount_volume(
         Some(r) => intend(inner, "tear_down", record::Change::PodVolume(r)).await,
         None => Ok(()),
     };
+    if intent.is_ok() {
+        // From here on the volume may be half torn down: a pod that wants it again (the same
+        // UID back, as a static pod's is) is not ready until it is set up again.
+        inner
+            .asw_mut()
+            .set_pod_state(volume, pod, PodMountState::Uncertain);
+    }
     // subPath mounts go first: they keep the volume busy.
     let torn = match intent {
         Err(e) => Err(e),
@@ -880,11 +891,13 @@ async fn unmount_volume(
                 "UnmountVolume.TearDown failed for volume {:?} of pod {pref}: {e}",
                 mounted.outer_volume_name
             );
-            if e.class() == ErrorClass::Uncertain {
-                inner
-                    .asw_mut()
-                    .set_pod_state(volume, pod, PodMountState::Uncertain);
-            }
+            // A failure that did nothing lasting (busy, refused) leaves the volume as it was.
+            let state = if e.class() == ErrorClass::Uncertain {
+                PodMountState::Uncertain
+            } else {
+                mounted.state
+            };
+            inner.asw_mut().set_pod_state(volume, pod, state);
             settle_pod_record(inner, volume, pod, &mounted.outer_volume_name).await;
             inner
                 .events
