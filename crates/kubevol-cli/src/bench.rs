@@ -415,7 +415,7 @@ mod content {
         let root = tmp.path().join("root");
         let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
             let (manager, running) = start_manager(&root, args, |_| {})?;
-            manager.store().upsert_objects(objects(1));
+            manager.library().upsert_objects(objects(1));
             let pods: Vec<Pod> = (0..args.pods()).map(pod).collect();
             let start = tokio::time::Instant::now();
             let (uids, latencies) = add_and_wait(&manager, &pods).await?;
@@ -431,7 +431,7 @@ mod content {
                 .collect();
             let want = value(2, 0);
             let t = tokio::time::Instant::now();
-            manager.store().upsert_objects(objects(2));
+            manager.library().upsert_objects(objects(2));
             let mut pending: Vec<&std::path::PathBuf> = files.iter().collect();
             let mut update_lat = Vec::new();
             while !pending.is_empty() {
@@ -628,7 +628,7 @@ mod csi {
             let (manager, running) = start_manager(&root, args, |c| {
                 c.csi_controllers = vec![(DRIVER.into(), socket.clone())];
             })?;
-            manager.store().upsert_objects(objects(n));
+            manager.library().upsert_objects(objects(n));
             let pods: Vec<Pod> = (0..n).map(pod).collect();
             let mut latencies = Vec::new();
             for p in &pods {

@@ -278,28 +278,20 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.allow_lazy_unmount = args.allow_lazy_unmount;
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
         .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
+    let source = ManifestSource::new(&args.manifests).with_max_file_size(args.max_manifest_size);
     let watch = if args.once {
-        let source =
-            ManifestSource::new(&args.manifests, manager.store().clone()).with_context(|| {
-                format!(
-                    "cannot read manifest directory {}",
-                    args.manifests.display()
-                )
-            })?;
-        source
-            .with_max_file_size(args.max_manifest_size)
-            .start()
-            .await
-            .context("cannot watch the manifest directory")?
+        // Once: a directory that cannot be read is an error now.
+        let sink = manager.store().sink(ManifestSource::NAME);
+        source.listen(sink).await.with_context(|| {
+            format!(
+                "cannot read manifest directory {}",
+                args.manifests.display()
+            )
+        })?
     } else {
         // The daemon keeps running while the directory is missing or unreadable: until it is
         // listed, the source is not synced and nothing is torn down.
-        manager.store().register_source(ManifestSource::NAME);
-        tokio::spawn(keep_source(
-            args.manifests.clone(),
-            manager.store().clone(),
-            args.max_manifest_size,
-        ))
+        manager.add_source(source)
     };
     let running = tokio::spawn({
         let m = manager.clone();
@@ -338,34 +330,6 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("the manager did not stop within {STOP_GRACE:?} (an operation is blocked in the kernel or a driver); exiting anyway, mounts stay in place");
     }
     Ok(code)
-}
-
-/// Lists and watches the manifest directory, retrying with backoff while it cannot be read.
-async fn keep_source(dir: PathBuf, store: Arc<kubevol::store::ObjectStore>, max_size: u64) {
-    /// Aborts the watch when the task that owns it is aborted.
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    for delay in kubevol_core::backoff::BackoffPolicy::RECONNECT.delays() {
-        let started = match ManifestSource::new(&dir, store.clone()) {
-            Ok(s) => s.with_max_file_size(max_size).start().await,
-            Err(e) => Err(e),
-        };
-        match started {
-            Ok(watch) => {
-                let mut watch = AbortOnDrop(watch);
-                let _ = (&mut watch.0).await;
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), retry_in = ?delay, "cannot read the manifest directory: {e}; nothing is torn down until it is listed");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
 }
 
 /// Waits until every pod is ready, rejected, or has had a first attempt at every volume.

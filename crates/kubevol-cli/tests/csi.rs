@@ -97,7 +97,7 @@ mount_test! {
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
-            m.store().upsert_objects(objects(json!([csi_driver(true), pv("data", "32Mi", "Filesystem"), pvc("data", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("data", "32Mi", "Filesystem"), pvc("data", "Filesystem")])));
             let a = claim_pod("a", "data");
             m.add_pod(a.clone());
             m.wait_for_attach_and_mount(&a).await.unwrap();
@@ -155,7 +155,7 @@ mount_test! {
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
-            m.store().upsert_objects(objects(json!([
+            m.library().upsert_objects(objects(json!([
                 csi_driver(true),
                 pv("raw", "16Mi", "Block"), pvc("raw", "Block"),
                 // XFS: growing it online needs CAP_SYS_ADMIN only (ext4 also needs
@@ -167,7 +167,7 @@ mount_test! {
             m.wait_for_attach_and_mount(&eph).await.unwrap();
             let path = mount_path(&m, &eph, "scratch");
             std::fs::write(path.join("f"), b"x").unwrap();
-            let handle = kubevol::csi::ephemeral_handle(&kubevol::pod_uid(&eph), "scratch");
+            let handle = kubevol::plugins::csi::ephemeral_handle(&kubevol::pod_uid(&eph), "scratch");
             assert!(driver.image(&handle).exists());
             m.remove_pod(&eph);
             m.wait_for_unmount(&eph).await.unwrap();
@@ -191,7 +191,7 @@ mount_test! {
             let gp = mount_path(&m, &g, "data");
             let size = |p: &Path| { let s = rustix::fs::statvfs(p).unwrap(); s.f_blocks * s.f_frsize };
             let before = size(&gp);
-            m.store().upsert_objects(objects(json!([pv_fs("grow", "600Mi", "Filesystem", "xfs")])));
+            m.library().upsert_objects(objects(json!([pv_fs("grow", "600Mi", "Filesystem", "xfs")])));
             let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
             while driver.count("NodeExpandVolume", "Ok") != 1 {
                 assert!(
@@ -225,7 +225,7 @@ mount_test! {
         );
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_millis(500));
-            m.store().upsert_objects(objects(json!([csi_driver(false), pv("slow", "16Mi", "Filesystem"), pvc("slow", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(false), pv("slow", "16Mi", "Filesystem"), pvc("slow", "Filesystem")])));
             let p = claim_pod("p", "slow");
             m.add_pod(p.clone());
             // First the final stage error: reported, and nothing to unstage.
@@ -258,7 +258,7 @@ mount_test! {
                 c.csi_drivers = vec![(DRIVER.into(), dir.join("csi.sock"))];
                 c.csi_controllers = vec![(DRIVER.into(), dir.join("csi.sock"))];
             });
-            m.store().upsert_objects(objects(json!([csi_driver(true), pv("k", "16Mi", "Filesystem"), pvc("k", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("k", "16Mi", "Filesystem"), pvc("k", "Filesystem")])));
             let p = claim_pod("p", "k");
             m.add_pod(p.clone());
             wait_until("stage in progress", 20, || driver.count("ControllerPublishVolume", "Ok") == 1).await;
@@ -343,7 +343,7 @@ mount_test! {
             volume["spec"]["mountOptions"] = json!(["noatime"]);
             volume["spec"]["csi"]["nodePublishSecretRef"] = json!({"name": "creds", "namespace": "default"});
             volume["spec"]["csi"]["nodeStageSecretRef"] = json!({"name": "creds", "namespace": "default"});
-            m.store().upsert_objects(objects(json!([csi_driver(true), volume, pvc("sec", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(true), volume, pvc("sec", "Filesystem")])));
             let mut p = claim_pod("writer", "sec");
             p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 4321})).unwrap());
             m.add_pod(p.clone());
@@ -351,7 +351,7 @@ mount_test! {
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("Secret default/creds") && e.contains("add it to the manifests") && e.contains("PersistentVolume sec"), "{e}");
-            m.store().upsert_objects(objects(json!([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
+            m.library().upsert_objects(objects(json!([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
             // The first publish fails (injected), the next one succeeds.
             m.wait_for_attach_and_mount(&p).await.unwrap();
             assert_eq!(driver.count("NodePublishVolume", "Internal"), 1);
@@ -416,7 +416,7 @@ mount_test! {
         let _driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
             let m = manager(t.path(), |_| {});
-            m.store().upsert_objects(objects(json!([csi_driver(true), pv("att", "16Mi", "Filesystem"), pvc("att", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("att", "16Mi", "Filesystem"), pvc("att", "Filesystem")])));
             let p = pod_with_volumes("p", json!([
                 {"name": "data", "persistentVolumeClaim": {"claimName": "att"}},
                 {"name": "tmp", "emptyDir": {}},
@@ -516,7 +516,7 @@ mount_test! {
                 let inject = format!("NodePublishVolume:{code}");
                 let driver = Driver::start(&base.join("driver"), Some(&registry(&base)), &["--inject", &inject]);
                 let m = csi_manager(&base, &base.join("driver"), Duration::from_secs(60));
-                m.store().upsert_objects(objects(json!([csi_driver(true), pv("v", "16Mi", "Filesystem"), pvc("v", "Filesystem")])));
+                m.library().upsert_objects(objects(json!([csi_driver(true), pv("v", "16Mi", "Filesystem"), pvc("v", "Filesystem")])));
                 let p = claim_pod("p", "v");
                 m.add_pod(p.clone());
                 let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
@@ -546,7 +546,7 @@ mount_test! {
         );
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
-            m.store().upsert_objects(objects(json!([csi_driver(true), pv("u", "16Mi", "Filesystem"), pvc("u", "Filesystem")])));
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("u", "16Mi", "Filesystem"), pvc("u", "Filesystem")])));
             let p = claim_pod("p", "u");
             m.add_pod(p.clone());
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;

@@ -24,31 +24,32 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The crate follows the kubelet's split: sources fill the [`store`], the [`populator`] turns
-//! pods into the desired state of world, the [`reconciler`](crate::VolumeManager::run) compares
-//! it with the actual state and starts operations through the [`executor`], and
-//! [`plugins`] do the work through the mount layer (`kubevol-mount`).
+//! The crate's folders follow the data flow (see ARCHITECTURE.md): [`source`]s fill the
+//! [`store`]; the [`populator`] turns its pods into the desired state of the world; the
+//! reconciler compares it with the actual state and starts operations, which run [`plugins`]
+//! through the mount layer (`kubevol-mount`) and [`csi`] drivers, writing a durable [`record`]
+//! before every side effect; [`reconstruct`]ion rebuilds the actual state at start; [`status`],
+//! [`events`], [`metrics`] and [`http`] are what an operator sees.
 
-pub mod claims;
 pub mod csi;
 pub mod error;
-pub mod events;
-pub mod executor;
-pub mod http;
 mod manager;
-pub mod metrics;
 pub mod node;
+mod observe;
+mod operations;
 pub mod plugins;
 pub mod populator;
 mod reconciler;
 pub mod reconstruct;
 pub mod record;
-mod slots;
 pub mod source;
-pub mod status;
 pub mod store;
-mod subpath;
 mod sync;
+mod waiters;
+mod world;
 
-pub use manager::{Config, MountedVolume, VolumeManager, WaitError};
+pub use manager::{Config, VolumeManager};
+pub use observe::{events, http, metrics, status};
 pub use store::pod_uid;
+pub use waiters::WaitError;
+pub use world::MountedVolume;

@@ -91,8 +91,8 @@ mount_test! {
         runtime().block_on(async {
             // No safety-net resync within the test: every update must arrive by its own event.
             let m = manager(root.path(), |c| c.resync_period = Duration::from_secs(3600));
-            let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
-            let _watch = source.start().await.expect("watch manifests");
+            let source = ManifestSource::new(&manifests);
+            let _watch = source.listen(m.store().sink(ManifestSource::NAME)).await.expect("watch manifests");
             // The manifest pod, by the name its UID derives from.
             let p = common::pod(json!({"metadata": {"name": "web", "namespace": "default"}, "spec": {"containers": []}}));
             let uid = kubevol::pod_uid(&p);
@@ -232,14 +232,14 @@ mount_test! {
 
             // The ConfigMap appears: retried at once, not after the 30 s backoff.
             let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata": {"name": "later", "namespace": "default"}, "data": {"k": "v"}})).unwrap();
-            let problems = m.store().upsert_objects([kubevol::store::Object::ConfigMap(cm)]);
+            let problems = m.library().upsert_objects([kubevol::store::Object::ConfigMap(cm)]);
             assert!(problems.is_empty());
             wait_for_status(&m, &p, 5, |s| s.volumes.iter().any(|v| v.name == "cfg" && v.state == kubevol::status::VolumePhase::Mounted)).await;
             assert_eq!(fs::read_to_string(m.mounted_volumes_for_pod(&uid)["cfg"].path.join("k")).unwrap(), "v");
 
             // An invalid Secret is reported, and a pod using it fails with the reason.
             let bad: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({"metadata": {"name": "bad", "namespace": "default"}, "stringData": {"..x": "v"}})).unwrap();
-            let problems = m.store().upsert_objects([kubevol::store::Object::Secret(bad)]);
+            let problems = m.library().upsert_objects([kubevol::store::Object::Secret(bad)]);
             assert!(problems[0].contains("Secret default/bad is invalid") && problems[0].contains("data[..x]: Invalid value: \"..x\": must not start with '..'"), "{problems:?}");
             let p2 = pod_with_volumes("uses-bad", json!([{"name": "s", "secret": {"secretName": "bad"}}]));
             m.add_pod(p2.clone());
@@ -263,7 +263,7 @@ mount_test! {
         write_manifest(&manifests, "pod.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: creds, mountPath: /c}, {name: maybe, mountPath: /m}]}]\n  volumes:\n  - {name: creds, secret: {secretName: creds}}\n  - {name: maybe, secret: {secretName: creds, optional: true}}\n");
         runtime().block_on(async {
             let m = manager(root.path(), |c| c.backoff.initial = Duration::from_secs(30));
-            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"containers": []}}));
             let s = wait_for_status(&m, &p, 10, |s| s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
             let file = manifests.canonicalize().unwrap().join("creds.yaml");
@@ -299,7 +299,7 @@ mount_test! {
             let cm = |v: &str| -> kubevol::store::Object {
                 kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "default"}, "data": {"canary": v}})).unwrap())
             };
-            m.store().upsert_objects([cm("one")]);
+            m.library().upsert_objects([cm("one")]);
             let p = pod_with_volumes("victim", json!([{"name": "cfg", "configMap": {"name": "c"}}]));
             let uid = m.add_pod(p.clone());
             m.wait_for_attach_and_mount(&p).await.expect("mounted");
@@ -307,7 +307,7 @@ mount_test! {
             let payload = vol.join(fs::read_link(vol.join("..data")).unwrap());
             fs::remove_file(vol.join("..data")).unwrap();
             std::os::unix::fs::symlink(&outside, vol.join("..data")).unwrap();
-            m.store().upsert_objects([cm("two")]);
+            m.library().upsert_objects([cm("two")]);
             let s = wait_for_status(&m, &p, 10, |s| s.volumes[0].retry.last_error.is_some()).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("..data: points to") && e.contains("kubevol reads, writes and removes nothing through it: remove it"), "{e}");
@@ -316,7 +316,7 @@ mount_test! {
             assert!(payload.exists(), "the old payload is kept while ..data is not ours");
             // Removing the planted link lets the next write converge.
             fs::remove_file(vol.join("..data")).unwrap();
-            m.store().upsert_objects([cm("three")]);
+            m.library().upsert_objects([cm("three")]);
             wait_for_file(&vol.join("canary"), "three", "after the link is removed").await;
             assert_eq!(fs::read_to_string(outside.join("canary")).unwrap(), "keep");
             m.remove_pod(&p);
@@ -506,8 +506,8 @@ mount_test! {
         );
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
-            let source = ManifestSource::new(&manifests, m.store().clone()).expect("manifest source");
-            let _watch = source.start().await.expect("watch manifests");
+            let source = ManifestSource::new(&manifests);
+            let _watch = source.listen(m.store().sink(ManifestSource::NAME)).await.expect("watch manifests");
             let p = common::pod(json!({"metadata": {"name": "full", "namespace": "default"}, "spec": {"containers": []}}));
             wait_for_status(&m, &p, 20, |s| s.phase == PodPhase::Ready).await;
             let uid = kubevol::pod_uid(&p);

@@ -20,26 +20,24 @@ fn pod(name: &str) -> Pod {
 }
 
 fn start(root: &std::path::Path, fake: Arc<FakeMounter>) -> VolumeManager {
-    start_with_sources(root, fake, &[])
+    start_with_sources(root, fake, &[]).0
 }
 
 /// A running manager whose pod sources are registered before it starts, as a daemon does.
 fn start_with_sources(
     root: &std::path::Path,
     fake: Arc<FakeMounter>,
-    sources: &[&str],
-) -> VolumeManager {
+    sources: &[&'static str],
+) -> (VolumeManager, Vec<kubevol::source::Sink>) {
     let mut c = Config::new(root, "n");
     c.backoff.initial = Duration::from_millis(5);
     c.backoff.max = Duration::from_millis(20);
     c.wait_timeout = Duration::from_secs(20);
     let m = VolumeManager::new(c, fake).unwrap();
-    for s in sources {
-        m.store().register_source(s);
-    }
+    let sinks = sources.iter().map(|s| m.store().sink(s)).collect();
     let r = m.clone();
     tokio::spawn(async move { r.run().await });
-    m
+    (m, sinks)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,7 +103,7 @@ fn rustix_errno_busy() -> kubevol_mount::Errno {
 async fn unmount_waits_until_sources_synced() {
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start_with_sources(t.path(), fake.clone(), &["slow-source"]);
+    let (m, sinks) = start_with_sources(t.path(), fake.clone(), &["slow-source"]);
     let p = pod("gated");
     let uid = m.add_pod(p.clone());
     m.wait_for_attach_and_mount(&p)
@@ -121,7 +119,7 @@ async fn unmount_waits_until_sources_synced() {
     );
     assert!(m.has_possibly_mounted_volumes(&uid));
 
-    m.store().mark_source_synced("slow-source");
+    sinks[0].synced();
     m.wait_for_unmount(&p).await.expect("torn down once synced");
     assert!(m.reconciler_states_synced());
     m.shutdown();

@@ -51,7 +51,7 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             std::fs::write(manifests.join("web.yaml"), memory_pod("web")).unwrap();
-            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let web = pod_ref("web");
             m.wait_for_attach_and_mount(&web).await.expect("mounted");
             let uid = kubevol::pod_uid(&web);
@@ -94,7 +94,7 @@ mount_test! {
         let manifests = root.manifests();
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
-            let _watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let mut seed = 0x9e37_79b9_7f4a_7c15u64;
             let mut next = |n: u64| {
                 seed ^= seed << 13;

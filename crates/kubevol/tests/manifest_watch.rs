@@ -27,9 +27,8 @@ async fn own_reads_do_not_trigger_reloads() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), POD).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(dir.path(), store.clone())
-        .unwrap()
-        .start()
+    let watch = ManifestSource::new(dir.path())
+        .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     assert_eq!(store.pods().len(), 1);
@@ -51,9 +50,8 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
     let path = dir.path().join("a.yaml");
     std::fs::write(&path, POD).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(dir.path(), store.clone())
-        .unwrap()
-        .start()
+    let watch = ManifestSource::new(dir.path())
+        .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     let lost = Arc::new(AtomicBool::new(false));
@@ -135,9 +133,8 @@ async fn a_renamed_manifest_keeps_the_same_pod_object() {
     let d = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(d.join("web.yaml"), pod_yaml("web")).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(&d, store.clone())
-        .unwrap()
-        .start()
+    let watch = ManifestSource::new(&d)
+        .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     let first = stored(&store, "web").expect("loaded").pod;
@@ -171,9 +168,8 @@ async fn when_the_file_that_wins_a_duplicate_goes_the_other_takes_over() {
     let d = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::write(d.join("b.yaml"), pod_yaml("web")).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(&d, store.clone())
-        .unwrap()
-        .start()
+    let watch = ManifestSource::new(&d)
+        .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     let first = stored(&store, "web").unwrap().pod;
@@ -199,9 +195,8 @@ async fn churn_ends_with_exactly_the_pods_the_directory_defines() {
     let dir = tempfile::tempdir().unwrap();
     let d = std::fs::canonicalize(dir.path()).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(&d, store.clone())
-        .unwrap()
-        .start()
+    let watch = ManifestSource::new(&d)
+        .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     // A fixed pseudo-random sequence of creates, renames, copies and removals of files that
@@ -270,10 +265,9 @@ async fn files_that_are_not_regular_or_too_big_are_reported_and_never_block() {
     // Listing must finish although nobody ever writes to the FIFO.
     let watch = tokio::time::timeout(
         Duration::from_secs(30),
-        ManifestSource::new(&d, store.clone())
-            .unwrap()
+        ManifestSource::new(&d)
             .with_max_file_size(1024)
-            .start(),
+            .listen(store.sink(ManifestSource::NAME)),
     )
     .await
     .expect("the first listing does not wait for a FIFO")

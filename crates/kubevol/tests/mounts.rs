@@ -61,7 +61,7 @@ mount_test! {
         let manifests = root.manifests();
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
-            let watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let file = manifests.join("app.yaml");
             std::fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: tmp, mountPath: /tmp}, {name: data, mountPath: /data}]}]\n  volumes:\n  - {name: tmp, emptyDir: {medium: Memory}}\n  - {name: data, emptyDir: {}}\n").unwrap();
             let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}}));
@@ -216,7 +216,7 @@ mount_test! {
         .unwrap();
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
-            let watch = ManifestSource::new(&manifests, m.store().clone()).unwrap().start().await.unwrap();
+            let watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let good = common::pod(json!({"metadata": {"name": "good", "namespace": "default"}}));
             m.wait_for_attach_and_mount(&good).await.expect("the good pod mounts");
 

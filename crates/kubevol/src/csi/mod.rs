@@ -3,7 +3,6 @@
 //! call to them, with a per-call timeout, the `csi_operations_seconds` metric and the kubelet's
 //! split of gRPC codes into final and non-final errors.
 
-mod plugin;
 pub mod registration;
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,9 +16,6 @@ use kubevol_csi::v1::node_client::NodeClient;
 use kubevol_csi::v1::{controller_service_capability, node_service_capability};
 use tonic::transport::Channel;
 use tonic::Code;
-
-pub use plugin::{attachment_id, ephemeral_handle, CsiPlugin};
-pub(crate) use plugin::{staged_volumes, PLUGIN_NAME};
 
 use crate::metrics::Metrics;
 
@@ -213,7 +209,7 @@ pub struct Drivers {
     /// Driver name → registrations that replaced another endpoint or were refused.
     warnings: Mutex<HashMap<String, Vec<String>>>,
     /// Bumped on every registration change, so that waiting volumes are retried at once.
-    pub(crate) changed: tokio::sync::watch::Sender<u64>,
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drivers {
@@ -229,6 +225,11 @@ impl Drivers {
             warnings: Mutex::default(),
             changed: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// A receiver woken on every registration change.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// The per-call timeout.
@@ -508,15 +509,17 @@ impl Drivers {
 
 /// Registers the drivers that are there at start, before the first reconcile (so that their
 /// volumes do not fail a first attempt for want of a driver): every socket in the plugin
-/// registry, and one attempt at each driver given on the command line. Returns the drivers
-/// from the command line that did not answer.
-pub(crate) async fn register_at_start(inner: &crate::manager::Inner) -> Vec<(String, PathBuf)> {
-    let drivers = &inner.host.csi;
-    let dir = inner.host.root.join(registration::REGISTRY_DIR);
-    let _ = std::fs::create_dir_all(&dir);
-    registration::register_present(&dir, drivers).await;
+/// registry `registry`, and one attempt at each driver given on the command line. Returns the
+/// drivers from the command line that did not answer.
+pub(crate) async fn register_at_start(
+    drivers: &Arc<Drivers>,
+    registry: &std::path::Path,
+    command_line: &[(String, PathBuf)],
+) -> Vec<(String, PathBuf)> {
+    let _ = std::fs::create_dir_all(registry);
+    registration::register_present(registry, drivers).await;
     let mut missing = Vec::new();
-    for (name, endpoint) in &inner.config.csi_drivers {
+    for (name, endpoint) in command_line {
         if let Err(e) = drivers
             .register(name, endpoint.clone(), DriverSource::CommandLine)
             .await
@@ -528,16 +531,12 @@ pub(crate) async fn register_at_start(inner: &crate::manager::Inner) -> Vec<(Str
     missing
 }
 
-/// Runs the CSI side of the manager until aborted: the plugin registry watch, registration of
-/// command-line drivers that did not answer at start (retried until they do), an immediate
-/// retry of waiting volumes whenever a driver registers, and the volume stats loop.
-pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String, PathBuf)>) {
-    let drivers = inner.host.csi.clone();
+/// Runs the registration side until aborted: the plugin registry watch, and registration of
+/// command-line drivers that did not answer at start (retried until they do). Every change is
+/// announced on [`Drivers::changed`].
+pub(crate) async fn run(drivers: Arc<Drivers>, registry: PathBuf, missing: Vec<(String, PathBuf)>) {
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(registration::watch(
-        inner.host.root.join(registration::REGISTRY_DIR),
-        drivers.clone(),
-    ));
+    tasks.spawn(registration::watch(registry, drivers.clone()));
     for (name, endpoint) in missing {
         let d = drivers.clone();
         tasks.spawn(async move {
@@ -555,70 +554,7 @@ pub(crate) async fn run(inner: Arc<crate::manager::Inner>, missing: Vec<(String,
             }
         });
     }
-    {
-        let inner = inner.clone();
-        let mut changed = drivers.changed.subscribe();
-        tasks.spawn(async move {
-            while changed.changed().await.is_ok() {
-                // A CSI volume waiting for its driver is retried now, not after its backoff;
-                // other volumes keep theirs.
-                let prefix = format!("{}/", plugin::PLUGIN_NAME);
-                inner.executor.retry_now(
-                    |k| k.volume.0.starts_with(&prefix),
-                    tokio::time::Instant::now(),
-                );
-                inner.wake.notify_one();
-            }
-        });
-    }
-    tasks.spawn(stats_loop(inner));
     while tasks.join_next().await.is_some() {}
-}
-
-/// Gathers `kubelet_volume_stats_*` for every mounted volume that comes from a claim:
-/// NodeGetVolumeStats for CSI drivers that offer it, statfs for the rest.
-async fn stats_loop(inner: Arc<crate::manager::Inner>) {
-    let period = inner.config.volume_stats_period;
-    loop {
-        tokio::time::sleep(period).await;
-        let volumes: Vec<(
-            String,
-            String,
-            Arc<kubevol_core::state::VolumeSpec>,
-            PathBuf,
-            kubevol_core::PodRef,
-        )> = {
-            let asw = inner.asw();
-            asw.volumes()
-                .flat_map(|v| v.pods.values())
-                .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
-                .filter_map(|m| {
-                    let claim = m.spec.volume.persistent_volume_claim.as_ref()?;
-                    Some((
-                        m.pod_ref.namespace.clone(),
-                        claim.claim_name.clone(),
-                        m.spec.clone(),
-                        m.path.clone(),
-                        m.pod_ref.clone(),
-                    ))
-                })
-                .collect()
-        };
-        let mut stats = BTreeMap::new();
-        for (ns, claim, spec, path, pod) in volumes {
-            if stats.contains_key(&(ns.clone(), claim.clone())) {
-                continue;
-            }
-            match plugin::volume_stats(&inner.host, &spec, &pod, &path).await {
-                Ok(Some(u)) => {
-                    stats.insert((ns, claim), u);
-                }
-                Ok(None) => {}
-                Err(e) => tracing::debug!(claim = %claim, namespace = %ns, "volume stats: {e}"),
-            }
-        }
-        inner.metrics.set_volume_stats(&stats);
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! file here and one line in [`PluginRegistry::standard`].
 
 mod content;
+pub mod csi;
 mod empty_dir;
 mod host_path;
 
@@ -195,6 +196,19 @@ impl PluginHost {
         }
         Ok(())
     }
+}
+
+/// The subdirectories of `d`, sorted (none if it cannot be read).
+pub(crate) fn subdirs(d: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(d)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
 }
 
 /// What [`VolumePlugin::reconstruct`] returns for a volume whose directory is the volume.
@@ -414,7 +428,7 @@ impl PluginRegistry {
         for kind in ContentKind::ALL {
             r.register(Arc::new(ContentPlugin(kind)));
         }
-        r.register(Arc::new(crate::csi::CsiPlugin::default()));
+        r.register(Arc::new(csi::CsiPlugin::default()));
         r
     }
 

@@ -1,8 +1,32 @@
 //! Pod sources: where pods and the objects they reference come from.
 //!
-//! A source writes into the [`crate::store::ObjectStore`] and marks itself synced once it has
-//! delivered a complete first listing. Sources never touch the states of world.
+//! Every source implements [`PodSource`]: it is started with a [`Sink`], the only way to write
+//! the [`ObjectStore`](crate::store::ObjectStore), delivers its objects through it, and says
+//! once its first listing is complete (nothing is torn down before every source has). The
+//! manifest directory ([`ManifestSource`]) and the library API ([`Library`]) are the two
+//! sources; sources never touch the states of world.
 
+pub mod library;
 pub mod manifests;
 
+use std::future::Future;
+use std::pin::Pin;
+
+pub use library::Library;
 pub use manifests::{parse_manifest, ManifestSource};
+
+pub use crate::store::Sink;
+
+/// The future a started source runs as.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// A source of pods and of the objects they reference.
+pub trait PodSource: Send + 'static {
+    /// The source's name in the sync gate.
+    fn name(&self) -> &'static str;
+
+    /// Starts the source: it delivers its first complete listing through `sink`, then calls
+    /// [`Sink::synced`], then delivers every change. The returned future runs the source until
+    /// it is dropped.
+    fn start(self: Box<Self>, sink: Sink) -> BoxFuture<()>;
+}

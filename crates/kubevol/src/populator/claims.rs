@@ -214,9 +214,11 @@ mod tests {
             crate::source::parse_manifest(std::path::Path::new("t.json"), &list.to_string());
         assert!(errors.is_empty(), "{errors:?}");
         let s = ObjectStore::new();
-        assert!(s
-            .upsert_objects(objects.into_iter().map(|(_, o)| o))
-            .is_empty());
+        s.apply(
+            objects
+                .into_iter()
+                .map(|(_, o)| crate::store::Change::Upsert(o)),
+        );
         s
     }
 

@@ -294,6 +294,23 @@ impl Metrics {
         }
     }
 
+    /// Renders the Prometheus text format, with `volume_manager_total_volumes` counted from
+    /// both states of world.
+    pub(crate) fn render_world(&self, world: &crate::world::World) -> String {
+        let mut totals: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
+        for v in world.dsw().volumes() {
+            *totals
+                .entry((v.traits.plugin.clone(), "desired_state_of_world"))
+                .or_default() += v.pods.len() as i64;
+        }
+        for v in world.asw().volumes() {
+            *totals
+                .entry((v.traits.plugin.clone(), "actual_state_of_world"))
+                .or_default() += v.pods.len() as i64;
+        }
+        self.render(&totals)
+    }
+
     /// Renders the Prometheus text format, with the volume totals given per (plugin, state).
     pub fn render(&self, totals: &BTreeMap<(String, &'static str), i64>) -> String {
         let _one_at_a_time = crate::sync::lock(&self.render);

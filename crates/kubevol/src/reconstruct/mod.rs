@@ -14,14 +14,42 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kubevol_core::state::{MountedPodVolume, PodMountState, ReconstructedDevice, VolumeTraits};
 use kubevol_core::{PodRef, PodUid};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::manager::Inner;
+use crate::metrics::Metrics;
+use crate::plugins::{subdirs as dirs, PluginHost, PluginRegistry};
+use crate::world::AswWriter;
+
+mod sweep;
+
+pub(crate) use sweep::{sweep_loop, Sweep};
+
+/// What reconstruction and the orphan sweep found, for the status report.
+#[derive(Default)]
+pub struct Findings {
+    reconstruction: Mutex<Reconstruction>,
+    leftovers: Mutex<BTreeMap<PodUid, Leftover>>,
+}
+
+impl Findings {
+    /// What reconstruction found at start.
+    pub fn reconstruction(&self) -> Reconstruction {
+        crate::sync::lock(&self.reconstruction).clone()
+    }
+
+    /// Orphaned pod directories the last sweep could not remove.
+    pub fn leftovers(&self) -> Vec<Leftover> {
+        crate::sync::lock(&self.leftovers)
+            .values()
+            .cloned()
+            .collect()
+    }
+}
 
 /// What reconstruction found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,19 +84,6 @@ fn unknown_pod(uid: &PodUid) -> PodRef {
     }
 }
 
-/// The subdirectories of `d`, sorted (none if it cannot be read).
-pub(crate) fn dirs(d: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(d)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect();
-    out.sort();
-    out
-}
-
 fn name_of(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -76,8 +91,11 @@ fn name_of(p: &Path) -> String {
 }
 
 /// Rebuilds the actual state. Runs once, before the reconciler starts; blocking.
-pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
-    let host = &inner.host;
+pub(crate) fn reconstruct(
+    asw: &AswWriter,
+    host: &PluginHost,
+    plugins: &PluginRegistry,
+) -> Reconstruction {
     let mut report = Reconstruction::default();
     let mounts: BTreeSet<PathBuf> = match host.mounter.mount_table() {
         Ok(t) => t.into_iter().map(|m| m.mount_point).collect(),
@@ -90,7 +108,7 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
     };
     let table_known = report.problems.is_empty();
     let loaded = host.record.load();
-    let mut asw = inner.asw_mut();
+    let mut asw = asw.write();
 
     // 1. The record: exact specs, paths and traits.
     for r in &loaded.pods {
@@ -152,7 +170,7 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
                     // Recorded: the record's spec and name are exact.
                     continue;
                 }
-                let Some(plugin) = inner.plugins.by_name(&plugin_name) else {
+                let Some(plugin) = plugins.by_name(&plugin_name) else {
                     report.problems.push(format!(
                         "{}: no plugin {plugin_name} is registered; left in place",
                         vol_dir.display()
@@ -201,7 +219,7 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
     }
 
     // 3. The CSI plugin directory: staged volumes whose record is lost.
-    for (unique, spec, path) in crate::csi::staged_volumes(host) {
+    for (unique, spec, path) in crate::plugins::csi::staged_volumes(host) {
         let known = asw
             .volume(&unique)
             .is_some_and(|v| v.device_state != kubevol_core::state::DeviceMountState::NotMounted);
@@ -209,7 +227,7 @@ pub(crate) fn reconstruct(inner: &Inner) -> Reconstruction {
             continue;
         }
         let traits = VolumeTraits {
-            plugin: crate::csi::PLUGIN_NAME.to_string(),
+            plugin: crate::plugins::csi::PLUGIN_NAME.to_string(),
             attachable: false,
             device_mountable: true,
         };
@@ -240,110 +258,16 @@ fn layout_traits(t: VolumeTraits) -> VolumeTraits {
     }
 }
 
-/// One sweep: removes the directories of gone pods that have nothing left on the node.
-/// Returns how many were removed; leftovers are kept in `inner.leftovers`.
-pub(crate) async fn sweep_orphans(inner: &Arc<Inner>) -> usize {
-    let candidates: Vec<PodUid> = {
-        let dsw = inner.dsw();
-        let asw = inner.asw();
-        dirs(&inner.host.root.join("pods"))
-            .iter()
-            .map(|p| PodUid(name_of(p)))
-            .filter(|u| dsw.pod(u).is_none() && asw.pod_volumes(u).next().is_none())
-            .collect()
-    };
-    let host = inner.host.clone();
-    let results = tokio::task::spawn_blocking(move || {
-        let pods = match host.root_dir.open_beneath(Path::new("pods")) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!("orphan sweep skipped: cannot open the pods directory: {e}");
-                return Vec::new();
-            }
-        };
-        candidates
-            .into_iter()
-            .map(|uid| {
-                let r = pods.remove_empty_tree(uid.as_str());
-                (uid, r)
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    .unwrap_or_default();
-    let mut cleaned = 0;
-    let mut leftovers = BTreeMap::new();
-    for (uid, r) in results {
-        // A pod that came back while the sweep ran is not an orphan.
-        if inner.dsw().pod(&uid).is_some() {
-            continue;
-        }
-        match r {
-            Ok(()) => {
-                cleaned += 1;
-                inner.events.forget(&uid);
-                inner.forget_pod_signal(&uid);
-            }
-            // Removed meanwhile by the teardown of its last volume.
-            Err(e) if e.is_not_found() => cleaned += 1,
-            Err(e) => {
-                let path = inner.host.root.join("pods").join(uid.as_str());
-                leftovers.insert(
-                    uid.clone(),
-                    Leftover {
-                        uid: uid.to_string(),
-                        path: path.display().to_string(),
-                        reason: format!(
-                            "orphaned pod directory kept: {e}. kubevol removes directories only with rmdir and never through a mount; remove what is left by hand once it is no longer needed"
-                        ),
-                    },
-                );
-            }
-        }
-    }
-    let errors = leftovers.len();
-    let changed = {
-        let mut l = crate::sync::lock(&inner.leftovers);
-        let changed = *l != leftovers;
-        *l = leftovers;
-        changed
-    };
-    if changed {
-        for l in crate::sync::lock(&inner.leftovers).values() {
-            warn!(pod = %l.uid, "{}", l.reason);
-        }
-        inner.changed.send_modify(|g| *g += 1);
-    }
-    inner.metrics.set_orphan_sweep(cleaned, errors);
-    cleaned
-}
-
-/// Sweeps orphaned pod directories once every pod source has listed its pods and the first
-/// full reconcile is done, then every resync period.
-pub(crate) async fn sweep_loop(inner: Arc<Inner>) {
-    let mut changes = inner.changed.subscribe();
-    while !inner
-        .states_synced
-        .load(std::sync::atomic::Ordering::Acquire)
-    {
-        if changes.changed().await.is_err() {
-            return;
-        }
-    }
-    let mut stop = inner.shutdown.subscribe();
-    loop {
-        sweep_orphans(&inner).await;
-        tokio::select! {
-            _ = tokio::time::sleep(inner.config.resync_period) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// Reconstructs, once, and stores what was found for the status.
-pub(crate) async fn at_start(inner: &Arc<Inner>) {
-    let i = inner.clone();
-    let report = tokio::task::spawn_blocking(move || reconstruct(&i))
+/// Reconstructs, once, before the first reconcile, and keeps what was found for the status.
+pub(crate) async fn at_start(
+    asw: AswWriter,
+    host: Arc<PluginHost>,
+    plugins: PluginRegistry,
+    metrics: &Metrics,
+    findings: &Findings,
+) {
+    let world = asw.clone();
+    let report = tokio::task::spawn_blocking(move || reconstruct(&asw, &host, &plugins))
         .await
         .unwrap_or_else(|e| Reconstruction {
             problems: vec![format!("reconstruction failed: {e}")],
@@ -356,9 +280,8 @@ pub(crate) async fn at_start(inner: &Arc<Inner>) {
         problems = report.problems.len(),
         "actual state reconstructed"
     );
-    inner
-        .metrics
-        .set_reconstruction_problems(report.problems.len());
-    *crate::sync::lock(&inner.reconstruction) = report;
-    inner.notify_changed();
+    metrics.set_reconstruction_problems(report.problems.len());
+    *crate::sync::lock(&findings.reconstruction) = report;
+    world.world().announce();
+    world.world().wake_reconciler();
 }

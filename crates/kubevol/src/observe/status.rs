@@ -1,0 +1,335 @@
+//! The status report: every pod's volumes with state, path, last error and next retry, as the
+//! HTTP API serves it and `kubevol status` prints it. These types are the API's wire format.
+
+use std::collections::BTreeSet;
+
+use kubevol_core::state::PodMountState;
+use kubevol_core::PodUid;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::events::{Event, EventRecorder};
+use crate::operations::executor::{Executor, LastError};
+use crate::plugins::PluginRegistry;
+use crate::reconstruct::Findings;
+use crate::store::ObjectStore;
+use crate::world::World;
+
+/// Where a pod's volumes stand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodPhase {
+    /// Every volume the pod's containers use is mounted.
+    Ready,
+    /// Volumes are being set up.
+    Pending,
+    /// At least one volume failed (and is retried with backoff), or cannot be processed.
+    Failed,
+    /// The pod is invalid; nothing was created for it.
+    Rejected,
+    /// The pod is gone or terminated and its volumes are being torn down.
+    Terminating,
+}
+
+impl std::fmt::Display for PodPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Where one volume of a pod stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumePhase {
+    /// Set up.
+    Mounted,
+    /// May or may not be set up; will be set up again or torn down.
+    Uncertain,
+    /// Not set up yet.
+    Pending,
+    /// The last attempt failed; retried after backoff.
+    Failed,
+    /// Cannot be processed (unsupported type, bad reference).
+    Unsupported,
+    /// Being torn down.
+    Unmounting,
+}
+
+impl std::fmt::Display for VolumePhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// One volume of a pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    /// The volume's name in the pod's spec.
+    pub name: String,
+    /// The volume source (`emptyDir`, `hostPath`, ...).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The unique volume name, when the volume was processed.
+    pub unique_name: Option<String>,
+    /// Where it stands.
+    pub state: VolumePhase,
+    /// The path handed to the container runtime.
+    pub path: Option<String>,
+    /// Whether the runtime must mount it read-only.
+    pub read_only: bool,
+    /// The last error and the retry schedule.
+    #[serde(flatten)]
+    pub retry: RetryInfo,
+}
+
+/// A volume's last failure and when it is tried again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RetryInfo {
+    /// The last error, naming what to change.
+    pub last_error: Option<String>,
+    /// Consecutive failures.
+    pub failures: u32,
+    /// Milliseconds until the next retry, while backing off.
+    pub next_retry_ms: Option<u64>,
+}
+
+/// One pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PodStatus {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// Where the pod came from (manifest file and document, or the library API).
+    pub source: String,
+    /// Where its volumes stand.
+    pub phase: PodPhase,
+    /// Validation errors of a rejected pod, by field path.
+    pub errors: Vec<String>,
+    /// Its volumes.
+    pub volumes: Vec<VolumeStatus>,
+    /// Its recent events, oldest first.
+    pub events: Vec<Event>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The node's name.
+    pub node_name: String,
+    /// The root directory.
+    pub root_dir: String,
+    /// Whether the reconciler's states are synced (teardown allowed, first pass done).
+    pub states_synced: bool,
+    /// The pods.
+    pub pods: Vec<PodStatus>,
+    /// Manifest files with errors (file, document, line, column, message).
+    pub manifest_errors: Vec<String>,
+    /// What reconstruction found at start.
+    #[serde(default)]
+    pub reconstruction: crate::reconstruct::Reconstruction,
+    /// Orphaned pod directories that could not be removed, and why.
+    #[serde(default)]
+    pub leftovers: Vec<crate::reconstruct::Leftover>,
+}
+
+/// What the status report is built from: read-only views of every part. Every lock it takes
+/// is a short read; nothing is held across I/O.
+pub(crate) struct Sources<'a> {
+    /// Both states of world.
+    pub(crate) world: &'a World,
+    /// The last error and retry schedule of each key.
+    pub(crate) executor: &'a Executor,
+    /// Where each pod came from, and manifest errors.
+    pub(crate) store: &'a ObjectStore,
+    /// Plugin names to volume types.
+    pub(crate) plugins: &'a PluginRegistry,
+    /// Each pod's events.
+    pub(crate) events: &'a EventRecorder,
+    /// What reconstruction and the orphan sweep found.
+    pub(crate) findings: &'a Findings,
+    /// The node's name.
+    pub(crate) node_name: &'a str,
+    /// The root directory.
+    pub(crate) root_dir: &'a std::path::Path,
+}
+
+impl Sources<'_> {
+    fn volume_type(&self, plugin: &str) -> String {
+        self.plugins
+            .by_name(plugin)
+            .map(|p| p.source_field().to_string())
+            .unwrap_or_else(|| plugin.to_string())
+    }
+
+    /// One pod's status, from both states of world and the executor's errors.
+    pub(crate) fn pod(&self, uid: &PodUid, with_events: bool) -> Option<PodStatus> {
+        let events = if with_events {
+            self.events.for_pod(uid)
+        } else {
+            Vec::new()
+        };
+        if let Some(r) = self.world.rejected().get(uid) {
+            if self.world.dsw().pod(uid).is_none() {
+                return Some(PodStatus {
+                    namespace: r.pod_ref.namespace.clone(),
+                    name: r.pod_ref.name.clone(),
+                    uid: uid.to_string(),
+                    source: r.origin.to_string(),
+                    phase: PodPhase::Rejected,
+                    errors: r.errors.clone(),
+                    volumes: Vec::new(),
+                    events,
+                });
+            }
+        }
+        let now = Instant::now();
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut volumes = Vec::new();
+        let (pod_ref, phase) = if let Some(dp) = dsw.pod(uid) {
+            let mut all_mounted = true;
+            let mut any_failed = !dp.failed_to_process.is_empty();
+            for (outer, unique) in &dp.volumes {
+                let plugin = dsw
+                    .volume(unique)
+                    .map(|v| v.traits.plugin.clone())
+                    .unwrap_or_default();
+                let mounted = asw.pod_volume(unique, uid);
+                let err = self.executor.last_error_for(unique, uid);
+                let state = match (mounted.map(|m| m.state), &err) {
+                    (Some(PodMountState::Mounted), _) => VolumePhase::Mounted,
+                    (Some(PodMountState::Uncertain), _) => VolumePhase::Uncertain,
+                    (None, Some(_)) => VolumePhase::Failed,
+                    (None, None) => VolumePhase::Pending,
+                };
+                all_mounted &= state == VolumePhase::Mounted;
+                any_failed |= state != VolumePhase::Mounted && err.is_some();
+                volumes.push(VolumeStatus {
+                    name: outer.clone(),
+                    type_: self.volume_type(&plugin),
+                    unique_name: Some(unique.to_string()),
+                    state,
+                    path: mounted.map(|m| m.path.display().to_string()),
+                    read_only: mounted.is_some_and(|m| m.read_only),
+                    retry: RetryInfo::from_error(err.as_ref(), now),
+                });
+            }
+            let stored = self.store.pod(uid);
+            for (outer, why) in &dp.failed_to_process {
+                let type_ = stored
+                    .as_ref()
+                    .and_then(|p| p.pod.spec.as_ref())
+                    .and_then(|s| s.volumes.as_ref())
+                    .and_then(|vs| vs.iter().find(|v| &v.name == outer))
+                    .and_then(|v| {
+                        kubevol_core::validation::volume_source_names(v)
+                            .first()
+                            .copied()
+                    })
+                    .unwrap_or("unknown");
+                volumes.push(VolumeStatus {
+                    name: outer.clone(),
+                    type_: type_.to_string(),
+                    unique_name: None,
+                    state: VolumePhase::Unsupported,
+                    path: None,
+                    read_only: false,
+                    retry: RetryInfo {
+                        last_error: Some(why.clone()),
+                        ..RetryInfo::default()
+                    },
+                });
+            }
+            let phase = if any_failed {
+                PodPhase::Failed
+            } else if all_mounted {
+                PodPhase::Ready
+            } else {
+                PodPhase::Pending
+            };
+            (dp.pod_ref.clone(), phase)
+        } else {
+            let mut pod_ref = None;
+            for (unique, m) in asw.pod_volumes(uid) {
+                pod_ref = Some(m.pod_ref.clone());
+                let err = self.executor.last_error_for(unique, uid);
+                volumes.push(VolumeStatus {
+                    name: m.outer_volume_name.clone(),
+                    type_: self.volume_type(
+                        &asw.volume(unique)
+                            .map(|v| v.traits.plugin.clone())
+                            .unwrap_or_default(),
+                    ),
+                    unique_name: Some(unique.to_string()),
+                    state: VolumePhase::Unmounting,
+                    path: Some(m.path.display().to_string()),
+                    read_only: m.read_only,
+                    retry: RetryInfo::from_error(err.as_ref(), now),
+                });
+            }
+            (pod_ref?, PodPhase::Terminating)
+        };
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(PodStatus {
+            namespace: pod_ref.namespace.clone(),
+            name: pod_ref.name.clone(),
+            uid: uid.to_string(),
+            source: self
+                .store
+                .pod(uid)
+                .map(|p| p.origin.to_string())
+                .unwrap_or_else(|| "source removed".into()),
+            phase,
+            errors: Vec::new(),
+            volumes,
+            events,
+        })
+    }
+
+    /// The whole status report.
+    pub(crate) fn report(&self, with_events: bool) -> StatusReport {
+        // The flag first: once true, the desired state read below is complete. Read after the
+        // pods, it could pair a listing from before the first sync with "synced".
+        let states_synced = self.world.states_synced();
+        let mut uids: BTreeSet<PodUid> = self
+            .world
+            .dsw()
+            .pods()
+            .map(|p| p.pod_ref.uid.clone())
+            .collect();
+        uids.extend(self.world.rejected().keys().cloned());
+        uids.extend(self.world.asw().pods().cloned());
+        let mut pods: Vec<PodStatus> = uids
+            .iter()
+            .filter_map(|u| self.pod(u, with_events))
+            .collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        StatusReport {
+            node_name: self.node_name.to_string(),
+            root_dir: self.root_dir.display().to_string(),
+            states_synced,
+            pods,
+            manifest_errors: self
+                .store
+                .file_errors()
+                .iter()
+                .map(|e| e.to_string())
+                .collect(),
+            reconstruction: self.findings.reconstruction(),
+            leftovers: self.findings.leftovers(),
+        }
+    }
+}
+
+impl RetryInfo {
+    fn from_error(err: Option<&LastError>, now: Instant) -> Self {
+        RetryInfo {
+            last_error: err.map(|e| e.message.clone()),
+            failures: err.map(|e| e.failures).unwrap_or(0),
+            next_retry_ms: err
+                .filter(|e| e.retry_at > now)
+                .map(|e| (e.retry_at - now).as_millis() as u64),
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! Operations: what the reconciler starts. Each runs as its own task once the executor has
+//! reserved its key and it holds a concurrency slot; it writes its intent to the durable record
+//! before any side effect, calls the plugin, and writes its outcome to the actual state (the
+//! only place besides reconstruction that does) and the record. A panic, a timeout or an error
+//! each end in a recorded outcome: the key is always released.
+
+mod device;
+pub mod executor;
+mod mount;
+mod slots;
+mod subpath;
+mod unmount;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kubevol_core::reconcile::Operation;
+use kubevol_core::state::{DeviceMountState, MountedPodVolume, PodMountState};
+use kubevol_core::{PodUid, UniqueVolumeName};
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::error::VolumeError;
+use crate::events::{reason, EventRecorder};
+use crate::metrics::Metrics;
+use crate::plugins::{PluginHost, PluginRegistry};
+use crate::record;
+use crate::store::ObjectStore;
+use crate::world::{AswWriter, World};
+use device::device_operation;
+use executor::{Executor, NotStarted};
+use mount::mount_volume;
+use slots::{Group, Slots};
+use unmount::unmount_volume;
+
+/// What operations need, handed to each: the executor's bookkeeping, the slots, the plugins
+/// and the host they work on, the actual state's writer, and where outcomes are reported.
+pub struct Operations {
+    /// Single-flight, backoff and last errors, per key.
+    pub(crate) executor: Arc<Executor>,
+    slots: Slots<Group>,
+    plugins: PluginRegistry,
+    host: Arc<PluginHost>,
+    asw: AswWriter,
+    events: Arc<EventRecorder>,
+    metrics: Arc<Metrics>,
+    /// Read only: where a pod came from, for messages.
+    store: Arc<ObjectStore>,
+    /// How long one operation may run before its pod shows it as stalled.
+    timeout: Duration,
+}
+
+/// How operations are set up.
+pub struct Setup {
+    /// The executor's bookkeeping (shared with the populator, which resets backoff).
+    pub executor: Arc<Executor>,
+    /// How many operations may run at once.
+    pub slots: usize,
+    /// The plugins.
+    pub plugins: PluginRegistry,
+    /// What plugins work on.
+    pub host: Arc<PluginHost>,
+    /// The writer of the actual state.
+    pub asw: AswWriter,
+    /// Events.
+    pub events: Arc<EventRecorder>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The object store, read only.
+    pub store: Arc<ObjectStore>,
+    /// The operation timeout.
+    pub timeout: Duration,
+}
+
+impl Operations {
+    /// The operations' shared context.
+    pub fn new(s: Setup) -> Arc<Self> {
+        Arc::new(Operations {
+            executor: s.executor,
+            slots: Slots::new(s.slots),
+            plugins: s.plugins,
+            host: s.host,
+            asw: s.asw,
+            events: s.events,
+            metrics: s.metrics,
+            store: s.store,
+            timeout: s.timeout,
+        })
+    }
+
+    /// The world the operations change.
+    pub fn world(&self) -> &World {
+        self.asw.world()
+    }
+
+    /// Starts `op` as its own task if the executor lets its key run now.
+    pub fn start(self: &Arc<Self>, op: Operation, now: Instant) -> Result<(), NotStarted> {
+        self.executor.try_start(&op.key(), now)?;
+        if op.is_teardown() {
+            self.executor.mark_teardown(&op.key());
+        }
+        let ops = self.clone();
+        tokio::spawn(async move { run_operation(ops, op).await });
+        Ok(())
+    }
+
+    /// Forgets errors of keys whose volume and pod are in neither state of world.
+    pub fn prune_errors(&self) {
+        let world = self.world();
+        let dsw = world.dsw();
+        let asw = world.asw();
+        self.executor.retain(|k| match &k.pod {
+            Some(p) => {
+                dsw.pod_volume(&k.volume, p).is_some() || asw.pod_volume(&k.volume, p).is_some()
+            }
+            None => dsw.volume(&k.volume).is_some() || asw.volume(&k.volume).is_some(),
+        });
+    }
+
+    /// Where a pod came from, for messages.
+    fn origin_of(&self, uid: &PodUid) -> String {
+        self.store
+            .pod(uid)
+            .map(|p| p.origin.to_string())
+            .unwrap_or_else(|| "source removed".into())
+    }
+}
+
+async fn run_operation(ops: Arc<Operations>, op: Operation) {
+    let mut permit = Some(ops.slots.acquire(Group::of(&op.key())).await);
+    let started = Instant::now();
+    // Boxed, and only once a slot is free: a storm spawns thousands of these tasks that wait
+    // for a slot, and the operation's state machine (plugin calls, record writes) is tens of
+    // KiB; inline, every waiting task would hold one.
+    let work = Box::pin(async {
+        match &op {
+            Operation::MountVolume {
+                volume,
+                pod,
+                remount,
+            } => mount_volume(&ops, volume, pod, *remount).await,
+            Operation::UnmountVolume { volume, pod } => {
+                let (plugin, outcome) = unmount_volume(&ops, volume, pod).await;
+                // Still on the node: a device unmount or a detach may be due now. (A pod that
+                // wants it again meanwhile was turned away by the executor, which reports it.)
+                let replan = ops.world().asw().volume(volume).is_some();
+                (plugin, outcome, replan)
+            }
+            Operation::Attach { .. }
+            | Operation::MountDevice { .. }
+            | Operation::UnmountDevice { .. }
+            | Operation::Detach { .. } => {
+                let (plugin, outcome) = device_operation(&ops, &op).await;
+                (plugin, outcome, true)
+            }
+        }
+    });
+    // A call into a dead filesystem (stat, statfs, umount on a hung FUSE or NFS mount) or a
+    // driver that never answers cannot be cancelled, but it holds only its own key: after the
+    // operation timeout the pod shows why, the slot is given back for other operations, and the
+    // key runs again (with backoff) once the call returns.
+    let mut work = CatchUnwind(work);
+    let done = tokio::select! {
+        r = &mut work => r,
+        _ = tokio::time::sleep(ops.timeout) => {
+            let message = format!(
+                "{} of {} has not finished after {:?}: its filesystem or CSI driver may be hung (check the mount and the driver); other volumes carry on, and this one is tried again once the call returns",
+                op.metric_name(),
+                describe(&ops, &op),
+                ops.timeout
+            );
+            warn!("{message}");
+            ops.executor.report_stalled(&op.key(), message, Instant::now());
+            permit = None;
+            notify_operation(&ops, &op);
+            ops.world().announce();
+            work.await
+        }
+    };
+    drop(permit);
+    let (plugin, outcome, replan) = match done {
+        Ok(r) => r,
+        // Boxed: inline, its state would make every task waiting for a slot bigger.
+        Err(panic) => Box::pin(panicked(&ops, &op, &panic)).await,
+    };
+    ops.metrics.observe_operation(
+        &plugin,
+        op.metric_name(),
+        outcome.is_ok(),
+        started.elapsed().as_secs_f64(),
+    );
+    let failed = outcome.is_err();
+    let blocked = ops.executor.finish(&op.key(), outcome, Instant::now());
+    notify_operation(&ops, &op);
+    // Re-planning the whole world after every operation would be quadratic: a pass is needed
+    // only when the operation failed (a backoff to schedule), may have enabled a follow-up
+    // (`replan`: the volume is still on the node after an unmount, or a volume-wide operation
+    // finished), or kept a key the planner asked for from starting (`blocked`: the pod's wish
+    // changed while this operation ran, e.g. a ConfigMap edited during a content rewrite).
+    ops.world().announce();
+    if failed || replan || blocked {
+        ops.world().wake_reconciler();
+    }
+}
+
+/// A future whose panic is caught and returned as the panic's message, so that an operation
+/// that panics still releases its key and records its outcome.
+struct CatchUnwind<F>(F);
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = std::pin::Pin::new(&mut self.0);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into());
+                std::task::Poll::Ready(Err(message))
+            }
+        }
+    }
+}
+
+/// Records the outcome of an operation that panicked: whatever it may have done is uncertain
+/// (a set-up may have mounted, a teardown may have unmounted), so the volume stays in the
+/// actual state as uncertain, its record says so, its pod shows the error, and the operation is
+/// tried again with backoff.
+async fn panicked(
+    ops: &Arc<Operations>,
+    op: &Operation,
+    panic: &str,
+) -> (String, Result<(), String>, bool) {
+    let key = op.key();
+    let message = format!(
+        "{} of {} failed: kubevol panicked ({panic}); whatever it did is treated as uncertain and it is tried again with backoff",
+        op.metric_name(),
+        describe(ops, op),
+    );
+    tracing::error!("{message}");
+    let plugin = {
+        let dsw = ops.world().dsw();
+        let asw = ops.world().asw();
+        dsw.volume(&key.volume)
+            .map(|v| v.traits.plugin.clone())
+            .or_else(|| asw.volume(&key.volume).map(|v| v.traits.plugin.clone()))
+            .unwrap_or_default()
+    };
+    match op {
+        Operation::MountVolume { volume, pod, .. } => {
+            let want = {
+                let dsw = ops.world().dsw();
+                dsw.volume(volume)
+                    .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
+            };
+            let have = ops
+                .world()
+                .asw()
+                .pod_volume(volume, pod)
+                .map(|m| m.path.clone());
+            if let Some((traits, want)) = want {
+                let path = have.unwrap_or_else(|| {
+                    ops.host
+                        .pod_volume_path(&want.pod_ref, &traits.plugin, &want.outer_volume_name)
+                });
+                ops.asw.write().mark_pod_volume(
+                    volume,
+                    &traits,
+                    pod.clone(),
+                    as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new()),
+                );
+                ops.events
+                    .record(&want.pod_ref, true, reason::FAILED_MOUNT, message.clone());
+                settle_pod_record(ops, volume, pod, &want.outer_volume_name).await;
+            }
+        }
+        Operation::UnmountVolume { volume, pod } => {
+            let mounted = ops.world().asw().pod_volume(volume, pod).cloned();
+            if let Some(m) = mounted {
+                ops.asw
+                    .write()
+                    .set_pod_state(volume, pod, PodMountState::Uncertain);
+                ops.events
+                    .record(&m.pod_ref, true, reason::FAILED_UNMOUNT, message.clone());
+                settle_pod_record(ops, volume, pod, &m.outer_volume_name).await;
+            }
+        }
+        Operation::Attach { volume } | Operation::MountDevice { volume } => {
+            let want = {
+                let dsw = ops.world().dsw();
+                dsw.volume(volume).and_then(|v| {
+                    v.pods
+                        .values()
+                        .next()
+                        .map(|p| (v.traits.clone(), p.spec.clone()))
+                })
+            };
+            if let Some((traits, spec)) = want {
+                if matches!(op, Operation::Attach { .. }) {
+                    ops.asw.write().mark_attach_uncertain(volume, &traits, spec);
+                } else {
+                    ops.asw.write().mark_device_state(
+                        volume,
+                        &traits,
+                        DeviceMountState::Uncertain,
+                        None,
+                        spec,
+                    );
+                }
+            }
+            settle_device_record(ops, volume).await;
+        }
+        // Still in the actual state as they were: the teardown step runs again.
+        Operation::UnmountDevice { volume } | Operation::Detach { volume } => {
+            settle_device_record(ops, volume).await;
+        }
+    }
+    (plugin, Err(message), true)
+}
+
+/// What an operation is about, for messages: the pod's volume with its manifest, or the
+/// node-wide volume.
+fn describe(ops: &Operations, op: &Operation) -> String {
+    let key = op.key();
+    let Some(pod) = &key.pod else {
+        return format!("volume {}", key.volume);
+    };
+    let wanted = ops
+        .world()
+        .dsw()
+        .pod_volume(&key.volume, pod)
+        .map(|w| (w.outer_volume_name.clone(), w.pod_ref.clone()));
+    let known = wanted.or_else(|| {
+        ops.world()
+            .asw()
+            .pod_volume(&key.volume, pod)
+            .map(|m| (m.outer_volume_name.clone(), m.pod_ref.clone()))
+    });
+    match known {
+        Some((outer, pref)) => format!("volume {outer:?} of pod {pref} ({})", ops.origin_of(pod)),
+        None => format!("volume {} of pod {pod}", key.volume),
+    }
+}
+
+/// Passes an operation's `after` fail point: the side effect is done, the record not updated.
+fn effected<T>(operation: &str, result: T) -> T {
+    record::fail_point(operation, "after");
+    result
+}
+
+/// Wakes the waiters of every pod an operation concerns.
+fn notify_operation(ops: &Operations, op: &Operation) {
+    match op {
+        Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => {
+            ops.world().notify_pod(pod)
+        }
+        Operation::Attach { volume }
+        | Operation::MountDevice { volume }
+        | Operation::UnmountDevice { volume }
+        | Operation::Detach { volume } => {
+            let pods: Vec<PodUid> = ops
+                .world()
+                .dsw()
+                .volume(volume)
+                .map(|v| v.pods.keys().cloned().collect())
+                .unwrap_or_default();
+            for p in pods {
+                ops.world().notify_pod(&p);
+            }
+        }
+    }
+}
+
+/// Writes an intent durably before a side effect, then passes the operation's `before` fail
+/// point. An intent that cannot be written stops the operation before it does anything.
+async fn intend(
+    ops: &Arc<Operations>,
+    operation: &'static str,
+    intent: record::Change,
+) -> Result<(), VolumeError> {
+    ops.host
+        .record
+        .commit(intent, true)
+        .await
+        .map_err(|source| VolumeError::Record {
+            dir: ops.host.record.dir().to_path_buf(),
+            source,
+        })?;
+    record::fail_point(operation, "before");
+    Ok(())
+}
+
+/// A pod volume's record as the actual state holds it, in `state` (default: as the actual
+/// state says).
+fn pod_record_of(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    state: Option<record::PodVolumeState>,
+) -> Option<record::PodVolumeRecord> {
+    let asw = ops.world().asw();
+    let v = asw.volume(volume)?;
+    let m = v.pods.get(pod)?;
+    let state = state.unwrap_or(match m.state {
+        PodMountState::Mounted => record::PodVolumeState::SetUp,
+        PodMountState::Uncertain => record::PodVolumeState::Uncertain,
+    });
+    Some(record::PodVolumeRecord::of(
+        state,
+        volume,
+        &v.traits,
+        m,
+        ops.origin_of(pod),
+    ))
+}
+
+/// After an operation: the record says what the actual state now holds (no fsync: losing
+/// this write brings back the intent, which means the same "uncertain").
+async fn settle(ops: &Arc<Operations>, change: record::Change) {
+    if let Err(e) = ops.host.record.commit(change, false).await {
+        warn!(dir = %ops.host.record.dir().display(), "cannot update the volume record: {e}");
+    }
+}
+
+async fn settle_pod_record(
+    ops: &Arc<Operations>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    outer: &str,
+) {
+    let now = pod_record_of(ops, volume, pod, None);
+    if now
+        .as_ref()
+        .is_some_and(|r| ops.host.record.holds_pod_volume(r))
+    {
+        // A content rewrite: the record already says so.
+        return;
+    }
+    let change = match now {
+        Some(now) => record::Change::PodVolume(now),
+        None => record::Change::RemovePodVolume {
+            pod: pod.clone(),
+            volume: outer.to_string(),
+            unique: volume.clone(),
+        },
+    };
+    settle(ops, change).await;
+}
+
+async fn settle_device_record(ops: &Arc<Operations>, volume: &UniqueVolumeName) {
+    let now = ops
+        .world()
+        .asw()
+        .volume(volume)
+        .and_then(record::DeviceRecord::of);
+    let change = match now {
+        Some(now) => record::Change::Device(now),
+        None => record::Change::RemoveDevice(volume.clone()),
+    };
+    settle(ops, change).await;
+}
+
+/// The ASW record of a pod's wish after a set-up attempt.
+fn as_mounted(
+    want: &kubevol_core::state::DesiredPodVolume,
+    state: PodMountState,
+    path: std::path::PathBuf,
+    read_only: bool,
+    sub_paths: Vec<kubevol_core::state::SubPathMount>,
+) -> MountedPodVolume {
+    MountedPodVolume {
+        pod_ref: want.pod_ref.clone(),
+        outer_volume_name: want.outer_volume_name.clone(),
+        spec: want.spec.clone(),
+        state,
+        path,
+        read_only,
+        content_generation: want.content_generation,
+        sub_paths,
+    }
+}

@@ -1,0 +1,161 @@
+//! Where the kubelet puts a CSI volume's staging and publish paths, and the `vol_data.json`
+//! files beside them that let a restart find staged volumes again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kubevol_core::names::escape_plugin_name;
+use kubevol_core::state::VolumeSpec;
+use kubevol_core::{PodUid, UniqueVolumeName};
+
+use crate::error::VolumeError;
+use crate::plugins::PluginHost;
+
+use super::*;
+
+pub(super) fn csi_dir() -> PathBuf {
+    Path::new("plugins").join("kubernetes.io").join("csi")
+}
+
+/// Where a volume is staged, relative to the root, and the directory of its `vol_data.json`.
+pub(super) fn staging(r: &Resolved) -> (PathBuf, PathBuf) {
+    if r.block {
+        let d = csi_dir().join("volumeDevices");
+        (
+            d.join("staging").join(&r.spec_name),
+            d.join(&r.spec_name).join("data"),
+        )
+    } else {
+        let d = csi_dir().join(&r.driver).join(sha256_hex(&r.handle));
+        (d.join("globalmount"), d)
+    }
+}
+
+/// Where a volume is published for a pod, relative to the root, and the directory of its
+/// `vol_data.json`.
+pub(super) fn publish(r: &Resolved, pod: &PodUid) -> (PathBuf, PathBuf) {
+    if r.block {
+        let d = csi_dir().join("volumeDevices");
+        (
+            d.join("publish").join(&r.spec_name).join(pod.as_str()),
+            d.join(&r.spec_name).join("data"),
+        )
+    } else {
+        let d = Path::new("pods")
+            .join(pod.as_str())
+            .join("volumes")
+            .join(escape_plugin_name(PLUGIN_NAME))
+            .join(&r.spec_name);
+        (d.join("mount"), d)
+    }
+}
+
+pub(super) fn pod_device_link(r: &Resolved, pod: &PodUid) -> PathBuf {
+    Path::new("pods")
+        .join(pod.as_str())
+        .join("volumeDevices")
+        .join(escape_plugin_name(PLUGIN_NAME))
+        .join(&r.spec_name)
+}
+
+pub(super) const VOL_DATA: &str = "vol_data.json";
+
+/// Writes `vol_data.json` durably (temporary file, fsync, rename) into `dir`, made if missing.
+pub(super) fn write_vol_data(
+    host: &PluginHost,
+    dir: &Path,
+    data: &BTreeMap<&str, String>,
+) -> Result<(), VolumeError> {
+    host.root_dir.create_dir_all(dir, 0o750)?;
+    let abs = host.root.join(dir);
+    let body = serde_json::to_vec(data).unwrap_or_default();
+    let tmp = abs.join(".vol_data.json.tmp");
+    let io = |what: &str, e: std::io::Error| {
+        not_ready(format!("{what} {}: {e}", abs.join(VOL_DATA).display()))
+    };
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io("cannot write", e))?;
+        f.write_all(&body).map_err(|e| io("cannot write", e))?;
+        f.sync_all().map_err(|e| io("cannot sync", e))?;
+    }
+    std::fs::rename(&tmp, abs.join(VOL_DATA)).map_err(|e| io("cannot write", e))?;
+    Ok(())
+}
+
+/// Reads a `vol_data.json`.
+pub(super) fn read_vol_data(path: &Path) -> Option<BTreeMap<String, String>> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// The spec of a persistent CSI volume as reconstruction knows it: the PV's name, driver and
+/// handle (what unpublish and unstage need).
+pub(super) fn persistent_spec(pv_name: &str, driver: &str, handle: &str) -> VolumeSpec {
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaimVolumeSource,
+        PersistentVolumeSpec, Volume,
+    };
+    let mut pv = PersistentVolume::default();
+    pv.metadata.name = Some(pv_name.to_string());
+    pv.spec = Some(PersistentVolumeSpec {
+        csi: Some(CSIPersistentVolumeSource {
+            driver: driver.to_string(),
+            volume_handle: handle.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    VolumeSpec {
+        volume: Volume {
+            name: pv_name.to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource::default()),
+            ..Default::default()
+        },
+        persistent_volume: Some(Arc::new(pv)),
+        block: false,
+    }
+}
+
+/// The staged (globally mounted) filesystem volumes the plugin directory tells of:
+/// `plugins/kubernetes.io/csi/<driver>/<hash>/vol_data.json` beside `globalmount`.
+pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, VolumeSpec, PathBuf)> {
+    let mut out = Vec::new();
+    let base = host.root.join(csi_dir());
+    use crate::plugins::subdirs as dirs;
+    for driver_dir in dirs(&base) {
+        if driver_dir.file_name().is_some_and(|n| n == "volumeDevices") {
+            continue;
+        }
+        for vol_dir in dirs(&driver_dir) {
+            let Some(data) = read_vol_data(&vol_dir.join(VOL_DATA)) else {
+                continue;
+            };
+            let (Some(driver), Some(handle)) = (data.get("driverName"), data.get("volumeHandle"))
+            else {
+                continue;
+            };
+            out.push((
+                UniqueVolumeName(format!("{PLUGIN_NAME}/{driver}^{handle}")),
+                persistent_spec("", driver, handle),
+                vol_dir.join("globalmount"),
+            ));
+        }
+    }
+    out
+}
+
+/// Removes `vol_data.json` and then the directory `dir` and its empty parents up to `stop`,
+/// with rmdir only (a directory with anything else in it stays).
+pub(super) fn remove_vol_data(host: &PluginHost, dir: &Path, stop: &Path) {
+    let _ = std::fs::remove_file(host.root.join(dir).join(VOL_DATA));
+    let mut d = dir.to_path_buf();
+    while d.starts_with(stop) && d != stop {
+        if std::fs::remove_dir(host.root.join(&d)).is_err() {
+            break;
+        }
+        if !d.pop() {
+            break;
+        }
+    }
+}

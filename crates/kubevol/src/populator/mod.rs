@@ -1,0 +1,480 @@
+//! The desired-state populator: turns the pods in the store into the desired state of world.
+//!
+//! It is woken by every store change (never polls), processes only pods whose object changed,
+//! and holds the only [`DswWriter`]. An invalid pod is rejected whole before anything touches
+//! disk; if an earlier valid version of it is already desired, that version stays (a bad edit
+//! never takes volumes away). Volumes no container uses are skipped, as the kubelet does.
+
+pub mod claims;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::projection::{referenced_objects, ObjectKind};
+use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, VolumeSpec};
+use kubevol_core::validation::{all_containers, validate_pod, volume_source_names};
+use kubevol_core::{PodRef, PodUid};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::events::{reason, EventRecorder};
+use crate::operations::executor::Executor;
+use crate::plugins::{PluginHost, PluginRegistry};
+use crate::store::{ObjectStore, StoredPod, DEFAULT_NAMESPACE};
+use crate::world::{DswWriter, Rejected};
+
+/// Whether a pod has finished or is being deleted: its volumes are torn down.
+pub fn is_terminated(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
+pub fn is_for_node(pod: &Pod, node: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_none_or(|n| n.is_empty() || n == node)
+}
+
+/// The volumes a pod's containers mount or map: only these are set up.
+pub fn used_volume_names(pod: &Pod) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (_, c) in all_containers(pod) {
+        out.extend(c.volume_mounts.iter().flatten().map(|m| m.name.clone()));
+        out.extend(c.volume_devices.iter().flatten().map(|d| d.name.clone()));
+    }
+    out
+}
+
+/// A pod's reference, for messages and keys.
+pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
+    PodRef {
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: uid.clone(),
+    }
+}
+
+/// The populator: what it reads, the DSW it writes, and what it remembers between passes.
+pub struct Populator {
+    store: Arc<ObjectStore>,
+    dsw: DswWriter,
+    plugins: PluginRegistry,
+    host: Arc<PluginHost>,
+    events: Arc<EventRecorder>,
+    /// Backoff of a pod's operations is reset when an object it reads changes.
+    executor: Arc<Executor>,
+    node_name: String,
+    /// The last content generation handed out (see `DesiredPodVolume::content_generation`).
+    content_generation: u64,
+    seen: HashMap<PodUid, Seen>,
+}
+
+impl Populator {
+    /// A populator of `dsw` from `store`.
+    pub fn new(
+        store: Arc<ObjectStore>,
+        dsw: DswWriter,
+        plugins: PluginRegistry,
+        host: Arc<PluginHost>,
+        events: Arc<EventRecorder>,
+        executor: Arc<Executor>,
+    ) -> Self {
+        Populator {
+            store,
+            node_name: host.node_name.clone(),
+            dsw,
+            plugins,
+            host,
+            events,
+            executor,
+            content_generation: 0,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Runs until `stop` says so: a pass on every store change. A pass that panics (a bug hit
+    /// by one input) is reported and the next change gets a new one.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut store_rx = self.store.subscribe();
+        loop {
+            store_rx.borrow_and_update();
+            if *stop.borrow_and_update() {
+                return;
+            }
+            let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sync()));
+            match pass {
+                Ok(true) => self.dsw.world().wake_reconciler(),
+                Ok(false) => {}
+                Err(_) => {
+                    tracing::error!(
+                        "the populator panicked in a pass; the next store change starts a new one"
+                    );
+                    self.seen.clear();
+                }
+            }
+            // The status report shows manifest errors too: status watchers hear of every
+            // store change.
+            self.dsw.world().announce();
+            tokio::select! {
+                r = store_rx.changed() => if r.is_err() { return },
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+/// The version of an object a pod's volume reads, compared by identity: the store replaces an
+/// object's `Arc` exactly when the object changes.
+#[derive(Clone, Debug)]
+enum Version {
+    Missing,
+    /// Missing, and a manifest file with an error defines it: the pod's message says so.
+    NotLoaded,
+    ConfigMap(Arc<k8s_openapi::api::core::v1::ConfigMap>),
+    Secret(Arc<k8s_openapi::api::core::v1::Secret>),
+    Claim(Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>),
+    Volume(Arc<k8s_openapi::api::core::v1::PersistentVolume>),
+    Driver(Arc<k8s_openapi::api::storage::v1::CSIDriver>),
+}
+
+impl PartialEq for Version {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Version::Missing, Version::Missing) => true,
+            (Version::NotLoaded, Version::NotLoaded) => true,
+            (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
+            (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
+            (Version::Claim(a), Version::Claim(b)) => Arc::ptr_eq(a, b),
+            (Version::Volume(a), Version::Volume(b)) => Arc::ptr_eq(a, b),
+            (Version::Driver(a), Version::Driver(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// The claim, volume and CSIDriver objects a volume depends on.
+fn storage_versions(
+    store: &ObjectStore,
+    ns: &str,
+    v: &k8s_openapi::api::core::v1::Volume,
+    out: &mut Vec<Version>,
+) {
+    let driver = |name: &str| {
+        store
+            .csi_driver(name)
+            .map_or(Version::Missing, |d| Version::Driver(d.object))
+    };
+    if let Some(csi) = &v.csi {
+        out.push(driver(&csi.driver));
+    }
+    let Some((_, claim)) = claims::claim_of(store, ns, v) else {
+        return;
+    };
+    let Some(claim) = claim else {
+        out.push(Version::Missing);
+        return;
+    };
+    out.push(Version::Claim(claim.clone()));
+    match claims::bound_volume(store, ns, &claim) {
+        Some(pv) => {
+            if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
+                out.push(driver(&csi.driver));
+            }
+            out.push(Version::Volume(pv));
+        }
+        None => out.push(Version::Missing),
+    }
+}
+
+/// What the populator last processed of a pod: the pod object and the objects its volumes read.
+pub(crate) struct Seen {
+    pod: Arc<Pod>,
+    objects: Vec<Version>,
+}
+
+/// The current versions of the objects a pod's volumes read, in a fixed order.
+fn object_versions(store: &ObjectStore, pod: &Pod) -> Vec<Version> {
+    let mut out = Vec::new();
+    let ns = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE);
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        storage_versions(store, ns, v, &mut out);
+        for r in referenced_objects(pod, v) {
+            let missing = |kind: &str| match store.not_loaded(kind, &r.namespace, &r.name) {
+                Some(_) => Version::NotLoaded,
+                None => Version::Missing,
+            };
+            out.push(match r.kind {
+                ObjectKind::ConfigMap => store
+                    .config_map(&r.namespace, &r.name)
+                    .map_or_else(|| missing("ConfigMap"), |s| Version::ConfigMap(s.object)),
+                ObjectKind::Secret => store
+                    .secret(&r.namespace, &r.name)
+                    .map_or_else(|| missing("Secret"), |s| Version::Secret(s.object)),
+            });
+        }
+    }
+    out
+}
+
+impl Populator {
+    /// One pass over the store. Returns whether the DSW changed (the reconciler must look).
+    fn sync(&mut self) -> bool {
+        // Read the sync flag before the pods: if it is true, this listing is complete.
+        let sources_synced = self.store.all_sources_synced();
+        let mut wanted = HashSet::new();
+        let mut changed = false;
+        for (uid, stored) in self.store.pods() {
+            let pod = &stored.pod;
+            if !is_for_node(pod, &self.node_name) {
+                debug!(pod = ?pod.metadata.name, node = ?pod.spec.as_ref().and_then(|s| s.node_name.as_ref()), "pod is assigned to another node; ignored");
+                continue;
+            }
+            if is_terminated(pod) {
+                continue;
+            }
+            wanted.insert(uid.clone());
+            let objects = object_versions(&self.store, pod);
+            let (same_pod, same_objects) = self.seen.get(&uid).map_or((false, false), |s| {
+                (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
+            });
+            if same_pod && same_objects {
+                continue;
+            }
+            if !same_objects {
+                // An object appeared or changed: retry this pod's volumes now, not after backoff.
+                self.executor
+                    .retry_now(|k| k.pod.as_ref() == Some(&uid), Instant::now());
+            }
+            self.seen.insert(
+                uid.clone(),
+                Seen {
+                    pod: pod.clone(),
+                    objects,
+                },
+            );
+            self.process_pod(&uid, &stored);
+            self.dsw.world().notify_pod(&uid);
+            changed = true;
+        }
+        let gone: Vec<PodUid> = self
+            .seen
+            .keys()
+            .filter(|u| !wanted.contains(*u))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.seen.remove(&uid);
+            self.dsw.remove_pod(&uid);
+            self.dsw.world().notify_pod(&uid);
+            changed = true;
+        }
+        if sources_synced && self.dsw.mark_synced() {
+            changed = true;
+        }
+        changed
+    }
+
+    fn process_pod(&mut self, uid: &PodUid, stored: &StoredPod) {
+        let pod = &stored.pod;
+        let pref = pod_ref(pod, uid);
+        let errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
+        if !errors.is_empty() {
+            let message = format!(
+                "{}: pod {pref} rejected, nothing was created for it; fix these fields: {}",
+                stored.origin,
+                errors.join("; ")
+            );
+            self.events
+                .record(&pref, true, reason::FAILED_VALIDATION, message);
+            self.dsw.reject(
+                uid.clone(),
+                Rejected {
+                    pod_ref: pref,
+                    origin: stored.origin.clone(),
+                    errors,
+                },
+            );
+            return;
+        }
+        let used = used_volume_names(pod);
+        let mut wishes = Vec::new();
+        let mut failed = BTreeMap::new();
+        for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            if !used.contains(&v.name) {
+                debug!(pod = %pref, volume = %v.name, "volume is not used by any container; skipped");
+                continue;
+            }
+            let usage = claims::usage(pod, &v.name);
+            let storage = storage_check(&self.store, v, &pref, usage);
+            let persistent_volume = match storage {
+                Ok(pv) => pv,
+                Err(why) => {
+                    let message = format!(
+                        "{}: volume {:?} of pod {pref}: {why}",
+                        stored.origin, v.name
+                    );
+                    self.events
+                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                    failed.insert(v.name.clone(), message);
+                    continue;
+                }
+            };
+            let spec = Arc::new(VolumeSpec {
+                volume: v.clone(),
+                block: usage.device,
+                persistent_volume,
+            });
+            match self.plugins.find(&spec) {
+                Some(plugin) => wishes.push(PodVolumeWish {
+                    name: plugin.volume_name(&pref, &spec),
+                    traits: plugin.traits(&self.host, &spec),
+                    pod_volume: DesiredPodVolume {
+                        pod_ref: pref.clone(),
+                        pod: pod.clone(),
+                        outer_volume_name: v.name.clone(),
+                        spec,
+                        // The pod or an object it reads changed: content volumes are written
+                        // again (the writer leaves unchanged content alone).
+                        content_generation: if plugin.requires_remount() {
+                            {
+                                self.content_generation += 1;
+                                self.content_generation
+                            }
+                        } else {
+                            0
+                        },
+                    },
+                }),
+                None if spec.persistent_volume.is_some() => {
+                    let pv = spec
+                        .persistent_volume
+                        .as_ref()
+                        .and_then(|p| p.metadata.name.clone())
+                        .unwrap_or_default();
+                    let message = format!(
+                    "{}: volume {:?} of pod {pref}: PersistentVolume {pv} is of a type kubevol does not mount yet (supported for persistent volumes: csi); use a CSI volume",
+                    stored.origin, v.name
+                );
+                    self.events
+                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                    failed.insert(v.name.clone(), message);
+                }
+                None => {
+                    let source = volume_source_names(v).first().copied().unwrap_or("unknown");
+                    let message = format!(
+                    "{}: volume {:?} of pod {pref}: volume type {source} is not supported by kubevol yet (supported: {}); change the volume's type or remove it",
+                    stored.origin,
+                    v.name,
+                    self.plugins.supported_sources().join(", ")
+                );
+                    self.events
+                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                    failed.insert(v.name.clone(), message);
+                }
+            }
+        }
+        self.dsw.set_pod(pref, wishes, failed);
+    }
+}
+
+/// The storage checks of one volume: a claim resolves to its PersistentVolume, an inline CSI
+/// volume's driver allows ephemeral volumes. Returns the PersistentVolume of a claim.
+fn storage_check(
+    store: &ObjectStore,
+    v: &k8s_openapi::api::core::v1::Volume,
+    pref: &kubevol_core::PodRef,
+    usage: claims::Usage,
+) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, String> {
+    if let Some(csi) = &v.csi {
+        if usage.device {
+            return Err("an inline CSI volume cannot be used in volumeDevices: use a claim with volumeMode Block".into());
+        }
+        claims::lifecycle_allows(store, &csi.driver, "Ephemeral")?;
+    }
+    if v.persistent_volume_claim.is_none() {
+        return Ok(None);
+    }
+    claims::resolve(store, &pref.namespace, v, usage).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(extra: serde_json::Value) -> Pod {
+        let mut v = serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": []}});
+        if let (Some(base), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            for (k, val) in extra {
+                if k == "metadata" {
+                    base["metadata"]
+                        .as_object_mut()
+                        .unwrap()
+                        .extend(val.as_object().unwrap().clone());
+                } else {
+                    base.insert(k.clone(), val.clone());
+                }
+            }
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn terminated_pods_are_finished_or_being_deleted() {
+        let rows = [
+            ("no status", serde_json::json!({}), false),
+            (
+                "running",
+                serde_json::json!({"status": {"phase": "Running"}}),
+                false,
+            ),
+            (
+                "pending",
+                serde_json::json!({"status": {"phase": "Pending"}}),
+                false,
+            ),
+            (
+                "succeeded",
+                serde_json::json!({"status": {"phase": "Succeeded"}}),
+                true,
+            ),
+            (
+                "failed",
+                serde_json::json!({"status": {"phase": "Failed"}}),
+                true,
+            ),
+            (
+                "deleting",
+                serde_json::json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+                true,
+            ),
+        ];
+        for (name, extra, want) in rows {
+            assert_eq!(is_terminated(&pod(extra)), want, "row {name}");
+        }
+    }
+
+    #[test]
+    fn node_assignment() {
+        let on = |node: Option<&str>| {
+            let mut p = pod(serde_json::json!({}));
+            p.spec.as_mut().unwrap().node_name = node.map(Into::into);
+            is_for_node(&p, "node-a")
+        };
+        assert!(on(None), "no nodeName: this node, as for static pods");
+        assert!(on(Some("")));
+        assert!(on(Some("node-a")));
+        assert!(!on(Some("node-b")));
+    }
+}

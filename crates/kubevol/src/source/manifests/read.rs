@@ -1,0 +1,103 @@
+//! Reading one manifest file safely: only a regular file, never blocking, never more than a
+//! size limit.
+
+use std::path::Path;
+
+use tracing::{debug, info, warn};
+
+use super::parse::{manifest_error, parse_manifest};
+use crate::store::FileContent;
+
+/// The largest manifest file read by default (8 MiB; the API server's own request limit is
+/// 3 MiB, so no real manifest comes near it).
+pub const DEFAULT_MAX_FILE_SIZE: u64 = 8 << 20;
+
+/// What a file that is not a regular file is, in words.
+fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match mode {
+        FileType::Directory => "a directory",
+        FileType::Fifo => "a FIFO (named pipe)",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Socket => "a socket",
+        FileType::Symlink => "a symbolic link",
+        FileType::RegularFile => "a regular file",
+        FileType::Unknown => "of an unknown type",
+    }
+}
+
+/// Reads one manifest file as the store takes it: its objects, its errors, or that it is gone.
+///
+/// Only a regular file is read (a symbolic link is followed, and the type is checked on the
+/// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
+/// FIFO or a device never blocks, and at most `max_size` bytes of it.
+pub fn read_file(path: &Path, max_size: u64) -> FileContent {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let broken = |message: String| {
+        let err = manifest_error(path, None, None, message);
+        warn!("{err}");
+        FileContent::Broken(vec![err])
+    };
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => {
+            info!(file = %path.display(), "manifest removed");
+            return FileContent::Gone;
+        }
+        Err(e) => return broken(format!("cannot open: {}", std::io::Error::from(e))),
+    };
+    let stat = match rustix::fs::fstat(&fd) {
+        Ok(st) => st,
+        Err(e) => return broken(format!("cannot stat: {}", std::io::Error::from(e))),
+    };
+    let kind = FileType::from_raw_mode(stat.st_mode);
+    if kind != FileType::RegularFile {
+        return broken(format!(
+            "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
+            file_type_name(kind)
+        ));
+    }
+    let too_big = |size: u64| {
+        format!(
+            "is {size} bytes, more than the limit of {max_size} bytes for one manifest file: split it, or raise the limit (--max-manifest-size)"
+        )
+    };
+    let size = stat.st_size as u64;
+    if size > max_size {
+        return broken(too_big(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    // A file that grows while it is read is still cut at the limit.
+    if let Err(e) = std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::from(fd), max_size + 1),
+        &mut bytes,
+    ) {
+        return broken(format!("cannot read: {e}"));
+    }
+    if bytes.len() as u64 > max_size {
+        return broken(too_big(bytes.len() as u64));
+    }
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            return broken(format!(
+                "is not UTF-8 text (byte {} is not valid): manifests are YAML or JSON text",
+                e.utf8_error().valid_up_to()
+            ))
+        }
+    };
+    let (objects, errors) = parse_manifest(path, &text);
+    for e in &errors {
+        warn!("{e}");
+    }
+    if errors.is_empty() {
+        debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
+        FileContent::Objects(objects)
+    } else {
+        // A file with any error is not applied: what it delivered before stays, so a
+        // half-written edit never takes a running pod's volumes away.
+        FileContent::Broken(errors)
+    }
+}

@@ -1,0 +1,423 @@
+//! Every definition the sources gave of every object, and which one is in effect.
+//!
+//! When two origins define the same object, the first in [`Origin`]'s order is in effect; the
+//! others are kept, reported as errors of their files, and take over when it goes. Readers
+//! compare objects by `Arc` identity, so a definition that only moves between origins keeps
+//! the object in effect as it is.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kubevol_core::projection::ObjectKind;
+use kubevol_core::PodUid;
+
+use super::{
+    normalize_pod, normalize_secret, ns_name, pod_uid, Change, FileContent, ManifestError, NsName,
+    Object, Origin, Stored, StoredPod, DEFAULT_NAMESPACE,
+};
+
+/// What the store keys an object by: its kind and name (a pod by its UID).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) enum Key {
+    Pod(PodUid),
+    ConfigMap(NsName),
+    Secret(NsName),
+    PersistentVolume(String),
+    PersistentVolumeClaim(NsName),
+    CSIDriver(String),
+}
+
+impl Key {
+    pub(super) fn of(obj: &Object) -> Key {
+        let name = |m: &ObjectMeta| m.name.clone().unwrap_or_default();
+        match obj {
+            Object::Pod(p) => Key::Pod(pod_uid(p)),
+            Object::ConfigMap(c) => Key::ConfigMap(ns_name(&c.metadata)),
+            Object::Secret(s) => Key::Secret(ns_name(&s.metadata)),
+            Object::PersistentVolume(pv) => Key::PersistentVolume(name(&pv.metadata)),
+            Object::PersistentVolumeClaim(c) => Key::PersistentVolumeClaim(ns_name(&c.metadata)),
+            Object::CSIDriver(d) => Key::CSIDriver(name(&d.metadata)),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Pod(uid) => write!(f, "pod (uid {uid})"),
+            Key::ConfigMap((ns, n)) => write!(f, "ConfigMap {ns}/{n}"),
+            Key::Secret((ns, n)) => write!(f, "Secret {ns}/{n}"),
+            Key::PersistentVolume(n) => write!(f, "PersistentVolume {n}"),
+            Key::PersistentVolumeClaim((ns, n)) => write!(f, "PersistentVolumeClaim {ns}/{n}"),
+            Key::CSIDriver(n) => write!(f, "CSIDriver {n}"),
+        }
+    }
+}
+
+/// One definition of an object, shared with the store's view when it is the one in effect (so
+/// that readers comparing by identity see no change when only its origin changes).
+#[derive(Clone, Debug)]
+pub(super) enum Shared {
+    Pod(Arc<Pod>),
+    ConfigMap(Arc<ConfigMap>),
+    Secret(Arc<Secret>),
+    PersistentVolume(Arc<PersistentVolume>),
+    PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
+    CSIDriver(Arc<CSIDriver>),
+}
+
+impl From<Object> for Shared {
+    fn from(obj: Object) -> Self {
+        match obj {
+            Object::Pod(x) => Shared::Pod(Arc::new(x)),
+            Object::ConfigMap(x) => Shared::ConfigMap(Arc::new(x)),
+            Object::Secret(x) => Shared::Secret(Arc::new(x)),
+            Object::PersistentVolume(x) => Shared::PersistentVolume(Arc::new(x)),
+            Object::PersistentVolumeClaim(x) => Shared::PersistentVolumeClaim(Arc::new(x)),
+            Object::CSIDriver(x) => Shared::CSIDriver(Arc::new(x)),
+        }
+    }
+}
+
+impl Shared {
+    /// Whether two definitions have the same content.
+    fn same(&self, other: &Shared) -> bool {
+        match (self, other) {
+            (Shared::Pod(a), Shared::Pod(b)) => a == b,
+            (Shared::ConfigMap(a), Shared::ConfigMap(b)) => a == b,
+            (Shared::Secret(a), Shared::Secret(b)) => a == b,
+            (Shared::PersistentVolume(a), Shared::PersistentVolume(b)) => a == b,
+            (Shared::PersistentVolumeClaim(a), Shared::PersistentVolumeClaim(b)) => a == b,
+            (Shared::CSIDriver(a), Shared::CSIDriver(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// The object's validation errors, joined (ConfigMaps and Secrets are checked here; pods
+    /// by the populator).
+    pub(super) fn invalid(&self) -> Option<String> {
+        use kubevol_core::validation::{validate_config_map, validate_secret};
+        let errs = match self {
+            Shared::ConfigMap(c) => validate_config_map(c),
+            Shared::Secret(s) => validate_secret(s),
+            _ => return None,
+        };
+        (!errs.is_empty()).then(|| {
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+}
+
+/// What the store knows of one manifest file.
+#[derive(Default)]
+pub(super) struct FileEntry {
+    /// The definitions it delivered (document, key).
+    defs: Vec<(usize, Key)>,
+    /// Why its last read was not applied.
+    pub(super) errors: Vec<ManifestError>,
+}
+
+#[derive(Default)]
+pub(super) struct Objects {
+    // The objects in effect: for each key, the definition of the first origin (see `Origin`).
+    pub(super) pods: BTreeMap<PodUid, StoredPod>,
+    pub(super) config_maps: BTreeMap<NsName, Stored<ConfigMap>>,
+    pub(super) secrets: BTreeMap<NsName, Stored<Secret>>,
+    pub(super) persistent_volumes: BTreeMap<String, Stored<PersistentVolume>>,
+    pub(super) persistent_volume_claims: BTreeMap<NsName, Stored<PersistentVolumeClaim>>,
+    pub(super) csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
+    /// Every definition of every object, by origin: when the one in effect goes, the next one
+    /// takes its place without any file being read again.
+    defs: HashMap<Key, BTreeMap<Origin, Shared>>,
+    pub(super) files: BTreeMap<PathBuf, FileEntry>,
+}
+
+/// Puts `def` (from `origin`) in effect in `map`, keeping the object in effect when its content
+/// is the same. Returns whether anything changed.
+fn put<K: Ord, T: PartialEq>(
+    map: &mut BTreeMap<K, Stored<T>>,
+    key: K,
+    def: &Arc<T>,
+    origin: &Origin,
+    invalid: Option<String>,
+) -> bool {
+    let invalid = invalid.map(|list| Arc::from(format!("{origin}: {list}")));
+    match map.get_mut(&key) {
+        Some(s) if Arc::ptr_eq(&s.object, def) || *s.object == **def => {
+            if s.origin == *origin && s.invalid == invalid {
+                return false;
+            }
+            s.origin = origin.clone();
+            s.invalid = invalid;
+            true
+        }
+        _ => {
+            map.insert(
+                key,
+                Stored {
+                    object: def.clone(),
+                    origin: origin.clone(),
+                    invalid,
+                },
+            );
+            true
+        }
+    }
+}
+
+impl Objects {
+    /// Puts the first definition of `key` in effect, or removes the object when none is left.
+    /// Returns whether what readers see changed.
+    pub(super) fn promote(&mut self, key: &Key) -> bool {
+        let first = self
+            .defs
+            .get(key)
+            .and_then(|m| m.iter().next())
+            .map(|(o, d)| (o.clone(), d.clone()));
+        let Some((origin, def)) = first else {
+            self.defs.remove(key);
+            return match key {
+                Key::Pod(k) => self.pods.remove(k).is_some(),
+                Key::ConfigMap(k) => self.config_maps.remove(k).is_some(),
+                Key::Secret(k) => self.secrets.remove(k).is_some(),
+                Key::PersistentVolume(k) => self.persistent_volumes.remove(k).is_some(),
+                Key::PersistentVolumeClaim(k) => self.persistent_volume_claims.remove(k).is_some(),
+                Key::CSIDriver(k) => self.csi_drivers.remove(k).is_some(),
+            };
+        };
+        let invalid = def.invalid();
+        match (key, &def) {
+            (Key::Pod(k), Shared::Pod(p)) => match self.pods.get_mut(k) {
+                Some(s) if Arc::ptr_eq(&s.pod, p) || *s.pod == **p => {
+                    let moved = s.origin != origin;
+                    s.origin = origin;
+                    moved
+                }
+                _ => {
+                    self.pods.insert(
+                        k.clone(),
+                        StoredPod {
+                            pod: p.clone(),
+                            origin,
+                        },
+                    );
+                    true
+                }
+            },
+            (Key::ConfigMap(k), Shared::ConfigMap(d)) => {
+                put(&mut self.config_maps, k.clone(), d, &origin, invalid)
+            }
+            (Key::Secret(k), Shared::Secret(d)) => {
+                put(&mut self.secrets, k.clone(), d, &origin, invalid)
+            }
+            (Key::PersistentVolume(k), Shared::PersistentVolume(d)) => {
+                put(&mut self.persistent_volumes, k.clone(), d, &origin, None)
+            }
+            (Key::PersistentVolumeClaim(k), Shared::PersistentVolumeClaim(d)) => put(
+                &mut self.persistent_volume_claims,
+                k.clone(),
+                d,
+                &origin,
+                None,
+            ),
+            (Key::CSIDriver(k), Shared::CSIDriver(d)) => {
+                put(&mut self.csi_drivers, k.clone(), d, &origin, None)
+            }
+            _ => unreachable!("a key and its definitions are of one kind"),
+        }
+    }
+
+    /// Adds one definition; returns its key.
+    fn define(&mut self, origin: Origin, obj: Object) -> Key {
+        let key = Key::of(&obj);
+        self.defs
+            .entry(key.clone())
+            .or_default()
+            .insert(origin, obj.into());
+        key
+    }
+
+    /// Drops one definition.
+    fn undefine(&mut self, key: &Key, origin: &Origin) {
+        if let Some(m) = self.defs.get_mut(key) {
+            m.remove(origin);
+        }
+    }
+
+    /// Whether a file's new objects are exactly what it delivered before.
+    fn file_unchanged(&self, path: &Path, objects: &[(usize, Object)]) -> bool {
+        let Some(entry) = self.files.get(path) else {
+            return objects.is_empty();
+        };
+        entry.errors.is_empty()
+            && entry.defs.len() == objects.len()
+            && objects.iter().zip(&entry.defs).all(|((doc, obj), (d, k))| {
+                let origin = Origin::File {
+                    path: path.to_path_buf(),
+                    document: *doc,
+                };
+                let key = Key::of(obj);
+                doc == d
+                    && key == *k
+                    && self
+                        .defs
+                        .get(&key)
+                        .and_then(|m| m.get(&origin))
+                        .is_some_and(|have| have.same(&obj.clone().into()))
+            })
+    }
+
+    /// Applies one change; `touched` collects the keys whose definitions changed.
+    pub(super) fn change(&mut self, change: Change, touched: &mut BTreeSet<Key>) -> bool {
+        match change {
+            Change::File { path, content } => match content {
+                FileContent::Objects(objects) => {
+                    if self.file_unchanged(&path, &objects) {
+                        return false;
+                    }
+                    let old = self.files.remove(&path).unwrap_or_default();
+                    for (document, key) in old.defs {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        self.undefine(&key, &origin);
+                        touched.insert(key);
+                    }
+                    let mut entry = FileEntry::default();
+                    for (document, obj) in objects {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        let key = self.define(origin, obj);
+                        entry.defs.push((document, key.clone()));
+                        touched.insert(key);
+                    }
+                    self.files.insert(path, entry);
+                    true
+                }
+                FileContent::Broken(errors) => {
+                    let entry = self.files.entry(path).or_default();
+                    if entry.errors == errors {
+                        return false;
+                    }
+                    entry.errors = errors;
+                    true
+                }
+                FileContent::Gone => {
+                    let Some(old) = self.files.remove(&path) else {
+                        return false;
+                    };
+                    for (document, key) in old.defs {
+                        let origin = Origin::File {
+                            path: path.clone(),
+                            document,
+                        };
+                        self.undefine(&key, &origin);
+                        touched.insert(key);
+                    }
+                    true
+                }
+            },
+            Change::Upsert(obj) => {
+                let obj = match obj {
+                    Object::Pod(p) => Object::Pod(normalize_pod(p)),
+                    Object::Secret(s) => Object::Secret(normalize_secret(s)),
+                    other => other,
+                };
+                let key = Key::of(&obj);
+                let unchanged = self
+                    .defs
+                    .get(&key)
+                    .and_then(|m| m.get(&Origin::Api))
+                    .is_some_and(|have| have.same(&obj.clone().into()));
+                if unchanged {
+                    return false;
+                }
+                self.define(Origin::Api, obj);
+                touched.insert(key);
+                true
+            }
+            Change::RemovePod(uid) => {
+                let key = Key::Pod(uid);
+                self.undefine(&key, &Origin::Api);
+                touched.insert(key);
+                true
+            }
+            Change::RemoveObject {
+                kind,
+                namespace,
+                name,
+            } => {
+                let key = match kind {
+                    ObjectKind::ConfigMap => Key::ConfigMap((namespace, name)),
+                    ObjectKind::Secret => Key::Secret((namespace, name)),
+                };
+                self.undefine(&key, &Origin::Api);
+                touched.insert(key);
+                true
+            }
+        }
+    }
+
+    /// The errors to report for a file: why it is not applied, its invalid objects, and its
+    /// definitions that another origin overrides.
+    pub(super) fn errors_of(&self, path: &Path, entry: &FileEntry) -> Vec<ManifestError> {
+        let mut out = entry.errors.clone();
+        for (document, key) in &entry.defs {
+            let here = Origin::File {
+                path: path.to_path_buf(),
+                document: *document,
+            };
+            let Some(defs) = self.defs.get(key) else {
+                continue;
+            };
+            let report = |message: String| ManifestError {
+                path: path.to_path_buf(),
+                document: Some(*document),
+                line: None,
+                column: None,
+                message,
+                object: None,
+            };
+            match defs.iter().next() {
+                Some((winner, _)) if *winner != here => {
+                    let what = match (key, defs.get(&here)) {
+                        (Key::Pod(uid), Some(Shared::Pod(p))) => format!(
+                            "pod {}/{} (uid {uid})",
+                            p.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
+                            p.metadata.name.as_deref().unwrap_or_default()
+                        ),
+                        _ => key.to_string(),
+                    };
+                    let rule = match winner {
+                        Origin::Api => "the library API's definition wins",
+                        Origin::File { path: p, .. } if p == path => {
+                            "the first document of a file wins"
+                        }
+                        Origin::File { .. } => "the file whose path sorts first wins",
+                    };
+                    out.push(report(format!(
+                        "{what} is also defined by {winner} ({rule}); this definition is ignored while that one exists: remove one of them"
+                    )));
+                }
+                _ => {
+                    if let Some(list) = defs.get(&here).and_then(Shared::invalid) {
+                        out.push(report(format!(
+                            "{key} is invalid and pods that use it will fail; fix these fields: {list}"
+                        )));
+                    }
+                }
+            }
+        }
+        out
+    }
+}

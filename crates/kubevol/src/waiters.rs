@@ -1,0 +1,158 @@
+//! Waiting for a pod's volumes: `wait_for_attach_and_mount` before its containers start and
+//! `wait_for_unmount` after they are killed. A waiter sleeps on its pod's own signal (never
+//! polls) and, when it times out, says which volumes are missing and why.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::PodUid;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::observe::status::{Sources, VolumePhase, VolumeStatus};
+use crate::store::{pod_uid, DEFAULT_NAMESPACE};
+
+/// Why a wait ended without success.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The wait timed out; the message lists every volume still missing with its last error.
+    #[error("timed out after {timeout:?} waiting for volumes of pod {pod}: {detail}")]
+    Timeout {
+        /// The pod.
+        pod: String,
+        /// How long it waited.
+        timeout: Duration,
+        /// Unmounted and failed-to-process volumes with their errors.
+        detail: String,
+    },
+    /// The pod is invalid and will never be processed.
+    #[error("pod {pod} was rejected ({origin}): {}", errors.join("; "))]
+    Rejected {
+        /// The pod.
+        pod: String,
+        /// Where it came from (manifest file and document, or the library API).
+        origin: String,
+        /// Its validation errors.
+        errors: Vec<String>,
+    },
+    /// The manager stopped.
+    #[error("the volume manager stopped")]
+    Stopped,
+}
+
+/// What a waiter needs: read views of the parts, how long to wait, and the manager's stop.
+pub(crate) struct Wait<'a> {
+    pub(crate) sources: Sources<'a>,
+    pub(crate) timeout: Duration,
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+impl Wait<'_> {
+    async fn until(
+        mut self,
+        pod: &Pod,
+        mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
+        describe: impl Fn(&Sources<'_>, &PodUid) -> String,
+    ) -> Result<(), WaitError> {
+        let uid = pod_uid(pod);
+        let deadline = Instant::now() + self.timeout;
+        let signal = self.sources.world.pod_signal(&uid);
+        loop {
+            // Register for the next signal before checking, so a change in between is not lost.
+            let notified = signal.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if done(&self.sources, &uid)? {
+                return Ok(());
+            }
+            if *self.stop.borrow_and_update() {
+                return Err(WaitError::Stopped);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let name = format!(
+                        "{}/{}",
+                        pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
+                        pod.metadata.name.as_deref().unwrap_or("")
+                    );
+                    return Err(WaitError::Timeout {
+                        pod: name,
+                        timeout: self.timeout,
+                        detail: describe(&self.sources, &uid),
+                    });
+                }
+                _ = self.stop.changed() => return Err(WaitError::Stopped),
+            }
+        }
+    }
+
+    /// Waits until every volume the pod's containers use is mounted.
+    pub(crate) async fn attach_and_mount(self, pod: &Pod) -> Result<(), WaitError> {
+        self.until(
+            pod,
+            |s, uid| {
+                if s.world.pod_ready(uid, |k| s.executor.tearing_down(k)) {
+                    return Ok(true);
+                }
+                // Rejected, and no earlier valid version is desired: it will never be ready.
+                match s.world.rejected().get(uid) {
+                    Some(r) if s.world.dsw().pod(uid).is_none() => Err(WaitError::Rejected {
+                        pod: r.pod_ref.to_string(),
+                        origin: r.origin.to_string(),
+                        errors: r.errors.clone(),
+                    }),
+                    _ => Ok(false),
+                }
+            },
+            |s, uid| match s.pod(uid, false) {
+                None => "the pod is not known to the volume manager: add it to a pod source, and check its spec.nodeName".into(),
+                Some(status) => {
+                    let describe = |v: &VolumeStatus| match &v.retry.last_error {
+                        Some(e) => format!("{} ({e})", v.name),
+                        None => v.name.clone(),
+                    };
+                    let unmounted: Vec<String> = status
+                        .volumes
+                        .iter()
+                        .filter(|v| v.state != VolumePhase::Mounted && v.state != VolumePhase::Unsupported)
+                        .map(describe)
+                        .collect();
+                    let failed: Vec<String> = status
+                        .volumes
+                        .iter()
+                        .filter(|v| v.state == VolumePhase::Unsupported)
+                        .map(describe)
+                        .collect();
+                    format!(
+                        "unmounted volumes=[{}], failed to process volumes=[{}]",
+                        unmounted.join(", "),
+                        failed.join(", ")
+                    )
+                }
+            },
+        )
+        .await
+    }
+
+    /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
+    pub(crate) async fn unmount(self, pod: &Pod) -> Result<(), WaitError> {
+        self.until(
+            pod,
+            |s, uid| Ok(!s.world.has_possibly_mounted_volumes(uid)),
+            |s, uid| {
+                let names: Vec<String> = s
+                    .world
+                    .asw()
+                    .pod_volumes(uid)
+                    .map(|(n, m)| match s.executor.last_error_for(n, uid) {
+                        Some(e) => format!("{} ({})", m.outer_volume_name, e.message),
+                        None => m.outer_volume_name.clone(),
+                    })
+                    .collect();
+                format!("still mounted volumes=[{}]", names.join(", "))
+            },
+        )
+        .await
+    }
+}

@@ -1,0 +1,348 @@
+//! The world: the desired state (DSW) and the actual state (ASW), with the signals that tell
+//! of their changes and the per-pod signals waiters sleep on.
+//!
+//! Who may change what is in the types: [`World::new`] hands out the only [`DswWriter`] (the
+//! populator's) and the [`AswWriter`] (operation results' and reconstruction's); everything
+//! else gets `&World` and can only read. No lock here is ever held across an `.await`: every
+//! read or write is a short critical section on plain values.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevol_core::reconcile::OperationKey;
+use kubevol_core::state::{ActualState, DesiredState, PodMountState, PodVolumeWish, SubPathMount};
+use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use crate::store::Origin;
+
+/// A pod the populator refused, with why.
+#[derive(Clone, Debug)]
+pub struct Rejected {
+    /// The pod.
+    pub pod_ref: PodRef,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Its validation errors.
+    pub errors: Vec<String>,
+}
+
+/// A volume as the container runtime needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountedVolume {
+    /// The path to bind-mount into containers.
+    pub path: PathBuf,
+    /// Whether it must be mounted read-only.
+    pub read_only: bool,
+    /// The subPath mounts: for these container mounts the runtime bind-mounts the subPath's
+    /// own mount instead of `path`.
+    pub sub_paths: Vec<SubPathMount>,
+}
+
+/// The two states of world and their signals.
+pub struct World {
+    dsw: RwLock<DesiredState>,
+    asw: RwLock<ActualState>,
+    /// Pods the populator refused (part of its output, beside the DSW).
+    rejected: RwLock<BTreeMap<PodUid, Rejected>>,
+    /// When each desired pod entered the DSW, until all its volumes were first mounted.
+    pending_since: Mutex<HashMap<PodUid, Instant>>,
+    pod_signals: Mutex<HashMap<PodUid, Arc<Notify>>>,
+    /// Bumped on every change a status watcher may want to see.
+    changed: watch::Sender<u64>,
+    /// Wakes the reconciler.
+    wake: Notify,
+    dsw_synced: AtomicBool,
+    states_synced: AtomicBool,
+}
+
+/// The only writer of the desired state: the populator's.
+pub struct DswWriter {
+    world: Arc<World>,
+}
+
+/// The writer of the actual state: operation results and reconstruction hold one.
+#[derive(Clone)]
+pub struct AswWriter {
+    world: Arc<World>,
+}
+
+impl World {
+    /// An empty world, with its two writers.
+    pub fn new() -> (Arc<World>, DswWriter, AswWriter) {
+        let world = Arc::new(World {
+            dsw: RwLock::default(),
+            asw: RwLock::default(),
+            rejected: RwLock::default(),
+            pending_since: Mutex::default(),
+            pod_signals: Mutex::default(),
+            changed: watch::channel(0).0,
+            wake: Notify::new(),
+            dsw_synced: AtomicBool::new(false),
+            states_synced: AtomicBool::new(false),
+        });
+        (
+            world.clone(),
+            DswWriter {
+                world: world.clone(),
+            },
+            AswWriter { world },
+        )
+    }
+
+    /// The desired state.
+    pub fn dsw(&self) -> RwLockReadGuard<'_, DesiredState> {
+        crate::sync::read(&self.dsw)
+    }
+
+    /// The actual state.
+    pub fn asw(&self) -> RwLockReadGuard<'_, ActualState> {
+        crate::sync::read(&self.asw)
+    }
+
+    /// The pods the populator refused.
+    pub fn rejected(&self) -> RwLockReadGuard<'_, BTreeMap<PodUid, Rejected>> {
+        crate::sync::read(&self.rejected)
+    }
+
+    /// A receiver woken on every change a status watcher may want to see.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Tells status watchers that something changed.
+    pub fn announce(&self) {
+        self.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Wakes the reconciler.
+    pub fn wake_reconciler(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Resolves when the reconciler is woken.
+    pub async fn reconciler_woken(&self) {
+        self.wake.notified().await
+    }
+
+    /// The signal a pod's waiters sleep on.
+    pub fn pod_signal(&self, uid: &PodUid) -> Arc<Notify> {
+        crate::sync::lock(&self.pod_signals)
+            .entry(uid.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// Wakes one pod's waiters.
+    pub fn notify_pod(&self, uid: &PodUid) {
+        let signal = crate::sync::lock(&self.pod_signals).get(uid).cloned();
+        if let Some(s) = signal {
+            s.notify_waiters();
+        }
+    }
+
+    /// Forgets a gone pod's signal unless a waiter still holds it.
+    pub fn forget_pod_signal(&self, uid: &PodUid) {
+        let mut map = crate::sync::lock(&self.pod_signals);
+        if map.get(uid).is_some_and(|s| Arc::strong_count(s) == 1) {
+            map.remove(uid);
+        }
+    }
+
+    /// Whether the DSW holds every pod of every source's complete first listing.
+    pub fn dsw_synced(&self) -> bool {
+        self.dsw_synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the reconciler has made a full pass over a synced DSW.
+    pub fn states_synced(&self) -> bool {
+        self.states_synced.load(Ordering::Acquire)
+    }
+
+    /// Records the reconciler's first full pass over a synced DSW; true the first time.
+    pub fn mark_states_synced(&self) -> bool {
+        let first = !self.states_synced.swap(true, Ordering::AcqRel);
+        if first {
+            self.announce();
+        }
+        first
+    }
+
+    /// Records which volumes the node has reported as in use: the one change of the DSW made
+    /// outside the populator, by whoever reports the node's status.
+    pub fn mark_reported_in_use(&self, names: &[UniqueVolumeName]) {
+        crate::sync::write(&self.dsw).mark_reported_in_use(names);
+    }
+
+    /// Whether every volume the pod's containers use is mounted and none is being torn down
+    /// (`tearing_down`: a teardown of that key has started). Cheap on every wake: the ASW's
+    /// count of the pod's mounted volumes answers "no" without a look at each volume.
+    pub fn pod_ready(&self, uid: &PodUid, tearing_down: impl Fn(&OperationKey) -> bool) -> bool {
+        let dsw = self.dsw();
+        let Some(dp) = dsw.pod(uid) else { return false };
+        if !dp.failed_to_process.is_empty() {
+            return false;
+        }
+        let asw = self.asw();
+        if asw.mounted_count(uid) < dp.volumes.len() {
+            return false;
+        }
+        // The same UID back while its volume is being unmounted: the ASW still says mounted.
+        dp.volumes.values().all(|u| {
+            asw.pod_volume(u, uid)
+                .is_some_and(|m| m.state == PodMountState::Mounted)
+                && !tearing_down(&OperationKey {
+                    volume: u.clone(),
+                    pod: Some(uid.clone()),
+                })
+        })
+    }
+}
+
+/// What the world answers a node agent: read-only questions about one pod or the node.
+impl World {
+    /// The mounted volumes of a pod, keyed by the pod's volume name.
+    pub fn mounted_volumes(&self, uid: &PodUid) -> BTreeMap<String, MountedVolume> {
+        self.asw()
+            .pod_volumes(uid)
+            .filter(|(_, m)| m.state == PodMountState::Mounted)
+            .map(|(_, m)| {
+                (
+                    m.outer_volume_name.clone(),
+                    MountedVolume {
+                        path: m.path.clone(),
+                        read_only: m.read_only,
+                        sub_paths: m.sub_paths.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Whether anything of the pod's may still be mounted (mounted or uncertain).
+    pub fn has_possibly_mounted_volumes(&self, uid: &PodUid) -> bool {
+        self.asw().pod_volumes(uid).next().is_some()
+    }
+
+    /// The volumes the node must report as in use: attachable or device-mountable volumes that
+    /// are desired or still on the node.
+    pub fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
+        let dsw = self.dsw();
+        let asw = self.asw();
+        let mut out: BTreeSet<UniqueVolumeName> = dsw
+            .volumes()
+            .filter(|v| v.traits.attachable || v.traits.device_mountable)
+            .map(|v| v.name.clone())
+            .collect();
+        out.extend(
+            asw.volumes()
+                .filter(|v| v.traits.attachable || v.traits.device_mountable)
+                .map(|v| v.name.clone()),
+        );
+        out.into_iter().collect()
+    }
+
+    /// Whether a volume is attached to the node.
+    pub fn volume_is_attached(&self, name: &UniqueVolumeName) -> bool {
+        self.asw().volume(name).is_some_and(|v| v.attached)
+    }
+
+    /// Extra supplemental groups for a pod's containers: the `pv.beta.kubernetes.io/gid`
+    /// annotations of the PersistentVolumes it has mounted, minus the groups the pod already has.
+    pub fn extra_supplemental_groups(&self, pod: &Pod) -> Vec<i64> {
+        let uid = crate::store::pod_uid(pod);
+        let existing: BTreeSet<i64> = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.supplemental_groups.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let asw = self.asw();
+        let mut out = BTreeSet::new();
+        for (_, m) in asw.pod_volumes(&uid) {
+            let gid = m
+                .spec
+                .persistent_volume
+                .as_ref()
+                .and_then(|pv| pv.metadata.annotations.as_ref())
+                .and_then(|a| a.get("pv.beta.kubernetes.io/gid"))
+                .and_then(|g| g.trim().parse::<i64>().ok());
+            if let Some(g) = gid.filter(|g| !existing.contains(g)) {
+                out.insert(g);
+            }
+        }
+        out.into_iter().collect()
+    }
+}
+
+impl DswWriter {
+    /// Replaces everything the DSW knows about one pod (accepted: no longer rejected), and
+    /// starts its volume-ready clock if it is new.
+    pub fn set_pod(
+        &self,
+        pod_ref: PodRef,
+        wishes: Vec<PodVolumeWish>,
+        failed: BTreeMap<String, String>,
+    ) {
+        let uid = pod_ref.uid.clone();
+        crate::sync::write(&self.world.rejected).remove(&uid);
+        crate::sync::write(&self.world.dsw).set_pod(pod_ref, wishes, failed);
+        crate::sync::lock(&self.world.pending_since)
+            .entry(uid)
+            .or_insert_with(Instant::now);
+    }
+
+    /// Refuses a pod (an earlier valid version of it, if desired, stays).
+    pub fn reject(&self, uid: PodUid, rejected: Rejected) {
+        crate::sync::write(&self.world.rejected).insert(uid, rejected);
+    }
+
+    /// Forgets a pod that is gone: its volumes are no longer wanted by it.
+    pub fn remove_pod(&self, uid: &PodUid) {
+        crate::sync::write(&self.world.dsw).remove_pod(uid);
+        crate::sync::write(&self.world.rejected).remove(uid);
+        crate::sync::lock(&self.world.pending_since).remove(uid);
+    }
+
+    /// Records that the DSW holds every source's complete first listing; true the first time.
+    pub fn mark_synced(&self) -> bool {
+        !self.world.dsw_synced.swap(true, Ordering::AcqRel)
+    }
+
+    /// The world written to, for reading.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+}
+
+impl AswWriter {
+    /// The actual state, for writing.
+    pub fn write(&self) -> RwLockWriteGuard<'_, ActualState> {
+        crate::sync::write(&self.world.asw)
+    }
+
+    /// If the pod has just become ready for the first time, how long it waited since it
+    /// entered the DSW (for `kubevol_pod_volumes_ready_duration_seconds`).
+    pub fn first_ready(
+        &self,
+        uid: &PodUid,
+        tearing_down: impl Fn(&OperationKey) -> bool,
+    ) -> Option<std::time::Duration> {
+        let mut pending = crate::sync::lock(&self.world.pending_since);
+        if !pending.contains_key(uid) || !self.world.pod_ready(uid, tearing_down) {
+            return None;
+        }
+        pending.remove(uid).map(|since| since.elapsed())
+    }
+
+    /// The world written to, for reading.
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+}
