@@ -277,13 +277,7 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     assert_eq!(json["states_synced"], true);
     assert_eq!(json["pods"].as_array().unwrap().len(), 4);
 
-    let get = |path: &str| {
-        let out = Command::new("bash")
-            .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let get = |path: &str| http_get(port, path);
     let metrics = get("/metrics");
     assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5"), "{metrics}");
     assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1"), "{metrics}");

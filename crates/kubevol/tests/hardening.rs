@@ -95,33 +95,10 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = |n: u64| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed % n
-            };
             // Creates, renames, copies and removals of 16 files defining 10 pods.
-            for _ in 0..1000 {
-                let file = |i: u64| manifests.join(format!("f{i:02}.yaml"));
-                let (a, b) = (file(next(16)), file(next(16)));
-                match next(4) {
-                    0 => std::fs::write(&a, memory_pod(&format!("p{}", next(10)))).unwrap(),
-                    1 => { let _ = std::fs::rename(&a, &b); }
-                    2 => { let _ = std::fs::copy(&a, &b); }
-                    _ => { let _ = std::fs::remove_file(&a); }
-                }
-            }
+            churn_manifests(&manifests, 16, 10, 1000, 0x9e37_79b9_7f4a_7c15, memory_pod);
             settle_manifests(&m, &manifests, 0).await;
-            let mut wanted = std::collections::BTreeSet::new();
-            for e in std::fs::read_dir(&manifests).unwrap() {
-                let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
-                // (A file copied onto itself is empty.)
-                if let Some(name) = text.split("name: ").nth(1).and_then(|t| t.split('}').next()) {
-                    wanted.insert(name.to_string());
-                }
-            }
+            let wanted = defined_pods(&manifests);
             for name in &wanted {
                 m.wait_for_attach_and_mount(&pod_ref(name)).await.expect("every defined pod mounts");
             }

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
 use kubevol::source::ManifestSource;
 use kubevol::store::ObjectStore;
 
@@ -199,44 +201,11 @@ async fn churn_ends_with_exactly_the_pods_the_directory_defines() {
         .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
-    // A fixed pseudo-random sequence of creates, renames, copies and removals of files that
-    // define 8 pods, some of them in two files at once.
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    for _ in 0..1000 {
-        let file = |i: u64| d.join(format!("f{i}.yaml"));
-        let (a, b) = (file(next(12)), file(next(12)));
-        match next(4) {
-            0 => std::fs::write(&a, pod_yaml(&format!("p{}", next(8)))).unwrap(),
-            1 => {
-                let _ = std::fs::rename(&a, &b);
-            }
-            2 => {
-                let _ = std::fs::copy(&a, &b);
-            }
-            _ => {
-                let _ = std::fs::remove_file(&a);
-            }
-        }
-    }
+    // Creates, renames, copies and removals of 12 files defining 8 pods, some of them in two
+    // files at once.
+    common::churn_manifests(&d, 12, 8, 1000, 0x2545_f491_4f6c_dd1d, pod_yaml);
     settle(&d, &store, 0).await;
-    let mut want = std::collections::BTreeSet::new();
-    for e in std::fs::read_dir(&d).unwrap() {
-        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
-        // (A file copied onto itself is empty.)
-        if let Some(name) = text
-            .split("name: ")
-            .nth(1)
-            .and_then(|t| t.split('}').next())
-        {
-            want.insert(name.to_string());
-        }
-    }
+    let want = common::defined_pods(&d);
     let have: std::collections::BTreeSet<String> = store
         .pods()
         .into_iter()

@@ -21,15 +21,7 @@ pub(super) async fn device_operation(
     op: &Operation,
 ) -> (String, Result<(), String>) {
     let volume = &op.key().volume;
-    let wanted = {
-        let dsw = ops.world().dsw();
-        dsw.volume(volume).and_then(|v| {
-            v.pods
-                .values()
-                .next()
-                .map(|p| (v.traits.clone(), p.spec.clone()))
-        })
-    };
+    let wanted = ops.wanted_device(volume);
     let (traits, spec, publish_context) = {
         let asw = ops.world().asw();
         let have = asw.volume(volume);

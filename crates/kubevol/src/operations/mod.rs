@@ -117,6 +117,20 @@ impl Operations {
         });
     }
 
+    /// A node-wide volume as pods want it now: its traits and the spec of one of its pods.
+    fn wanted_device(
+        &self,
+        volume: &UniqueVolumeName,
+    ) -> Option<(
+        kubevol_core::state::VolumeTraits,
+        Arc<kubevol_core::state::VolumeSpec>,
+    )> {
+        let dsw = self.world().dsw();
+        let v = dsw.volume(volume)?;
+        let p = v.pods.values().next()?;
+        Some((v.traits.clone(), p.spec.clone()))
+    }
+
     /// Where a pod came from, for messages.
     fn origin_of(&self, uid: &PodUid) -> String {
         self.store
@@ -294,16 +308,7 @@ async fn panicked(
             }
         }
         Operation::Attach { volume } | Operation::MountDevice { volume } => {
-            let want = {
-                let dsw = ops.world().dsw();
-                dsw.volume(volume).and_then(|v| {
-                    v.pods
-                        .values()
-                        .next()
-                        .map(|p| (v.traits.clone(), p.spec.clone()))
-                })
-            };
-            if let Some((traits, spec)) = want {
+            if let Some((traits, spec)) = ops.wanted_device(volume) {
                 if matches!(op, Operation::Attach { .. }) {
                     ops.asw.write().mark_attach_uncertain(volume, &traits, spec);
                 } else {

@@ -140,5 +140,4 @@ mod tests {
             assert!(parse_fail_point(bad).is_err(), "{bad}");
         }
     }
-
 }

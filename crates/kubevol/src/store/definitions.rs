@@ -251,6 +251,22 @@ impl Objects {
         }
     }
 
+    /// Drops everything a file delivered; returns whether it had delivered anything.
+    fn forget_file(&mut self, path: &Path, touched: &mut BTreeSet<Key>) -> bool {
+        let Some(old) = self.files.remove(path) else {
+            return false;
+        };
+        for (document, key) in old.defs {
+            let origin = Origin::File {
+                path: path.to_path_buf(),
+                document,
+            };
+            self.undefine(&key, &origin);
+            touched.insert(key);
+        }
+        true
+    }
+
     /// Whether a file's new objects are exactly what it delivered before.
     fn file_unchanged(&self, path: &Path, objects: &[(usize, Object)]) -> bool {
         let Some(entry) = self.files.get(path) else {
@@ -282,15 +298,7 @@ impl Objects {
                     if self.file_unchanged(&path, &objects) {
                         return false;
                     }
-                    let old = self.files.remove(&path).unwrap_or_default();
-                    for (document, key) in old.defs {
-                        let origin = Origin::File {
-                            path: path.clone(),
-                            document,
-                        };
-                        self.undefine(&key, &origin);
-                        touched.insert(key);
-                    }
+                    self.forget_file(&path, touched);
                     let mut entry = FileEntry::default();
                     for (document, obj) in objects {
                         let origin = Origin::File {
@@ -312,20 +320,7 @@ impl Objects {
                     entry.errors = errors;
                     true
                 }
-                FileContent::Gone => {
-                    let Some(old) = self.files.remove(&path) else {
-                        return false;
-                    };
-                    for (document, key) in old.defs {
-                        let origin = Origin::File {
-                            path: path.clone(),
-                            document,
-                        };
-                        self.undefine(&key, &origin);
-                        touched.insert(key);
-                    }
-                    true
-                }
+                FileContent::Gone => self.forget_file(&path, touched),
             },
             Change::Upsert(obj) => {
                 let obj = match obj {

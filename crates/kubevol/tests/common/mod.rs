@@ -198,3 +198,58 @@ pub fn settled(s: &PodStatus) -> bool {
         _ => false,
     }
 }
+
+/// A fixed pseudo-random sequence of `steps` creates, renames, copies and removals of `files`
+/// manifest files in `dir`, each written with `manifest(name)` for one of `pods` pod names
+/// (`p0`, `p1`, ...), so that some pods are defined by two files at once and some by none.
+/// Returns the pod names the directory defines at the end.
+pub fn churn_manifests(
+    dir: &Path,
+    files: u64,
+    pods: u64,
+    steps: usize,
+    seed: u64,
+    manifest: impl Fn(&str) -> String,
+) -> std::collections::BTreeSet<String> {
+    let mut seed = seed;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..steps {
+        let file = |i: u64| dir.join(format!("f{i:02}.yaml"));
+        let (a, b) = (file(next(files)), file(next(files)));
+        match next(4) {
+            0 => std::fs::write(&a, manifest(&format!("p{}", next(pods)))).unwrap(),
+            1 => {
+                let _ = std::fs::rename(&a, &b);
+            }
+            2 => {
+                let _ = std::fs::copy(&a, &b);
+            }
+            _ => {
+                let _ = std::fs::remove_file(&a);
+            }
+        }
+    }
+    defined_pods(dir)
+}
+
+/// The pod names (`name: x}`) the manifest files of `dir` define.
+pub fn defined_pods(dir: &Path) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+        // (A file copied onto itself is empty.)
+        if let Some(name) = text
+            .split("name: ")
+            .nth(1)
+            .and_then(|t| t.split('}').next())
+        {
+            names.insert(name.to_string());
+        }
+    }
+    names
+}
