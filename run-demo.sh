@@ -8,16 +8,18 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 cargo build --release --quiet --bin kubevol --bin kubevol-csi-loop
+# Where cargo put the binaries: CARGO_TARGET_DIR when set (absolute, or relative to here).
+bin="${CARGO_TARGET_DIR:-target}/release"
 root=$(mktemp -d /tmp/kubevol-demo.XXXXXX)
 trap 'rm -rf --one-file-system "$root"' EXIT
 status=0
 RUST_LOG=${RUST_LOG:-warn} unshare --mount --propagation private \
-  examples/with-loop-driver.sh target/release "$root" sh -c '
-  target/release/kubevol run --once --manifests examples/manifests --root-dir "$1" --node-name demo \
+  examples/with-loop-driver.sh "$bin" "$root" sh -c '
+  "$2/kubevol" run --once --manifests examples/manifests --root-dir "$1" --node-name demo \
     --csi-controller "$KUBEVOL_CSI_CONTROLLER"
   s=$?
   echo
   echo "Mounts made in the private namespace:"
   findmnt --list --noheadings --output TARGET,FSTYPE,OPTIONS | grep -F "$1" || echo "  (none)"
-  exit $s' sh "$root" || status=$?
+  exit $s' sh "$root" "$bin" || status=$?
 exit "$status"

@@ -20,9 +20,11 @@ use kubevol::status::{PodPhase, StatusReport, VolumePhase};
 use kubevol::{Config, VolumeManager};
 use kubevol_core::backoff::BackoffPolicy;
 
-/// The Kubernetes node volume manager.
+/// kubevol: the Kubernetes node volume manager. It mounts what the pods assigned to a node
+/// need (emptyDir, hostPath, configMap, secret, downwardAPI, projected, CSI) and keeps the
+/// node's mounts matching them, from a directory of Kubernetes manifests.
 #[derive(Parser)]
-#[command(name = "kubevol", version, about)]
+#[command(name = "kubevol", version, about, long_about)]
 struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -56,8 +58,8 @@ struct RunArgs {
     #[arg(long, default_value = "/var/lib/kubevol")]
     root_dir: PathBuf,
     /// This node's name; pods whose spec.nodeName names another node are ignored.
-    #[arg(long)]
-    node_name: Option<String>,
+    #[arg(long, default_value_t = hostname())]
+    node_name: String,
     /// Address of the HTTP server (health, metrics, status API). Not served with --once.
     #[arg(long, default_value = "127.0.0.1:10258")]
     listen: SocketAddr,
@@ -260,10 +262,7 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut config = Config::new(
-        &args.root_dir,
-        args.node_name.clone().unwrap_or_else(hostname),
-    );
+    let mut config = Config::new(&args.root_dir, args.node_name.clone());
     config.backoff = BackoffPolicy {
         initial: args.backoff_initial,
         max: args.backoff_max,

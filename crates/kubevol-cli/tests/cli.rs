@@ -432,3 +432,33 @@ fn a_full_stderr_or_a_closed_stdout_never_panics() {
     assert_ne!(out.status.code(), Some(101), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn help_says_what_kubevol_is_and_logs_to_a_pipe_have_no_colour() {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.starts_with("kubevol: the Kubernetes node volume manager."),
+        "{help}"
+    );
+    let run = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let run = String::from_utf8_lossy(&run.stdout);
+    let node = run
+        .split("--node-name")
+        .nth(1)
+        .and_then(|r| r.split("--listen").next())
+        .unwrap_or_default();
+    assert!(node.contains("[default: "), "{run}");
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
+    let out = run_once(&[], manifests.path(), root.path());
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("SuccessfulMountVolume"), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "no colour escapes in a pipe: {stderr:?}"
+    );
+}
