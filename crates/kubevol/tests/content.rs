@@ -125,7 +125,7 @@ mount_test! {
             assert_eq!(fstype(&config), None, "configMaps live on disk");
 
             let info = pod_dir.join("volumes/kubernetes.io~downward-api/info");
-            assert_eq!(fstype(&info), None, "downwardAPI volumes live on disk");
+            assert_eq!(fstype(&info).as_deref(), Some("tmpfs"), "downwardAPI volumes live on a tmpfs, as the kubelet's");
             assert_eq!(fs::read_to_string(info.join("labels")).unwrap(), "app=\"web\"\ntier=\"front\"");
             let all = pod_dir.join("volumes/kubernetes.io~projected/all");
             assert_eq!(fs::read_to_string(all.join("cfg")).unwrap(), "level=info");

@@ -2,8 +2,9 @@
 //! written by the atomic writer at the kubelet's paths (`kubernetes.io~configmap`, `~secret`,
 //! `~downward-api`, `~projected`).
 //!
-//! Secret and projected volumes live on a tmpfs of their own (a secret never touches the node's
-//! disk), configMap and downwardAPI volumes on the node's disk. All four are reported read-only
+//! Secret, downwardAPI and projected volumes live on a tmpfs of their own, as the kubelet wraps
+//! them in a Memory emptyDir (a secret never touches the node's disk); configMap volumes live on
+//! the node's disk. All four are reported read-only
 //! to the runtime, whatever a container asks. Set-up runs again whenever an object a volume
 //! reads, or the pod's metadata, changes; the writer leaves unchanged content alone.
 
@@ -64,7 +65,10 @@ impl ContentKind {
 
     /// Whether the volume lives on a tmpfs of its own.
     fn in_memory(self) -> bool {
-        matches!(self, ContentKind::Secret | ContentKind::Projected)
+        matches!(
+            self,
+            ContentKind::Secret | ContentKind::DownwardApi | ContentKind::Projected
+        )
     }
 }
 
