@@ -560,3 +560,41 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A driver that answers NodeUnpublishVolume with OK but leaves its mount: kubevol says
+    /// exactly that, never removes the mounted directory, and tries again.
+    fn a_driver_that_claims_an_unpublish_but_leaves_its_mount_is_named() {
+        let t = TestRoot::new();
+        let driver = Driver::start(
+            &t.path().join("driver"),
+            Some(&registry(t.path())),
+            &["--inject", "NodeUnpublishVolume:OK:1"],
+        );
+        runtime().block_on(async {
+            let socket = t.path().join("driver/csi.sock");
+            // A slow first retry, so that the status can be read while the error stands.
+            let m = manager(t.path(), |c| {
+                c.csi_controllers = vec![(DRIVER.into(), socket)];
+                c.backoff.initial = Duration::from_secs(1);
+                c.backoff.max = Duration::from_secs(2);
+            });
+            m.library().upsert_objects(objects(json!([csi_driver(false), pv("left", "16Mi", "Filesystem"), pvc("left", "Filesystem")])));
+            let p = claim_pod("p", "left");
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            m.remove_pod(&p);
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(
+                e.contains("answered NodeUnpublishVolume with OK but") && e.contains("is still mounted: the driver claims success but left its mount"),
+                "{e}"
+            );
+            m.wait_for_unmount(&p).await.expect("the retry unpublishes");
+            assert_eq!(driver.count("NodeUnpublishVolume", "Ok"), 2, "the claimed one and the real one");
+            wait_until("unstage", 20, || driver.count("NodeUnstageVolume", "Ok") == 1).await;
+            assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
+            m.shutdown();
+        });
+    }
+}

@@ -76,6 +76,16 @@ pub enum VolumeError {
     /// controller that is not configured, or a secret it references is missing.
     #[error("{0}")]
     CsiNotReady(String),
+    /// A CSI driver answered an unpublish or unstage with OK, but its target is still mounted.
+    #[error("CSI driver {driver} answered {call} with OK but {} is still mounted: the driver claims success but left its mount. kubevol never removes a directory with a filesystem on it and tries again; check the driver's logs", path.display())]
+    DriverLeftMount {
+        /// The driver.
+        driver: String,
+        /// The call it answered.
+        call: &'static str,
+        /// The target still mounted.
+        path: PathBuf,
+    },
     /// A blocking task died.
     #[error("operation task failed: {0}")]
     Task(String),
@@ -103,7 +113,9 @@ impl VolumeError {
             VolumeError::Task(_) => ErrorClass::Uncertain,
             VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
             VolumeError::Csi(_) => ErrorClass::Uncertain,
-            VolumeError::CsiNotReady(_) | VolumeError::Record { .. } => ErrorClass::Transient,
+            VolumeError::CsiNotReady(_)
+            | VolumeError::Record { .. }
+            | VolumeError::DriverLeftMount { .. } => ErrorClass::Transient,
             VolumeError::Content(e) if e.is_transient() => ErrorClass::Transient,
             VolumeError::Content(_) | VolumeError::SubPath { .. } => ErrorClass::Final,
             VolumeError::HostPathType { .. }

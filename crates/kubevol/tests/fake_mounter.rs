@@ -200,3 +200,58 @@ async fn sub_path_mounts_are_removed_before_their_volume() {
     assert!(!pod_dir.exists());
     m.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
+    let t = tempfile::tempdir().unwrap();
+    let m = start(t.path(), Arc::new(FakeMounter::new()));
+    let objects: Vec<kubevol::store::Object> = [
+        serde_json::json!({"metadata": {"name": "nfs-pv"}, "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "nfs": {"server": "nfs.example", "path": "/x"}, "claimRef": {"namespace": "default", "name": "c"}}}),
+    ]
+    .into_iter()
+    .map(|v| kubevol::store::Object::PersistentVolume(serde_json::from_value(v).unwrap()))
+    .chain([kubevol::store::Object::PersistentVolumeClaim(
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {"volumeName": "nfs-pv", "accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Bound"}})).unwrap(),
+    )])
+    .collect();
+    assert!(m.library().upsert_objects(objects).is_empty());
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {
+            "containers": [{"name": "c", "volumeMounts": [{"name": "claim", "mountPath": "/a"}, {"name": "share", "mountPath": "/b"}]}],
+            "volumes": [
+                {"name": "claim", "persistentVolumeClaim": {"claimName": "c"}},
+                {"name": "share", "nfs": {"server": "nfs.example", "path": "/y"}}
+            ]
+        }
+    }))
+    .unwrap();
+    let uid = m.add_pod(p.clone());
+    let mut rx = m.subscribe();
+    let errors = loop {
+        let s = m.pod_status(&uid);
+        let errors: Vec<String> = s
+            .iter()
+            .flat_map(|s| &s.volumes)
+            .filter_map(|v| v.retry.last_error.clone())
+            .collect();
+        if errors.len() == 2 {
+            break errors;
+        }
+        tokio::time::timeout(Duration::from_secs(20), rx.changed())
+            .await
+            .expect("both volumes refused")
+            .unwrap();
+    };
+    assert!(
+        errors[0]
+            .contains("PersistentVolume nfs-pv is a nfs volume, a type kubevol does not mount yet"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("volume type nfs is not supported by kubevol yet")
+            && errors[1].contains(", persistentVolumeClaim)"),
+        "{errors:?}"
+    );
+    m.shutdown();
+}

@@ -229,6 +229,16 @@ fn object_versions(store: &ObjectStore, pod: &Pod) -> Vec<Version> {
 }
 
 impl Populator {
+    /// The volume sources kubevol sets up, as the API names them (claims through their
+    /// PersistentVolumes).
+    fn supported(&self) -> Vec<&'static str> {
+        let mut out = self.plugins.supported_sources();
+        if out.contains(&"csi") {
+            out.push("persistentVolumeClaim");
+        }
+        out
+    }
+
     /// One pass over the store. Returns whether the DSW changed (the reconciler must look).
     fn sync(&mut self) -> bool {
         // Read the sync flag before the pods: if it is true, this listing is complete.
@@ -358,13 +368,11 @@ impl Populator {
                     },
                 }),
                 None if spec.persistent_volume.is_some() => {
-                    let pv = spec
-                        .persistent_volume
-                        .as_ref()
-                        .and_then(|p| p.metadata.name.clone())
-                        .unwrap_or_default();
+                    let pv = spec.persistent_volume.as_deref();
+                    let name = pv.and_then(|p| p.metadata.name.clone()).unwrap_or_default();
+                    let kind = pv.map(persistent_volume_type).unwrap_or("unknown");
                     let message = format!(
-                    "{}: volume {:?} of pod {pref}: PersistentVolume {pv} is of a type kubevol does not mount yet (supported for persistent volumes: csi); use a CSI volume",
+                    "{}: volume {:?} of pod {pref}: PersistentVolume {name} is a {kind} volume, a type kubevol does not mount yet (supported for persistent volumes: csi); use a CSI volume",
                     stored.origin, v.name
                 );
                     self.events
@@ -377,7 +385,7 @@ impl Populator {
                     "{}: volume {:?} of pod {pref}: volume type {source} is not supported by kubevol yet (supported: {}); change the volume's type or remove it",
                     stored.origin,
                     v.name,
-                    self.plugins.supported_sources().join(", ")
+                    self.supported().join(", ")
                 );
                     self.events
                         .record(&pref, true, reason::FAILED_MOUNT, message.clone());
@@ -387,6 +395,44 @@ impl Populator {
         }
         self.dsw.set_pod(pref, wishes, failed);
     }
+}
+
+/// The volume source a PersistentVolume's spec sets (`hostPath`, `nfs`, `local`, ...), as the
+/// API names it.
+fn persistent_volume_type(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> &'static str {
+    const SOURCES: [&str; 22] = [
+        "awsElasticBlockStore",
+        "azureDisk",
+        "azureFile",
+        "cephfs",
+        "cinder",
+        "csi",
+        "fc",
+        "flexVolume",
+        "flocker",
+        "gcePersistentDisk",
+        "glusterfs",
+        "hostPath",
+        "iscsi",
+        "local",
+        "nfs",
+        "photonPersistentDisk",
+        "portworxVolume",
+        "quobyte",
+        "rbd",
+        "scaleIO",
+        "storageos",
+        "vsphereVolume",
+    ];
+    let spec = pv
+        .spec
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_default();
+    SOURCES
+        .into_iter()
+        .find(|s| spec.get(*s).is_some_and(|v| !v.is_null()))
+        .unwrap_or("unknown")
 }
 
 /// The storage checks of one volume: a claim resolves to its PersistentVolume, an inline CSI

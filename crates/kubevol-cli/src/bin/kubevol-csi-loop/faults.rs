@@ -1,5 +1,6 @@
 //! Fault injection for tests: `--inject METHOD:CODE[:COUNT]` makes the next COUNT calls of a
-//! method (every call, without COUNT) fail with a gRPC code before doing anything;
+//! method (every call, without COUNT) fail with a gRPC code before doing anything (with `OK`,
+//! answer success without doing anything, as a driver with a bug would);
 //! `--delay METHOD:MS` makes every call of a method take MS milliseconds longer (after its work,
 //! so a caller that gives up first leaves the work done, as a real slow driver does).
 

@@ -271,12 +271,15 @@ impl VolumePlugin for CsiPlugin {
             }
             crate::sync::lock(&sizes).remove(&req.volume);
             let (target, data_dir) = staging(&r);
+            let driver = r.driver.clone();
             blocking(move || {
                 let abs = host.root.join(&target);
                 if abs.exists() && host.mounter.is_mount_point(&abs)? {
-                    return Err(VolumeError::Mount(kubevol_mount::MountError::NestedMount {
+                    return Err(VolumeError::DriverLeftMount {
+                        driver,
+                        call: "NodeUnstageVolume",
                         path: abs,
-                    }));
+                    });
                 }
                 let _ = std::fs::remove_dir(&abs);
                 remove_vol_data(&host, &data_dir, &csi_dir());
@@ -336,14 +339,16 @@ impl VolumePlugin for CsiPlugin {
                     }),
                 )
                 .await?;
+            let driver = r.driver.clone();
             blocking(move || {
                 let abs = host.root.join(&target);
                 if abs.exists() && host.mounter.is_mount_point(&abs)? {
-                    // The driver said it unpublished but something is still mounted there:
-                    // never remove a directory with a filesystem on it.
-                    return Err(VolumeError::Mount(kubevol_mount::MountError::NestedMount {
+                    // Never remove a directory with a filesystem on it.
+                    return Err(VolumeError::DriverLeftMount {
+                        driver,
+                        call: "NodeUnpublishVolume",
                         path: abs,
-                    }));
+                    });
                 }
                 if r.block {
                     let _ =
