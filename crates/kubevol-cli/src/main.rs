@@ -66,7 +66,9 @@ struct RunArgs {
     /// Mount what the manifests ask for, print a table and exit (0 only if every pod is ready).
     #[arg(long)]
     once: bool,
-    /// With --once: how long to wait for pods to settle.
+    /// With --once: how long failing volumes are retried (with the normal backoff) before the
+    /// table is printed; a pod that failed for good (invalid, unsupported volume) ends the wait
+    /// for itself at once.
     #[arg(long, default_value = "123s", value_parser = parse_duration)]
     timeout: Duration,
     /// Host path prefix pods may use (repeatable); without any, every host path is allowed.
@@ -299,8 +301,8 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(root = %manager.config().root_dir.display(), node = %manager.config().node_name, "kubevol started");
 
     let code = if args.once {
-        let report = settle(&manager, args.timeout).await;
-        table::print_report(&report, false, &mut std::io::stdout())?;
+        let (report, timed_out) = settle(&manager, args.timeout).await;
+        print_once(&report, timed_out, args.timeout, &mut std::io::stdout())?;
         let all_ready = report.manifest_errors.is_empty()
             && report.pods.iter().all(|p| p.phase == PodPhase::Ready);
         if all_ready {
@@ -331,32 +333,84 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-/// Waits until every pod is ready, rejected, or has had a first attempt at every volume.
-async fn settle(manager: &VolumeManager, timeout: Duration) -> StatusReport {
+/// Whether a pod's volumes can never become ready without a change to its manifests: it is
+/// invalid, or a volume cannot be processed at all (an unsupported type, a source that needs
+/// an API server). Other failures are retried with backoff.
+fn failed_for_good(p: &kubevol::status::PodStatus) -> bool {
+    p.phase == PodPhase::Rejected
+        || p.volumes
+            .iter()
+            .any(|v| v.state == VolumePhase::Unsupported)
+}
+
+/// Waits, as failing volumes are retried with the normal backoff, until every pod is ready or
+/// has failed for good, or `timeout` has passed. Returns the last report and whether it timed
+/// out.
+async fn settle(manager: &VolumeManager, timeout: Duration) -> (StatusReport, bool) {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut changes = manager.subscribe();
     loop {
         changes.borrow_and_update();
         let report = manager.status(false);
         let settled = report.states_synced
-            && report.pods.iter().all(|p| match p.phase {
-                PodPhase::Ready | PodPhase::Rejected => true,
-                PodPhase::Pending | PodPhase::Terminating => false,
-                PodPhase::Failed => p
-                    .volumes
-                    .iter()
-                    .all(|v| v.state != VolumePhase::Pending && v.state != VolumePhase::Uncertain),
-            });
+            && report
+                .pods
+                .iter()
+                .all(|p| p.phase == PodPhase::Ready || failed_for_good(p));
         if settled {
-            return report;
+            return (report, false);
         }
         if tokio::time::timeout_at(deadline, changes.changed())
             .await
             .is_err()
         {
-            return report;
+            return (report, true);
         }
     }
+}
+
+/// Prints the final report of `--once`: the table (without retry times: nothing is retried
+/// after it), then which pods failed for good and which were still retried when time ran out.
+fn print_once(
+    report: &StatusReport,
+    timed_out: bool,
+    timeout: Duration,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let mut report = report.clone();
+    for v in report.pods.iter_mut().flat_map(|p| p.volumes.iter_mut()) {
+        v.retry.next_retry_ms = None;
+    }
+    table::print_report(&report, false, out)?;
+    let name = |p: &kubevol::status::PodStatus| format!("{}/{}", p.namespace, p.name);
+    let for_good: Vec<String> = report
+        .pods
+        .iter()
+        .filter(|p| failed_for_good(p))
+        .map(name)
+        .collect();
+    let waiting: Vec<String> = report
+        .pods
+        .iter()
+        .filter(|p| p.phase != PodPhase::Ready && !failed_for_good(p))
+        .map(name)
+        .collect();
+    if !for_good.is_empty() {
+        writeln!(
+            out,
+            "\nFailed for good (fix the manifests): {}",
+            for_good.join(", ")
+        )?;
+    }
+    if !waiting.is_empty() {
+        let why = if timed_out {
+            format!("not ready when --timeout {timeout:?} ran out (their errors above were still being retried)")
+        } else {
+            "not ready".to_string()
+        };
+        writeln!(out, "\nPods {why}: {}", waiting.join(", "))?;
+    }
+    Ok(())
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

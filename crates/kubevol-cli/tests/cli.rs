@@ -462,3 +462,63 @@ fn help_says_what_kubevol_is_and_logs_to_a_pipe_have_no_colour() {
         "no colour escapes in a pipe: {stderr:?}"
     );
 }
+
+#[test]
+fn run_once_waits_for_retried_volumes_and_says_which_pods_failed_for_good_or_timed_out() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let parent = host.path().join("made-by-the-other-volume");
+    // The file's parent is made by the same pod's other volume: whichever is set up first,
+    // the pod is ready once the other has been retried.
+    std::fs::write(
+        manifests.path().join("pair.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: pair}}\nspec:\n  containers: [{{name: c, volumeMounts: [{{name: f, mountPath: /f}}, {{name: d, mountPath: /d}}]}}]\n  volumes:\n  - {{name: f, hostPath: {{path: {p}/file, type: FileOrCreate}}}}\n  - {{name: d, hostPath: {{path: {p}, type: DirectoryOrCreate}}}}\n",
+            p = parent.display()
+        ),
+    )
+    .unwrap();
+    let mut args = vec![
+        "run",
+        "--once",
+        "--backoff-initial",
+        "50ms",
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+    ];
+    let out = in_namespace(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("default/pair") && l.contains("Mounted"))
+            .count(),
+        2,
+        "{stdout}"
+    );
+
+    // A pod that can never be ready and one that is still retried when time runs out.
+    std::fs::write(manifests.path().join("nfs.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: nfs}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, nfs: {server: x, path: /y}}]}\n").unwrap();
+    std::fs::write(manifests.path().join("waits.yaml"), "apiVersion: v1\nkind: Pod\nmetadata: {name: waits}\nspec: {containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}], volumes: [{name: v, configMap: {name: not-there}}]}\n").unwrap();
+    args.extend(["--timeout", "2s"]);
+    let out = in_namespace(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        !stdout.contains("retry in"),
+        "nothing is retried after the table: {stdout}"
+    );
+    assert!(
+        stdout.contains("Failed for good (fix the manifests): default/nfs"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Pods not ready when --timeout 2s ran out (their errors above were still being retried): default/waits"),
+        "{stdout}"
+    );
+}
