@@ -80,6 +80,15 @@ pub fn print_report(
             }
         }
     }
+    if report.pods.is_empty() {
+        writeln!(out, "\nNo pods for this node ({}).", report.node_name)?;
+    }
+    if !report.notes.is_empty() {
+        writeln!(out, "\nNotes:")?;
+        for n in &report.notes {
+            writeln!(out, "  {n}")?;
+        }
+    }
     if !report.manifest_errors.is_empty() {
         writeln!(out, "\nManifest errors:")?;
         for e in &report.manifest_errors {
@@ -194,6 +203,9 @@ mod tests {
             states_synced: true,
             pods: Vec::new(),
             manifest_errors: Vec::new(),
+            notes: vec![
+                "1 object of kinds kubevol does not run: Deployment default/web (app.yaml)".into(),
+            ],
             reconstruction: kubevol::reconstruct::Reconstruction {
                 problems: vec!["record /r/volume-record/pods/u/v.1.json cannot be read".into()],
                 ..Default::default()
@@ -207,6 +219,10 @@ mod tests {
         let mut out = Vec::new();
         print_report(&report, false, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("No pods for this node (n).\n\nNotes:\n  1 object of kinds kubevol does not run: Deployment default/web (app.yaml)\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "Found at start:\n  record /r/volume-record/pods/u/v.1.json cannot be read"

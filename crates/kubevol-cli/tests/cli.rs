@@ -522,3 +522,69 @@ fn run_once_waits_for_retried_volumes_and_says_which_pods_failed_for_good_or_tim
         "{stdout}"
     );
 }
+
+#[test]
+fn run_once_and_status_say_what_the_sources_hold_that_is_not_mounted() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(
+        manifests.path().join("app.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: app}\nspec: {}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        manifests.path().join("elsewhere.yaml"),
+        OK_POD.replace("spec: {", "spec: {nodeName: node-b, "),
+    )
+    .unwrap();
+    let out = run_once(&[], manifests.path(), root.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("No pods for this node ("), "{stdout}");
+    assert!(
+        stdout
+            .contains("1 object of kinds kubevol does not run: Deployment default/app (app.yaml)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("1 pod assigned to other nodes skipped (this node is")
+            && stdout.contains("default/ok (node node-b, "),
+        "{stdout}"
+    );
+
+    // The daemon on a manifest directory that does not exist: the status says so.
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let missing = manifests.path().join("not-there");
+    let mut child = in_namespace(&[
+        "run",
+        "--manifests",
+        missing.to_str().unwrap(),
+        "--root-dir",
+        root.path().to_str().unwrap(),
+        "--listen",
+        &listen,
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pods = until_http(port, "/api/v1/pods", |a| a.contains("cannot read it"));
+    assert!(
+        pods.contains(&format!(
+            "pod source file: manifest directory {}: cannot read it",
+            missing.display()
+        )) && pods.contains("nothing is torn down until it has been listed"),
+        "{pods}"
+    );
+    let table = status(&format!("http://{listen}"), &[]);
+    assert!(
+        table.contains("Notes:\n  pod source file: manifest directory"),
+        "{table}"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}

@@ -125,6 +125,10 @@ pub struct StatusReport {
     pub pods: Vec<PodStatus>,
     /// Manifest files with errors (file, document, line, column, message).
     pub manifest_errors: Vec<String>,
+    /// What else an operator should know about the sources: a source that cannot be read, the
+    /// objects of kinds kubevol does not run, the pods assigned to other nodes.
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// What reconstruction found at start.
     #[serde(default)]
     pub reconstruction: crate::reconstruct::Reconstruction,
@@ -316,9 +320,71 @@ impl Sources<'_> {
                 .iter()
                 .map(|e| e.to_string())
                 .collect(),
+            notes: self.notes(),
             reconstruction: self.findings.reconstruction(),
             leftovers: self.findings.leftovers(),
         }
+    }
+
+    /// Sources that cannot be read, and what the sources hold that kubevol does not mount.
+    fn notes(&self) -> Vec<String> {
+        let mut notes = self.store.source_problems();
+        let file = |p: &std::path::Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let skipped: Vec<String> = self
+            .store
+            .skipped_objects()
+            .iter()
+            .map(|(path, o)| {
+                let name = if o.namespace.is_empty() {
+                    o.name.clone()
+                } else {
+                    format!("{}/{}", o.namespace, o.name)
+                };
+                format!("{} {name} ({})", o.kind, file(path))
+            })
+            .collect();
+        if !skipped.is_empty() {
+            notes.push(format!(
+                "{} object{} of kinds kubevol does not run: {}",
+                skipped.len(),
+                if skipped.len() == 1 { "" } else { "s" },
+                skipped.join(", ")
+            ));
+        }
+        let elsewhere: Vec<String> = self
+            .store
+            .pods()
+            .into_iter()
+            .filter(|(_, p)| !crate::store::is_for_node(&p.pod, self.node_name))
+            .map(|(_, p)| {
+                let node = p
+                    .pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                format!(
+                    "{}/{} (node {node}, {})",
+                    p.pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.pod.metadata.name.as_deref().unwrap_or_default(),
+                    p.origin
+                )
+            })
+            .collect();
+        if !elsewhere.is_empty() {
+            notes.push(format!(
+                "{} pod{} assigned to other nodes skipped (this node is {}): {}",
+                elsewhere.len(),
+                if elsewhere.len() == 1 { "" } else { "s" },
+                self.node_name,
+                elsewhere.join(", ")
+            ));
+        }
+        notes
     }
 }
 

@@ -22,6 +22,7 @@ use tracing::debug;
 use crate::events::{reason, EventRecorder};
 use crate::operations::executor::Executor;
 use crate::plugins::{PluginHost, PluginRegistry};
+pub use crate::store::is_for_node;
 use crate::store::{ObjectStore, StoredPod, DEFAULT_NAMESPACE};
 use crate::world::{DswWriter, Rejected};
 
@@ -29,14 +30,6 @@ use crate::world::{DswWriter, Rejected};
 pub fn is_terminated(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
-}
-
-/// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
-pub fn is_for_node(pod: &Pod, node: &str) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_none_or(|n| n.is_empty() || n == node)
 }
 
 /// The volumes a pod's containers mount or map: only these are set up.

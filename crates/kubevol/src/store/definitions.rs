@@ -17,7 +17,7 @@ use kubevol_core::PodUid;
 
 use super::{
     normalize_pod, normalize_secret, ns_name, pod_uid, Change, FileContent, ManifestError, NsName,
-    Object, Origin, Stored, StoredPod, DEFAULT_NAMESPACE,
+    Object, ObjectName, Origin, Stored, StoredPod, DEFAULT_NAMESPACE,
 };
 
 /// What the store keys an object by: its kind and name (a pod by its UID).
@@ -122,6 +122,8 @@ pub(super) struct FileEntry {
     defs: Vec<(usize, Key)>,
     /// Why its last read was not applied.
     pub(super) errors: Vec<ManifestError>,
+    /// Its objects of kinds kubevol does not run.
+    pub(super) skipped: Vec<ObjectName>,
 }
 
 #[derive(Default)]
@@ -322,6 +324,17 @@ impl Objects {
                 }
                 FileContent::Gone => self.forget_file(&path, touched),
             },
+            Change::Skipped { path, objects } => {
+                if objects.is_empty() && !self.files.contains_key(&path) {
+                    return false;
+                }
+                let entry = self.files.entry(path).or_default();
+                if entry.skipped == objects {
+                    return false;
+                }
+                entry.skipped = objects;
+                true
+            }
             Change::Upsert(obj) => {
                 let obj = match obj {
                     Object::Pod(p) => Object::Pod(normalize_pod(p)),

@@ -89,6 +89,14 @@ pub fn pod_uid(pod: &Pod) -> PodUid {
     PodUid(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
 }
 
+/// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
+pub fn is_for_node(pod: &Pod, node: &str) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_none_or(|n| n.is_empty() || n == node)
+}
+
 /// Fills in a pod's defaults: the `default` namespace and its UID.
 pub fn normalize_pod(mut pod: Pod) -> Pod {
     if pod.metadata.namespace.as_deref().unwrap_or("").is_empty() {
@@ -212,6 +220,14 @@ pub enum Change {
         /// What it holds now.
         content: FileContent,
     },
+    /// The objects of kinds kubevol does not run (Deployment, Job, ...) that a manifest file
+    /// holds: kept only to be shown (after the file's [`Change::File`] in a batch).
+    Skipped {
+        /// The file.
+        path: PathBuf,
+        /// Its objects kubevol skips.
+        objects: Vec<ObjectName>,
+    },
     /// An object given through the library API, added or replaced.
     Upsert(Object),
     /// A pod given through the library API, removed.
@@ -237,11 +253,19 @@ pub(crate) fn ns_name(meta: &ObjectMeta) -> NsName {
     )
 }
 
+/// A registered pod source, as the sync gate and the status see it.
+#[derive(Default)]
+struct SourceState {
+    synced: bool,
+    /// Why it cannot deliver now (a directory missing or unreadable), for the status.
+    problem: Option<String>,
+}
+
 /// The store.
 pub struct ObjectStore {
     objects: RwLock<Objects>,
     changed: watch::Sender<u64>,
-    sources: Mutex<BTreeMap<String, bool>>,
+    sources: Mutex<BTreeMap<String, SourceState>>,
 }
 
 impl Default for ObjectStore {
@@ -281,19 +305,60 @@ impl ObjectStore {
     pub(crate) fn register_source(&self, name: &str) {
         crate::sync::lock(&self.sources)
             .entry(name.to_string())
-            .or_insert(false);
+            .or_default();
         self.bump();
     }
 
     /// Records that a source has delivered its complete first listing.
     pub(crate) fn mark_source_synced(&self, name: &str) {
-        crate::sync::lock(&self.sources).insert(name.to_string(), true);
+        crate::sync::lock(&self.sources)
+            .entry(name.to_string())
+            .or_default()
+            .synced = true;
+        self.bump();
+    }
+
+    /// Records why a source cannot deliver now, or that it can again (`None`).
+    pub(crate) fn set_source_problem(&self, name: &str, problem: Option<String>) {
+        {
+            let mut sources = crate::sync::lock(&self.sources);
+            let state = sources.entry(name.to_string()).or_default();
+            if state.problem == problem {
+                return;
+            }
+            state.problem = problem;
+        }
         self.bump();
     }
 
     /// Whether every registered source has synced.
     pub fn all_sources_synced(&self) -> bool {
-        crate::sync::lock(&self.sources).values().all(|s| *s)
+        crate::sync::lock(&self.sources).values().all(|s| s.synced)
+    }
+
+    /// The problems of sources that cannot deliver now, each with the source's name.
+    pub fn source_problems(&self) -> Vec<String> {
+        crate::sync::lock(&self.sources)
+            .iter()
+            .filter_map(|(name, s)| {
+                let p = s.problem.as_ref()?;
+                let waiting = if s.synced {
+                    "what it delivered before stays"
+                } else {
+                    "nothing is torn down until it has been listed"
+                };
+                Some(format!("pod source {name}: {p}; {waiting}"))
+            })
+            .collect()
+    }
+
+    /// The objects of kinds kubevol does not run that manifest files hold (file, kind, name).
+    pub fn skipped_objects(&self) -> Vec<(PathBuf, ObjectName)> {
+        let o = self.read();
+        o.files
+            .iter()
+            .flat_map(|(path, f)| f.skipped.iter().map(|n| (path.clone(), n.clone())))
+            .collect()
     }
 
     /// Applies a batch of changes as one: every definition is updated first, then the object
@@ -439,6 +504,11 @@ impl Sink {
     /// Records that the source has delivered its complete first listing.
     pub fn synced(&self) {
         self.store.mark_source_synced(self.name);
+    }
+
+    /// Records why the source cannot deliver now (shown by the status), or that it can again.
+    pub fn problem(&self, problem: Option<String>) {
+        self.store.set_source_problem(self.name, problem);
     }
 }
 

@@ -136,17 +136,16 @@ impl ManifestSource {
             let max = self.max_file_size;
             tokio::task::spawn_blocking(move || {
                 for path in todo {
-                    let content = read_file(&path, max);
-                    if tx.send(Change::File { path, content }).is_err() {
+                    if tx.send(read_file(&path, max)).is_err() {
                         return;
                     }
                 }
             });
             loop {
                 match tokio::time::timeout(READ_STALL, rx.recv()).await {
-                    Ok(Some(change)) => {
+                    Ok(Some(read)) => {
                         rest.pop_front();
-                        changes.push(change);
+                        changes.extend(read);
                     }
                     Ok(None) => break,
                     Err(_) => {
@@ -223,6 +222,7 @@ impl ManifestSource {
             .watch(&self.dir, notify::RecursiveMode::NonRecursive)
             .map_err(std::io::Error::other)?;
         self.load_all(&sink).await?;
+        sink.problem(None);
         sink.synced();
         info!(dir = %self.dir.display(), "manifest directory listed");
         Ok(tokio::spawn(async move {
@@ -258,8 +258,15 @@ impl ManifestSource {
                     }
                 }
                 if rescan {
-                    if let Err(e) = self.load_all(&sink).await {
-                        warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
+                    match self.load_all(&sink).await {
+                        Ok(()) => sink.problem(None),
+                        Err(e) => {
+                            warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
+                            sink.problem(Some(format!(
+                                "manifest directory {}: cannot list it: {e}",
+                                self.dir.display()
+                            )));
+                        }
                     }
                 } else if !paths.is_empty() {
                     let changes = self.read_files(paths.into_iter().collect()).await;
@@ -296,6 +303,10 @@ impl PodSource for ManifestSource {
                     }
                     Err(e) => {
                         warn!(dir = %self.dir.display(), retry_in = ?delay, "cannot read the manifest directory: {e}; nothing is torn down until it is listed");
+                        sink.problem(Some(format!(
+                            "manifest directory {}: cannot read it ({e}); tried again every {delay:?} at most",
+                            self.dir.display()
+                        )));
                         tokio::time::sleep(delay).await;
                     }
                 }

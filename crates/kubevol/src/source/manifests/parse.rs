@@ -198,6 +198,7 @@ fn convert(
     relocate: Relocate<'_>,
     out: &mut Vec<(usize, Object)>,
     errs: &mut Vec<ManifestError>,
+    skipped: &mut Vec<ObjectName>,
 ) {
     if value.is_null() {
         return;
@@ -268,6 +269,7 @@ fn convert(
         "CSIDriver" => "storage.k8s.io/v1",
         other => {
             debug!(file = %path.display(), document, kind = other, "skipping object of a kind kubevol does not use");
+            skipped.extend(object_name(other, &value));
             return;
         }
     };
@@ -292,7 +294,7 @@ fn convert(
                     // Re-parsing the whole List as one item's kind would point at the wrong place.
                     let no_location = |_: &str| None;
                     for item in items.clone() {
-                        convert(item, path, document, &no_location, out, errs);
+                        convert(item, path, document, &no_location, out, errs, skipped);
                     }
                 }
                 return;
@@ -346,8 +348,25 @@ fn yaml11_octal_modes(value: &mut serde_json::Value) {
 /// Parses a manifest file's text. Returns the objects (with their 1-based document index) and
 /// every problem found.
 pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<ManifestError>) {
+    let parsed = parse_file(path, text);
+    (parsed.objects, parsed.errors)
+}
+
+/// What a manifest file's text holds.
+pub struct Parsed {
+    /// The objects kubevol keeps, with their 1-based document index.
+    pub objects: Vec<(usize, Object)>,
+    /// Every problem found.
+    pub errors: Vec<ManifestError>,
+    /// The objects of kinds kubevol does not run (Deployment, Job, ...).
+    pub skipped: Vec<ObjectName>,
+}
+
+/// Parses a manifest file's text, keeping the names of the objects it skips too.
+pub fn parse_file(path: &Path, text: &str) -> Parsed {
     let mut out = Vec::new();
     let mut errs = Vec::new();
+    let mut skipped = Vec::new();
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
@@ -355,7 +374,7 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
                     let e = deserialize_error(kind, &mut serde_json::Deserializer::from_str(text))?;
                     Some((Some((e.line(), e.column())), strip_location(&e.to_string())))
                 };
-                convert(v, path, 1, &relocate, &mut out, &mut errs);
+                convert(v, path, 1, &relocate, &mut out, &mut errs, &mut skipped);
             }
             Err(e) => {
                 errs.push(manifest_error(
@@ -366,7 +385,11 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
                 ));
             }
         }
-        return (out, errs);
+        return Parsed {
+            objects: out,
+            errors: errs,
+            skipped,
+        };
     }
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
@@ -384,9 +407,21 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
             let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i)?;
             deserialize_error(kind, doc).map(|e| yaml_message(&e))
         };
-        convert(value, path, document, &relocate, &mut out, &mut errs);
+        convert(
+            value,
+            path,
+            document,
+            &relocate,
+            &mut out,
+            &mut errs,
+            &mut skipped,
+        );
     }
-    (out, errs)
+    Parsed {
+        objects: out,
+        errors: errs,
+        skipped,
+    }
 }
 
 #[cfg(test)]

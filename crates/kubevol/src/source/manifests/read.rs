@@ -5,8 +5,8 @@ use std::path::Path;
 
 use tracing::{debug, info, warn};
 
-use super::parse::{manifest_error, parse_manifest};
-use crate::store::FileContent;
+use super::parse::{manifest_error, parse_file};
+use crate::store::{Change, FileContent, ObjectName};
 
 /// The largest manifest file read by default (8 MiB; the API server's own request limit is
 /// 3 MiB, so no real manifest comes near it).
@@ -27,24 +27,37 @@ fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
     }
 }
 
-/// Reads one manifest file as the store takes it: its objects, its errors, or that it is gone.
-///
+/// Reads one manifest file as the store takes it: its objects (and the names of those of kinds
+/// kubevol does not run), its errors, or that it is gone.
+pub fn read_file(path: &Path, max_size: u64) -> Vec<Change> {
+    let (content, skipped) = read_content(path, max_size);
+    let mut changes = vec![Change::File {
+        path: path.to_path_buf(),
+        content,
+    }];
+    changes.extend(skipped.map(|objects| Change::Skipped {
+        path: path.to_path_buf(),
+        objects,
+    }));
+    changes
+}
+
 /// Only a regular file is read (a symbolic link is followed, and the type is checked on the
 /// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
 /// FIFO or a device never blocks, and at most `max_size` bytes of it.
-pub fn read_file(path: &Path, max_size: u64) -> FileContent {
+fn read_content(path: &Path, max_size: u64) -> (FileContent, Option<Vec<ObjectName>>) {
     use rustix::fs::{FileType, Mode, OFlags};
     let broken = |message: String| {
         let err = manifest_error(path, None, None, message);
         warn!("{err}");
-        FileContent::Broken(vec![err])
+        (FileContent::Broken(vec![err]), None)
     };
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let fd = match rustix::fs::open(path, flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => {
             info!(file = %path.display(), "manifest removed");
-            return FileContent::Gone;
+            return (FileContent::Gone, None);
         }
         Err(e) => return broken(format!("cannot open: {}", std::io::Error::from(e))),
     };
@@ -88,16 +101,17 @@ pub fn read_file(path: &Path, max_size: u64) -> FileContent {
             ))
         }
     };
-    let (objects, errors) = parse_manifest(path, &text);
+    let parsed = parse_file(path, &text);
+    let (objects, errors) = (parsed.objects, parsed.errors);
     for e in &errors {
         warn!("{e}");
     }
     if errors.is_empty() {
         debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
-        FileContent::Objects(objects)
+        (FileContent::Objects(objects), Some(parsed.skipped))
     } else {
         // A file with any error is not applied: what it delivered before stays, so a
         // half-written edit never takes a running pod's volumes away.
-        FileContent::Broken(errors)
+        (FileContent::Broken(errors), None)
     }
 }
