@@ -144,8 +144,12 @@ fn run_once_prints_what_was_mounted_where() {
         "flow-style document in a multi-document file"
     );
     assert!(
-        !stdout.contains("elsewhere"),
-        "the other node's pod is ignored"
+        !stdout.lines().any(|l| l.starts_with("default/elsewhere")),
+        "the other node's pod is not set up: {stdout}"
+    );
+    assert!(
+        stdout.contains("1 pod assigned to other nodes skipped (this node is demo)"),
+        "and the notes say so: {stdout}"
     );
     let data = row("default/db", "data").expect("CSI claim row");
     assert!(

@@ -265,6 +265,9 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         errs.push(required("spec"));
         return errs;
     };
+    if spec.containers.is_empty() {
+        errs.push(required("spec.containers"));
+    }
     let volumes = spec.volumes.as_deref().unwrap_or_default();
     let container_names = content::container_names(pod);
     let mut by_name: BTreeMap<&str, &Volume> = BTreeMap::new();
@@ -602,6 +605,7 @@ mod tests {
             ("device on emptyDir", pod(json!({"containers": [{"name": "c", "volumeDevices": [{"name": "a", "devicePath": "/dev/x"}]}], "volumes": [{"name": "a", "emptyDir": {}}]})), "can only use volume source type of PersistentVolumeClaim"),
             ("duplicate container names", pod(json!({"initContainers": [{"name": "c"}], "containers": [{"name": "c"}]})), "spec.containers[0].name: Duplicate value: \"c\""),
             ("bad container name", pod(json!({"containers": [{"name": "C_1"}]})), "spec.containers[0].name: Invalid value: \"C_1\""),
+            ("no containers", pod(json!({"containers": []})), "spec.containers: Required value"),
             ("bad uid", {
                 let mut p = with_volume(json!({"name": "a", "emptyDir": {}}));
                 p.metadata.uid = Some("../../etc".into());
