@@ -366,3 +366,62 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    fn a_claim_bound_to_a_host_path_persistent_volume_is_the_host_path_with_its_type_checks() {
+        let root = TestRoot::new();
+        let data = root.path().join("host/pv-data");
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let objects: Vec<kubevol::store::Object> = vec![
+                kubevol::store::Object::PersistentVolume(serde_json::from_value(json!({
+                    "metadata": {"name": "task-pv-volume"},
+                    "spec": {"storageClassName": "manual", "capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                             "hostPath": {"path": data, "type": "DirectoryOrCreate"},
+                             "claimRef": {"namespace": "default", "name": "task-pv-claim"}}
+                })).unwrap()),
+                kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
+                    "metadata": {"name": "task-pv-claim", "namespace": "default"},
+                    "spec": {"storageClassName": "manual", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "3Gi"}}, "volumeName": "task-pv-volume"},
+                    "status": {"phase": "Bound"}
+                })).unwrap()),
+                kubevol::store::Object::PersistentVolume(serde_json::from_value(json!({
+                    "metadata": {"name": "block-pv"},
+                    "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                             "hostPath": {"path": "/dev/null"}, "claimRef": {"namespace": "default", "name": "block-claim"}}
+                })).unwrap()),
+                kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
+                    "metadata": {"name": "block-claim", "namespace": "default"},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "volumeName": "block-pv"},
+                    "status": {"phase": "Bound"}
+                })).unwrap()),
+            ];
+            assert!(m.library().upsert_objects(objects).is_empty());
+            let p = pod_with_volumes("task-pv-pod", json!([{"name": "task-pv-storage", "persistentVolumeClaim": {"claimName": "task-pv-claim"}}]));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted through the claim");
+            let v = &m.mounted_volumes_for_pod(&uid)["task-pv-storage"];
+            assert_eq!(v.path, data, "the host path itself");
+            assert!(data.is_dir(), "DirectoryOrCreate made it");
+            std::fs::write(data.join("index.html"), "hello").unwrap();
+            let s = m.pod_status(&uid).unwrap();
+            assert_eq!(s.volumes[0].type_, "hostPath");
+
+            // A block use of it is refused with a reason.
+            let mut block = pod_with_volumes("block", json!([{"name": "raw", "persistentVolumeClaim": {"claimName": "block-claim"}}]));
+            let c = &mut block.spec.as_mut().unwrap().containers[0];
+            c.volume_mounts = None;
+            c.volume_devices = Some(vec![serde_json::from_value(json!({"name": "raw", "devicePath": "/dev/raw"})).unwrap()]);
+            let buid = m.add_pod(block.clone());
+            let s = wait_for_status(&m, &block, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("PersistentVolume block-pv is a hostPath volume, which cannot be used as a raw block device"), "{e}");
+            assert!(m.mounted_volumes_for_pod(&buid).is_empty());
+
+            m.remove_pods(&[p.clone(), block.clone()]);
+            m.wait_for_all_pods_unmount(&[p, block]).await.expect("torn down");
+            assert_eq!(std::fs::read_to_string(data.join("index.html")).unwrap(), "hello", "host data kept");
+            m.shutdown();
+        });
+    }
+}

@@ -1,6 +1,7 @@
-//! hostPath: a path on the host handed to the pod as it is. Set-up only checks (and for the
-//! `...OrCreate` types creates) the object at the path; the path reported to the runtime is the
-//! host path itself, as in the kubelet. Teardown never touches host data.
+//! hostPath: a path on the host handed to the pod as it is, inline or through a claim bound to
+//! a hostPath PersistentVolume. Set-up only checks (and for the `...OrCreate` types creates) the
+//! object at the path; the path reported to the runtime is the host path itself, as in the
+//! kubelet. Teardown never touches host data.
 
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
 use std::io::ErrorKind;
@@ -9,6 +10,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::HostPathVolumeSource;
 use kubevol_core::state::VolumeSpec;
 
 use super::{
@@ -151,6 +153,18 @@ pub fn check_allowed(path: &Path, allow: &[PathBuf]) -> Result<(), VolumeError> 
     })
 }
 
+/// The hostPath a volume names: its own, or its PersistentVolume's.
+fn source(spec: &VolumeSpec) -> Option<&HostPathVolumeSource> {
+    spec.volume.host_path.as_ref().or_else(|| {
+        spec.persistent_volume
+            .as_ref()?
+            .spec
+            .as_ref()?
+            .host_path
+            .as_ref()
+    })
+}
+
 impl VolumePlugin for HostPathPlugin {
     fn name(&self) -> &'static str {
         PLUGIN_NAME
@@ -161,7 +175,7 @@ impl VolumePlugin for HostPathPlugin {
     }
 
     fn can_support(&self, spec: &VolumeSpec) -> bool {
-        spec.volume.host_path.is_some()
+        source(spec).is_some()
     }
 
     fn set_up(
@@ -170,7 +184,7 @@ impl VolumePlugin for HostPathPlugin {
         req: SetUpRequest,
     ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         blocking(move || {
-            let hp = req.spec.volume.host_path.clone().unwrap_or_default();
+            let hp = source(&req.spec).cloned().unwrap_or_default();
             let path = PathBuf::from(&hp.path);
             check_allowed(&path, &host.host_path_allow)?;
             check_host_path_type(&path, hp.type_.as_deref().unwrap_or(""))?;

@@ -365,7 +365,7 @@ impl Populator {
                     let name = pv.and_then(|p| p.metadata.name.clone()).unwrap_or_default();
                     let kind = pv.map(persistent_volume_type).unwrap_or("unknown");
                     let message = format!(
-                    "{}: volume {:?} of pod {pref}: PersistentVolume {name} is a {kind} volume, a type kubevol does not mount yet (supported for persistent volumes: csi); use a CSI volume",
+                    "{}: volume {:?} of pod {pref}: PersistentVolume {name} is a {kind} volume, a type kubevol does not mount yet (supported for persistent volumes: csi, hostPath); use a CSI volume",
                     stored.origin, v.name
                 );
                     self.events
@@ -445,7 +445,15 @@ fn storage_check(
     if v.persistent_volume_claim.is_none() {
         return Ok(None);
     }
-    claims::resolve(store, &pref.namespace, v, usage).map(Some)
+    let pv = claims::resolve(store, &pref.namespace, v, usage)?;
+    let host_path = pv.spec.as_ref().is_some_and(|s| s.host_path.is_some());
+    if usage.device && host_path {
+        return Err(format!(
+            "PersistentVolume {} is a hostPath volume, which cannot be used as a raw block device: use the claim in volumeMounts",
+            pv.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    Ok(Some(pv))
 }
 
 #[cfg(test)]
