@@ -319,6 +319,102 @@ fn convert(
     out.extend(obj.map(|o| (document, o)));
 }
 
+/// One YAML document as JSON, with merge keys (`<<: *anchor`) applied as the Go YAML library
+/// that kubectl and the API server use applies them.
+fn to_json(
+    doc: serde_yaml_ng::Deserializer<'_>,
+) -> Result<serde_json::Value, serde_yaml_ng::Error> {
+    let mut value = serde_yaml_ng::Value::deserialize(doc)?;
+    value.apply_merge()?;
+    serde_json::to_value(value).map_err(serde::de::Error::custom)
+}
+
+/// Accepts the escapes of double-quoted scalars that the Go YAML library accepts and this
+/// parser refuses: `\'` (a single quote). Only double-quoted scalars are rewritten; plain,
+/// single-quoted and block scalars (`|`, `>`) and comments are left exactly as they are.
+fn go_yaml_escapes(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("\\'") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    #[derive(PartialEq)]
+    enum State {
+        Plain,
+        Double,
+        Single,
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut state = State::Plain;
+    // The indentation of the line that opened a block scalar, while inside it.
+    let mut block: Option<usize> = None;
+    for line in text.split_inclusive('\n') {
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let blank = line.trim().is_empty();
+        if let Some(b) = block {
+            if blank || indent > b {
+                out.push_str(line);
+                continue;
+            }
+            block = None;
+        }
+        // The last significant character before the current one on this line.
+        let mut before: Option<char> = None;
+        let mut chars = line.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match state {
+                State::Double => match c {
+                    '\\' => match chars.peek() {
+                        Some((_, '\'')) => {
+                            chars.next();
+                            out.push('\'');
+                            continue;
+                        }
+                        Some(&(_, next)) => {
+                            chars.next();
+                            out.push(c);
+                            out.push(next);
+                            continue;
+                        }
+                        None => {}
+                    },
+                    '"' => state = State::Plain,
+                    _ => {}
+                },
+                State::Single => {
+                    if c == '\'' {
+                        if chars.peek().is_some_and(|(_, n)| *n == '\'') {
+                            chars.next();
+                            out.push_str("''");
+                            continue;
+                        }
+                        state = State::Plain;
+                    }
+                }
+                State::Plain => {
+                    let starts_scalar =
+                        before.is_none_or(|b| matches!(b, ':' | '-' | '[' | '{' | ',' | '?'));
+                    match c {
+                        '#' if i == 0 || line[..i].ends_with([' ', '\t']) => {
+                            out.push_str(&line[i..]);
+                            break;
+                        }
+                        '"' if starts_scalar => state = State::Double,
+                        '\'' if starts_scalar => state = State::Single,
+                        '|' | '>' if before.is_some_and(|b| b == ':' || b == '-') => {
+                            block = Some(indent);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            out.push(c);
+            if !c.is_whitespace() {
+                before = Some(c);
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Reads file modes written the way Kubernetes manifests write them. Kubernetes reads YAML 1.1,
 /// where a plain `0644` is octal (420); the YAML 1.2 parser here keeps it as the string "0644".
 /// The API's mode fields (`defaultMode`, `mode`) are integers, so such a string in them can only
@@ -391,9 +487,10 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
             skipped,
         };
     }
+    let text = &*go_yaml_escapes(text);
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
-        let mut value = match serde_json::Value::deserialize(doc) {
+        let mut value = match to_json(doc) {
             Ok(v) => v,
             Err(e) => {
                 let (loc, msg) = yaml_message(&e);
@@ -596,6 +693,89 @@ mod tests {
         assert_eq!(vols[1].config_map.as_ref().unwrap().default_mode, Some(420));
         let (_, errs) = parse("p.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [], volumes: [{name: s, secret: {defaultMode: 0800}}]}\n");
         assert_eq!(errs.len(), 1, "0800 is not octal: {errs:?}");
+    }
+
+    /// The ConfigMap a YAML text defines, as its data.
+    fn config_data(text: &str) -> Result<std::collections::BTreeMap<String, String>, Vec<String>> {
+        let (objs, errs) = parse("/m/c.yaml", text);
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        match objs.into_iter().next() {
+            Some((_, Object::ConfigMap(c))) => Ok(c.data.unwrap_or_default()),
+            _ => Err(vec!["no ConfigMap".into()]),
+        }
+    }
+
+    #[test]
+    fn yaml_that_kubectl_accepts_loads_the_same() {
+        let head = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n";
+        // (row, data section, key, the value the Go YAML library gives)
+        let rows = [
+            (
+                "escaped single quote",
+                "data:\n  k: \"it\\'s\"\n",
+                "k",
+                "it's",
+            ),
+            (
+                "other escapes",
+                "data:\n  k: \"a\\tb\\\\c\\\"d\\'e\"\n",
+                "k",
+                "a\tb\\c\"d'e",
+            ),
+            (
+                "flow style",
+                "data: {k: \"x\\'y\", l: 'p''q'}\n",
+                "k",
+                "x'y",
+            ),
+            (
+                "single-quoted backslash is literal",
+                "data:\n  k: 'a\\'\n",
+                "k",
+                "a\\",
+            ),
+            (
+                "block scalar kept as written",
+                "data:\n  k: |\n    echo \"it\\'s\"\n    # not a comment\n  l: \"\\'\"\n",
+                "k",
+                "echo \"it\\'s\"\n# not a comment\n",
+            ),
+            (
+                "after a block scalar",
+                "data:\n  k: |\n    x\n  l: \"\\'\"\n",
+                "l",
+                "'",
+            ),
+            ("comment", "data:\n  k: v # a \"comment\\' here\n", "k", "v"),
+            (
+                "anchors and aliases",
+                "data:\n  k: &v shared\n  l: *v\n",
+                "l",
+                "shared",
+            ),
+            ("tab inside a value", "data:\n  k: \"a\tb\"\n", "k", "a\tb"),
+        ];
+        for (row, data, key, want) in rows {
+            let got = config_data(&format!("{head}{data}"))
+                .unwrap_or_else(|e| panic!("row {row}: {e:?}"));
+            assert_eq!(got.get(key).map(String::as_str), Some(want), "row {row}");
+        }
+        // Merge keys, applied as Go's YAML library applies them.
+        let (objs, errs) = parse(
+            "/m/p.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - &base {name: a, image: x}\n  - <<: *base\n    name: b\n",
+        );
+        assert!(errs.is_empty(), "{errs:?}");
+        let Some((_, Object::Pod(p))) = objs.first() else {
+            panic!("a pod")
+        };
+        let c = &p.spec.as_ref().unwrap().containers[1];
+        assert_eq!((c.name.as_str(), c.image.as_deref()), ("b", Some("x")));
+        // What the API server refuses is refused: a duplicate key.
+        let e = config_data(&format!("{head}data:\n  k: a\n  k: b\n")).unwrap_err();
+        assert!(e[0].contains("duplicate"), "{e:?}");
     }
 
     #[test]
