@@ -74,6 +74,20 @@ fn run_once(
     in_namespace(&args).output().unwrap()
 }
 
+/// `kubevol run` as a daemon on a manifest directory and root, serving on `listen`, in a
+/// private namespace.
+fn daemon(manifests: &Path, root: &Path, listen: &str) -> Command {
+    in_namespace(&[
+        "run",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--listen",
+        listen,
+    ])
+}
+
 fn require_root() {
     let out = Command::new("id").arg("-u").output().unwrap();
     assert_eq!(
@@ -237,19 +251,11 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     let listen = format!("127.0.0.1:{port}");
     let server = format!("http://{listen}");
     let manifests = examples_without_csi();
-    let mut child = in_namespace(&[
-        "run",
-        "--manifests",
-        manifests.path().to_str().unwrap(),
-        "--root-dir",
-        root.path().to_str().unwrap(),
-        "--listen",
-        &listen,
-    ])
-    .stderr(Stdio::piped())
-    .stdout(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut child = daemon(manifests.path(), root.path(), &listen)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut synced = false;
     let mut serving = false;
@@ -348,19 +354,11 @@ fn a_closed_log_pipe_changes_nothing_and_sighup_stops_cleanly() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     // stdout and stderr are pipes whose reading ends are closed at once (`... 2>&1 | head -0`).
-    let mut child = in_namespace(&[
-        "run",
-        "--manifests",
-        manifests.path().to_str().unwrap(),
-        "--root-dir",
-        root.path().to_str().unwrap(),
-        "--listen",
-        &listen,
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = daemon(manifests.path(), root.path(), &listen)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     drop(child.stdout.take());
     drop(child.stderr.take());
     until_http(port, "/readyz", |a| a.contains(" 200 "));
@@ -561,19 +559,11 @@ fn run_once_and_status_say_what_the_sources_hold_that_is_not_mounted() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let missing = manifests.path().join("not-there");
-    let mut child = in_namespace(&[
-        "run",
-        "--manifests",
-        missing.to_str().unwrap(),
-        "--root-dir",
-        root.path().to_str().unwrap(),
-        "--listen",
-        &listen,
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    let mut child = daemon(&missing, root.path(), &listen)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let pods = until_http(port, "/api/v1/pods", |a| a.contains("cannot read it"));
     assert!(
         pods.contains(&format!(
