@@ -247,7 +247,7 @@ impl VolumeManager {
         )
         .await;
         let registry = p.host.root.join(crate::csi::registration::REGISTRY_DIR);
-        let missing =
+        let at_start =
             crate::csi::register_at_start(&p.host.csi, &registry, &p.config.csi_drivers).await;
         let stop = p.shutdown.subscribe();
         let populator = tokio::spawn(populator.run(stop.clone()));
@@ -257,7 +257,7 @@ impl VolumeManager {
             stop.clone(),
         ));
         let mut beside = tokio::task::JoinSet::new();
-        beside.spawn(crate::csi::run(p.host.csi.clone(), registry, missing));
+        beside.spawn(crate::csi::run(p.host.csi.clone(), registry, at_start));
         beside.spawn(retry_csi_on_registration(
             p.host.csi.clone(),
             p.executor.clone(),

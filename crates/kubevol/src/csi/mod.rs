@@ -515,9 +515,9 @@ pub(crate) async fn register_at_start(
     drivers: &Arc<Drivers>,
     registry: &std::path::Path,
     command_line: &[(String, PathBuf)],
-) -> Vec<(String, PathBuf)> {
+) -> AtStart {
     let _ = std::fs::create_dir_all(registry);
-    registration::register_present(registry, drivers).await;
+    let handled = registration::register_present(registry, drivers).await;
     let mut missing = Vec::new();
     for (name, endpoint) in command_line {
         if let Err(e) = drivers
@@ -528,16 +528,28 @@ pub(crate) async fn register_at_start(
             missing.push((name.clone(), endpoint.clone()));
         }
     }
-    missing
+    AtStart { missing, handled }
+}
+
+/// What registration at start did, for [`run`] to go on from.
+pub(crate) struct AtStart {
+    /// Drivers from the command line that did not answer.
+    missing: Vec<(String, PathBuf)>,
+    /// The registration sockets that were there, accepted or refused.
+    handled: std::collections::BTreeSet<PathBuf>,
 }
 
 /// Runs the registration side until aborted: the plugin registry watch, and registration of
 /// command-line drivers that did not answer at start (retried until they do). Every change is
 /// announced on [`Drivers::changed`].
-pub(crate) async fn run(drivers: Arc<Drivers>, registry: PathBuf, missing: Vec<(String, PathBuf)>) {
+pub(crate) async fn run(drivers: Arc<Drivers>, registry: PathBuf, at_start: AtStart) {
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(registration::watch(registry, drivers.clone()));
-    for (name, endpoint) in missing {
+    tasks.spawn(registration::watch(
+        registry,
+        drivers.clone(),
+        at_start.handled,
+    ));
+    for (name, endpoint) in at_start.missing {
         let d = drivers.clone();
         tasks.spawn(async move {
             for delay in kubevol_core::backoff::BackoffPolicy::RECONNECT.delays() {

@@ -4,6 +4,7 @@
 //! plugin the outcome with `NotifyRegistrationStatus`. A socket that disappears deregisters its
 //! driver; a socket that comes back registers it again.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,22 +132,35 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
 
 /// Registers every plugin whose socket is in `dir` now, concurrently; returns when each has
 /// been accepted or refused.
-pub async fn register_present(dir: &Path, drivers: &Arc<Drivers>) {
+pub async fn register_present(dir: &Path, drivers: &Arc<Drivers>) -> BTreeSet<PathBuf> {
     let mut tasks = tokio::task::JoinSet::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if is_socket(&e.path()) {
-            let d = drivers.clone();
-            tasks.spawn(async move {
-                let _ = register_socket(&d, &e.path()).await;
-            });
-        }
+    let present = sockets_in(dir);
+    for socket in &present {
+        let (d, socket) = (drivers.clone(), socket.clone());
+        tasks.spawn(async move {
+            let _ = register_socket(&d, &socket).await;
+        });
     }
     while tasks.join_next().await.is_some() {}
+    present
+}
+
+/// The sockets in `dir` now.
+fn sockets_in(dir: &Path) -> BTreeSet<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| is_socket(p))
+        .collect()
 }
 
 /// Watches `dir` until the task is dropped: registers every socket that appears (those present
-/// at start are [`register_present`]'s), and deregisters drivers whose socket goes away.
-pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>) {
+/// at start are [`register_present`]'s: `handled`), and deregisters drivers whose socket goes
+/// away. A socket that appeared after the start's listing and before the watch began is
+/// registered too: the directory is listed again once the watch is in place.
+pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBuf>) {
     if let Err(e) = std::fs::create_dir_all(&dir) {
         warn!(dir = %dir.display(), "cannot create the plugin registry directory: {e}");
         return;
@@ -174,6 +188,9 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>) {
             let _ = register_socket(&d, &path).await;
         });
     };
+    for socket in sockets_in(&dir).difference(&handled) {
+        spawn(socket.clone());
+    }
     while let Some(ev) = rx.recv().await {
         let Ok(ev) = ev else { continue };
         for path in ev.paths {
