@@ -287,7 +287,6 @@ mount_test! {
         std::fs::create_dir_all(&reg).unwrap();
         runtime().block_on(async {
             let m = manager(t.path(), |_| {});
-            tokio::time::sleep(Duration::from_millis(100)).await;
             let old = Driver::start(&t.path().join("old"), Some(&reg), &["--driver-name", "old.csi.example.com", "--registration-versions", "0.3.0"]);
             wait_until("refusal notified", 20, || old.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
             let refusal = old.calls().into_iter().find(|c| c.0 == "NotifyRegistrationStatus").unwrap().2;

@@ -4,7 +4,7 @@
 //! plugin the outcome with `NotifyRegistrationStatus`. A socket that disappears deregisters its
 //! driver; a socket that comes back registers it again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,7 +188,11 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBu
             let _ = register_socket(&d, &path).await;
         });
     };
+    // Registered by this second listing: the same socket file may also be reported by the
+    // watch (it appeared after the watch began), and is not registered twice.
+    let mut listed: HashMap<PathBuf, (u64, u64)> = HashMap::new();
     for socket in sockets_in(&dir).difference(&handled) {
+        listed.extend(identity(socket).map(|id| (socket.clone(), id)));
         spawn(socket.clone());
     }
     while let Some(ev) = rx.recv().await {
@@ -196,13 +200,27 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBu
         for path in ev.paths {
             if is_socket(&path) {
                 if matches!(ev.kind, notify::EventKind::Create(_)) {
-                    spawn(path);
+                    let again = listed
+                        .remove(&path)
+                        .is_some_and(|id| identity(&path) == Some(id));
+                    if !again {
+                        spawn(path);
+                    }
                 }
             } else if !path.exists() {
+                listed.remove(&path);
                 drivers.deregister_socket(&path);
             }
         }
     }
+}
+
+/// Which file a path is now (device and inode): a socket made anew is another file.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 #[cfg(test)]
