@@ -157,6 +157,32 @@ mod tests {
     }
 
     #[test]
+    fn a_sink_that_never_returns_blocks_no_writer() {
+        /// A reader that stopped reading: every write waits until the test ends.
+        struct Stalled(std::sync::mpsc::Receiver<()>);
+        impl Write for Stalled {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let _ = self.0.recv();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (release, stalled) = std::sync::mpsc::channel();
+        let before = kubevol::metrics::dropped_log_lines();
+        let (w, flush) = LogWriter::new(Stalled(stalled));
+        // More lines than the queue holds: the ones over are dropped, none waits.
+        for _ in 0..QUEUE + 100 {
+            let mut line = w.make_writer();
+            line.write_all(b"a line\n").unwrap();
+        }
+        assert!(kubevol::metrics::dropped_log_lines() >= before + 99);
+        drop(release);
+        drop(flush);
+    }
+
+    #[test]
     fn lines_reach_the_sink_whole_and_in_order() {
         #[derive(Clone, Default)]
         struct Shared(Arc<Mutex<Vec<u8>>>);

@@ -295,6 +295,10 @@ impl Drivers {
         endpoint: PathBuf,
         source: DriverSource,
     ) -> Result<Arc<Driver>, CsiError> {
+        // A registration that may not take the name is refused before the driver is called.
+        if let Some(existing) = self.get(name) {
+            self.admit(name, &existing, &endpoint, &source)?;
+        }
         let channel = kubevol_csi::connect(&endpoint);
         let mut node = NodeClient::new(channel.clone());
         let info = self
@@ -350,20 +354,8 @@ impl Drivers {
             let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
             if let Some(existing) = nodes.get(name) {
                 let same_endpoint = existing.endpoint == driver.endpoint;
-                if let Err(why) = may_replace(existing, &driver.source) {
-                    let warning = format!(
-                        "a registration of {name} at {} was refused: {why}",
-                        driver.endpoint.display()
-                    );
-                    tracing::warn!(driver = name, registered = %existing.endpoint.display(), refused = %driver.endpoint.display(), "{warning}");
-                    self.warn(name, warning);
-                    return Err(CsiError {
-                        driver: name.to_string(),
-                        method: "registration",
-                        code: Code::AlreadyExists,
-                        message: why,
-                    });
-                }
+                // Checked again: another registration may have come in during the calls.
+                self.admit(name, existing, &driver.endpoint, &driver.source)?;
                 if !same_endpoint {
                     let warning = format!(
                         "{name} at {} (node ID {}) was replaced by a registration at {} (node ID {}) with a higher CSI version; its volumes are served by the new endpoint",
@@ -381,6 +373,32 @@ impl Drivers {
         tracing::info!(driver = name, endpoint = %driver.endpoint.display(), node_id = %driver.node_id, capabilities = ?driver.capabilities, "CSI driver registered");
         self.changed.send_modify(|g| *g += 1);
         Ok(driver)
+    }
+
+    /// Whether a registration at `endpoint` may take `name` from `existing`; a refusal is
+    /// logged and kept as a warning for the status API.
+    fn admit(
+        &self,
+        name: &str,
+        existing: &Driver,
+        endpoint: &std::path::Path,
+        source: &DriverSource,
+    ) -> Result<(), CsiError> {
+        let Err(why) = may_replace(existing, source) else {
+            return Ok(());
+        };
+        let warning = format!(
+            "a registration of {name} at {} was refused: {why}",
+            endpoint.display()
+        );
+        tracing::warn!(driver = name, registered = %existing.endpoint.display(), refused = %endpoint.display(), "{warning}");
+        self.warn(name, warning);
+        Err(CsiError {
+            driver: name.to_string(),
+            method: "registration",
+            code: Code::AlreadyExists,
+            message: why,
+        })
     }
 
     /// Keeps a warning for a driver name, for the status API.

@@ -9,7 +9,6 @@ use tracing::{info, instrument, warn};
 
 use super::{effected, intend, Operations};
 use super::{pod_record_of, settle_pod_record};
-use crate::error::ErrorClass;
 use crate::events::reason;
 use crate::plugins::TearDownRequest;
 use crate::record;
@@ -52,7 +51,8 @@ pub(super) async fn unmount_volume(
     };
     if intent.is_ok() {
         // From here on the volume may be half torn down: a pod that wants it again (the same
-        // UID back, as a static pod's is) is not ready until it is set up again.
+        // UID back, as a static pod's is) is not ready until it is set up again. (Before the
+        // intent, the executor's record of the teardown in flight says the same.)
         ops.asw
             .write()
             .set_pod_state(volume, pod, PodMountState::Uncertain);
@@ -87,13 +87,8 @@ pub(super) async fn unmount_volume(
                 "UnmountVolume.TearDown failed for volume {:?} of pod {pref}: {e}",
                 mounted.outer_volume_name
             );
-            // A failure that did nothing lasting (busy, refused) leaves the volume as it was.
-            let state = if e.class() == ErrorClass::Uncertain {
-                PodMountState::Uncertain
-            } else {
-                mounted.state
-            };
-            ops.asw.write().set_pod_state(volume, pod, state);
+            // The volume stays uncertain (set at the intent): its subPath mounts may be gone
+            // already, so a pod that wants it again gets it set up again, idempotently.
             settle_pod_record(ops, volume, pod, &mounted.outer_volume_name).await;
             ops.events
                 .record(&pref, true, reason::FAILED_UNMOUNT, message.clone());

@@ -84,15 +84,15 @@ impl From<Object> for Shared {
 }
 
 impl Shared {
-    /// Whether two definitions have the same content.
-    fn same(&self, other: &Shared) -> bool {
-        match (self, other) {
-            (Shared::Pod(a), Shared::Pod(b)) => a == b,
-            (Shared::ConfigMap(a), Shared::ConfigMap(b)) => a == b,
-            (Shared::Secret(a), Shared::Secret(b)) => a == b,
-            (Shared::PersistentVolume(a), Shared::PersistentVolume(b)) => a == b,
-            (Shared::PersistentVolumeClaim(a), Shared::PersistentVolumeClaim(b)) => a == b,
-            (Shared::CSIDriver(a), Shared::CSIDriver(b)) => a == b,
+    /// Whether this definition has the content of `obj` (compared in place, without a copy).
+    fn holds(&self, obj: &Object) -> bool {
+        match (self, obj) {
+            (Shared::Pod(a), Object::Pod(b)) => **a == *b,
+            (Shared::ConfigMap(a), Object::ConfigMap(b)) => **a == *b,
+            (Shared::Secret(a), Object::Secret(b)) => **a == *b,
+            (Shared::PersistentVolume(a), Object::PersistentVolume(b)) => **a == *b,
+            (Shared::PersistentVolumeClaim(a), Object::PersistentVolumeClaim(b)) => **a == *b,
+            (Shared::CSIDriver(a), Object::CSIDriver(b)) => **a == *b,
             _ => false,
         }
     }
@@ -288,7 +288,7 @@ impl Objects {
                         .defs
                         .get(&key)
                         .and_then(|m| m.get(&origin))
-                        .is_some_and(|have| have.same(&obj.clone().into()))
+                        .is_some_and(|have| have.holds(obj))
             })
     }
 
@@ -346,7 +346,7 @@ impl Objects {
                     .defs
                     .get(&key)
                     .and_then(|m| m.get(&Origin::Api))
-                    .is_some_and(|have| have.same(&obj.clone().into()));
+                    .is_some_and(|have| have.holds(&obj));
                 if unchanged {
                     return false;
                 }

@@ -526,6 +526,11 @@ mod tests {
         }]);
     }
 
+    /// A file's content: one pod of that name, in document 1.
+    fn one_pod(name: &str) -> Vec<(usize, Object)> {
+        vec![(1, Object::Pod(normalize_pod(pod(None, name))))]
+    }
+
     fn gone(path: &Path) -> Change {
         Change::File {
             path: path.to_path_buf(),
@@ -608,11 +613,7 @@ mod tests {
             ],
         );
         assert_eq!(s.pods().len(), 2);
-        load(
-            &s,
-            &b,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
-        );
+        load(&s, &b, one_pod("x"));
         assert_eq!(s.pods().len(), 2);
         let errs = s.file_errors();
         assert_eq!(errs.len(), 1);
@@ -623,11 +624,7 @@ mod tests {
             "{}",
             errs[0]
         );
-        load(
-            &s,
-            &a,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
-        );
+        load(&s, &a, one_pod("y"));
         assert_eq!(
             s.pods().len(),
             2,
@@ -644,7 +641,7 @@ mod tests {
     fn reloading_identical_content_changes_nothing() {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
-        let objs = || vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))];
+        let objs = || one_pod("x");
         load(&s, &a, objs());
         let before = s.pods()[0].1.pod.clone();
         let mut rx = s.subscribe();
@@ -655,11 +652,7 @@ mod tests {
             Arc::ptr_eq(&before, &s.pods()[0].1.pod),
             "the same object is kept"
         );
-        load(
-            &s,
-            &a,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "y"))))],
-        );
+        load(&s, &a, one_pod("y"));
         assert!(rx.has_changed().unwrap());
     }
 
@@ -673,7 +666,7 @@ mod tests {
 
     #[test]
     fn a_renamed_file_keeps_its_pods_in_any_order_of_events() {
-        let web = || vec![(1, Object::Pod(normalize_pod(pod(None, "web"))))];
+        let web = || one_pod("web");
         let (old, new) = (
             PathBuf::from("/m/web.yaml"),
             PathBuf::from("/m/00-web.yaml"),
@@ -778,11 +771,7 @@ mod tests {
     fn a_broken_file_keeps_what_it_delivered() {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
-        load(
-            &s,
-            &a,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
-        );
+        load(&s, &a, one_pod("x"));
         let err = ManifestError {
             path: a.clone(),
             document: Some(1),
@@ -797,11 +786,7 @@ mod tests {
         }]);
         assert_eq!(s.pods().len(), 1);
         assert_eq!(s.file_errors(), vec![err]);
-        load(
-            &s,
-            &a,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
-        );
+        load(&s, &a, one_pod("x"));
         assert!(s.file_errors().is_empty());
         assert_eq!(s.pods().len(), 1);
     }
@@ -810,11 +795,7 @@ mod tests {
     fn the_library_api_wins_over_files_and_removes_only_its_own() {
         let s = ObjectStore::new();
         let a = PathBuf::from("/m/a.yaml");
-        load(
-            &s,
-            &a,
-            vec![(1, Object::Pod(normalize_pod(pod(None, "x"))))],
-        );
+        load(&s, &a, one_pod("x"));
         let uid = pod_uid(&pod(None, "x"));
         s.apply([Change::Upsert(Object::Pod(pod(None, "x")))]);
         assert_eq!(s.pod(&uid).unwrap().origin, Origin::Api);

@@ -274,13 +274,7 @@ impl VolumePlugin for CsiPlugin {
             let driver = r.driver.clone();
             blocking(move || {
                 let abs = host.root.join(&target);
-                if abs.exists() && host.mounter.is_mount_point(&abs)? {
-                    return Err(VolumeError::DriverLeftMount {
-                        driver,
-                        call: "NodeUnstageVolume",
-                        path: abs,
-                    });
-                }
+                not_left_mounted(&host, &abs, driver, "NodeUnstageVolume")?;
                 let _ = std::fs::remove_dir(&abs);
                 remove_vol_data(&host, &data_dir, &csi_dir());
                 Ok(())
@@ -342,14 +336,7 @@ impl VolumePlugin for CsiPlugin {
             let driver = r.driver.clone();
             blocking(move || {
                 let abs = host.root.join(&target);
-                if abs.exists() && host.mounter.is_mount_point(&abs)? {
-                    // Never remove a directory with a filesystem on it.
-                    return Err(VolumeError::DriverLeftMount {
-                        driver,
-                        call: "NodeUnpublishVolume",
-                        path: abs,
-                    });
-                }
+                not_left_mounted(&host, &abs, driver, "NodeUnpublishVolume")?;
                 if r.block {
                     let _ =
                         std::fs::remove_file(host.root.join(pod_device_link(&r, &req.pod_ref.uid)));
@@ -491,6 +478,24 @@ enum FsGroupBy {
     Driver(u32),
     /// kubevol, by walking the volume after publish.
     Kubevol(u32, kubevol_mount::safe::FsGroupPolicy),
+}
+
+/// After a driver answered `call` (an unpublish or unstage) with OK: its target must not be
+/// mounted any more, since a directory with a filesystem on it is never removed.
+fn not_left_mounted(
+    host: &PluginHost,
+    target: &Path,
+    driver: String,
+    call: &'static str,
+) -> Result<(), VolumeError> {
+    if target.exists() && host.mounter.is_mount_point(target)? {
+        return Err(VolumeError::DriverLeftMount {
+            driver,
+            call,
+            path: target.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// The kubelet's decision, from the CSIDriver's `fsGroupPolicy`: `None` never; a driver with

@@ -319,9 +319,11 @@ fn convert(
     out.extend(obj.map(|o| (document, o)));
 }
 
-/// One YAML document as JSON, with merge keys (`<<: *anchor`) applied as the Go YAML library
-/// that kubectl and the API server use applies them.
-fn to_json(
+/// One YAML document as JSON, read as the Go YAML library that kubectl and the API server
+/// use reads it: merge keys (`<<: *anchor`) applied, and a duplicate key refused. (Going
+/// through the YAML library's own value is what refuses duplicates: deserialized straight into
+/// JSON, the last of two equal keys would silently win.)
+fn document_to_json(
     doc: serde_yaml_ng::Deserializer<'_>,
 ) -> Result<serde_json::Value, serde_yaml_ng::Error> {
     let mut value = serde_yaml_ng::Value::deserialize(doc)?;
@@ -490,7 +492,7 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
     let text = &*go_yaml_escapes(text);
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
-        let mut value = match to_json(doc) {
+        let mut value = match document_to_json(doc) {
             Ok(v) => v,
             Err(e) => {
                 let (loc, msg) = yaml_message(&e);
