@@ -295,7 +295,8 @@ mount_test! {
 
             let mut good = Driver::start(&t.path().join("good"), Some(&reg), &[]);
             wait_until("registration", 20, || m.csi_drivers().len() == 1).await;
-            assert_eq!(good.count("NotifyRegistrationStatus", "Ok"), 1);
+            // The plugin is told after kubevol has taken the driver: wait for that too.
+            wait_until("the plugin told", 20, || good.count("NotifyRegistrationStatus", "Ok") == 1).await;
             assert_eq!(m.csi_drivers()[0].name, DRIVER);
             // The same name at another endpoint: refused at the same CSI version, as the
             // kubelet does, and taken at a higher one; both shown to the operator.

@@ -72,8 +72,11 @@ impl Driver {
                 .spawn()
                 .expect("start kubevol-csi-loop"),
         );
-        for _ in 0..200 {
-            if self.socket().exists() {
+        // Ready once it accepts a connection: its socket file appears at bind(), a moment
+        // before it listens, and a loaded machine can stretch that moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
