@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kubevol::source::ManifestSource;
-use kubevol::status::{PodPhase, StatusReport, VolumePhase};
+use kubevol::status::{PodPhase, StatusReport};
 use kubevol::{Config, VolumeManager};
 use kubevol_core::backoff::BackoffPolicy;
 
@@ -71,7 +71,13 @@ struct RunArgs {
     /// for itself at once.
     #[arg(long, default_value = "123s", value_parser = parse_duration)]
     timeout: Duration,
-    /// Host path prefix pods may use (repeatable); without any, every host path is allowed.
+    /// This node's labels, which PersistentVolumes' nodeAffinity is checked against:
+    /// KEY=VALUE[,KEY=VALUE...] (repeatable). kubernetes.io/hostname (the node name),
+    /// kubernetes.io/os and kubernetes.io/arch are set unless given here.
+    #[arg(long = "node-labels", value_name = "KEY=VALUE,...", value_parser = parse_labels)]
+    node_labels: Vec<Vec<(String, String)>>,
+    /// Host path prefix pods may use, for hostPath volumes and local PersistentVolumes
+    /// (repeatable); without any, every host path is allowed.
     #[arg(long = "host-path-allow")]
     host_path_allow: Vec<PathBuf>,
     /// Delay after an operation's first failure.
@@ -123,6 +129,22 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift)
         .filter(|n| *n > 0)
         .ok_or_else(|| format!("{s:?}: must be between 1 byte and 2^64 bytes"))
+}
+
+/// Parses KEY=VALUE,KEY=VALUE (labels, as the kubelet's --node-labels).
+fn parse_labels(s: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                format!("{kv:?}: write KEY=VALUE (e.g. topology.kubernetes.io/zone=a)")
+            })?;
+            match kubevol_core::validation::label_error(k, v) {
+                Some(e) => Err(e),
+                None => Ok((k.to_string(), v.to_string())),
+            }
+        })
+        .collect()
 }
 
 /// Parses NAME=unix:///path.sock.
@@ -271,6 +293,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     config.resync_period = args.resync_period;
     config.host_path_allow = args.host_path_allow.clone();
+    config.node_labels = args.node_labels.iter().flatten().cloned().collect();
     config.csi_drivers = args.csi_drivers.clone();
     config.csi_controllers = args.csi_controllers.clone();
     config.csi_timeout = args.csi_timeout;
@@ -334,13 +357,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Whether a pod's volumes can never become ready without a change to its manifests: it is
-/// invalid, or a volume cannot be processed at all (an unsupported type, a source that needs
-/// an API server). Other failures are retried with backoff.
+/// invalid, or a volume cannot be processed (an unsupported type, a source that needs an API
+/// server, a claim that is missing or unbound, a volume of other nodes). Other failures are
+/// retried with backoff.
 fn failed_for_good(p: &kubevol::status::PodStatus) -> bool {
     p.phase == PodPhase::Rejected
         || p.volumes
             .iter()
-            .any(|v| v.state == VolumePhase::Unsupported)
+            .any(kubevol::status::VolumeStatus::not_processed)
 }
 
 /// Waits, as failing volumes are retried with the normal backoff, until every pod is ready or

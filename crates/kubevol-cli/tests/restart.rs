@@ -178,7 +178,7 @@ impl Drop for Daemon {
 
 /// The shared objects: a ConfigMap, a Secret, the driver's CSIDriver (attach required, so
 /// attach and detach happen too) and two PersistentVolumes with their claims.
-fn objects() -> String {
+fn objects(env: &Env) -> String {
     let mut s = String::from(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {level: info}\n---\n\
          apiVersion: v1\nkind: Secret\nmetadata: {name: token}\nstringData: {token: s3cret}\n---\n",
@@ -186,6 +186,15 @@ fn objects() -> String {
     s.push_str(&format!(
         "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\n\
          spec: {{attachRequired: true, podInfoOnMount: true, fsGroupPolicy: File, volumeLifecycleModes: [Persistent, Ephemeral]}}\n"
+    ));
+    s.push_str(&format!(
+        "---\napiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: local-pv}}\n\
+         spec: {{capacity: {{storage: 1Gi}}, accessModes: [ReadWriteOnce], claimRef: {{namespace: default, name: local-pv}},\n\
+         \x20 local: {{path: {}}},\n\
+         \x20 nodeAffinity: {{required: {{nodeSelectorTerms: [{{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [test-node]}}]}}]}}}}}}\n\
+         ---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: local-pv, namespace: default}}\n\
+         spec: {{accessModes: [ReadWriteOnce], volumeName: local-pv}}\n",
+        env.host().join("host").display()
     ));
     for pv in ["pv-a", "pv-b"] {
         s.push_str(&format!(
@@ -242,8 +251,11 @@ fn storm_pods(env: &Env) -> Vec<StormPod> {
         ),
         (
             "host",
-            "[{name: data, hostPath: {path: HOST/host, type: Directory}}, {name: all, projected: {sources: [{configMap: {name: app}}, {secret: {name: token}}]}}]",
-            vec![("all", "kubernetes.io~projected", true)],
+            "[{name: data, hostPath: {path: HOST/host, type: Directory}}, {name: all, projected: {sources: [{configMap: {name: app}}, {secret: {name: token}}]}}, {name: disk, persistentVolumeClaim: {claimName: local-pv}}]",
+            vec![
+                ("all", "kubernetes.io~projected", true),
+                ("local-pv", "kubernetes.io~local-volume", true),
+            ],
             vec![],
         ),
         (
@@ -371,7 +383,7 @@ struct World {
 
 impl World {
     fn new(env: &Env, seed: u64) -> World {
-        env.write("objects.yaml", &objects());
+        env.write("objects.yaml", &objects(env));
         std::fs::create_dir_all(env.host().join("host")).unwrap();
         let canary = env.host().join("host/canary");
         std::fs::write(&canary, "host canary\n").unwrap();

@@ -5,6 +5,7 @@
 //! here is a value or a function of values, so the volume manager's rules can be tested without
 //! root and without a runtime.
 
+pub mod affinity;
 pub mod backoff;
 pub mod names;
 pub mod projection;

@@ -74,7 +74,18 @@ pub struct DesiredPod {
     /// Outer volume name → unique name, for every volume that was processed.
     pub volumes: BTreeMap<String, UniqueVolumeName>,
     /// Outer volume name → why it could not be processed (unsupported type, bad reference).
-    pub failed_to_process: BTreeMap<String, String>,
+    pub failed_to_process: BTreeMap<String, ProcessFailure>,
+}
+
+/// Why the populator could not turn one of a pod's volumes into a wish. Nothing is retried:
+/// the volume is processed again when the pod or an object it reads changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessFailure {
+    /// What is wrong and what to fix.
+    pub message: String,
+    /// The volume is of a type kubevol does not mount (as opposed to a reference that cannot
+    /// be resolved yet: a missing claim, an unbound one, a volume of another node).
+    pub unsupported: bool,
 }
 
 /// One volume a pod wants, as the populator hands it to [`DesiredState::set_pod`].
@@ -101,7 +112,7 @@ impl DesiredState {
         &mut self,
         pod_ref: PodRef,
         wishes: Vec<PodVolumeWish>,
-        failed_to_process: BTreeMap<String, String>,
+        failed_to_process: BTreeMap<String, ProcessFailure>,
     ) {
         let uid = pod_ref.uid.clone();
         let mut volumes = BTreeMap::new();

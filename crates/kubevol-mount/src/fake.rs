@@ -141,6 +141,22 @@ impl Mounter for FakeMounter {
         self.mount(&source, &target_dir.path().join(name), "bind", &options)
     }
 
+    fn remount_read_only(&self, target: &Path) -> Result<(), MountError> {
+        let mut s = self.lock();
+        match s.table.iter_mut().rev().find(|m| m.mount_point == target) {
+            Some(m) => {
+                m.mount_options = "ro".into();
+                Ok(())
+            }
+            None => Err(MountError::Mount {
+                source_name: "remount".into(),
+                target: target.into(),
+                fstype: "bind,ro".into(),
+                errno: Errno::INVAL,
+            }),
+        }
+    }
+
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {
         let mut s = self.lock();
         s.calls.push(MountCall::Unmount {

@@ -215,6 +215,10 @@ pub trait Mounter: Send + Sync + 'static {
         name: &str,
     ) -> Result<(), MountError>;
 
+    /// Makes the bind mount at `target` read-only (a bind remount: the filesystem under it and
+    /// its other mounts stay writable).
+    fn remount_read_only(&self, target: &Path) -> Result<(), MountError>;
+
     /// Unmounts `target` without following a symbolic link at its last component.
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError>;
 
@@ -307,6 +311,17 @@ impl Mounter for LinuxMounter {
             }
             Err(e) => Err(failed(e)),
         }
+    }
+
+    fn remount_read_only(&self, target: &Path) -> Result<(), MountError> {
+        rustix::mount::mount_remount(target, MountFlags::BIND | MountFlags::RDONLY, "").map_err(
+            |errno| MountError::Mount {
+                source_name: "remount".into(),
+                target: target.into(),
+                fstype: "bind,ro".into(),
+                errno,
+            },
+        )
     }
 
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {

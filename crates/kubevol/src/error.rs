@@ -31,7 +31,7 @@ pub enum VolumeError {
         detail: String,
     },
     /// A hostPath is outside the operator's allow-list.
-    #[error("hostPath {} resolves to {} which is outside the allowed host paths [{allowed}]; ask the node operator to allow it (--host-path-allow) or use another volume type", path.display(), resolved.display())]
+    #[error("host path {} resolves to {} which is outside the allowed host paths [{allowed}]; ask the node operator to allow it (--host-path-allow) or use another volume type", path.display(), resolved.display())]
     HostPathNotAllowed {
         /// The host path.
         path: PathBuf,
@@ -39,6 +39,16 @@ pub enum VolumeError {
         resolved: PathBuf,
         /// The allowed prefixes.
         allowed: String,
+    },
+    /// A local PersistentVolume's path is not what its volumeMode needs.
+    #[error("local PersistentVolume {pv}: {} {detail}", path.display())]
+    LocalPath {
+        /// The PersistentVolume.
+        pv: String,
+        /// Its `spec.local.path`.
+        path: PathBuf,
+        /// What is wrong, in words the user can act on.
+        detail: String,
     },
     /// The node cannot back a HugePages emptyDir.
     #[error("emptyDir medium {medium}: {detail}")]
@@ -120,6 +130,7 @@ impl VolumeError {
             VolumeError::Content(_) | VolumeError::SubPath { .. } => ErrorClass::Final,
             VolumeError::HostPathType { .. }
             | VolumeError::HostPathNotAllowed { .. }
+            | VolumeError::LocalPath { .. }
             | VolumeError::HugePages { .. }
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
         }

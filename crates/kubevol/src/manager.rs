@@ -66,6 +66,10 @@ pub struct Config {
     /// Whether an unmount that fails with EBUSY may detach the mount lazily (MNT_DETACH). Off:
     /// a busy volume is retried with backoff and the pod says why.
     pub allow_lazy_unmount: bool,
+    /// This node's labels, which PersistentVolumes' nodeAffinity is checked against
+    /// (`--node-labels`). `kubernetes.io/hostname` (the node name), `kubernetes.io/os` and
+    /// `kubernetes.io/arch` are added unless given, as the kubelet labels its Node.
+    pub node_labels: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -87,6 +91,7 @@ impl Config {
             volume_stats_period: Duration::from_secs(60),
             operation_timeout: Duration::from_secs(120),
             allow_lazy_unmount: false,
+            node_labels: BTreeMap::new(),
         }
     }
 }
@@ -157,6 +162,7 @@ impl VolumeManager {
             hugepages_dir: config.hugepages_dir.clone(),
             store: store.clone(),
             node_name: config.node_name.clone(),
+            node: crate::node::facts(&config.node_name, &config.node_labels),
             node_allocatable: config
                 .node_allocatable
                 .unwrap_or_else(|| crate::node::allocatable(&config.root_dir)),

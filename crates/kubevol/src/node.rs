@@ -1,8 +1,35 @@
 //! Facts about the node kubevol runs on.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use kubevol_core::affinity::NodeFacts;
 use kubevol_core::projection::NodeAllocatable;
+
+/// The node as PersistentVolumes' nodeAffinity sees it: its name and `labels`, with the labels
+/// the kubelet gives every Node added unless given (`kubernetes.io/hostname` is the node name;
+/// `kubernetes.io/os` and `kubernetes.io/arch` in Go's spelling).
+pub fn facts(name: &str, labels: &BTreeMap<String, String>) -> NodeFacts {
+    let mut all = labels.clone();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    for (k, v) in [
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", std::env::consts::OS),
+        ("kubernetes.io/arch", arch),
+    ] {
+        all.entry(k.to_string()).or_insert_with(|| v.to_string());
+    }
+    NodeFacts {
+        name: name.to_string(),
+        labels: all,
+    }
+}
 
 /// The node's capacity as the downward API's default for unset limits: its online CPUs, its
 /// memory (`MemTotal`) and the size of the filesystem holding `root`.

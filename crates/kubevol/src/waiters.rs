@@ -115,13 +115,13 @@ impl Wait<'_> {
                     let unmounted: Vec<String> = status
                         .volumes
                         .iter()
-                        .filter(|v| v.state != VolumePhase::Mounted && v.state != VolumePhase::Unsupported)
+                        .filter(|v| v.state != VolumePhase::Mounted && !v.not_processed())
                         .map(describe)
                         .collect();
                     let failed: Vec<String> = status
                         .volumes
                         .iter()
-                        .filter(|v| v.state == VolumePhase::Unsupported)
+                        .filter(|v| v.not_processed())
                         .map(describe)
                         .collect();
                     format!(

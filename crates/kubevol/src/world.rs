@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::reconcile::OperationKey;
-use kubevol_core::state::{ActualState, DesiredState, PodMountState, PodVolumeWish, SubPathMount};
+use kubevol_core::state::{
+    ActualState, DesiredState, PodMountState, PodVolumeWish, ProcessFailure, SubPathMount,
+};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
@@ -288,7 +290,7 @@ impl DswWriter {
         &self,
         pod_ref: PodRef,
         wishes: Vec<PodVolumeWish>,
-        failed: BTreeMap<String, String>,
+        failed: BTreeMap<String, ProcessFailure>,
     ) {
         let uid = pod_ref.uid.clone();
         crate::sync::write(&self.world.rejected).remove(&uid);

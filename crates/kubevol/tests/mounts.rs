@@ -425,3 +425,202 @@ mount_test! {
         });
     }
 }
+
+/// A PersistentVolume and a claim bound to it, both in `default`.
+fn bound_pair(
+    pv: &str,
+    claim: &str,
+    mode: &str,
+    pv_spec: serde_json::Value,
+) -> Vec<kubevol::store::Object> {
+    let mut spec = json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "volumeMode": mode,
+                          "claimRef": {"namespace": "default", "name": claim}});
+    spec.as_object_mut()
+        .unwrap()
+        .extend(pv_spec.as_object().unwrap().clone());
+    vec![
+        kubevol::store::Object::PersistentVolume(
+            serde_json::from_value(json!({"metadata": {"name": pv}, "spec": spec})).unwrap(),
+        ),
+        kubevol::store::Object::PersistentVolumeClaim(
+            serde_json::from_value(json!({
+                "metadata": {"name": claim, "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "volumeName": pv},
+            }))
+            .unwrap(),
+        ),
+    ]
+}
+
+/// `nodeAffinity.required` with one term of the given match expressions.
+fn affinity(expressions: serde_json::Value) -> serde_json::Value {
+    json!({"required": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}})
+}
+
+mount_test! {
+    fn a_local_persistent_volume_is_bind_mounted_where_its_node_affinity_matches() {
+        let root = TestRoot::new();
+        let disk = root.path().join("host/local-disk");
+        std::fs::create_dir_all(&disk).unwrap();
+        std::fs::write(disk.join("canary"), "keep").unwrap();
+        let outside = root.path().join("elsewhere/disk");
+        std::fs::create_dir_all(&outside).unwrap();
+        let host = root.path().join("host");
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| {
+                c.node_labels.insert("disk".into(), "ssd".into());
+                c.host_path_allow = vec![host.clone()];
+            });
+            let here = affinity(json!([
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["test-node"]},
+                {"key": "disk", "operator": "In", "values": ["ssd"]}]));
+            let mut objects = bound_pair("local-pv", "local-claim", "Filesystem", json!({"local": {"path": disk}, "nodeAffinity": here}));
+            objects.extend(bound_pair("ro-pv", "ro-claim", "Filesystem", json!({"local": {"path": disk}, "nodeAffinity": here})));
+            objects.extend(bound_pair("far-pv", "far-claim", "Filesystem", json!({"local": {"path": disk},
+                "nodeAffinity": affinity(json!([{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}]))})));
+            objects.extend(bound_pair("loose-pv", "loose-claim", "Filesystem", json!({"local": {"path": disk}})));
+            objects.extend(bound_pair("gone-pv", "gone-claim", "Filesystem", json!({"local": {"path": host.join("not-yet")}, "nodeAffinity": here})));
+            objects.extend(bound_pair("out-pv", "out-claim", "Filesystem", json!({"local": {"path": outside}, "nodeAffinity": here})));
+            assert!(m.library().upsert_objects(objects).is_empty());
+
+            let mut p = pod_with_volumes("app", json!([{"name": "data", "persistentVolumeClaim": {"claimName": "local-claim"}}]));
+            p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 2000})).unwrap());
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let v = &m.mounted_volumes_for_pod(&uid)["data"];
+            let want = m.config().root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~local-volume/local-pv"));
+            assert_eq!(v.path, want, "the kubelet's path, named after the PersistentVolume");
+            assert!(!v.read_only);
+            assert_eq!(mounts_under(&want).len(), 1, "one bind mount");
+            assert_eq!(std::fs::read_to_string(want.join("canary")).unwrap(), "keep", "the disk's content");
+            std::fs::write(want.join("written"), "by the pod").unwrap();
+            assert_eq!(std::fs::read_to_string(disk.join("written")).unwrap(), "by the pod", "the same directory");
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(&want).unwrap().gid(), 2000, "fsGroup applied");
+            assert_eq!(m.pod_status(&uid).unwrap().volumes[0].type_, "local");
+
+            let mut ro = pod_with_volumes("reader", json!([{"name": "data", "persistentVolumeClaim": {"claimName": "ro-claim", "readOnly": true}}]));
+            ro.spec.as_mut().unwrap().containers[0].volume_mounts.as_mut().unwrap()[0].read_only = Some(true);
+            let ro_uid = m.add_pod(ro.clone());
+            m.wait_for_attach_and_mount(&ro).await.expect("mounted read-only");
+            let rv = &m.mounted_volumes_for_pod(&ro_uid)["data"];
+            assert!(rv.read_only);
+            let err = std::fs::write(rv.path.join("nope"), "x").unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(30), "EROFS expected, got {err}");
+            std::fs::write(want.join("still"), "writable").expect("the other pod's mount stays writable");
+
+            let rows = [
+                ("far", "far-claim", "PersistentVolume far-pv is on other nodes: its spec.nodeAffinity requires (kubernetes.io/hostname in (node-b)), and node test-node (labels: disk=ssd, kubernetes.io/arch="),
+                ("loose", "loose-claim", "spec.nodeAffinity: Required value: Local volume requires node affinity"),
+                ("gone", "gone-claim", "does not exist on this node"),
+                ("out", "out-claim", "which is outside the allowed host paths"),
+            ];
+            let mut bad = Vec::new();
+            for (name, claim, _) in rows {
+                bad.push(pod_with_volumes(name, json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}])));
+                m.add_pod(bad.last().unwrap().clone());
+            }
+            for ((name, _, want), p) in rows.iter().zip(&bad) {
+                let s = wait_for_status(&m, p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+                let e = s.volumes[0].retry.last_error.clone().unwrap();
+                assert!(e.contains(want), "row {name}: {e}");
+                assert_eq!(s.volumes[0].state, VolumePhase::Failed, "row {name}: an error of the volume, not an unsupported type");
+                assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(p)).is_empty(), "row {name}");
+            }
+            assert_eq!(mounts_under(&m.config().root_dir).len(), 2, "only the two good pods' mounts");
+
+            // The missing path appears: the volume is retried and mounted.
+            std::fs::create_dir(host.join("not-yet")).unwrap();
+            m.wait_for_attach_and_mount(&bad[2]).await.expect("mounted once the path exists");
+
+            let all: Vec<_> = [p.clone(), ro.clone()].into_iter().chain(bad).collect();
+            m.remove_pods(&all);
+            m.wait_for_all_pods_unmount(&all).await.expect("torn down");
+            assert!(mounts_under(&m.config().root_dir).is_empty(), "nothing left mounted");
+            assert!(!want.exists(), "mount point removed");
+            for (f, text) in [("canary", "keep"), ("written", "by the pod"), ("still", "writable")] {
+                assert_eq!(std::fs::read_to_string(disk.join(f)).unwrap(), text, "the volume's data is kept");
+            }
+            m.shutdown();
+        });
+    }
+}
+
+/// A loop device over a file of `root`, detached when dropped.
+struct LoopDevice(std::path::PathBuf);
+
+impl LoopDevice {
+    fn new(root: &std::path::Path) -> Self {
+        let file = root.join("disk.img");
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .expect("losetup");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(String::from_utf8(out.stdout).unwrap().trim().into())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+mount_test! {
+    fn a_local_block_persistent_volume_is_mapped_as_the_kubelet_maps_it() {
+        let root = TestRoot::new();
+        let dev = LoopDevice::new(root.path());
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let here = affinity(json!([{"key": "kubernetes.io/hostname", "operator": "In", "values": ["test-node"]}]));
+            let mut objects = bound_pair("raw-pv", "raw-claim", "Block", json!({"local": {"path": dev.0}, "nodeAffinity": here}));
+            objects.extend(bound_pair("dir-pv", "dir-claim", "Block", json!({"local": {"path": root.path()}, "nodeAffinity": here})));
+            assert!(m.library().upsert_objects(objects).is_empty());
+            let device_pod = |name: &str, claim: &str| {
+                let mut p = pod_with_volumes(name, json!([{"name": "raw", "persistentVolumeClaim": {"claimName": claim}}]));
+                let c = &mut p.spec.as_mut().unwrap().containers[0];
+                c.volume_mounts = None;
+                c.volume_devices = Some(vec![serde_json::from_value(json!({"name": "raw", "devicePath": "/dev/xvda"})).unwrap()]);
+                p
+            };
+            let p = device_pod("db", "raw-claim");
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mapped");
+            let rootd = m.config().root_dir.clone();
+            let file = rootd.join(format!("plugins/kubernetes.io/local-volume/volumeDevices/raw-pv/{uid}"));
+            let link = rootd.join(format!("pods/{uid}/volumeDevices/kubernetes.io~local-volume/raw-pv"));
+            assert_eq!(m.mounted_volumes_for_pod(&uid)["raw"].path, file, "the runtime gets the pod's device file");
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let (got, want) = (std::fs::metadata(&file).unwrap(), std::fs::metadata(&dev.0).unwrap());
+            assert!(got.file_type().is_block_device() && got.rdev() == want.rdev(), "the device bound on the file");
+            assert_eq!(std::fs::read_link(&link).unwrap(), dev.0, "the pod's link names the device");
+
+            let dir = device_pod("wrong", "dir-claim");
+            m.add_pod(dir.clone());
+            let s = wait_for_status(&m, &dir, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("is a directory, not a block device (volumeMode Block needs one)"), "{e}");
+
+            m.remove_pods(&[p.clone(), dir.clone()]);
+            m.wait_for_all_pods_unmount(&[p, dir]).await.expect("unmapped");
+            assert!(mounts_under(&rootd).is_empty(), "nothing left mounted");
+            assert!(!file.exists() && std::fs::symlink_metadata(&link).is_err(), "device file and link removed");
+            assert!(!rootd.join("plugins/kubernetes.io/local-volume/volumeDevices/raw-pv").exists());
+            m.shutdown();
+        });
+        drop(dev);
+    }
+}

@@ -155,6 +155,41 @@ pub fn dns1123_subdomain_error(s: &str) -> Option<String> {
     (!ok).then(|| DNS1123_SUBDOMAIN_MSG.to_string())
 }
 
+/// Why `key=value` is not a valid label (the key a qualified name: an optional DNS-1123
+/// subdomain prefix and `/`, then at most 63 characters of `[A-Za-z0-9_.-]`, alphanumeric at
+/// both ends; the value empty or such a name), or `None`.
+pub fn label_error(key: &str, value: &str) -> Option<String> {
+    fn name_error(s: &str) -> Option<&'static str> {
+        let b = s.as_bytes();
+        let alnum = |c: &u8| c.is_ascii_alphanumeric();
+        if b.len() > 63 {
+            return Some("must be no more than 63 characters");
+        }
+        let ok = !b.is_empty()
+            && alnum(&b[0])
+            && alnum(&b[b.len() - 1])
+            && b.iter()
+                .all(|c| alnum(c) || matches!(c, b'-' | b'_' | b'.'));
+        (!ok).then_some("must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(e) = prefix.and_then(dns1123_subdomain_error) {
+        return Some(format!("label key {key:?}: the prefix before '/' {e}"));
+    }
+    if let Some(e) = name_error(name) {
+        return Some(format!("label key {key:?}: the name {e}"));
+    }
+    if !value.is_empty() {
+        if let Some(e) = name_error(value) {
+            return Some(format!("label value {value:?} of {key:?}: {e}"));
+        }
+    }
+    None
+}
+
 /// Whether `s` is a canonical lower-case UUID (`8-4-4-4-12` hex digits). The pod UID becomes a
 /// directory name, so nothing else may pass.
 pub fn is_canonical_uuid(s: &str) -> bool {

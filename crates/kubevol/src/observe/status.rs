@@ -47,7 +47,7 @@ pub enum VolumePhase {
     Pending,
     /// The last attempt failed; retried after backoff.
     Failed,
-    /// Cannot be processed (unsupported type, bad reference).
+    /// Of a type or a use kubevol does not mount.
     Unsupported,
     /// Being torn down.
     Unmounting,
@@ -78,6 +78,15 @@ pub struct VolumeStatus {
     /// The last error and the retry schedule.
     #[serde(flatten)]
     pub retry: RetryInfo,
+}
+
+impl VolumeStatus {
+    /// Whether the volume could not be processed (an unsupported type, a claim that is missing
+    /// or unbound, a PersistentVolume of other nodes): nothing is retried, only a change to the
+    /// pod or to the objects it reads can change it.
+    pub fn not_processed(&self) -> bool {
+        self.unique_name.is_none() && self.retry.last_error.is_some()
+    }
 }
 
 /// A volume's last failure and when it is tried again.
@@ -220,7 +229,7 @@ impl Sources<'_> {
                 });
             }
             let stored = self.store.pod(uid);
-            for (outer, why) in &dp.failed_to_process {
+            for (outer, failure) in &dp.failed_to_process {
                 let type_ = stored
                     .as_ref()
                     .and_then(|p| p.pod.spec.as_ref())
@@ -236,11 +245,15 @@ impl Sources<'_> {
                     name: outer.clone(),
                     type_: type_.to_string(),
                     unique_name: None,
-                    state: VolumePhase::Unsupported,
+                    state: if failure.unsupported {
+                        VolumePhase::Unsupported
+                    } else {
+                        VolumePhase::Failed
+                    },
                     path: None,
                     read_only: false,
                     retry: RetryInfo {
-                        last_error: Some(why.clone()),
+                        last_error: Some(failure.message.clone()),
                         ..RetryInfo::default()
                     },
                 });

@@ -174,6 +174,10 @@ impl VolumePlugin for HostPathPlugin {
         "hostPath"
     }
 
+    fn serves_persistent(&self) -> bool {
+        true
+    }
+
     fn can_support(&self, spec: &VolumeSpec) -> bool {
         source(spec).is_some()
     }

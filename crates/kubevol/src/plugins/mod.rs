@@ -8,6 +8,7 @@ mod content;
 pub mod csi;
 mod empty_dir;
 mod host_path;
+mod local;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -27,6 +28,7 @@ pub(crate) use content::StoreObjects;
 pub use content::{ContentKind, ContentPlugin};
 pub use empty_dir::EmptyDirPlugin;
 pub use host_path::HostPathPlugin;
+pub use local::LocalPlugin;
 
 use crate::error::VolumeError;
 use crate::store::ObjectStore;
@@ -50,6 +52,8 @@ pub struct PluginHost {
     pub store: Arc<ObjectStore>,
     /// This node's name.
     pub node_name: String,
+    /// This node's name and labels, as PersistentVolumes' nodeAffinity sees them.
+    pub node: kubevol_core::affinity::NodeFacts,
     /// What a container without limits is limited by.
     pub node_allocatable: NodeAllocatable,
     /// The CSI drivers.
@@ -297,6 +301,16 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// The API field name of the volume source it handles, e.g. `emptyDir`.
     fn source_field(&self) -> &'static str;
 
+    /// Whether it serves volumes given inline in a pod (`local` does not).
+    fn serves_inline(&self) -> bool {
+        true
+    }
+
+    /// Whether it serves PersistentVolumes of its type, through a claim.
+    fn serves_persistent(&self) -> bool {
+        false
+    }
+
     /// Whether it handles this volume.
     fn can_support(&self, spec: &VolumeSpec) -> bool;
 
@@ -425,6 +439,7 @@ impl PluginRegistry {
         };
         r.register(Arc::new(EmptyDirPlugin));
         r.register(Arc::new(HostPathPlugin));
+        r.register(Arc::new(LocalPlugin));
         for kind in ContentKind::ALL {
             r.register(Arc::new(ContentPlugin(kind)));
         }
@@ -448,8 +463,27 @@ impl PluginRegistry {
         self.plugins.iter().find(|p| p.name() == name).cloned()
     }
 
-    /// The volume source fields the registered plugins handle, for error messages.
+    /// The inline volume source fields the registered plugins handle, for error messages;
+    /// `persistentVolumeClaim` when some plugin serves PersistentVolumes.
     pub fn supported_sources(&self) -> Vec<&'static str> {
-        self.plugins.iter().map(|p| p.source_field()).collect()
+        let mut out: Vec<&'static str> = self
+            .plugins
+            .iter()
+            .filter(|p| p.serves_inline())
+            .map(|p| p.source_field())
+            .collect();
+        if self.plugins.iter().any(|p| p.serves_persistent()) {
+            out.push("persistentVolumeClaim");
+        }
+        out
+    }
+
+    /// The PersistentVolume types the registered plugins mount, for error messages.
+    pub fn persistent_sources(&self) -> Vec<&'static str> {
+        self.plugins
+            .iter()
+            .filter(|p| p.serves_persistent())
+            .map(|p| p.source_field())
+            .collect()
     }
 }

@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    LocalVolumeSource, NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod, Volume,
+    VolumeNodeAffinity,
+};
+use kubevol_core::affinity::{self, NodeFacts};
 use kubevol_core::validation::all_containers;
 
 use crate::store::ObjectStore;
@@ -166,6 +170,65 @@ pub fn resolve(
         lifecycle_allows(store, &csi.driver, "Persistent")?;
     }
     Ok(pv)
+}
+
+/// The API server's checks of a `local` PersistentVolume `pv` that kubevol relies on: an
+/// absolute path without `..`, and a nodeAffinity (a local volume lives on one node).
+pub fn check_local(
+    pv: &str,
+    local: &LocalVolumeSource,
+    affinity: Option<&VolumeNodeAffinity>,
+) -> Result<(), String> {
+    let path = std::path::Path::new(&local.path);
+    if local.path.is_empty() {
+        return Err(format!(
+            "PersistentVolume {pv}: spec.local.path: Required value: set it to the directory or block device of the volume"
+        ));
+    }
+    if !path.is_absolute() {
+        return Err(format!(
+            "PersistentVolume {pv}: spec.local.path {:?} must be an absolute path",
+            local.path
+        ));
+    }
+    if path
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return Err(format!(
+            "PersistentVolume {pv}: spec.local.path {:?} must not contain '..'",
+            local.path
+        ));
+    }
+    if affinity.and_then(|a| a.required.as_ref()).is_none() {
+        return Err(format!(
+            "PersistentVolume {pv}: spec.nodeAffinity: Required value: Local volume requires node affinity; add spec.nodeAffinity.required with the node the path is on (kubernetes.io/hostname In [<node>])"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether this node matches a PersistentVolume's `spec.nodeAffinity.required`: a volume that
+/// lives on other nodes is not mounted here.
+pub fn check_node_affinity(
+    pv: &str,
+    required: &NodeSelector,
+    node: &NodeFacts,
+) -> Result<(), String> {
+    if required.node_selector_terms.is_empty() {
+        return Err(format!(
+            "PersistentVolume {pv}: spec.nodeAffinity.required.nodeSelectorTerms: Required value: must have at least one node selector term"
+        ));
+    }
+    if affinity::matches(required, node) {
+        return Ok(());
+    }
+    Err(format!(
+        "PersistentVolume {pv} is on other nodes: its spec.nodeAffinity requires {}, and node {} (labels: {}) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels)",
+        affinity::describe(required),
+        node.name,
+        node.describe_labels()
+    ))
 }
 
 /// Whether the CSIDriver object of `driver` allows `mode` (`Persistent` or `Ephemeral`). Without
@@ -384,6 +447,42 @@ mod tests {
             resolved(rox, "c", read_only).is_ok(),
             "read-only mounts of a ReadOnlyMany volume"
         );
+    }
+
+    #[test]
+    fn local_volumes_need_an_absolute_path_and_a_node_affinity() {
+        let local = |path: &str| LocalVolumeSource {
+            path: path.into(),
+            ..Default::default()
+        };
+        let affinity: VolumeNodeAffinity = serde_json::from_value(json!({"required": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n"]}]}]}}))
+        .unwrap();
+        let rows = [
+            ("", Some(&affinity), "spec.local.path: Required value"),
+            ("data", Some(&affinity), "\"data\" must be an absolute path"),
+            ("/mnt/../etc", Some(&affinity), "must not contain '..'"),
+            ("/mnt/disk", None, "Local volume requires node affinity"),
+        ];
+        for (path, affinity, want) in rows {
+            let err = check_local("pv", &local(path), affinity).unwrap_err();
+            assert!(err.contains(want), "row {path:?}: {err}");
+        }
+        assert!(check_local("pv", &local("/mnt/disk"), Some(&affinity)).is_ok());
+        let node = NodeFacts {
+            name: "m".into(),
+            labels: [("kubernetes.io/hostname".to_string(), "m".to_string())].into(),
+        };
+        let err =
+            check_node_affinity("pv", affinity.required.as_ref().unwrap(), &node).unwrap_err();
+        assert_eq!(
+            err,
+            "PersistentVolume pv is on other nodes: its spec.nodeAffinity requires (kubernetes.io/hostname in (n)), and node m (labels: kubernetes.io/hostname=m) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels)"
+        );
+        let empty = NodeSelector::default();
+        assert!(check_node_affinity("pv", &empty, &node)
+            .unwrap_err()
+            .contains("must have at least one node selector term"));
     }
 
     #[test]

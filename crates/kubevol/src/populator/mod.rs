@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::projection::{referenced_objects, ObjectKind};
-use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, VolumeSpec};
+use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, ProcessFailure, VolumeSpec};
 use kubevol_core::validation::{all_containers, validate_pod, volume_source_names};
 use kubevol_core::{PodRef, PodUid};
 use tokio::sync::watch;
@@ -222,16 +222,6 @@ fn object_versions(store: &ObjectStore, pod: &Pod) -> Vec<Version> {
 }
 
 impl Populator {
-    /// The volume sources kubevol sets up, as the API names them (claims through their
-    /// PersistentVolumes).
-    fn supported(&self) -> Vec<&'static str> {
-        let mut out = self.plugins.supported_sources();
-        if out.contains(&"csi") {
-            out.push("persistentVolumeClaim");
-        }
-        out
-    }
-
     /// One pass over the store. Returns whether the DSW changed (the reconciler must look).
     fn sync(&mut self) -> bool {
         // Read the sync flag before the pods: if it is true, this listing is complete.
@@ -320,71 +310,70 @@ impl Populator {
                 continue;
             }
             let usage = claims::usage(pod, &v.name);
-            let storage = storage_check(&self.store, v, &pref, usage);
-            let persistent_volume = match storage {
-                Ok(pv) => pv,
-                Err(why) => {
-                    let message = format!(
-                        "{}: volume {:?} of pod {pref}: {why}",
-                        stored.origin, v.name
-                    );
-                    self.events
-                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
-                    failed.insert(v.name.clone(), message);
-                    continue;
-                }
+            let mut fail = |why: String, unsupported: bool| {
+                let message = format!(
+                    "{}: volume {:?} of pod {pref}: {why}",
+                    stored.origin, v.name
+                );
+                self.events
+                    .record(&pref, true, reason::FAILED_MOUNT, message.clone());
+                failed.insert(
+                    v.name.clone(),
+                    ProcessFailure {
+                        message,
+                        unsupported,
+                    },
+                );
             };
+            let persistent_volume =
+                match storage_check(&self.store, &self.host, &pref.namespace, v, usage) {
+                    Ok(pv) => pv,
+                    Err(Refusal { why, unsupported }) => {
+                        fail(why, unsupported);
+                        continue;
+                    }
+                };
             let spec = Arc::new(VolumeSpec {
                 volume: v.clone(),
                 block: usage.device,
                 persistent_volume,
             });
-            match self.plugins.find(&spec) {
-                Some(plugin) => wishes.push(PodVolumeWish {
-                    name: plugin.volume_name(&pref, &spec),
-                    traits: plugin.traits(&self.host, &spec),
-                    pod_volume: DesiredPodVolume {
-                        pod_ref: pref.clone(),
-                        pod: pod.clone(),
-                        outer_volume_name: v.name.clone(),
-                        spec,
-                        // The pod or an object it reads changed: content volumes are written
-                        // again (the writer leaves unchanged content alone).
-                        content_generation: if plugin.requires_remount() {
-                            {
-                                self.content_generation += 1;
-                                self.content_generation
-                            }
-                        } else {
-                            0
-                        },
-                    },
-                }),
-                None if spec.persistent_volume.is_some() => {
-                    let pv = spec.persistent_volume.as_deref();
-                    let name = pv.and_then(|p| p.metadata.name.clone()).unwrap_or_default();
-                    let kind = pv.map(persistent_volume_type).unwrap_or("unknown");
-                    let message = format!(
-                    "{}: volume {:?} of pod {pref}: PersistentVolume {name} is a {kind} volume, a type kubevol does not mount yet (supported for persistent volumes: csi, hostPath); use a CSI volume",
-                    stored.origin, v.name
-                );
-                    self.events
-                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
-                    failed.insert(v.name.clone(), message);
-                }
-                None => {
-                    let source = volume_source_names(v).first().copied().unwrap_or("unknown");
-                    let message = format!(
-                    "{}: volume {:?} of pod {pref}: volume type {source} is not supported by kubevol yet (supported: {}); change the volume's type or remove it",
-                    stored.origin,
-                    v.name,
-                    self.supported().join(", ")
-                );
-                    self.events
-                        .record(&pref, true, reason::FAILED_MOUNT, message.clone());
-                    failed.insert(v.name.clone(), message);
-                }
-            }
+            let Some(plugin) = self.plugins.find(&spec) else {
+                let why = match spec.persistent_volume.as_deref() {
+                    Some(pv) => format!(
+                        "PersistentVolume {} is a {} volume, a type kubevol does not mount yet (supported for persistent volumes: {}); use a CSI volume",
+                        pv.metadata.name.as_deref().unwrap_or_default(),
+                        persistent_volume_type(pv),
+                        self.plugins.persistent_sources().join(", ")
+                    ),
+                    None => format!(
+                        "volume type {} is not supported by kubevol yet (supported: {}); change the volume's type or remove it",
+                        volume_source_names(v).first().copied().unwrap_or("unknown"),
+                        self.plugins.supported_sources().join(", ")
+                    ),
+                };
+                fail(why, true);
+                continue;
+            };
+            let content_generation = if plugin.requires_remount() {
+                // The pod or an object it reads changed: content volumes are written again
+                // (the writer leaves unchanged content alone).
+                self.content_generation += 1;
+                self.content_generation
+            } else {
+                0
+            };
+            wishes.push(PodVolumeWish {
+                name: plugin.volume_name(&pref, &spec),
+                traits: plugin.traits(&self.host, &spec),
+                pod_volume: DesiredPodVolume {
+                    pod_ref: pref.clone(),
+                    pod: pod.clone(),
+                    outer_volume_name: v.name.clone(),
+                    spec,
+                    content_generation,
+                },
+            });
         }
         self.dsw.set_pod(pref, wishes, failed);
     }
@@ -428,30 +417,61 @@ fn persistent_volume_type(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> 
         .unwrap_or("unknown")
 }
 
-/// The storage checks of one volume: a claim resolves to its PersistentVolume, an inline CSI
-/// volume's driver allows ephemeral volumes. Returns the PersistentVolume of a claim.
+/// Why a volume cannot be processed.
+struct Refusal {
+    why: String,
+    /// A use kubevol does not support, as opposed to a reference that cannot be resolved yet.
+    unsupported: bool,
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Refusal {
+            why,
+            unsupported: false,
+        }
+    }
+}
+
+/// The storage checks of one volume: a claim resolves to its PersistentVolume, whose
+/// nodeAffinity this node matches; an inline CSI volume's driver allows ephemeral volumes.
+/// Returns the PersistentVolume of a claim.
 fn storage_check(
     store: &ObjectStore,
+    host: &PluginHost,
+    namespace: &str,
     v: &k8s_openapi::api::core::v1::Volume,
-    pref: &kubevol_core::PodRef,
     usage: claims::Usage,
-) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, String> {
+) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, Refusal> {
+    let unsupported = |why: String| Refusal {
+        why,
+        unsupported: true,
+    };
     if let Some(csi) = &v.csi {
         if usage.device {
-            return Err("an inline CSI volume cannot be used in volumeDevices: use a claim with volumeMode Block".into());
+            return Err(unsupported("an inline CSI volume cannot be used in volumeDevices: use a claim with volumeMode Block".into()));
         }
         claims::lifecycle_allows(store, &csi.driver, "Ephemeral")?;
     }
     if v.persistent_volume_claim.is_none() {
         return Ok(None);
     }
-    let pv = claims::resolve(store, &pref.namespace, v, usage)?;
-    let host_path = pv.spec.as_ref().is_some_and(|s| s.host_path.is_some());
-    if usage.device && host_path {
-        return Err(format!(
-            "PersistentVolume {} is a hostPath volume, which cannot be used as a raw block device: use the claim in volumeMounts",
-            pv.metadata.name.as_deref().unwrap_or_default()
-        ));
+    let pv = claims::resolve(store, namespace, v, usage)?;
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let spec = pv.spec.as_ref();
+    if usage.device && spec.is_some_and(|s| s.host_path.is_some()) {
+        return Err(unsupported(format!(
+            "PersistentVolume {name} is a hostPath volume, which cannot be used as a raw block device: use the claim in volumeMounts"
+        )));
+    }
+    if let Some(local) = spec.and_then(|s| s.local.as_ref()) {
+        claims::check_local(name, local, spec.and_then(|s| s.node_affinity.as_ref()))?;
+    }
+    if let Some(required) = spec
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+    {
+        claims::check_node_affinity(name, required, &host.node)?;
     }
     Ok(Some(pv))
 }

@@ -68,6 +68,10 @@ impl VolumePlugin for CsiPlugin {
         "csi"
     }
 
+    fn serves_persistent(&self) -> bool {
+        true
+    }
+
     fn can_support(&self, spec: &VolumeSpec) -> bool {
         match &spec.persistent_volume {
             Some(pv) => pv.spec.as_ref().is_some_and(|s| s.csi.is_some()),
