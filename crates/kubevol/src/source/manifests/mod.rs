@@ -19,6 +19,7 @@ use super::{BoxFuture, PodSource, Sink};
 use crate::store::{Change, FileContent};
 use parse::manifest_error;
 
+mod locate;
 mod parse;
 mod read;
 

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tracing::debug;
 
+use super::locate::{line_column, locate, quoted_modes, steps, Step};
 use crate::store::{
     normalize_pod, normalize_secret, ManifestError, Object, ObjectName, DEFAULT_NAMESPACE,
 };
@@ -74,20 +75,6 @@ fn strip_location(msg: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// The typed deserialization error of a document of `kind`, with the deserializer's location,
-/// or `None` when the kind is not one kubevol keeps or the document deserializes fine.
-fn deserialize_error<'de, D: serde::Deserializer<'de>>(kind: &str, d: D) -> Option<D::Error> {
-    match kind {
-        "Pod" => Pod::deserialize(d).err(),
-        "ConfigMap" => ConfigMap::deserialize(d).err(),
-        "Secret" => Secret::deserialize(d).err(),
-        "PersistentVolume" => PersistentVolume::deserialize(d).err(),
-        "PersistentVolumeClaim" => PersistentVolumeClaim::deserialize(d).err(),
-        "CSIDriver" => CSIDriver::deserialize(d).err(),
-        _ => None,
-    }
 }
 
 /// Rewrites a deserializer's message for the user. A base64 error names the offending
@@ -186,11 +173,11 @@ fn redact_values(msg: &str) -> String {
     out
 }
 
-/// Re-parses a document as a kind, for the location of its error: `(line, column)`, message.
-type Relocate<'a> = &'a dyn Fn(&str) -> Option<(Option<(usize, usize)>, String)>;
+/// Finds a field of the document in its text: `(line, column)`.
+type Relocate<'a> = &'a dyn Fn(&[Step]) -> Option<(usize, usize)>;
 
 /// Turns one document into objects (a `List` gives several). When a typed conversion fails,
-/// `relocate` re-parses the document with location information.
+/// `relocate` finds the field it failed at in the text.
 fn convert(
     value: serde_json::Value,
     path: &Path,
@@ -234,18 +221,14 @@ fn convert(
         match serde_path_to_error::deserialize::<_, T>(value) {
             Ok(t) => Some(t),
             Err(e) => {
-                let (loc, msg) = relocate(kind).unwrap_or_else(|| {
-                    let path = e.path().to_string();
-                    let msg = strip_location(&e.inner().to_string());
-                    (
-                        None,
-                        if path == "." {
-                            msg
-                        } else {
-                            format!("{path}: {msg}")
-                        },
-                    )
-                });
+                let loc = steps(e.path()).and_then(|s| relocate(&s));
+                let field = e.path().to_string();
+                let msg = strip_location(&e.inner().to_string());
+                let msg = if field == "." {
+                    msg
+                } else {
+                    format!("{field}: {msg}")
+                };
                 let mut msg = humanize(&msg, kind == "Secret");
                 if kind == "Secret" && msg.starts_with("data.") {
                     msg.push_str(
@@ -291,10 +274,13 @@ fn convert(
         match kind.as_str() {
             "List" => {
                 if let Some(items) = value.get("items").and_then(|i| i.as_array()) {
-                    // Re-parsing the whole List as one item's kind would point at the wrong place.
-                    let no_location = |_: &str| None;
-                    for item in items.clone() {
-                        convert(item, path, document, &no_location, out, errs, skipped);
+                    for (i, item) in items.clone().into_iter().enumerate() {
+                        let in_item = |steps: &[Step]| {
+                            let mut all = vec![Step::Key("items".into()), Step::Index(i)];
+                            all.extend_from_slice(steps);
+                            relocate(&all)
+                        };
+                        convert(item, path, document, &in_item, out, errs, skipped);
                     }
                 }
                 return;
@@ -421,7 +407,9 @@ fn go_yaml_escapes(text: &str) -> std::borrow::Cow<'_, str> {
 /// where a plain `0644` is octal (420); the YAML 1.2 parser here keeps it as the string "0644".
 /// The API's mode fields (`defaultMode`, `mode`) are integers, so such a string in them can only
 /// mean the octal number.
-fn yaml11_octal_modes(value: &mut serde_json::Value) {
+/// Returns whether it read any.
+fn yaml11_octal_modes(value: &mut serde_json::Value) -> bool {
+    let mut any = false;
     match value {
         serde_json::Value::Object(map) => {
             for (k, v) in map.iter_mut() {
@@ -432,15 +420,21 @@ fn yaml11_octal_modes(value: &mut serde_json::Value) {
                             && s.bytes().all(|c| (b'0'..=b'7').contains(&c));
                         if let Some(n) = octal.then(|| i64::from_str_radix(s, 8).ok()).flatten() {
                             *v = serde_json::Value::from(n);
+                            any = true;
                         }
                     }
                 }
-                yaml11_octal_modes(v);
+                any |= yaml11_octal_modes(v);
             }
         }
-        serde_json::Value::Array(items) => items.iter_mut().for_each(yaml11_octal_modes),
+        serde_json::Value::Array(items) => {
+            for item in items {
+                any |= yaml11_octal_modes(item);
+            }
+        }
         _ => {}
     }
+    any
 }
 
 /// Parses a manifest file's text. Returns the objects (with their 1-based document index) and
@@ -468,9 +462,9 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
-                let relocate = |kind: &str| {
-                    let e = deserialize_error(kind, &mut serde_json::Deserializer::from_str(text))?;
-                    Some((Some((e.line(), e.column())), strip_location(&e.to_string())))
+                let relocate = |steps: &[Step]| {
+                    let e = locate(&mut serde_json::Deserializer::from_str(text), steps).err()?;
+                    Some((e.line(), e.column()))
                 };
                 convert(v, path, 1, &relocate, &mut out, &mut errs, &mut skipped);
             }
@@ -501,10 +495,36 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
                 break;
             }
         };
-        yaml11_octal_modes(&mut value);
-        let relocate = |kind: &str| {
+        if yaml11_octal_modes(&mut value) {
+            // Only a plain 0644 is octal: a quoted one is a string, which the API refuses.
+            let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i);
+            let quoted = doc.map(|d| quoted_modes(text, d).unwrap_or_default());
+            if let Some(quoted) = quoted.filter(|q| !q.is_empty()) {
+                let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+                for q in quoted {
+                    errs.push(ManifestError {
+                        object: object_name(kind, &value),
+                        ..manifest_error(
+                            path,
+                            Some(document),
+                            Some(line_column(text, q.offset)),
+                            format!(
+                                "invalid {kind}: {}: Invalid value: {:?}: a mode is an integer, not a string: remove the quotes ({} is then read as an octal number, as Kubernetes reads YAML) or write the decimal {}",
+                                q.path,
+                                q.value,
+                                q.value,
+                                i64::from_str_radix(&q.value, 8).unwrap_or_default()
+                            ),
+                        )
+                    });
+                }
+                continue;
+            }
+        }
+        let relocate = |steps: &[Step]| {
             let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i)?;
-            deserialize_error(kind, doc).map(|e| yaml_message(&e))
+            let e = locate(doc, steps).err()?;
+            e.location().map(|l| (l.line(), l.column()))
         };
         convert(
             value,
@@ -695,6 +715,51 @@ mod tests {
         assert_eq!(vols[1].config_map.as_ref().unwrap().default_mode, Some(420));
         let (_, errs) = parse("p.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [], volumes: [{name: s, secret: {defaultMode: 0800}}]}\n");
         assert_eq!(errs.len(), 1, "0800 is not octal: {errs:?}");
+        // A quoted mode is a string, which the API server refuses: so does kubevol, at its place.
+        let rows = [
+            ("\"0644\"", "spec.volumes[0].secret.defaultMode: Invalid value: \"0644\": a mode is an integer, not a string: remove the quotes (0644 is then read as an octal number, as Kubernetes reads YAML) or write the decimal 420"),
+            ("'0600'", "spec.volumes[0].secret.defaultMode: Invalid value: \"0600\""),
+            ("\"420\"", "spec.volumes[0].secret.defaultMode: invalid type: string \"420\", expected i32"),
+        ];
+        for (mode, want) in rows {
+            let spec = format!("spec: {{containers: [{{name: c}}], volumes: [{{name: s, secret: {{defaultMode: {mode}}}}}]}}");
+            let column = spec.find(mode).unwrap() + 1;
+            let text = format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\n{spec}\n");
+            let (objs, errs) = parse("p.yaml", &text);
+            assert!(
+                objs.is_empty() && errs.len() == 1,
+                "row {mode}: {objs:?} {errs:?}"
+            );
+            let want = format!("p.yaml: document 1, line 4, column {column}: invalid Pod: {want}");
+            assert!(
+                errs[0].starts_with(&want),
+                "row {mode}: {}\n want {want}",
+                errs[0]
+            );
+        }
+    }
+
+    #[test]
+    fn type_errors_name_the_line_column_and_field() {
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels:\n    version: 2\nspec:\n  containers: [{name: c}]\n  volumes:\n  - name: a\n    emptyDir: {medium: 5}\n";
+        let (_, errs) = parse("/m/p.yaml", pod);
+        assert_eq!(errs, vec!["/m/p.yaml: document 1, line 6, column 14: invalid Pod: metadata.labels.version: invalid type: integer `2`, expected a string".to_string()]);
+        let fixed = pod.replace("version: 2", "version: \"2\"");
+        let (_, errs) = parse("/m/p.yaml", &fixed);
+        assert_eq!(errs, vec!["/m/p.yaml: document 1, line 11, column 24: invalid Pod: spec.volumes[0].emptyDir.medium: invalid type: integer `5`, expected a string".to_string()]);
+        // In a List, and in JSON.
+        let list = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: b}\n  data: {k: [1]}\n";
+        let (_, errs) = parse("/m/l.yaml", list);
+        assert_eq!(errs, vec!["/m/l.yaml: document 1, line 8, column 13: invalid ConfigMap: data.k: invalid type: sequence, expected a string".to_string()]);
+        let json = "{\"apiVersion\": \"v1\", \"kind\": \"ConfigMap\",\n \"metadata\": {\"name\": \"c\", \"labels\": {\"a\": true}}}";
+        let (_, errs) = parse("/m/c.json", json);
+        assert_eq!(errs.len(), 1);
+        assert!(
+            errs[0].starts_with("/m/c.json: document 1, line 2, column "),
+            "{}",
+            errs[0]
+        );
+        assert!(errs[0].ends_with("invalid ConfigMap: metadata.labels.a: invalid type: boolean `true`, expected a string"), "{}", errs[0]);
     }
 
     /// The ConfigMap a YAML text defines, as its data.
@@ -787,7 +852,7 @@ mod tests {
             ("stringData number", "stringData: {pin: 98765432}", "98765432", "stringData.pin: invalid type: integer, expected a string (values under stringData are text: quote the value)"),
             ("data number", "data: {password: 424242424242}", "424242424242", "data.password: invalid type: integer, expected a base64-encoded string"),
             ("data not base64", "data: {password: \"c2VjcmV0_dmFsdWU=\"}", "_", "data.password: the character at offset 8 is not a base64 character"),
-            ("data float", "data: {password: 1.5e300}", "1.5e300", "data.password: the character at offset 1 is not a base64 character"),
+            ("data float", "data: {password: 1.5e300}", "1.5e300", "data.password: invalid type: floating point, expected a base64-encoded string"),
             ("stringData map", "stringData: {pin: {nested: hunter2}}", "hunter2", "stringData.pin: invalid type: map, expected a string"),
             ("stringData bool", "stringData: {pin: true}", "true", "stringData.pin: invalid type: boolean, expected a string"),
         ];
@@ -798,7 +863,7 @@ mod tests {
             let msg = errs[0].split("invalid Secret: ").nth(1).unwrap_or(&errs[0]);
             assert!(!msg.contains(secret), "row {row}: the value leaks: {msg}");
             assert!(msg.starts_with(want), "row {row}: {msg} / {}", errs[0]);
-            // Inside a List too, where no location is known.
+            // Inside a List too.
             let list = format!("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Secret\n  metadata: {{name: s}}\n  {body}\n");
             let (_, errs) = parse("/m/l.yaml", &list);
             assert_eq!(errs.len(), 1, "row {row} in a List: {errs:?}");
