@@ -80,6 +80,23 @@ pub fn print_report(
             }
         }
     }
+    let warnings: Vec<String> = report
+        .pods
+        .iter()
+        .flat_map(|p| {
+            p.volumes.iter().flat_map(move |v| {
+                v.warnings
+                    .iter()
+                    .map(move |w| format!("{}/{} volume {}: {w}", p.namespace, p.name, v.name))
+            })
+        })
+        .collect();
+    if !warnings.is_empty() {
+        writeln!(out, "\nWarnings:")?;
+        for w in &warnings {
+            writeln!(out, "  {w}")?;
+        }
+    }
     if report.pods.is_empty() {
         writeln!(out, "\nNo pods for this node ({}).", report.node_name)?;
     }

@@ -288,7 +288,7 @@ fn storm_pods(env: &Env) -> Vec<StormPod> {
             );
             let (objects, errors) = parse_manifest(Path::new("storm.yaml"), &probe);
             assert!(errors.is_empty(), "{errors:?}");
-            let Some(Object::Pod(parsed)) = objects.into_iter().map(|(_, o)| o).next() else {
+            let Some(Object::Pod(parsed, _)) = objects.into_iter().map(|(_, o)| o).next() else {
                 panic!("the storm pod {name} does not parse")
             };
             let names: Vec<String> = parsed

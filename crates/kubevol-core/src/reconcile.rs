@@ -206,6 +206,7 @@ mod tests {
             },
             persistent_volume: None,
             block: false,
+            extensions: Default::default(),
         })
     }
 

@@ -25,6 +25,27 @@ pub struct VolumeSpec {
     pub persistent_volume: Option<Arc<PersistentVolume>>,
     /// Whether the pod uses the volume as a raw block device (`volumeDevices`).
     pub block: bool,
+    /// What the manifest says of the volume beyond the API types kubevol is built with.
+    pub extensions: VolumeExtensions,
+}
+
+/// Fields of a pod's volume that the API types kubevol is built with do not know, read from
+/// the manifest's text and kept beside the typed volume.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeExtensions {
+    /// `emptyDir.mode` (Kubernetes 1.37, alpha): the permission bits of the volume's directory,
+    /// 0 to 0o1777.
+    pub empty_dir_mode: Option<u32>,
+    /// Every other field the types do not know, by path from the pod (`spec.volumes[0].emptyDir.x`):
+    /// ignored, and reported as a warning.
+    pub unknown_fields: Vec<String>,
+}
+
+/// The [`VolumeExtensions`] of a pod's volumes, by volume name (only volumes that have some).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodExtensions {
+    /// Volume name → its extensions.
+    pub volumes: BTreeMap<String, VolumeExtensions>,
 }
 
 /// Static facts about a volume, decided by its plugin.
@@ -548,6 +569,7 @@ mod tests {
                 volume: Volume::default(),
                 persistent_volume: None,
                 block: false,
+                extensions: Default::default(),
             }),
             state,
             path: PathBuf::from("/x"),

@@ -529,6 +529,7 @@ mod tests {
                 },
                 persistent_volume: gid.map(pv),
                 block: false,
+                extensions: Default::default(),
             });
             m.parts.asw.write().mark_pod_volume(
                 &UniqueVolumeName(format!("test/pv/{name}")),

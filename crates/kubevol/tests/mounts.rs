@@ -624,3 +624,55 @@ mount_test! {
         drop(dev);
     }
 }
+
+mount_test! {
+    fn empty_dir_mode_sets_the_volume_directory_and_unknown_fields_are_warned_about() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        std::fs::write(
+            manifests.join("app.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: app}\nspec:\n  containers: [{name: c, volumeMounts: [{name: a, mountPath: /a}, {name: b, mountPath: /b}, {name: c, mountPath: /c}, {name: d, mountPath: /d}]}]\n  volumes:\n  - {name: a, emptyDir: {mode: 0750}}\n  - {name: b, emptyDir: {medium: Memory, mode: 01777}}\n  - {name: c, emptyDir: {sizeLimit: 1Mi, futureField: x}}\n  - {name: d, emptyDir: {}}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            manifests.join("bad.yaml"),
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec:\n  containers: [{name: c, volumeMounts: [{name: a, mountPath: /a}]}]\n  volumes:\n  - name: a\n    emptyDir: {mode: 4096}\n",
+        )
+        .unwrap();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}}));
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let uid = kubevol::pod_uid(&p);
+            let dir = |v: &str| m.config().root_dir.join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/{v}"));
+            let mode = |v: &str| std::fs::metadata(dir(v)).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode("a"), 0o750, "emptyDir.mode on a disk volume");
+            assert_eq!(mode("b"), 0o1777, "emptyDir.mode on the tmpfs's root");
+            assert_eq!(mounts_under(&dir("b")).len(), 1);
+            assert_eq!(mode("c"), 0o777);
+            assert_eq!(mode("d"), 0o777, "the default");
+
+            let s = m.pod_status(&uid).unwrap();
+            let c = s.volumes.iter().find(|v| v.name == "c").unwrap();
+            assert_eq!(c.warnings, vec!["unknown field \"spec.volumes[2].emptyDir.futureField\": ignored".to_string()]);
+            assert!(s.volumes.iter().filter(|v| v.name != "c").all(|v| v.warnings.is_empty()), "{s:?}");
+            let events = m.status(true).pods.into_iter().find(|p| p.name == "app").unwrap().events;
+            assert!(
+                events.iter().any(|e| e.reason == "UnknownField" && e.message.contains("unknown field \"spec.volumes[2].emptyDir.futureField\"")),
+                "{events:?}"
+            );
+
+            let errors = m.status(false).manifest_errors;
+            let bad = errors.iter().find(|e| e.contains("bad.yaml")).expect("the bad mode is an error of its file");
+            assert!(
+                bad.contains("document 1, line 8, column 22: invalid Pod: spec.volumes[0].emptyDir.mode: Invalid value: 4096: must be a number between 0 and 01777 (octal), both inclusive"),
+                "{bad}"
+            );
+            std::fs::remove_file(manifests.join("app.yaml")).unwrap();
+            m.wait_for_unmount(&p).await.expect("torn down");
+            watch.abort();
+            m.shutdown();
+        });
+    }
+}

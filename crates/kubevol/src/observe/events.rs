@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// How many events are kept per pod.
 pub const EVENTS_PER_POD: usize = 32;
 
-/// The kubelet's event reasons kubevol emits.
+/// The event reasons kubevol emits: the kubelet's, and `UnknownField` of its own.
 pub mod reason {
     /// A volume was set up for a pod.
     pub const SUCCESSFUL_MOUNT_VOLUME: &str = "SuccessfulMountVolume";
@@ -24,6 +24,8 @@ pub mod reason {
     pub const SUCCESSFUL_UNMOUNT_VOLUME: &str = "SuccessfulUnMountVolume";
     /// The pod was rejected before anything was done.
     pub const FAILED_VALIDATION: &str = "FailedValidation";
+    /// A field of a volume that kubevol's API types do not have: ignored.
+    pub const UNKNOWN_FIELD: &str = "UnknownField";
 }
 
 /// One event.

@@ -78,6 +78,17 @@ pub struct VolumeStatus {
     /// The last error and the retry schedule.
     #[serde(flatten)]
     pub retry: RetryInfo,
+    /// What is set up but not as the manifest asks (a field kubevol ignores).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// The warnings of a volume's fields that kubevol ignores, in the API server's words.
+fn unknown_field_warnings(ext: &kubevol_core::state::VolumeExtensions) -> Vec<String> {
+    ext.unknown_fields
+        .iter()
+        .map(|f| format!("unknown field {f:?}: ignored"))
+        .collect()
 }
 
 impl VolumeStatus {
@@ -204,9 +215,11 @@ impl Sources<'_> {
             let mut all_mounted = true;
             let mut any_failed = !dp.failed_to_process.is_empty();
             for (outer, unique) in &dp.volumes {
-                let plugin = dsw
-                    .volume(unique)
-                    .map(|v| v.traits.plugin.clone())
+                let desired = dsw.volume(unique);
+                let plugin = desired.map(|v| v.traits.plugin.clone()).unwrap_or_default();
+                let warnings = desired
+                    .and_then(|v| v.pods.get(uid))
+                    .map(|p| unknown_field_warnings(&p.spec.extensions))
                     .unwrap_or_default();
                 let mounted = asw.pod_volume(unique, uid);
                 let err = self.executor.last_error_for(unique, uid);
@@ -226,6 +239,7 @@ impl Sources<'_> {
                     path: mounted.map(|m| m.path.display().to_string()),
                     read_only: mounted.is_some_and(|m| m.read_only),
                     retry: RetryInfo::from_error(err.as_ref(), now),
+                    warnings,
                 });
             }
             let stored = self.store.pod(uid);
@@ -256,6 +270,7 @@ impl Sources<'_> {
                         last_error: Some(failure.message.clone()),
                         ..RetryInfo::default()
                     },
+                    warnings: Vec::new(),
                 });
             }
             let phase = if any_failed {
@@ -283,6 +298,7 @@ impl Sources<'_> {
                     path: Some(m.path.display().to_string()),
                     read_only: m.read_only,
                     retry: RetryInfo::from_error(err.as_ref(), now),
+                    warnings: Vec::new(),
                 });
             }
             (pod_ref?, PodPhase::Terminating)

@@ -188,6 +188,7 @@ impl VolumePlugin for ContentPlugin {
                 &req.pod_ref,
                 kind.plugin_name(),
                 &req.outer_volume_name,
+                0o777,
                 fs,
             )?;
             let group = fs_group(&req.pod);

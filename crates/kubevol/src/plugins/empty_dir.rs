@@ -1,5 +1,6 @@
 //! emptyDir: a directory on the node's disk, a tmpfs (medium Memory) or a hugetlbfs (medium
-//! HugePages), at `pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`, mode 0777.
+//! HugePages), at `pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`, mode 0777 or the
+//! volume's `emptyDir.mode`.
 //!
 //! Teardown of a disk volume removes its contents with a one-filesystem walk that stops before a
 //! mount nested inside the volume, so that mount's data is never touched.
@@ -46,6 +47,11 @@ fn medium(spec: &VolumeSpec) -> Medium {
             None => Medium::Disk,
         },
     }
+}
+
+/// The permission bits of the volume's directory: `emptyDir.mode` (Kubernetes 1.37), else 0777.
+fn mode(spec: &VolumeSpec) -> u32 {
+    spec.extensions.empty_dir_mode.unwrap_or(0o777)
 }
 
 /// The pod's memory limit as the kubelet computes it: the sum of the app containers' limits, or
@@ -217,8 +223,13 @@ impl VolumePlugin for EmptyDirPlugin {
                     })
                 }
             };
-            let (path, dir) =
-                host.set_up_volume_dir(&req.pod_ref, PLUGIN_NAME, &req.outer_volume_name, fs)?;
+            let (path, dir) = host.set_up_volume_dir(
+                &req.pod_ref,
+                PLUGIN_NAME,
+                &req.outer_volume_name,
+                mode(&req.spec),
+                fs,
+            )?;
             if let Some((gid, policy)) = fs_group(&req.pod) {
                 dir.apply_fs_group(gid, false, policy)?;
             }
@@ -263,6 +274,7 @@ mod tests {
             volume: serde_json::from_value(json!({"name": "v", "emptyDir": ed})).unwrap(),
             persistent_volume: None,
             block: false,
+            extensions: Default::default(),
         }
     }
 

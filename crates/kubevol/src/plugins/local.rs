@@ -305,6 +305,7 @@ impl VolumePlugin for LocalPlugin {
                 },
                 persistent_volume: Some(Arc::new(pv)),
                 block: false,
+                extensions: Default::default(),
             },
             dir.to_path_buf(),
         ))

@@ -87,14 +87,15 @@ impl PluginHost {
             .join(volume)
     }
 
-    /// Creates `pods/<uid>/volumes/<plugin>/<name>` (mode 0777, parents 0750) and, when `fs` is
-    /// given, mounts it there unless it is mounted already. Returns the path and the directory,
-    /// opened after the mount (so it is the new filesystem's root).
+    /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
+    /// given, mounts it there unless it is mounted already (its root with `mode`). Returns the
+    /// path and the directory, opened after the mount (so it is the new filesystem's root).
     pub(crate) fn set_up_volume_dir(
         &self,
         pod: &PodRef,
         plugin: &str,
         name: &str,
+        mode: u32,
         fs: Option<Filesystem>,
     ) -> Result<(PathBuf, Dir), VolumeError> {
         let parent_rel = Self::pod_plugin_dir(pod, plugin);
@@ -118,15 +119,15 @@ impl PluginHost {
                 }
             }
         }
-        let (dir, created) = parent.create_dir_all(Path::new(name), 0o777)?;
+        let (dir, created) = parent.create_dir_all(Path::new(name), mode)?;
         let Some(mut fs) = fs else {
             return Ok((path, dir));
         };
         // A directory made a moment ago cannot be a mount point: only an existing one (a
         // repeated or interrupted set-up) needs the check that keeps this idempotent.
         if created || !self.mounter.is_mount_point(&path)? {
-            // The new filesystem's root, not the directory it covers, must be 0777.
-            fs.data.push("mode=0777".to_string());
+            // The new filesystem's root, not the directory it covers, must have the mode.
+            fs.data.push(format!("mode={mode:04o}"));
             let options = MountOptions {
                 data: fs.data,
                 ..Default::default()
@@ -225,6 +226,7 @@ pub(crate) fn reconstructed(
             volume,
             persistent_volume: None,
             block: false,
+            extensions: Default::default(),
         },
         dir.to_path_buf(),
     ))

@@ -333,9 +333,27 @@ impl Populator {
                         continue;
                     }
                 };
+            let extensions = stored
+                .extensions
+                .volumes
+                .get(&v.name)
+                .cloned()
+                .unwrap_or_default();
+            for field in &extensions.unknown_fields {
+                self.events.record(
+                    &pref,
+                    true,
+                    reason::UNKNOWN_FIELD,
+                    format!(
+                        "{}: volume {:?} of pod {pref}: unknown field {field:?}: kubevol's API types do not have it, so it is ignored",
+                        stored.origin, v.name
+                    ),
+                );
+            }
             let spec = Arc::new(VolumeSpec {
                 volume: v.clone(),
                 block: usage.device,
+                extensions,
                 persistent_volume,
             });
             let Some(plugin) = self.plugins.find(&spec) else {

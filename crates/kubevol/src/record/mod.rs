@@ -101,6 +101,7 @@ impl SpecRecord {
             volume: self.volume.clone(),
             persistent_volume: self.persistent_volume.clone().map(std::sync::Arc::new),
             block: self.block,
+            extensions: Default::default(),
         }
     }
 }

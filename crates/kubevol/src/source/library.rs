@@ -2,6 +2,7 @@
 //! Secrets and the other objects by calling it. It has no listing to wait for, so it is synced
 //! as soon as it is started. What it gives wins over manifest files that define the same object.
 
+use kubevol_core::state::PodExtensions;
 use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -50,7 +51,7 @@ impl Library {
         let uids = pods.iter().map(pod_uid).collect();
         self.apply(
             pods.into_iter()
-                .map(|p| Change::Upsert(Object::Pod(p)))
+                .map(|p| Change::Upsert(Object::Pod(p, PodExtensions::default())))
                 .collect(),
         );
         uids

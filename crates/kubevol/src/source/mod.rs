@@ -6,6 +6,7 @@
 //! manifest directory ([`ManifestSource`]) and the library API ([`Library`]) are the two
 //! sources; sources never touch the states of world.
 
+pub mod extensions;
 pub mod library;
 pub mod manifests;
 

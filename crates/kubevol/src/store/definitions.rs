@@ -5,6 +5,7 @@
 //! compare objects by `Arc` identity, so a definition that only moves between origins keeps
 //! the object in effect as it is.
 
+use kubevol_core::state::PodExtensions;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,7 +36,7 @@ impl Key {
     pub(super) fn of(obj: &Object) -> Key {
         let name = |m: &ObjectMeta| m.name.clone().unwrap_or_default();
         match obj {
-            Object::Pod(p) => Key::Pod(pod_uid(p)),
+            Object::Pod(p, _) => Key::Pod(pod_uid(p)),
             Object::ConfigMap(c) => Key::ConfigMap(ns_name(&c.metadata)),
             Object::Secret(s) => Key::Secret(ns_name(&s.metadata)),
             Object::PersistentVolume(pv) => Key::PersistentVolume(name(&pv.metadata)),
@@ -62,7 +63,7 @@ impl std::fmt::Display for Key {
 /// that readers comparing by identity see no change when only its origin changes).
 #[derive(Clone, Debug)]
 pub(super) enum Shared {
-    Pod(Arc<Pod>),
+    Pod(Arc<Pod>, Arc<PodExtensions>),
     ConfigMap(Arc<ConfigMap>),
     Secret(Arc<Secret>),
     PersistentVolume(Arc<PersistentVolume>),
@@ -73,7 +74,7 @@ pub(super) enum Shared {
 impl From<Object> for Shared {
     fn from(obj: Object) -> Self {
         match obj {
-            Object::Pod(x) => Shared::Pod(Arc::new(x)),
+            Object::Pod(x, e) => Shared::Pod(Arc::new(x), Arc::new(e)),
             Object::ConfigMap(x) => Shared::ConfigMap(Arc::new(x)),
             Object::Secret(x) => Shared::Secret(Arc::new(x)),
             Object::PersistentVolume(x) => Shared::PersistentVolume(Arc::new(x)),
@@ -87,7 +88,7 @@ impl Shared {
     /// Whether this definition has the content of `obj` (compared in place, without a copy).
     fn holds(&self, obj: &Object) -> bool {
         match (self, obj) {
-            (Shared::Pod(a), Object::Pod(b)) => **a == *b,
+            (Shared::Pod(a, ae), Object::Pod(b, be)) => **a == *b && **ae == *be,
             (Shared::ConfigMap(a), Object::ConfigMap(b)) => **a == *b,
             (Shared::Secret(a), Object::Secret(b)) => **a == *b,
             (Shared::PersistentVolume(a), Object::PersistentVolume(b)) => **a == *b,
@@ -196,8 +197,11 @@ impl Objects {
         };
         let invalid = def.invalid();
         match (key, &def) {
-            (Key::Pod(k), Shared::Pod(p)) => match self.pods.get_mut(k) {
-                Some(s) if Arc::ptr_eq(&s.pod, p) || *s.pod == **p => {
+            (Key::Pod(k), Shared::Pod(p, e)) => match self.pods.get_mut(k) {
+                Some(s)
+                    if (Arc::ptr_eq(&s.pod, p) || *s.pod == **p)
+                        && (Arc::ptr_eq(&s.extensions, e) || *s.extensions == **e) =>
+                {
                     let moved = s.origin != origin;
                     s.origin = origin;
                     moved
@@ -207,6 +211,7 @@ impl Objects {
                         k.clone(),
                         StoredPod {
                             pod: p.clone(),
+                            extensions: e.clone(),
                             origin,
                         },
                     );
@@ -337,7 +342,7 @@ impl Objects {
             }
             Change::Upsert(obj) => {
                 let obj = match obj {
-                    Object::Pod(p) => Object::Pod(normalize_pod(p)),
+                    Object::Pod(p, e) => Object::Pod(normalize_pod(p), e),
                     Object::Secret(s) => Object::Secret(normalize_secret(s)),
                     other => other,
                 };
@@ -399,7 +404,7 @@ impl Objects {
             match defs.iter().next() {
                 Some((winner, _)) if *winner != here => {
                     let what = match (key, defs.get(&here)) {
-                        (Key::Pod(uid), Some(Shared::Pod(p))) => format!(
+                        (Key::Pod(uid), Some(Shared::Pod(p, _))) => format!(
                             "pod {}/{} (uid {uid})",
                             p.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
                             p.metadata.name.as_deref().unwrap_or_default()

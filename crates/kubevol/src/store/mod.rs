@@ -5,6 +5,7 @@
 //! file, and so a file's objects can be replaced or removed as a whole. Every change bumps a
 //! generation on a watch channel: readers are woken, never poll.
 
+pub use kubevol_core::state::PodExtensions;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -52,8 +53,9 @@ impl std::fmt::Display for Origin {
 #[derive(Clone, Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Object {
-    /// A pod (namespace and UID already filled in).
-    Pod(Pod),
+    /// A pod (namespace and UID already filled in), with what its manifest says of its volumes
+    /// beyond the API types (empty for a pod given as a typed value).
+    Pod(Pod, PodExtensions),
     /// A ConfigMap.
     ConfigMap(ConfigMap),
     /// A Secret.
@@ -132,6 +134,8 @@ pub fn normalize_secret(mut secret: Secret) -> Secret {
 pub struct StoredPod {
     /// The pod.
     pub pod: Arc<Pod>,
+    /// What its manifest says of its volumes beyond the API types.
+    pub extensions: Arc<PodExtensions>,
     /// Its origin.
     pub origin: Origin,
 }
@@ -528,7 +532,10 @@ mod tests {
 
     /// A file's content: one pod of that name, in document 1.
     fn one_pod(name: &str) -> Vec<(usize, Object)> {
-        vec![(1, Object::Pod(normalize_pod(pod(None, name))))]
+        vec![(
+            1,
+            Object::Pod(normalize_pod(pod(None, name)), PodExtensions::default()),
+        )]
     }
 
     fn gone(path: &Path) -> Change {
@@ -608,8 +615,14 @@ mod tests {
             &s,
             &a,
             vec![
-                (1, Object::Pod(normalize_pod(pod(None, "x")))),
-                (2, Object::Pod(normalize_pod(pod(None, "y")))),
+                (
+                    1,
+                    Object::Pod(normalize_pod(pod(None, "x")), PodExtensions::default()),
+                ),
+                (
+                    2,
+                    Object::Pod(normalize_pod(pod(None, "y")), PodExtensions::default()),
+                ),
             ],
         );
         assert_eq!(s.pods().len(), 2);
@@ -739,7 +752,7 @@ mod tests {
         let with_label = |v: &str| {
             let mut p = pod(None, "x");
             p.metadata.labels = Some([("from".to_string(), v.to_string())].into());
-            vec![(1, Object::Pod(normalize_pod(p)))]
+            vec![(1, Object::Pod(normalize_pod(p), PodExtensions::default()))]
         };
         for order in [[&a, &b], [&b, &a]] {
             let s = ObjectStore::new();
@@ -797,7 +810,10 @@ mod tests {
         let a = PathBuf::from("/m/a.yaml");
         load(&s, &a, one_pod("x"));
         let uid = pod_uid(&pod(None, "x"));
-        s.apply([Change::Upsert(Object::Pod(pod(None, "x")))]);
+        s.apply([Change::Upsert(Object::Pod(
+            pod(None, "x"),
+            PodExtensions::default(),
+        ))]);
         assert_eq!(s.pod(&uid).unwrap().origin, Origin::Api);
         assert!(s.file_errors()[0]
             .message

@@ -118,6 +118,7 @@ impl VolumePlugin for CsiPlugin {
                 },
                 persistent_volume: None,
                 block: false,
+                extensions: Default::default(),
             }
         } else {
             persistent_spec(spec_name, driver, handle)

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use tracing::debug;
 
 use super::locate::{line_column, locate, quoted_modes, steps, Step};
+use crate::source::extensions::pod_extensions;
 use crate::store::{
     normalize_pod, normalize_secret, ManifestError, Object, ObjectName, DEFAULT_NAMESPACE,
 };
@@ -285,8 +286,35 @@ fn convert(
                 }
                 return;
             }
-            "Pod" => typed::<Pod>(value, &kind, path, document, relocate, errs)
-                .map(|p| Object::Pod(normalize_pod(p))),
+            "Pod" => {
+                let raw_volumes = value.pointer("/spec/volumes").cloned();
+                let name = object_name(&kind, &value);
+                typed::<Pod>(value, &kind, path, document, relocate, errs).and_then(|p| {
+                    match pod_extensions(raw_volumes.as_ref(), &p) {
+                        Ok(extensions) => Some(Object::Pod(normalize_pod(p), extensions)),
+                        Err(fields) => {
+                            for (i, message) in fields {
+                                let steps = ["spec", "volumes"]
+                                    .map(|k| Step::Key(k.into()))
+                                    .into_iter()
+                                    .chain([Step::Index(i)])
+                                    .chain(["emptyDir", "mode"].map(|k| Step::Key(k.into())))
+                                    .collect::<Vec<_>>();
+                                errs.push(ManifestError {
+                                    object: name.clone(),
+                                    ..manifest_error(
+                                        path,
+                                        Some(document),
+                                        relocate(&steps),
+                                        format!("invalid Pod: {message}"),
+                                    )
+                                });
+                            }
+                            None
+                        }
+                    }
+                })
+            }
             "ConfigMap" => typed::<ConfigMap>(value, &kind, path, document, relocate, errs)
                 .map(Object::ConfigMap),
             "Secret" => typed::<Secret>(value, &kind, path, document, relocate, errs)
@@ -562,7 +590,7 @@ mod tests {
         assert_eq!(objs.len(), 2);
         assert_eq!(objs[0].0, 1);
         assert_eq!(objs[1].0, 3);
-        let Object::Pod(p) = &objs[0].1 else {
+        let Object::Pod(p, _) = &objs[0].1 else {
             panic!("pod expected")
         };
         assert_eq!(p.metadata.namespace.as_deref(), Some("default"));
@@ -705,7 +733,7 @@ mod tests {
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: []\n  volumes:\n  - name: s\n    secret: {secretName: s, defaultMode: 0400, items: [{key: k, path: k, mode: 0644}]}\n  - name: c\n    configMap: {name: c, defaultMode: 420}\n",
         );
         assert!(errs.is_empty(), "{errs:?}");
-        let Object::Pod(p) = &objs[0].1 else {
+        let Object::Pod(p, _) = &objs[0].1 else {
             panic!("a pod")
         };
         let vols = p.spec.as_ref().unwrap().volumes.as_ref().unwrap();
@@ -835,7 +863,7 @@ mod tests {
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - &base {name: a, image: x}\n  - <<: *base\n    name: b\n",
         );
         assert!(errs.is_empty(), "{errs:?}");
-        let Some((_, Object::Pod(p))) = objs.first() else {
+        let Some((_, Object::Pod(p, _))) = objs.first() else {
             panic!("a pod")
         };
         let c = &p.spec.as_ref().unwrap().containers[1];
