@@ -347,8 +347,9 @@ mount_test! {
             let mut p = claim_pod("writer", "sec");
             p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 4321})).unwrap());
             m.add_pod(p.clone());
-            // The Secret is missing: the error names it and says what to do.
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            // The Secret is missing: the error names it and says what to do (before the driver
+            // registers, the error says that instead).
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("Secret default/creds"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("Secret default/creds") && e.contains("add it to the manifests") && e.contains("PersistentVolume sec"), "{e}");
             m.library().upsert_objects(objects(json!([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
@@ -425,7 +426,12 @@ mount_test! {
             let other = pod_with_volumes("other", json!([{"name": "tmp", "emptyDir": {}}]));
             m.add_pod(other.clone());
             m.wait_for_attach_and_mount(&other).await.unwrap();
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some()) && s.volumes.iter().any(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
+            // Until the driver registers, the error says so; then it names what to configure.
+            let s = wait_for_status(&m, &p, 20, |s| {
+                s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("--csi-controller")))
+                    && s.volumes.iter().any(|v| v.state == kubevol::status::VolumePhase::Mounted)
+            })
+            .await;
             let data = s.volumes.iter().find(|v| v.name == "data").unwrap();
             let e = data.retry.last_error.as_deref().unwrap();
             assert!(e.contains("--csi-controller loop.csi.kubevol.io=unix://") && e.contains("pod default/p") && e.contains("attachRequired: false"), "{e}");
@@ -549,7 +555,7 @@ mount_test! {
             m.library().upsert_objects(objects(json!([csi_driver(true), pv("u", "16Mi", "Filesystem"), pvc("u", "Filesystem")])));
             let p = claim_pod("p", "u");
             m.add_pod(p.clone());
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("DeadlineExceeded"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("DeadlineExceeded") && e.contains("pod default/p"), "{e}");
             m.remove_pod(&p);
@@ -573,11 +579,12 @@ mount_test! {
         );
         runtime().block_on(async {
             let socket = t.path().join("driver/csi.sock");
-            // A slow first retry, so that the status can be read while the error stands.
+            // A slow first retry (5 s): the status is read (woken by the failure) while the
+            // error stands, however loaded the machine.
             let m = manager(t.path(), |c| {
                 c.csi_controllers = vec![(DRIVER.into(), socket)];
-                c.backoff.initial = Duration::from_secs(1);
-                c.backoff.max = Duration::from_secs(2);
+                c.backoff.initial = Duration::from_secs(5);
+                c.backoff.max = Duration::from_secs(5);
             });
             m.library().upsert_objects(objects(json!([csi_driver(false), pv("left", "16Mi", "Filesystem"), pvc("left", "Filesystem")])));
             let p = claim_pod("p", "left");
