@@ -1,0 +1,367 @@
+//! Who may do what: an administrator anything; a node what the real API server's Node
+//! authorizer and NodeRestriction admission let a kubelet do, and no more.
+//!
+//! - pods: list and watch only with the field selector `spec.nodeName=<node>`; get, delete
+//!   and patch the status only of pods bound to the node;
+//! - ConfigMaps, Secrets, PersistentVolumeClaims and PersistentVolumes: get, and list or watch
+//!   with the field selector `metadata.name=<name>`, only when a pod bound to the node
+//!   references the object (a PersistentVolume through its claim, a Secret through a pod or a
+//!   PersistentVolume). The relationship is learnt from the pod after a delay
+//!   ([`crate::TestServer::set_relation_delay`]), as the real authorizer's graph lags;
+//! - its own Node (read and patch), CSIDrivers (read), its own CSINode, events.
+
+use serde_json::Value;
+
+use crate::store::{ApiError, Resource, Store};
+
+/// The identity a request is made with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum User {
+    /// Anything goes.
+    Admin,
+    /// `system:node:<name>` in the group `system:nodes`.
+    Node(String),
+}
+
+/// What a request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// Read one object.
+    Get,
+    /// Read a collection.
+    List,
+    /// Watch a collection.
+    Watch,
+    /// Create.
+    Create,
+    /// Replace.
+    Update,
+    /// Merge-patch.
+    Patch,
+    /// Delete.
+    Delete,
+}
+
+impl Verb {
+    fn word(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// One request, as the authorizer sees it.
+pub struct Request<'a> {
+    /// The verb.
+    pub verb: Verb,
+    /// The resource.
+    pub resource: &'a Resource,
+    /// The subresource (`status`), if any.
+    pub subresource: Option<&'a str>,
+    /// The namespace, if any.
+    pub namespace: Option<&'a str>,
+    /// The object's name (for get, update, patch, delete; from the body for create).
+    pub name: Option<&'a str>,
+    /// The field selector's equalities.
+    pub fields: &'a [(String, String)],
+}
+
+fn forbidden(user: &str, r: &Request<'_>, why: &str) -> ApiError {
+    let what = match r.subresource {
+        Some(s) => format!("{}/{s}", r.resource.plural),
+        None => r.resource.plural.to_string(),
+    };
+    let group = r
+        .resource
+        .group_version
+        .rsplit_once('/')
+        .map_or("", |(g, _)| g);
+    let scope = match r.namespace {
+        Some(ns) => format!("in the namespace \"{ns}\""),
+        None => "at the cluster scope".to_string(),
+    };
+    ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "{what}{} is forbidden: User \"{user}\" cannot {} resource \"{what}\" in API group \"{group}\" {scope}: {why}",
+            r.name.map(|n| format!(" \"{n}\"")).unwrap_or_default(),
+            r.verb.word()
+        ),
+    )
+}
+
+/// Whether `user` may make the request.
+pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiError> {
+    let User::Node(node) = user else {
+        return Ok(());
+    };
+    let who = format!("system:node:{node}");
+    let field = |k: &str| {
+        r.fields
+            .iter()
+            .find(|(f, _)| f == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let read = matches!(r.verb, Verb::Get | Verb::List | Verb::Watch);
+    // The one object a read names: by its name, or by a metadata.name field selector.
+    let named = match r.verb {
+        Verb::Get => r.name,
+        _ => field("metadata.name"),
+    };
+    match r.resource.plural {
+        "pods" => match (r.verb, r.subresource) {
+            (Verb::List | Verb::Watch, None) if field("spec.nodeName") == Some(node) => Ok(()),
+            (Verb::List | Verb::Watch, None) => Err(forbidden(
+                &who,
+                r,
+                "can only list/watch pods with spec.nodeName field selector",
+            )),
+            (Verb::Get | Verb::Delete, None) | (Verb::Patch | Verb::Update, Some("status")) => {
+                let bound = r.namespace.zip(r.name).is_some_and(|(ns, name)| {
+                    store.list("pods", Some(ns)).iter().any(|p| {
+                        p.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+                            && p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
+                    })
+                });
+                if bound {
+                    Ok(())
+                } else {
+                    Err(forbidden(
+                        &who,
+                        r,
+                        &format!("no relationship found between node '{node}' and this object"),
+                    ))
+                }
+            }
+            _ => Err(forbidden(&who, r, "a node may not do this to pods")),
+        },
+        "configmaps" | "secrets" | "persistentvolumeclaims" | "persistentvolumes" if read => {
+            let related = named.is_some_and(|name| {
+                related(
+                    store,
+                    node,
+                    r.resource.plural,
+                    r.namespace.unwrap_or_default(),
+                    name,
+                )
+            });
+            if related {
+                Ok(())
+            } else {
+                Err(forbidden(
+                    &who,
+                    r,
+                    &format!("no relationship found between node '{node}' and this object"),
+                ))
+            }
+        }
+        "nodes" if read => Ok(()),
+        "nodes"
+            if matches!(r.verb, Verb::Patch | Verb::Update | Verb::Create)
+                && r.name == Some(node.as_str()) =>
+        {
+            Ok(())
+        }
+        "csidrivers" if read => Ok(()),
+        "csinodes" if r.name == Some(node.as_str()) && r.verb != Verb::Delete => Ok(()),
+        "events" if matches!(r.verb, Verb::Create | Verb::Patch | Verb::Update) => Ok(()),
+        _ => Err(forbidden(&who, r, "the node authorizer does not allow it")),
+    }
+}
+
+/// Whether a pod bound to `node` (and known to the authorizer) references the object.
+fn related(store: &Store, node: &str, plural: &str, namespace: &str, name: &str) -> bool {
+    let pods = store.known_pods_of(node);
+    let in_ns =
+        |p: &Value| p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace);
+    let claims = |p: &Value| -> Vec<String> { refs(p, &["persistentVolumeClaim/claimName"]) };
+    match plural {
+        "configmaps" => pods
+            .iter()
+            .filter(|p| in_ns(p))
+            .any(|p| config_maps(p).iter().any(|n| n == name)),
+        "secrets" => {
+            pods.iter()
+                .filter(|p| in_ns(p))
+                .any(|p| secrets(p).iter().any(|n| n == name))
+                || volumes_of(store, &pods).iter().any(|pv| {
+                    pv_secrets(pv)
+                        .iter()
+                        .any(|(ns, n)| ns == namespace && n == name)
+                })
+        }
+        "persistentvolumeclaims" => pods
+            .iter()
+            .filter(|p| in_ns(p))
+            .any(|p| claims(p).iter().any(|n| n == name)),
+        "persistentvolumes" => volumes_of(store, &pods)
+            .iter()
+            .any(|pv| pv.pointer("/metadata/name").and_then(Value::as_str) == Some(name)),
+        _ => false,
+    }
+}
+
+/// The PersistentVolumes the pods' claims are bound to.
+fn volumes_of<'s>(store: &'s Store, pods: &[&Value]) -> Vec<&'s Value> {
+    let mut out = Vec::new();
+    for p in pods {
+        let ns = p
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        for claim in refs(p, &["persistentVolumeClaim/claimName"]) {
+            let key = crate::store::Key {
+                plural: "persistentvolumeclaims",
+                namespace: ns.into(),
+                name: claim,
+            };
+            let Some(pv_name) = store
+                .get(&key)
+                .and_then(|c| c.pointer("/spec/volumeName"))
+                .and_then(Value::as_str)
+            else {
+                continue;
+            };
+            let pv_key = crate::store::Key {
+                plural: "persistentvolumes",
+                namespace: String::new(),
+                name: pv_name.into(),
+            };
+            out.extend(store.get(&pv_key));
+        }
+    }
+    out
+}
+
+/// The names at `paths` (relative to each of the pod's volumes, `/`-separated).
+fn refs(pod: &Value, paths: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for path in paths {
+            if let Some(n) = v.pointer(&format!("/{path}")).and_then(Value::as_str) {
+                out.push(n.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The names under every container's `env[].valueFrom.<kind>KeyRef.name` and `envFrom[].<kind>Ref.name`.
+fn env_refs(pod: &Value, key_ref: &str, from_ref: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        for c in pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
+                out.extend(
+                    e.pointer(&format!("/valueFrom/{key_ref}/name"))
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                );
+            }
+            for e in c
+                .get("envFrom")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                out.extend(
+                    e.pointer(&format!("/{from_ref}/name"))
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                );
+            }
+        }
+    }
+    out
+}
+
+fn projected(pod: &Value, kind: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for v in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        for s in v
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.extend(
+                s.pointer(&format!("/{kind}/name"))
+                    .and_then(Value::as_str)
+                    .map(String::from),
+            );
+        }
+    }
+    out
+}
+
+fn config_maps(pod: &Value) -> Vec<String> {
+    let mut out = refs(pod, &["configMap/name"]);
+    out.extend(projected(pod, "configMap"));
+    out.extend(env_refs(pod, "configMapKeyRef", "configMapRef"));
+    out
+}
+
+fn secrets(pod: &Value) -> Vec<String> {
+    let mut out = refs(
+        pod,
+        &[
+            "secret/secretName",
+            "csi/nodePublishSecretRef/name",
+            "cephfs/secretRef/name",
+            "rbd/secretRef/name",
+            "azureFile/secretName",
+        ],
+    );
+    out.extend(projected(pod, "secret"));
+    out.extend(env_refs(pod, "secretKeyRef", "secretRef"));
+    for s in pod
+        .pointer("/spec/imagePullSecrets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.extend(s.get("name").and_then(Value::as_str).map(String::from));
+    }
+    out
+}
+
+/// The Secrets a PersistentVolume's CSI source references: (namespace, name).
+fn pv_secrets(pv: &Value) -> Vec<(String, String)> {
+    [
+        "nodeStageSecretRef",
+        "nodePublishSecretRef",
+        "nodeExpandSecretRef",
+        "controllerPublishSecretRef",
+    ]
+    .iter()
+    .filter_map(|f| pv.pointer(&format!("/spec/csi/{f}")))
+    .filter_map(|r| {
+        Some((
+            r.get("namespace")?.as_str()?.to_string(),
+            r.get("name")?.as_str()?.to_string(),
+        ))
+    })
+    .collect()
+}
