@@ -15,14 +15,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use kubevol::source::ClusterSource;
 use kubevol::source::ManifestSource;
 use kubevol::status::{PodPhase, StatusReport};
 use kubevol::{Config, VolumeManager};
 use kubevol_core::backoff::BackoffPolicy;
 
 /// kubevol: the Kubernetes node volume manager. It mounts what the pods assigned to a node
-/// need (emptyDir, hostPath, configMap, secret, downwardAPI, projected, CSI) and keeps the
-/// node's mounts matching them, from a directory of Kubernetes manifests.
+/// need (emptyDir, hostPath, configMap, secret, downwardAPI, projected, local, CSI) and keeps
+/// the node's mounts matching them, from a directory of Kubernetes manifests or a cluster's API
+/// server.
 #[derive(Parser)]
 #[command(name = "kubevol", version, about, long_about)]
 struct Cli {
@@ -52,8 +54,17 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Directory of Kubernetes YAML/JSON manifests (Pod, ConfigMap, Secret, PV, PVC, CSIDriver).
-    #[arg(long)]
-    manifests: PathBuf,
+    /// With --kubeconfig or --cluster too: static pods beside the API server's.
+    #[arg(long, required_unless_present_any = ["kubeconfig", "cluster"])]
+    manifests: Option<PathBuf>,
+    /// Run as a node of a Kubernetes cluster: pods bound to --node-name, and the objects they
+    /// reference, from the API server this kubeconfig names (the node's own identity).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Like --kubeconfig, with the configuration found as kubectl finds it: $KUBECONFIG,
+    /// ~/.kube/config, or the in-cluster service account.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    cluster: bool,
     /// Root directory for pod volumes (`--root-dir /var/lib/kubelet` makes kubevol a drop-in).
     #[arg(long, default_value = "/var/lib/kubevol")]
     root_dir: PathBuf,
@@ -302,21 +313,27 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.allow_lazy_unmount = args.allow_lazy_unmount;
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
         .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
-    let source = ManifestSource::new(&args.manifests).with_max_file_size(args.max_manifest_size);
-    let watch = if args.once {
-        // Once: a directory that cannot be read is an error now.
-        let sink = manager.store().sink(ManifestSource::NAME);
-        source.listen(sink).await.with_context(|| {
-            format!(
-                "cannot read manifest directory {}",
-                args.manifests.display()
-            )
-        })?
-    } else {
-        // The daemon keeps running while the directory is missing or unreadable: until it is
-        // listed, the source is not synced and nothing is torn down.
-        manager.add_source(source)
-    };
+    let mut sources = Vec::new();
+    if let Some(client) = cluster_client(&args).await? {
+        // Until the API server has listed this node's pods, nothing is torn down; while it
+        // cannot be reached, the status says so.
+        sources.push(manager.add_source(ClusterSource::new(client, args.node_name.clone())));
+    }
+    if let Some(dir) = &args.manifests {
+        let source = ManifestSource::new(dir).with_max_file_size(args.max_manifest_size);
+        sources.push(if args.once {
+            // Once: a directory that cannot be read is an error now.
+            let sink = manager.store().sink(ManifestSource::NAME);
+            source
+                .listen(sink)
+                .await
+                .with_context(|| format!("cannot read manifest directory {}", dir.display()))?
+        } else {
+            // The daemon keeps running while the directory is missing or unreadable: until it
+            // is listed, the source is not synced and nothing is torn down.
+            manager.add_source(source)
+        });
+    }
     let running = tokio::spawn({
         let m = manager.clone();
         async move { m.run().await }
@@ -349,11 +366,35 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     };
     manager.shutdown();
-    watch.abort();
+    for s in sources {
+        s.abort();
+    }
     if tokio::time::timeout(STOP_GRACE, running).await.is_err() {
         tracing::warn!("the manager did not stop within {STOP_GRACE:?} (an operation is blocked in the kernel or a driver); exiting anyway, mounts stay in place");
     }
     Ok(code)
+}
+
+/// The API server's client, when kubevol runs as a node of a cluster (`--kubeconfig`,
+/// `--cluster`).
+async fn cluster_client(args: &RunArgs) -> anyhow::Result<Option<kube::Client>> {
+    let config = if let Some(path) = &args.kubeconfig {
+        let file = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .with_context(|| format!("kubeconfig {}", path.display()))?
+    } else if args.cluster {
+        kube::Config::infer()
+            .await
+            .context("no cluster configuration found ($KUBECONFIG, ~/.kube/config or the in-cluster service account)")?
+    } else {
+        return Ok(None);
+    };
+    let server = config.cluster_url.clone();
+    let client = kube::Client::try_from(config)
+        .with_context(|| format!("cannot make a client of the API server {server}"))?;
+    Ok(Some(client))
 }
 
 /// Whether a pod's volumes can never become ready without a change to its manifests: it is

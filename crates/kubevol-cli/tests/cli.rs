@@ -291,7 +291,7 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     let metrics = get("/metrics");
     assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5"), "{metrics}");
     assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1"), "{metrics}");
-    assert!(metrics.contains("storage_operation_duration_seconds_bucket{le=\"0.1\",volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3"), "{metrics}");
+    assert!(metrics.contains("storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3"), "{metrics}");
     assert!(
         metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 4"),
         "{metrics}"
@@ -581,4 +581,66 @@ fn run_once_and_status_say_what_the_sources_hold_that_is_not_mounted() {
         .args(["-TERM", &child.id().to_string()])
         .status();
     let _ = child.wait();
+}
+
+#[test]
+fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them() {
+    require_root();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(kubevol_testserver::TestServer::start())
+        .unwrap();
+    let pod = |name: &str, node: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "cfg", "mountPath": "/cfg"}]}],
+                     "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "settings"}}]}})
+    };
+    server.create(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "default"}, "data": {"a": "1"}})).unwrap();
+    server.create(pod("api-pod", "node-1")).unwrap();
+    server.create(pod("other-node-pod", "node-2")).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
+    let kubeconfig = root.path().join("node.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        server.kubeconfig(&kubevol_testserver::TestServer::node_token("node-1")),
+    )
+    .unwrap();
+    let out = in_namespace(&[
+        "run",
+        "--once",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--manifests",
+        manifests.path().to_str().unwrap(),
+        "--node-name",
+        "node-1",
+        "--root-dir",
+        root.path().join("root").to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for volume in ["data", "cfg"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with("default/api-pod")
+                && l.contains(volume)
+                && l.contains("Mounted")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("default/ok") && l.contains("Mounted")),
+        "the static pod: {stdout}"
+    );
+    assert!(!stdout.contains("other-node-pod"), "{stdout}");
+    drop(server);
 }

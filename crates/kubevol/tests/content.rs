@@ -514,7 +514,12 @@ mount_test! {
             "apiVersion: v1\nkind: Pod\nmetadata: {name: full}\nspec:\n  containers: [{name: c, resources: {limits: {memory: 64Ki}}, volumeMounts: [{name: s, mountPath: /s}]}]\n  volumes: [{name: s, secret: {secretName: big}}]\n",
         );
         runtime().block_on(async {
-            let m = manager(root.path(), |_| {});
+            // No retry of the failed write while the test looks at what it left (a change to
+            // the Secret resets the backoff, so the last update is not delayed).
+            let m = manager(root.path(), |c| {
+                c.backoff.initial = Duration::from_secs(60);
+                c.backoff.max = Duration::from_secs(60);
+            });
             let source = ManifestSource::new(&manifests);
             let _watch = source.listen(m.store().sink(ManifestSource::NAME)).await.expect("watch manifests");
             let p = common::pod(json!({"metadata": {"name": "full", "namespace": "default"}, "spec": {"containers": []}}));

@@ -3,9 +3,10 @@
 //! Every source implements [`PodSource`]: it is started with a [`Sink`], the only way to write
 //! the [`ObjectStore`](crate::store::ObjectStore), delivers its objects through it, and says
 //! once its first listing is complete (nothing is torn down before every source has). The
-//! manifest directory ([`ManifestSource`]) and the library API ([`Library`]) are the two
-//! sources; sources never touch the states of world.
+//! manifest directory ([`ManifestSource`]), the API server ([`ClusterSource`]) and the library
+//! API ([`Library`]) are the sources; sources never touch the states of world.
 
+pub mod cluster;
 pub mod extensions;
 pub mod library;
 pub mod manifests;
@@ -13,6 +14,7 @@ pub mod manifests;
 use std::future::Future;
 use std::pin::Pin;
 
+pub use cluster::ClusterSource;
 pub use library::Library;
 pub use manifests::{parse_manifest, ManifestSource};
 

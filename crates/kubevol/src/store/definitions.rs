@@ -23,12 +23,18 @@ use super::{
 
 /// What the store keys an object by: its kind and name (a pod by its UID).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(super) enum Key {
+pub enum Key {
+    /// A pod, by UID.
     Pod(PodUid),
+    /// A ConfigMap, by namespace and name.
     ConfigMap(NsName),
+    /// A Secret, by namespace and name.
     Secret(NsName),
+    /// A PersistentVolume, by name.
     PersistentVolume(String),
+    /// A PersistentVolumeClaim, by namespace and name.
     PersistentVolumeClaim(NsName),
+    /// A CSIDriver, by name.
     CSIDriver(String),
 }
 
@@ -242,6 +248,28 @@ impl Objects {
     }
 
     /// Adds one definition; returns its key.
+    /// Defines `obj` from `origin` unless that origin's definition is the same. Returns whether
+    /// anything changed.
+    fn upsert(&mut self, origin: Origin, obj: Object, touched: &mut BTreeSet<Key>) -> bool {
+        let obj = match obj {
+            Object::Pod(p, e) => Object::Pod(normalize_pod(p), e),
+            Object::Secret(s) => Object::Secret(normalize_secret(s)),
+            other => other,
+        };
+        let key = Key::of(&obj);
+        let unchanged = self
+            .defs
+            .get(&key)
+            .and_then(|m| m.get(&origin))
+            .is_some_and(|have| have.holds(&obj));
+        if unchanged {
+            return false;
+        }
+        self.define(origin, obj);
+        touched.insert(key);
+        true
+    }
+
     fn define(&mut self, origin: Origin, obj: Object) -> Key {
         let key = Key::of(&obj);
         self.defs
@@ -340,24 +368,40 @@ impl Objects {
                 entry.skipped = objects;
                 true
             }
-            Change::Upsert(obj) => {
-                let obj = match obj {
-                    Object::Pod(p, e) => Object::Pod(normalize_pod(p), e),
-                    Object::Secret(s) => Object::Secret(normalize_secret(s)),
-                    other => other,
-                };
-                let key = Key::of(&obj);
-                let unchanged = self
+            Change::Upsert(obj) => self.upsert(Origin::Api, obj, touched),
+            Change::ClusterUpsert(obj) => self.upsert(Origin::Cluster, obj, touched),
+            Change::ClusterRemove(key) => {
+                let had = self
                     .defs
                     .get(&key)
-                    .and_then(|m| m.get(&Origin::Api))
-                    .is_some_and(|have| have.holds(&obj));
-                if unchanged {
-                    return false;
+                    .is_some_and(|m| m.contains_key(&Origin::Cluster));
+                if had {
+                    self.undefine(&key, &Origin::Cluster);
+                    touched.insert(key);
                 }
-                self.define(Origin::Api, obj);
-                touched.insert(key);
-                true
+                had
+            }
+            Change::ClusterPods(objects) => {
+                let listed: BTreeSet<Key> = objects.iter().map(Key::of).collect();
+                let gone: Vec<Key> = self
+                    .defs
+                    .iter()
+                    .filter(|(k, m)| {
+                        matches!(k, Key::Pod(_))
+                            && m.contains_key(&Origin::Cluster)
+                            && !listed.contains(*k)
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let mut changed = !gone.is_empty();
+                for key in gone {
+                    self.undefine(&key, &Origin::Cluster);
+                    touched.insert(key);
+                }
+                for obj in objects {
+                    changed |= self.upsert(Origin::Cluster, obj, touched);
+                }
+                changed
             }
             Change::RemovePod(uid) => {
                 let key = Key::Pod(uid);
@@ -413,6 +457,7 @@ impl Objects {
                     };
                     let rule = match winner {
                         Origin::Api => "the library API's definition wins",
+                        Origin::Cluster => "the API server's definition wins over files",
                         Origin::File { path: p, .. } if p == path => {
                             "the first document of a file wins"
                         }

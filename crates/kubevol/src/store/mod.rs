@@ -20,14 +20,18 @@ use tokio::sync::watch;
 
 mod definitions;
 
+pub use definitions::Key as ObjectKey;
 use definitions::{Key, Objects, Shared};
 
 /// Where an object came from. The order is the precedence when two origins define the same
-/// object: the library API first, then manifest files by path (byte order) and document.
+/// object: the library API first, then the API server, then manifest files by path (byte
+/// order) and document.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Origin {
     /// The library API (an embedding node agent).
     Api,
+    /// The API server (cluster mode).
+    Cluster,
     /// A manifest file, and the 1-based index of the document in it.
     File {
         /// The file.
@@ -44,6 +48,7 @@ impl std::fmt::Display for Origin {
                 write!(f, "{} (document {document})", path.display())
             }
             Origin::Api => f.write_str("library API"),
+            Origin::Cluster => f.write_str("API server"),
         }
     }
 }
@@ -151,7 +156,8 @@ pub struct Stored<T> {
     pub invalid: Option<Arc<str>>,
 }
 
-pub(crate) type NsName = (String, String);
+/// A namespace and a name.
+pub type NsName = (String, String);
 
 /// A problem with a manifest file as a whole or one of its documents.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,6 +242,13 @@ pub enum Change {
     Upsert(Object),
     /// A pod given through the library API, removed.
     RemovePod(PodUid),
+    /// An object the API server delivered, added or replaced.
+    ClusterUpsert(Object),
+    /// An object the API server no longer has (or no longer lets this node read).
+    ClusterRemove(ObjectKey),
+    /// The API server's complete listing of this node's pods: every other pod it delivered
+    /// before is gone.
+    ClusterPods(Vec<Object>),
     /// A ConfigMap or Secret given through the library API, removed.
     RemoveObject {
         /// Its kind.

@@ -1,0 +1,481 @@
+//! The API server as a pod source (cluster mode).
+//!
+//! - Pods bound to this node: one list and watch with the field selector
+//!   `spec.nodeName=<node>` (the only pod list the Node authorizer allows a node), resumed
+//!   from the last resource version and listed again after `410 Gone`. Each complete listing
+//!   replaces the pods the server gave before, so a pod deleted while the watch was down goes
+//!   after the re-list.
+//! - The objects those pods reference (ConfigMaps, Secrets, PersistentVolumeClaims and the
+//!   PersistentVolumes they are bound to): each watched on its own with the field selector
+//!   `metadata.name=<name>` in its namespace, started when the first pod needs it and stopped
+//!   when the last one goes, as the kubelet's watch-based object manager. A read the server
+//!   refuses (`403` while its authorizer has not yet learnt that a new pod references the
+//!   object) is retried with backoff; the pod's volume waits meanwhile, it does not fail.
+//! - CSIDrivers: one list and watch of all of them (cluster-scoped, readable by nodes).
+//!
+//! Until the pods' first listing is complete the source is not synced, so nothing is torn down;
+//! while the server cannot be reached, the source says why in the status and nothing changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kube::api::Api;
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kubevol_core::projection::{referenced_objects, ObjectKind};
+use kubevol_core::state::PodExtensions;
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+use super::{BoxFuture, PodSource, Sink};
+use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey, DEFAULT_NAMESPACE};
+
+/// Pods and their objects from the API server.
+pub struct ClusterSource {
+    client: kube::Client,
+    node_name: String,
+}
+
+impl ClusterSource {
+    /// The source's name in the sync gate and the status.
+    pub const NAME: &'static str = "api-server";
+
+    /// A source of the pods bound to `node_name`, read with `client` (the node's identity).
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        ClusterSource {
+            client,
+            node_name: node_name.into(),
+        }
+    }
+}
+
+impl PodSource for ClusterSource {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn start(self: Box<Self>, sink: Sink) -> BoxFuture<()> {
+        Box::pin(async move {
+            let refs = Arc::new(Referenced::new(self.client.clone(), sink.clone()));
+            let drivers = tokio::spawn(watch_all::<CSIDriver>(
+                Api::all(self.client.clone()),
+                sink.clone(),
+                Object::CSIDriver,
+            ));
+            let _drivers = AbortOnDrop(drivers);
+            let pods: Api<Pod> = Api::all(self.client.clone());
+            let config =
+                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+            let mut events = watcher(pods, config)
+                .backoff(WatchBackoff::default())
+                .boxed();
+            let mut listing: Option<Vec<Pod>> = None;
+            let mut synced = false;
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(Event::Init) => listing = Some(Vec::new()),
+                    Ok(Event::InitApply(pod)) => listing.get_or_insert_with(Vec::new).push(pod),
+                    Ok(Event::InitDone) => {
+                        let pods = listing.take().unwrap_or_default();
+                        refs.set_pods(&pods);
+                        sink.apply([Change::ClusterPods(
+                            pods.into_iter().map(pod_object).collect(),
+                        )]);
+                        if !synced {
+                            sink.synced();
+                            synced = true;
+                        }
+                        sink.problem(None);
+                    }
+                    Ok(Event::Apply(pod)) => {
+                        refs.add_pod(&pod);
+                        sink.apply([Change::ClusterUpsert(pod_object(pod))]);
+                        sink.problem(None);
+                    }
+                    Ok(Event::Delete(pod)) => {
+                        let uid = pod_uid(&pod);
+                        sink.apply([Change::ClusterRemove(ObjectKey::Pod(uid))]);
+                        refs.remove_pod(&pod);
+                        sink.problem(None);
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            source = Self::NAME,
+                            "watching this node's pods: {e}; retrying with backoff"
+                        );
+                        sink.problem(Some(format!(
+                            "the API server's pods of node {} cannot be watched: {e}; retrying with backoff (nothing is torn down meanwhile)",
+                            self.node_name
+                        )));
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// The watches' retry delays: 0.5 s, doubling up to 8 s, with ±25 % jitter, back to 0.5 s
+/// after a success. (client-go's reflectors wait up to 30 s; a node whose API server is back
+/// should learn of the pods deleted meanwhile sooner. The jitter keeps many nodes from
+/// retrying in step against a recovering server.)
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(8);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let base = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // A factor in [0.75, 1.25).
+        let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
+        Some(base.mul_f64(factor))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+/// A pod as the store keeps it. The API server has validated and defaulted it; it has no
+/// fields beyond the types to keep.
+fn pod_object(pod: Pod) -> Object {
+    Object::Pod(normalize_pod(pod), PodExtensions::default())
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One object a pod references, by kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ref {
+    ConfigMap(String, String),
+    Secret(String, String),
+    Claim(String, String),
+    Volume(String),
+}
+
+impl Ref {
+    fn key(&self) -> ObjectKey {
+        match self {
+            Ref::ConfigMap(ns, n) => ObjectKey::ConfigMap((ns.clone(), n.clone())),
+            Ref::Secret(ns, n) => ObjectKey::Secret((ns.clone(), n.clone())),
+            Ref::Claim(ns, n) => ObjectKey::PersistentVolumeClaim((ns.clone(), n.clone())),
+            Ref::Volume(n) => ObjectKey::PersistentVolume(n.clone()),
+        }
+    }
+}
+
+/// The objects a pod's volumes reference (a claim's PersistentVolume is found once the claim
+/// is read).
+fn refs_of(pod: &Pod) -> BTreeSet<Ref> {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
+    let mut out = BTreeSet::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        for r in referenced_objects(pod, v) {
+            out.insert(match r.kind {
+                ObjectKind::ConfigMap => Ref::ConfigMap(r.namespace, r.name),
+                ObjectKind::Secret => Ref::Secret(r.namespace, r.name),
+            });
+        }
+        if let Some(c) = &v.persistent_volume_claim {
+            out.insert(Ref::Claim(ns.clone(), c.claim_name.clone()));
+        }
+        if let Some(s) = v
+            .csi
+            .as_ref()
+            .and_then(|c| c.node_publish_secret_ref.as_ref())
+        {
+            out.insert(Ref::Secret(ns.clone(), s.name.clone()));
+        }
+    }
+    out
+}
+
+/// The watches of referenced objects, counted by who needs them: pods, and claims (for the
+/// PersistentVolume they are bound to).
+struct Referenced {
+    client: kube::Client,
+    sink: Sink,
+    state: Mutex<RefState>,
+}
+
+#[derive(Default)]
+struct RefState {
+    /// Each pod's references, by pod UID.
+    pods: BTreeMap<String, BTreeSet<Ref>>,
+    /// Each claim's PersistentVolume.
+    claims: BTreeMap<Ref, String>,
+    /// The watch of each referenced object and how many hold it.
+    watches: BTreeMap<Ref, (usize, AbortOnDrop)>,
+}
+
+impl Referenced {
+    fn new(client: kube::Client, sink: Sink) -> Self {
+        Referenced {
+            client,
+            sink,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RefState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The complete set of pods (a listing): pods not in it are forgotten.
+    fn set_pods(self: &Arc<Self>, pods: &[Pod]) {
+        let listed: BTreeSet<String> = pods.iter().map(|p| pod_uid(p).to_string()).collect();
+        let gone: Vec<String> = self
+            .lock()
+            .pods
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.set(&uid, BTreeSet::new());
+        }
+        for p in pods {
+            self.add_pod(p);
+        }
+    }
+
+    fn add_pod(self: &Arc<Self>, pod: &Pod) {
+        self.set(pod_uid(pod).as_str(), refs_of(pod));
+    }
+
+    fn remove_pod(self: &Arc<Self>, pod: &Pod) {
+        self.set(pod_uid(pod).as_str(), BTreeSet::new());
+    }
+
+    fn set(self: &Arc<Self>, uid: &str, refs: BTreeSet<Ref>) {
+        let mut st = self.lock();
+        let old = if refs.is_empty() {
+            st.pods.remove(uid).unwrap_or_default()
+        } else {
+            st.pods
+                .insert(uid.to_string(), refs.clone())
+                .unwrap_or_default()
+        };
+        for r in refs.difference(&old) {
+            self.hold(&mut st, r.clone());
+        }
+        for r in old.difference(&refs) {
+            self.release(&mut st, r);
+        }
+    }
+
+    fn hold(self: &Arc<Self>, st: &mut RefState, r: Ref) {
+        if let Some((count, _)) = st.watches.get_mut(&r) {
+            *count += 1;
+            return;
+        }
+        let task = self.start_watch(&r);
+        st.watches.insert(r, (1, AbortOnDrop(task)));
+    }
+
+    fn release(self: &Arc<Self>, st: &mut RefState, r: &Ref) {
+        let Some((count, _)) = st.watches.get_mut(r) else {
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        // The last holder is gone: the watch stops and the object leaves the store.
+        st.watches.remove(r);
+        if let Some(pv) = st.claims.remove(r) {
+            self.release(st, &Ref::Volume(pv));
+        }
+        self.sink.apply([Change::ClusterRemove(r.key())]);
+    }
+
+    /// A claim's PersistentVolume is now `pv` (or none): its watch follows.
+    fn claim_bound(self: &Arc<Self>, claim: &Ref, pv: Option<String>) {
+        let mut st = self.lock();
+        if !st.watches.contains_key(claim) {
+            return;
+        }
+        let old = st.claims.get(claim).cloned();
+        if old == pv {
+            return;
+        }
+        match &pv {
+            Some(n) => {
+                st.claims.insert(claim.clone(), n.clone());
+                self.hold(&mut st, Ref::Volume(n.clone()));
+            }
+            None => {
+                st.claims.remove(claim);
+            }
+        }
+        if let Some(o) = old {
+            self.release(&mut st, &Ref::Volume(o));
+        }
+    }
+
+    fn start_watch(self: &Arc<Self>, r: &Ref) -> JoinHandle<()> {
+        let (client, sink) = (self.client.clone(), self.sink.clone());
+        let me = Arc::downgrade(self);
+        match r.clone() {
+            Ref::ConfigMap(ns, n) => tokio::spawn(watch_one(
+                Api::<ConfigMap>::namespaced(client, &ns),
+                n,
+                r.key(),
+                sink,
+                Object::ConfigMap,
+                |_| {},
+            )),
+            Ref::Secret(ns, n) => tokio::spawn(watch_one(
+                Api::<Secret>::namespaced(client, &ns),
+                n,
+                r.key(),
+                sink,
+                Object::Secret,
+                |_| {},
+            )),
+            Ref::Volume(n) => tokio::spawn(watch_one(
+                Api::<PersistentVolume>::all(client),
+                n,
+                r.key(),
+                sink,
+                Object::PersistentVolume,
+                |_| {},
+            )),
+            Ref::Claim(ns, n) => {
+                let claim = r.clone();
+                tokio::spawn(watch_one(
+                    Api::<PersistentVolumeClaim>::namespaced(client, &ns),
+                    n,
+                    r.key(),
+                    sink,
+                    Object::PersistentVolumeClaim,
+                    move |c: Option<&PersistentVolumeClaim>| {
+                        let pv = c
+                            .and_then(|c| c.spec.as_ref())
+                            .and_then(|s| s.volume_name.clone())
+                            .filter(|n| !n.is_empty());
+                        if let Some(me) = me.upgrade() {
+                            me.claim_bound(&claim, pv);
+                        }
+                    },
+                ))
+            }
+        }
+    }
+}
+
+/// Watches one object by name and keeps the store's copy of it; `seen` is told of each new
+/// version (or of its absence).
+async fn watch_one<K>(
+    api: Api<K>,
+    name: String,
+    key: ObjectKey,
+    sink: Sink,
+    object: fn(K) -> Object,
+    seen: impl Fn(Option<&K>) + Send + 'static,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .boxed();
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listed = false,
+            Ok(Event::InitApply(o) | Event::Apply(o)) => {
+                listed = true;
+                seen(Some(&o));
+                sink.apply([Change::ClusterUpsert(object(o))]);
+            }
+            Ok(Event::InitDone) if !listed => {
+                seen(None);
+                sink.apply([Change::ClusterRemove(key.clone())]);
+            }
+            Ok(Event::InitDone) => {}
+            Ok(Event::Delete(_)) => {
+                seen(None);
+                sink.apply([Change::ClusterRemove(key.clone())]);
+            }
+            // Refused (the authorizer has not learnt the relationship yet) or unreachable: the
+            // watcher retries with backoff, and what the store has stays.
+            Err(e) => tracing::debug!(object = ?key, "watch: {e}; retrying"),
+        }
+    }
+}
+
+/// Lists and watches every object of a cluster-scoped kind.
+async fn watch_all<K>(api: Api<K>, sink: Sink, object: fn(K) -> Object)
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let mut events = watcher(api, watcher::Config::default())
+        .backoff(WatchBackoff::default())
+        .boxed();
+    let mut listing: BTreeSet<String> = BTreeSet::new();
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    let key_of = |o: &K| ObjectKey::CSIDriver(o.meta().name.clone().unwrap_or_default());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(o)) => {
+                listing.insert(o.meta().name.clone().unwrap_or_default());
+                sink.apply([Change::ClusterUpsert(object(o))]);
+            }
+            Ok(Event::InitDone) => {
+                let gone: Vec<Change> = known
+                    .difference(&listing)
+                    .map(|n| Change::ClusterRemove(ObjectKey::CSIDriver(n.clone())))
+                    .collect();
+                sink.apply(gone);
+                known = std::mem::take(&mut listing);
+            }
+            Ok(Event::Apply(o)) => {
+                known.insert(o.meta().name.clone().unwrap_or_default());
+                sink.apply([Change::ClusterUpsert(object(o))]);
+            }
+            Ok(Event::Delete(o)) => {
+                known.remove(o.meta().name.as_deref().unwrap_or_default());
+                sink.apply([Change::ClusterRemove(key_of(&o))]);
+            }
+            Err(e) => tracing::debug!("watching CSIDrivers: {e}; retrying"),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Cluster mode against an API server that keeps the real server's rules (the project's
+//! in-process test server): the node's identity, field selectors, per-object authorization
+//! with a lag, resource versions and `410 Gone`, graceful pod deletion, outages.
+
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kubevol::source::ClusterSource;
+use kubevol::VolumeManager;
+use kubevol_testserver::{TestServer, ADMIN_TOKEN};
+use serde_json::{json, Value};
+
+const NODE: &str = "test-node";
+
+/// A client of `server` with `token`'s identity.
+async fn client(server: &TestServer, token: &str) -> kube::Client {
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&server.kubeconfig(token)).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+/// A manager fed by `server`'s pods of this node, with the node's identity.
+async fn cluster_manager(root: &std::path::Path, server: &TestServer) -> VolumeManager {
+    let m = manager(root, |_| {});
+    m.add_source(ClusterSource::new(
+        client(server, &TestServer::node_token(NODE)).await,
+        NODE,
+    ));
+    m
+}
+
+/// A pod bound to `node` whose one container mounts every volume.
+fn bound_pod(name: &str, node: &str, volumes: Value) -> Value {
+    let mounts: Vec<Value> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| json!({"name": v["name"], "mountPath": format!("/mnt/{}", v["name"].as_str().unwrap())}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": mounts}], "volumes": volumes}})
+}
+
+/// The typed pod of a stored one (its UID is the server's).
+fn typed(v: &Value) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+/// Waits, woken by the manager's changes, until `cond` holds.
+async fn until(m: &VolumeManager, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let mut rx = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        // Woken by a change, or every 100 ms for what the manager is not told of.
+        let wake = tokio::time::Instant::now() + Duration::from_millis(100);
+        let _ = tokio::time::timeout_at(wake.min(deadline), rx.changed()).await;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {secs}s; status: {:#?}",
+            m.status(true)
+        );
+    }
+}
+
+mount_test! {
+    fn pods_bound_to_the_node_come_and_go_and_their_config_maps_update() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            server.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"}, "data": {"level": "info"}})).unwrap();
+            let m = cluster_manager(root.path(), &server).await;
+            let web = server.create(bound_pod("web", NODE, json!([{"name": "cfg", "configMap": {"name": "app"}}, {"name": "tmp", "emptyDir": {}}]))).unwrap();
+            let other = server.create(bound_pod("elsewhere", "node-b", json!([{"name": "tmp", "emptyDir": {}}]))).unwrap();
+            let web_pod = typed(&web);
+            m.wait_for_attach_and_mount(&web_pod).await.expect("the node's pod is mounted");
+            let uid = kubevol::pod_uid(&web_pod);
+            assert_eq!(uid.as_str(), web["metadata"]["uid"].as_str().unwrap(), "the server's UID is the pod's identity");
+            let cfg = m.mounted_volumes_for_pod(&uid)["cfg"].path.clone();
+            assert_eq!(std::fs::read_to_string(cfg.join("level")).unwrap(), "info");
+            assert!(m.pod_status(&kubevol::pod_uid(&typed(&other))).is_none(), "another node's pod is not even seen");
+
+            // A ConfigMap update reaches the volume.
+            server.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": "default"}, "data": {"level": "debug"}})).unwrap();
+            until(&m, 10, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
+
+            // Deleted gracefully: the deletionTimestamp tears the volumes down; the node then
+            // deletes the pod for good.
+            server.delete("v1", "pods", "default", "web", None).unwrap();
+            m.wait_for_unmount(&web_pod).await.expect("torn down once the pod is being deleted");
+            assert!(server.get("v1", "pods", "default", "web").is_some(), "the server keeps it until its node deletes it");
+            server.delete("v1", "pods", "default", "web", Some(0)).unwrap();
+            until(&m, 10, "the pod forgotten", || m.pod_status(&uid).is_none()).await;
+            assert!(!m.config().root_dir.join(format!("pods/{uid}")).exists());
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn an_object_the_authorizer_does_not_yet_relate_to_the_node_is_waited_for_not_failed() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            // The authorizer learns a new pod's references 2 s after it appears: reads of its
+            // Secret are refused until then.
+            server.set_relation_delay(Duration::from_secs(2));
+            server.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token", "namespace": "default"}, "stringData": {"t": "s3cret"}})).unwrap();
+            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(node.clone(), "default");
+            let refused = secrets.get("token").await.unwrap_err();
+            assert!(refused.to_string().contains("no relationship found between node 'test-node' and this object"), "{refused}");
+            let all = secrets.list(&Default::default()).await.unwrap_err();
+            assert!(all.to_string().contains("Forbidden"), "a node may not list all Secrets: {all}");
+
+            let m = manager(root.path(), |_| {});
+            m.add_source(ClusterSource::new(node, NODE));
+            let p = server.create(bound_pod("app", NODE, json!([{"name": "token", "secret": {"secretName": "token"}}]))).unwrap();
+            let pod = typed(&p);
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted once the server relates the Secret to the node");
+            let v = &m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["token"];
+            assert_eq!(std::fs::read_to_string(v.path.join("t")).unwrap(), "s3cret");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    fn an_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile() {
+        let root = TestRoot::new();
+        let outage = std::env::var("KUBEVOL_TEST_OUTAGE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        runtime().block_on(async {
+            let mut server = TestServer::start().await.unwrap();
+            let m = cluster_manager(root.path(), &server).await;
+            let keep = typed(&server.create(bound_pod("keep", NODE, json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]))).unwrap());
+            let gone = typed(&server.create(bound_pod("gone", NODE, json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]))).unwrap());
+            for p in [&keep, &gone] {
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+            }
+            let keep_dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&keep))["mem"].path.clone();
+            std::fs::write(keep_dir.join("canary"), "alive").unwrap();
+            let gone_uid = kubevol::pod_uid(&gone);
+
+            server.stop().await;
+            server.delete("v1", "pods", "default", "gone", Some(0)).unwrap();
+            // The server forgets its history: the watch cannot resume and must list again.
+            server.compact();
+            until(&m, 60, "the source reporting the outage", || m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            tokio::time::sleep(Duration::from_secs(outage)).await;
+            assert!(m.mounted_volumes_for_pod(&gone_uid).contains_key("mem"), "nothing is torn down while the server is away");
+
+            server.restart().await.unwrap();
+            m.wait_for_unmount(&gone).await.expect("the pod deleted during the outage goes after the re-list");
+            until(&m, 60, "the outage note cleared", || !m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            assert_eq!(std::fs::read_to_string(keep_dir.join("canary")).unwrap(), "alive", "the other pod's volume was never remounted");
+            assert_eq!(mounts_under(&m.config().root_dir).len(), 1, "exactly the remaining pod's mount");
+            m.shutdown();
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_node_identity_has_the_node_authorizers_rights_and_no_more() {
+    let server = TestServer::start().await.unwrap();
+    server.create(bound_pod("mine", NODE, json!([]))).unwrap();
+    server
+        .create(bound_pod("theirs", "node-b", json!([])))
+        .unwrap();
+    let node = client(&server, &TestServer::node_token(NODE)).await;
+    let admin = client(&server, ADMIN_TOKEN).await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(node.clone());
+    let err = pods.list(&Default::default()).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("can only list/watch pods with spec.nodeName field selector"),
+        "{err}"
+    );
+    let mine = pods
+        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={NODE}")))
+        .await
+        .unwrap();
+    assert_eq!(mine.items.len(), 1);
+    let theirs: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(node, "default");
+    assert!(theirs.get("theirs").await.is_err(), "another node's pod");
+    let all: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(admin);
+    assert_eq!(
+        all.list(&Default::default()).await.unwrap().items.len(),
+        2,
+        "the administrator sees every pod"
+    );
+}
