@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector, Pod,
-    ResourceFieldSelector, Secret, Volume,
+    ResourceFieldSelector, Secret, ServiceAccountTokenProjection, Volume,
 };
 
 use crate::quantity::Quantity;
@@ -49,6 +49,13 @@ pub trait Objects {
     fn config_map(&self, namespace: &str, name: &str) -> Lookup<ConfigMap>;
     /// A Secret by namespace and name.
     fn secret(&self, namespace: &str, name: &str) -> Lookup<Secret>;
+    /// The token of the `serviceAccountToken` source `index` of the volume being projected
+    /// (fetched beforehand: projection does no I/O), or `None` where no API server issues
+    /// tokens.
+    fn service_account_token(&self, index: usize) -> Option<Result<String, String>> {
+        let _ = index;
+        None
+    }
 }
 
 /// The node's allocatable resources: what a container without a limit is limited by.
@@ -136,6 +143,14 @@ pub enum ProjectionError {
         /// Its index in `sources`.
         index: usize,
     },
+    /// A service account token could not be had from the API server.
+    #[error("projected source serviceAccountToken (sources[{index}]): {detail}")]
+    Token {
+        /// Its index in `sources`.
+        index: usize,
+        /// Why (the API server's answer).
+        detail: String,
+    },
     /// A downward API field or resource cannot be resolved.
     #[error("{field}: {detail}")]
     Field {
@@ -162,6 +177,7 @@ impl ProjectionError {
             ProjectionError::MissingObject { .. }
                 | ProjectionError::MissingKey { .. }
                 | ProjectionError::InvalidObject { .. }
+                | ProjectionError::Token { .. }
         )
     }
 }
@@ -320,6 +336,12 @@ enum Source<'a> {
         items: &'a [DownwardAPIVolumeFile],
         default_mode: u32,
     },
+    /// A service account token, written at `path`.
+    Token {
+        index: usize,
+        path: &'a str,
+        mode: u32,
+    },
     /// A projected source that needs an API server.
     NeedsCluster { kind: &'static str, index: usize },
 }
@@ -400,10 +422,14 @@ fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
                 &d.items,
                 mode,
             )
+        } else if let Some(t) = &s.service_account_token {
+            Source::Token {
+                index,
+                path: &t.path,
+                mode,
+            }
         } else {
-            let kind = if s.service_account_token.is_some() {
-                "serviceAccountToken"
-            } else if s.cluster_trust_bundle.is_some() {
+            let kind = if s.cluster_trust_bundle.is_some() {
                 "clusterTrustBundle"
             } else if s.pod_certificate.is_some() {
                 "podCertificate"
@@ -442,12 +468,40 @@ fn project(
                 items,
                 default_mode,
             } => project_downward(pod, &field, items, default_mode, node, &mut payload)?,
+            Source::Token { index, path, mode } => match objects.service_account_token(index) {
+                None => {
+                    return Err(ProjectionError::NeedsCluster {
+                        kind: "serviceAccountToken",
+                        index,
+                    })
+                }
+                Some(Err(detail)) => return Err(ProjectionError::Token { index, detail }),
+                Some(Ok(token)) => insert(
+                    &mut payload,
+                    path,
+                    FileProjection {
+                        data: token.into_bytes(),
+                        mode,
+                    },
+                )?,
+            },
             Source::NeedsCluster { kind, index } => {
                 return Err(ProjectionError::NeedsCluster { kind, index })
             }
         }
     }
     Ok(payload)
+}
+
+/// The `serviceAccountToken` sources of a projected volume, with their index in `sources`.
+pub fn token_sources(volume: &Volume) -> Vec<(usize, &ServiceAccountTokenProjection)> {
+    volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .enumerate()
+        .filter_map(|(i, s)| Some((i, s.service_account_token.as_ref()?)))
+        .collect()
 }
 
 /// The objects a volume reads: a change to any of them rewrites the volume.

@@ -20,6 +20,7 @@
 pub mod authz;
 mod routes;
 pub mod store;
+mod token;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -146,6 +147,16 @@ impl TestServer {
     /// Forgets the change history: a watch that resumes gets `410 Gone` and must list again.
     pub fn compact(&self) {
         self.store.store().compact();
+    }
+
+    /// The longest lifetime a service account token is granted (default: what is asked).
+    pub fn set_max_token_lifetime(&self, max: Duration) {
+        self.store.store().max_token_lifetime = Some(max);
+    }
+
+    /// How many service account tokens were issued.
+    pub fn tokens_issued(&self) -> u64 {
+        self.store.store().tokens_issued
     }
 
     /// How long the authorizer takes to learn a new pod's references (default 0).

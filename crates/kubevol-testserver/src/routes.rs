@@ -240,6 +240,7 @@ fn serve(
         (&Method::GET, None) => Verb::List,
         (&Method::GET, Some(_)) => Verb::Get,
         (&Method::POST, None) => Verb::Create,
+        (&Method::POST, Some(_)) if t.subresource.as_deref() == Some("token") => Verb::Create,
         (&Method::PUT, Some(_)) => Verb::Update,
         (&Method::PATCH, Some(_)) => Verb::Patch,
         (&Method::DELETE, Some(_)) => Verb::Delete,
@@ -251,6 +252,18 @@ fn serve(
             ))
         }
     };
+    if t.res.plural == "serviceaccounts"
+        && t.subresource.as_deref() == Some("token")
+        && verb == Verb::Create
+    {
+        let body = parse_body()?;
+        let (ns, name) = (
+            t.namespace.as_deref().unwrap_or_default(),
+            t.name.as_deref().unwrap_or_default(),
+        );
+        return crate::token::issue(s, &user, ns, name, &body)
+            .map(|o| Reply::Object(StatusCode::CREATED, o));
+    }
     if t.subresource.as_deref().is_some_and(|s| s != "status")
         || (t.subresource.is_some() && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch))
     {

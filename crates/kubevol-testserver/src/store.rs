@@ -135,6 +135,11 @@ pub struct Store {
     pod_seen_at: BTreeMap<Key, Instant>,
     /// How long the authorizer takes to learn a pod's references.
     pub(crate) relation_delay: Duration,
+    /// The longest lifetime a token is granted (a real server's
+    /// `--service-account-max-token-expiration`).
+    pub(crate) max_token_lifetime: Option<Duration>,
+    /// How many tokens were issued.
+    pub(crate) tokens_issued: u64,
 }
 
 impl Default for Store {
@@ -147,15 +152,23 @@ impl Default for Store {
             feed: broadcast::channel(HISTORY).0,
             pod_seen_at: BTreeMap::new(),
             relation_delay: Duration::ZERO,
+            max_token_lifetime: None,
+            tokens_issued: 0,
         }
     }
 }
 
 /// Now in RFC 3339, as `metav1.Time` writes it.
 pub fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
+    rfc3339(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()) as i64,
+    )
+}
+
+/// A Unix time in RFC 3339.
+pub fn rfc3339(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil-from-days.
     let z = days + 719_468;

@@ -45,6 +45,7 @@ pub mod record;
 pub mod source;
 pub mod store;
 mod sync;
+pub mod tokens;
 mod waiters;
 mod world;
 

@@ -151,7 +151,10 @@ impl VolumeManager {
             csi.set_controller(name, endpoint.clone());
         }
         let record = Arc::new(crate::record::Record::open(&root)?);
+        let (refresh, refreshes) = tokio::sync::mpsc::unbounded_channel();
         let host = Arc::new(PluginHost {
+            tokens: Arc::default(),
+            refresh,
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,
@@ -187,6 +190,7 @@ impl VolumeManager {
             host.clone(),
             events.clone(),
             executor.clone(),
+            refreshes,
         );
         Ok(VolumeManager {
             parts: Arc::new(Parts {
@@ -223,6 +227,13 @@ impl VolumeManager {
     /// calls ([`VolumeManager::add_pod`] and friends use it).
     pub fn library(&self) -> &Library {
         &self.parts.library
+    }
+
+    /// Sets who issues service account tokens for `serviceAccountToken` projected sources (in
+    /// cluster mode, [`ClusterTokens`](crate::source::cluster::ClusterTokens)). Without one,
+    /// such a source fails its volume with a clear message.
+    pub fn set_token_issuer(&self, issuer: Arc<dyn crate::tokens::TokenIssuer>) {
+        self.parts.host.tokens.set_issuer(issuer);
     }
 
     /// Starts a pod source (a manifest directory, ...): it is registered in the sync gate

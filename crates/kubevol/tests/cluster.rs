@@ -194,3 +194,78 @@ async fn the_node_identity_has_the_node_authorizers_rights_and_no_more() {
         "the administrator sees every pod"
     );
 }
+
+/// The claims of a JWT (its second part, base64url without padding).
+fn claims(token: &str) -> Value {
+    let part = token.split('.').nth(1).expect("a JWT has three parts");
+    let mut bits = 0u32;
+    let mut n = 0;
+    let mut out = Vec::new();
+    for c in part.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => panic!("not base64url: {c}"),
+        };
+        bits = (bits << 6) | u32::from(v);
+        n += 6;
+        if n >= 8 {
+            n -= 8;
+            out.push((bits >> n) as u8);
+        }
+    }
+    serde_json::from_slice(&out).expect("JSON claims")
+}
+
+mount_test! {
+    fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            // The server grants 10 s whatever is asked: the token is renewed after 8 s.
+            server.set_max_token_lifetime(Duration::from_secs(10));
+            server.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "default"}})).unwrap();
+            server.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt", "namespace": "default"}, "data": {"ca.crt": "CA"}})).unwrap();
+            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let m = manager(root.path(), |_| {});
+            m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(node.clone())));
+            m.add_source(ClusterSource::new(node, NODE));
+            // The volume every pod of a cluster gets.
+            let access = json!([{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}]);
+            let p = server.create(bound_pod("app", NODE, access.clone())).unwrap();
+            let mut lost = bound_pod("lost", NODE, access);
+            lost["spec"]["serviceAccountName"] = json!("missing");
+            let lost = typed(&server.create(lost).unwrap());
+            let pod = typed(&p);
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted with a token");
+            let uid = kubevol::pod_uid(&pod);
+            let dir = m.mounted_volumes_for_pod(&uid)["kube-api-access"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("ca.crt")).unwrap(), "CA");
+            assert_eq!(std::fs::read_to_string(dir.join("namespace")).unwrap(), "default");
+            let first = std::fs::read_to_string(dir.join("token")).unwrap();
+            let c = claims(&first);
+            assert_eq!(c["kubernetes.io"]["pod"]["uid"], json!(uid.as_str()), "bound to the pod: {c}");
+            assert_eq!(c["sub"], json!("system:serviceaccount:default:default"));
+            assert_eq!(c["aud"], json!(["https://kubernetes.default.svc"]), "the server's own audience when the source names none");
+
+            // Renewed before it expires, without the pod doing anything.
+            until(&m, 30, "the token renewed", || std::fs::read_to_string(dir.join("token")).is_ok_and(|t| t != first)).await;
+            let renewed = claims(&std::fs::read_to_string(dir.join("token")).unwrap());
+            assert!(renewed["iat"].as_i64() > c["iat"].as_i64() || renewed["jti"] != c["jti"], "{renewed}");
+
+            // A service account that does not exist: the volume says so; no token anywhere.
+            let s = wait_for_status(&m, &lost, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("serviceaccounts \"missing\" not found") && e.contains("default/missing"), "{e}");
+            let all = serde_json::to_string(&m.status(true)).unwrap();
+            assert!(!all.contains(first.split('.').nth(1).unwrap()), "a token never appears in the status or events");
+            m.shutdown();
+        });
+    }
+}

@@ -8,6 +8,7 @@
 //! to the runtime, whatever a container asks. Set-up runs again whenever an object a volume
 //! reads, or the pod's metadata, changes; the writer leaves unchanged content alone.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kubevol_core::projection::{self, Lookup, Objects};
@@ -21,6 +22,7 @@ use super::{
 };
 use crate::error::VolumeError;
 use crate::store::{ObjectStore, Stored};
+use crate::tokens::TokenSpec;
 
 /// The four content volume types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,55 +166,19 @@ impl VolumePlugin for ContentPlugin {
         req: SetUpRequest,
     ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
         let kind = self.0;
-        blocking(move || {
-            // Compute the content first: a missing object fails before anything is created.
-            let payload = projection::volume_payload(
-                &req.pod,
-                &req.spec.volume,
-                &StoreObjects(&host.store),
-                &host.node_allocatable,
-            )
-            .ok_or(VolumeError::Unsupported {
-                plugin: kind.plugin_name(),
-                operation: "set-up of a volume of another type",
-            })??;
-            let fs = kind.in_memory().then(|| Filesystem {
-                source: "tmpfs",
-                fstype: "tmpfs",
-                data: empty_dir::pod_memory_limit(&req.pod)
-                    .filter(|s| *s > 0)
-                    .map(|s| vec![format!("size={s}")])
-                    .unwrap_or_default(),
-            });
-            let (path, dir) = host.set_up_volume_dir(
-                &req.pod_ref,
-                kind.plugin_name(),
-                &req.outer_volume_name,
-                0o777,
-                fs,
-            )?;
-            let group = fs_group(&req.pod);
-            if let Some((gid, _)) = group {
-                // The payload gets its group from the writer; the root once, here.
-                dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)?;
-            }
-            let entries: Vec<Entry<'_>> = payload
-                .iter()
-                .map(|(path, f)| Entry {
-                    path,
-                    data: &f.data,
-                    mode: f.mode,
-                })
-                .collect();
-            let own = Ownership {
-                gid: group.map(|(gid, _)| gid),
-            };
-            let written = atomic::write(&dir, &entries, own, &mut |_| {})?;
-            tracing::debug!(pod = %req.pod_ref, volume = %req.outer_volume_name, ?written, files = entries.len(), "content written");
-            Ok(SetUpResult {
-                path,
-                read_only: true,
+        Box::pin(async move {
+            // Tokens are fetched first (the projection does no I/O); the volume is written
+            // again before the first of them is due.
+            let (tokens, due) = fetch_tokens(&host, &req).await;
+            let result = blocking({
+                let host = host.clone();
+                move || write_content(kind, &host, &req, tokens)
             })
+            .await;
+            if let (Ok(_), Some((uid, at))) = (&result, due) {
+                host.refresh_at(uid, at);
+            }
+            result
         })
     }
 
@@ -231,5 +197,135 @@ impl VolumePlugin for ContentPlugin {
                 kind.in_memory(),
             )
         })
+    }
+}
+
+/// Computes a content volume's files and writes them with the atomic writer.
+fn write_content(
+    kind: ContentKind,
+    host: &PluginHost,
+    req: &SetUpRequest,
+    tokens: BTreeMap<usize, Result<String, String>>,
+) -> Result<SetUpResult, VolumeError> {
+    // Compute the content first: a missing object fails before anything is created.
+    let payload = projection::volume_payload(
+        &req.pod,
+        &req.spec.volume,
+        &WithTokens {
+            store: StoreObjects(&host.store),
+            tokens,
+        },
+        &host.node_allocatable,
+    )
+    .ok_or(VolumeError::Unsupported {
+        plugin: kind.plugin_name(),
+        operation: "set-up of a volume of another type",
+    })??;
+    let fs = kind.in_memory().then(|| Filesystem {
+        source: "tmpfs",
+        fstype: "tmpfs",
+        data: empty_dir::pod_memory_limit(&req.pod)
+            .filter(|s| *s > 0)
+            .map(|s| vec![format!("size={s}")])
+            .unwrap_or_default(),
+    });
+    let (path, dir) = host.set_up_volume_dir(
+        &req.pod_ref,
+        kind.plugin_name(),
+        &req.outer_volume_name,
+        0o777,
+        fs,
+    )?;
+    let group = fs_group(&req.pod);
+    if let Some((gid, _)) = group {
+        // The payload gets its group from the writer; the root once, here.
+        dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)?;
+    }
+    let entries: Vec<Entry<'_>> = payload
+        .iter()
+        .map(|(path, f)| Entry {
+            path,
+            data: &f.data,
+            mode: f.mode,
+        })
+        .collect();
+    let own = Ownership {
+        gid: group.map(|(gid, _)| gid),
+    };
+    let written = atomic::write(&dir, &entries, own, &mut |_| {})?;
+    tracing::debug!(pod = %req.pod_ref, volume = %req.outer_volume_name, ?written, files = entries.len(), "content written");
+    Ok(SetUpResult {
+        path,
+        read_only: true,
+    })
+}
+
+/// The tokens of a projected volume's `serviceAccountToken` sources, by source index, and when
+/// the first of them is due for refreshing (with the pod to process again then). Empty when no
+/// issuer is set: the projection then says that a source needs an API server.
+async fn fetch_tokens(
+    host: &PluginHost,
+    req: &SetUpRequest,
+) -> (
+    BTreeMap<usize, Result<String, String>>,
+    Option<(kubevol_core::PodUid, tokio::time::Instant)>,
+) {
+    let mut out = BTreeMap::new();
+    let mut due: Option<tokio::time::Instant> = None;
+    let sources = projection::token_sources(&req.spec.volume);
+    if sources.is_empty() || !host.tokens.has_issuer() {
+        return (out, None);
+    }
+    let service_account = req
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".into());
+    for (index, source) in sources {
+        let spec = TokenSpec {
+            namespace: req.pod_ref.namespace.clone(),
+            service_account: service_account.clone(),
+            audience: source.audience.clone().filter(|a| !a.is_empty()),
+            expiration_seconds: source.expiration_seconds.unwrap_or(3600),
+            pod_name: req.pod_ref.name.clone(),
+            pod_uid: req.pod_ref.uid.to_string(),
+        };
+        match host.tokens.get(spec).await {
+            Some(Ok((token, at))) => {
+                due = Some(due.map_or(at, |d| d.min(at)));
+                out.insert(index, Ok(token));
+            }
+            Some(Err(why)) => {
+                out.insert(index, Err(why));
+            }
+            None => {}
+        }
+    }
+    (out, due.map(|at| (req.pod_ref.uid.clone(), at)))
+}
+
+/// The store, and the tokens fetched for the volume being projected.
+struct WithTokens<'a> {
+    store: StoreObjects<'a>,
+    tokens: BTreeMap<usize, Result<String, String>>,
+}
+
+impl Objects for WithTokens<'_> {
+    fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Lookup<k8s_openapi::api::core::v1::ConfigMap> {
+        self.store.config_map(namespace, name)
+    }
+
+    fn secret(&self, namespace: &str, name: &str) -> Lookup<k8s_openapi::api::core::v1::Secret> {
+        self.store.secret(namespace, name)
+    }
+
+    fn service_account_token(&self, index: usize) -> Option<Result<String, String>> {
+        self.tokens.get(&index).cloned()
     }
 }

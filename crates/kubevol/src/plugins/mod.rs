@@ -62,6 +62,21 @@ pub struct PluginHost {
     pub record: Arc<crate::record::Record>,
     /// Whether a busy mount may be detached lazily.
     pub allow_lazy_unmount: bool,
+    /// Service account tokens (issued in cluster mode).
+    pub tokens: Arc<crate::tokens::Tokens>,
+    /// Asks the populator to process a pod again (its projected tokens are due).
+    pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
+}
+
+impl PluginHost {
+    /// Processes `pod` again at `at`: its content volumes are written again.
+    pub(crate) fn refresh_at(&self, pod: kubevol_core::PodUid, at: tokio::time::Instant) {
+        let tx = self.refresh.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let _ = tx.send(pod);
+        });
+    }
 }
 
 /// A filesystem a volume directory is covered with (tmpfs, hugetlbfs).

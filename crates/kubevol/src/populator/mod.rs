@@ -67,6 +67,8 @@ pub struct Populator {
     node_name: String,
     /// The last content generation handed out (see `DesiredPodVolume::content_generation`).
     content_generation: u64,
+    /// Pods to process again though nothing of theirs changed (their tokens are due).
+    refreshes: tokio::sync::mpsc::UnboundedReceiver<PodUid>,
     seen: HashMap<PodUid, Seen>,
 }
 
@@ -79,6 +81,7 @@ impl Populator {
         host: Arc<PluginHost>,
         events: Arc<EventRecorder>,
         executor: Arc<Executor>,
+        refreshes: tokio::sync::mpsc::UnboundedReceiver<PodUid>,
     ) -> Self {
         Populator {
             store,
@@ -89,6 +92,7 @@ impl Populator {
             events,
             executor,
             content_generation: 0,
+            refreshes,
             seen: HashMap::new(),
         }
     }
@@ -118,6 +122,12 @@ impl Populator {
             self.dsw.world().announce();
             tokio::select! {
                 r = store_rx.changed() => if r.is_err() { return },
+                Some(uid) = self.refreshes.recv() => {
+                    self.seen.remove(&uid);
+                    while let Ok(uid) = self.refreshes.try_recv() {
+                        self.seen.remove(&uid);
+                    }
+                }
                 _ = stop.changed() => return,
             }
         }
