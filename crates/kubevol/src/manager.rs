@@ -236,6 +236,16 @@ impl VolumeManager {
         self.parts.host.tokens.set_issuer(issuer);
     }
 
+    /// Sends every pod event to `sink` too, besides the status API (in cluster mode,
+    /// [`EventPoster`](crate::source::cluster::EventPoster) posts them to the API server). A
+    /// sink that falls behind loses events rather than slowing the volume manager.
+    pub fn set_event_sink(
+        &self,
+        sink: tokio::sync::mpsc::Sender<crate::observe::events::PodEvent>,
+    ) {
+        self.parts.events.set_sink(sink);
+    }
+
     /// Starts a pod source (a manifest directory, ...): it is registered in the sync gate
     /// now, so nothing is torn down until it has delivered its first listing, and runs as its
     /// own task until the returned handle is aborted.

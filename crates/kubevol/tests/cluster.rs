@@ -269,3 +269,63 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    fn events_reach_the_api_server_folded_and_rate_limited() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let m = manager(root.path(), |_| {});
+            m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(node.clone(), NODE));
+            m.add_source(ClusterSource::new(node, NODE));
+            let p = typed(&server.create(bound_pod("app", NODE, json!([{"name": "tmp", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "missing"}}]))).unwrap());
+            let uid = kubevol::pod_uid(&p);
+            let admin = client(&server, ADMIN_TOKEN).await;
+            let events: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(admin, "default");
+            let of_pod = || async {
+                events
+                    .list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+                    .collect::<Vec<_>>()
+            };
+            // The failing volume is retried every 200 ms at most: its FailedMount event is one
+            // Event whose count grows, until the pod's budget (a burst of 25) is spent.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let failed = loop {
+                let list = of_pod().await;
+                let failed: Vec<_> = list.iter().filter(|e| e.reason.as_deref() == Some("FailedMount")).cloned().collect();
+                let posted: i32 = list.iter().map(|e| e.count.unwrap_or(1)).sum();
+                if posted >= 25 {
+                    break failed;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "25 events not posted: {list:#?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert_eq!(failed.len(), 1, "repeats fold into one Event: {failed:#?}");
+            let e = &failed[0];
+            assert!(e.count.unwrap_or(0) > 1, "{e:#?}");
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            assert!(e.message.as_deref().unwrap_or_default().contains("default/missing not found"), "{e:#?}");
+            let source = e.source.clone().unwrap();
+            assert_eq!((source.component.as_deref(), source.host.as_deref()), (Some("kubevol"), Some(NODE)));
+            assert_eq!(e.involved_object.kind.as_deref(), Some("Pod"));
+            let mounted = of_pod().await.into_iter().any(|e| e.reason.as_deref() == Some("SuccessfulMountVolume"));
+            assert!(mounted, "the other volume's success is posted too");
+
+            // Ten more failures later, nothing more was posted.
+            let failures = |m: &VolumeManager| {
+                m.pod_status(&uid).and_then(|s| s.volumes.iter().find(|v| v.name == "cfg").map(|v| v.retry.failures)).unwrap_or(0)
+            };
+            let now = failures(&m);
+            until(&m, 60, "ten more failures", || failures(&m) >= now + 10).await;
+            let posted: i32 = of_pod().await.iter().map(|e| e.count.unwrap_or(1)).sum();
+            assert!(posted <= 26, "rate-limited to a burst of 25 (one more per 5 minutes): {posted}");
+            m.shutdown();
+        });
+    }
+}

@@ -50,10 +50,25 @@ pub struct Event {
     pub last_timestamp: u64,
 }
 
+/// One event as it is handed to an outside sink (the API server in cluster mode).
+#[derive(Clone, Debug)]
+pub struct PodEvent {
+    /// The pod.
+    pub pod: PodRef,
+    /// `Warning` rather than `Normal`.
+    pub warning: bool,
+    /// The reason.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
 /// The recorder.
 #[derive(Default)]
 pub struct EventRecorder {
     per_pod: Mutex<BTreeMap<PodUid, VecDeque<Event>>>,
+    /// Where events go besides memory; a full queue drops the event (the sink is behind).
+    sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<PodEvent>>,
 }
 
 fn now_secs() -> u64 {
@@ -64,8 +79,21 @@ fn now_secs() -> u64 {
 }
 
 impl EventRecorder {
+    /// Sends every event to `sink` too (once; later calls are ignored).
+    pub fn set_sink(&self, sink: tokio::sync::mpsc::Sender<PodEvent>) {
+        let _ = self.sink.set(sink);
+    }
+
     /// Records an event; `warning` selects the type.
     pub fn record(&self, pod: &PodRef, warning: bool, reason: &str, message: String) {
+        if let Some(sink) = self.sink.get() {
+            let _ = sink.try_send(PodEvent {
+                pod: pod.clone(),
+                warning,
+                reason: reason.to_string(),
+                message: message.clone(),
+            });
+        }
         if warning {
             tracing::warn!(pod = %pod, reason, "{message}");
         } else {

@@ -23,7 +23,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Event as CoreEvent, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::Api;
@@ -36,6 +37,7 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use super::{BoxFuture, PodSource, Sink};
+use crate::observe::events::PodEvent;
 use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey, DEFAULT_NAMESPACE};
 use crate::tokens::{IssuedToken, TokenIssuer, TokenSpec};
 
@@ -174,6 +176,147 @@ impl TokenIssuer for ClusterTokens {
                 valid_for: Duration::from_secs(left.max(1) as u64),
             })
         })
+    }
+}
+
+/// Posts pod events to the API server as the kubelet's event recorder does: on the pod
+/// (`involvedObject`), from component `kubevol` on the node; a repeat of the same type, reason
+/// and message for a pod bumps the count of its Event (a merge patch) instead of creating
+/// another, and each pod may post a burst of 25 events, then one every 5 minutes (client-go's
+/// spam filter), so a failing volume cannot flood the server.
+pub struct EventPoster;
+
+/// What repeats of an event have in common: (pod UID, warning, reason, message). Each is
+/// posted once, as (namespace, Event name, count).
+type Folded = (String, bool, String, String);
+
+/// A pod's event budget.
+struct Budget {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl EventPoster {
+    const BURST: f64 = 25.0;
+    const REFILL_EVERY: Duration = Duration::from_secs(300);
+    /// How many distinct events are remembered for folding repeats.
+    const REMEMBERED: usize = 4096;
+
+    /// Starts posting with `client` as node `node_name`; returns the queue to hand to
+    /// [`VolumeManager::set_event_sink`](crate::VolumeManager::set_event_sink).
+    pub fn spawn(
+        client: kube::Client,
+        node_name: impl Into<String>,
+    ) -> tokio::sync::mpsc::Sender<PodEvent> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        tokio::spawn(Self::run(client, node_name.into(), rx));
+        tx
+    }
+
+    async fn run(
+        client: kube::Client,
+        node: String,
+        mut rx: tokio::sync::mpsc::Receiver<PodEvent>,
+    ) {
+        let mut posted: BTreeMap<Folded, (String, String, i32)> = BTreeMap::new();
+        let mut order: std::collections::VecDeque<Folded> = Default::default();
+        let mut budgets: BTreeMap<String, Budget> = BTreeMap::new();
+        while let Some(ev) = rx.recv().await {
+            let uid = ev.pod.uid.to_string();
+            let now = std::time::Instant::now();
+            if budgets.len() > Self::REMEMBERED {
+                // Budgets that have refilled completely are as good as new.
+                let full = Self::REFILL_EVERY.mul_f64(Self::BURST);
+                budgets.retain(|_, b| now.duration_since(b.at) < full);
+            }
+            let budget = budgets.entry(uid.clone()).or_insert(Budget {
+                tokens: Self::BURST,
+                at: now,
+            });
+            budget.tokens = (budget.tokens
+                + now.duration_since(budget.at).as_secs_f64() / Self::REFILL_EVERY.as_secs_f64())
+            .min(Self::BURST);
+            budget.at = now;
+            if budget.tokens < 1.0 {
+                tracing::debug!(pod = %ev.pod, reason = %ev.reason, "event not posted: the pod's event budget is spent");
+                continue;
+            }
+            budget.tokens -= 1.0;
+            let stamp = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            );
+            let key = (
+                uid.clone(),
+                ev.warning,
+                ev.reason.clone(),
+                ev.message.clone(),
+            );
+            let api = |ns: &str| Api::<CoreEvent>::namespaced(client.clone(), ns);
+            if let Some((ns, name, count)) = posted.get_mut(&key) {
+                let patch = serde_json::json!({"count": *count + 1, "lastTimestamp": stamp});
+                match api(ns)
+                    .patch(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        *count += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::debug!("cannot bump event {ns}/{name}: {e}; posting a new one")
+                    }
+                }
+            }
+            let ns = ev.pod.namespace.clone();
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let name = format!("{}.{nanos:x}", ev.pod.name);
+            let event = CoreEvent {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    ..Default::default()
+                },
+                involved_object: k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(ev.pod.name.clone()),
+                    namespace: Some(ns.clone()),
+                    uid: Some(uid.clone()),
+                    ..Default::default()
+                },
+                reason: Some(ev.reason.clone()),
+                message: Some(ev.message.clone()),
+                type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
+                count: Some(1),
+                first_timestamp: Some(stamp.clone()),
+                last_timestamp: Some(stamp),
+                source: Some(k8s_openapi::api::core::v1::EventSource {
+                    component: Some("kubevol".into()),
+                    host: Some(node.clone()),
+                }),
+                reporting_component: Some("kubevol".into()),
+                reporting_instance: Some(node.clone()),
+                ..Default::default()
+            };
+            match api(&ns).create(&Default::default(), &event).await {
+                Ok(_) => {
+                    posted.insert(key.clone(), (ns, name, 1));
+                    order.push_back(key);
+                    while order.len() > Self::REMEMBERED {
+                        if let Some(old) = order.pop_front() {
+                            posted.remove(&old);
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(pod = %ev.pod, "cannot post event: {e}"),
+            }
+        }
     }
 }
 
