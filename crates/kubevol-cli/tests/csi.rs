@@ -605,3 +605,48 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// As a node of a cluster, a CSI volume is listed in the Node's status.volumesInUse before
+    /// it is staged (staging waits for the report) and dropped only after it is unstaged; the
+    /// Node's other fields are left as they are.
+    fn a_cluster_node_reports_its_volumes_in_use_before_staging_and_after_unstaging() {
+        use kubevol_testserver::TestServer;
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            for o in [csi_driver(false), pv("data", "16Mi", "Filesystem"), pvc("data", "Filesystem")] {
+                server.create(o).unwrap();
+            }
+            let mut pod = serde_json::to_value(claim_pod("app", "data")).unwrap();
+            pod["spec"]["nodeName"] = json!("test-node");
+            let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&TestServer::node_token("test-node"))).unwrap();
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+            let node = kube::Client::try_from(config).unwrap();
+            let m = manager(t.path(), |_| {});
+            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
+            m.add_source(kubevol::source::ClusterSource::new(node, "test-node"));
+
+            // No Node object yet: nothing can be reported, so nothing is staged.
+            let uid = kubevol::pod_uid(&pod);
+            wait_for_status(&m, &pod, 20, |s| s.uid == uid.as_str()).await;
+            wait_until("driver registration", 20, || m.csi_drivers().iter().any(|d| d.name == DRIVER)).await;
+            assert_eq!(driver.count("NodeStageVolume", "Ok"), 0, "staged before it was reported in use");
+            server.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node", "labels": {"zone": "a"}},
+                                 "status": {"capacity": {"cpu": "2"}}})).unwrap();
+            m.wait_for_attach_and_mount(&pod).await.expect("staged and published once reported");
+            let status = server.get("v1", "nodes", "", "test-node").unwrap();
+            assert_eq!(status["status"]["volumesInUse"], json!([format!("kubernetes.io/csi/{DRIVER}^data")]));
+            assert_eq!(status["status"]["capacity"], json!({"cpu": "2"}), "other status fields kept");
+            assert_eq!(status["metadata"]["labels"], json!({"zone": "a"}));
+
+            server.delete("v1", "pods", "default", "app", Some(0)).unwrap();
+            let in_use = || server.get("v1", "nodes", "", "test-node").unwrap()["status"]["volumesInUse"].clone();
+            wait_until("volumesInUse emptied", 30, || in_use() == json!([])).await;
+            assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "dropped from volumesInUse only after the unstage");
+            m.shutdown();
+        });
+    }
+}

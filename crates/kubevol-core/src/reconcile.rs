@@ -104,7 +104,15 @@ impl Operation {
 
 /// The operations due now. `teardown_allowed` is false until every pod source has delivered a
 /// complete first listing: before that, a pod missing from the DSW may just not be listed yet.
-pub fn plan(dsw: &DesiredState, asw: &ActualState, teardown_allowed: bool) -> Vec<Operation> {
+/// With `require_reported` (a node of a cluster), an attachable or device-mountable volume is
+/// not attached or staged before the node has reported it in `status.volumesInUse`, so that
+/// the attach/detach controller never detaches a volume the node is about to use.
+pub fn plan(
+    dsw: &DesiredState,
+    asw: &ActualState,
+    teardown_allowed: bool,
+    require_reported: bool,
+) -> Vec<Operation> {
     let mut ops = Vec::new();
     if teardown_allowed {
         for v in asw.volumes() {
@@ -120,6 +128,10 @@ pub fn plan(dsw: &DesiredState, asw: &ActualState, teardown_allowed: bool) -> Ve
     }
     for want in dsw.volumes() {
         let have = asw.volume(&want.name);
+        let node_wide = want.traits.attachable || want.traits.device_mountable;
+        if require_reported && node_wide && !want.reported_in_use {
+            continue;
+        }
         if want.traits.attachable && !have.is_some_and(|h| h.attached) {
             ops.push(Operation::Attach {
                 volume: want.name.clone(),
@@ -249,7 +261,7 @@ mod tests {
             vec![wish("v1", "a", traits(false, false), 0)],
             BTreeMap::new(),
         );
-        let ops = plan(&dsw, &ActualState::default(), false);
+        let ops = plan(&dsw, &ActualState::default(), false, false);
         assert_eq!(
             ops,
             vec![Operation::MountVolume {
@@ -276,7 +288,7 @@ mod tests {
             PodUid("uid-a".into()),
             mounted("a", PodMountState::Mounted, 0),
         );
-        assert!(plan(&dsw, &asw, true).is_empty());
+        assert!(plan(&dsw, &asw, true, false).is_empty());
     }
 
     #[test]
@@ -296,7 +308,7 @@ mod tests {
             mounted("a", PodMountState::Uncertain, 0),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true)[..],
+            plan(&dsw, &asw, true, false)[..],
             [Operation::MountVolume { remount: false, .. }]
         ));
     }
@@ -318,7 +330,7 @@ mod tests {
             mounted("a", PodMountState::Mounted, 1),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true)[..],
+            plan(&dsw, &asw, true, false)[..],
             [Operation::MountVolume { remount: true, .. }]
         ));
     }
@@ -335,11 +347,11 @@ mod tests {
         );
         let dsw = DesiredState::default();
         assert!(
-            plan(&dsw, &asw, false).is_empty(),
+            plan(&dsw, &asw, false, false).is_empty(),
             "no teardown before sources synced"
         );
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::UnmountVolume {
                 volume: vol("v1"),
                 pod: PodUid("uid-a".into())
@@ -358,12 +370,12 @@ mod tests {
         );
         let mut asw = ActualState::default();
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::Attach { volume: vol("v1") }]
         );
         asw.mark_attached(&vol("v1"), &t, BTreeMap::new(), spec("v1"));
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::MountDevice { volume: vol("v1") }]
         );
         asw.mark_device_state(
@@ -374,7 +386,7 @@ mod tests {
             spec("v1"),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true)[..],
+            plan(&dsw, &asw, true, false)[..],
             [Operation::MountVolume { .. }]
         ));
     }
@@ -391,16 +403,16 @@ mod tests {
         let mut asw = ActualState::default();
         asw.mark_attach_uncertain(&vol("v1"), &t, spec("v1"));
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::Attach { volume: vol("v1") }]
         );
         dsw.remove_pod(&PodUid("uid-a".into()));
         assert!(
-            plan(&dsw, &asw, false).is_empty(),
+            plan(&dsw, &asw, false, false).is_empty(),
             "gated until sources synced"
         );
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::Detach { volume: vol("v1") }]
         );
         asw.mark_detached(&vol("v1"));
@@ -427,12 +439,12 @@ mod tests {
             mounted("a", PodMountState::Mounted, 0),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true)[..],
+            plan(&dsw, &asw, true, false)[..],
             [Operation::UnmountVolume { .. }]
         ));
         asw.mark_pod_unmounted(&vol("v1"), &PodUid("uid-a".into()));
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::UnmountDevice { volume: vol("v1") }]
         );
         asw.mark_device_state(
@@ -443,12 +455,12 @@ mod tests {
             spec("v1"),
         );
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::Detach { volume: vol("v1") }]
         );
         asw.mark_detached(&vol("v1"));
         assert!(asw.volume(&vol("v1")).is_none());
-        assert!(plan(&dsw, &asw, true).is_empty());
+        assert!(plan(&dsw, &asw, true, false).is_empty());
     }
 
     #[test]
@@ -475,7 +487,7 @@ mod tests {
             mounted("b", PodMountState::Mounted, 0),
         );
         assert_eq!(
-            plan(&dsw, &asw, true),
+            plan(&dsw, &asw, true, false),
             vec![Operation::UnmountVolume {
                 volume: vol("v1"),
                 pod: PodUid("uid-a".into())
@@ -500,6 +512,35 @@ mod tests {
         assert_eq!(dsw.volumes().count(), 1);
         assert!(dsw.remove_pod(&PodUid("uid-a".into())));
         assert_eq!(dsw.volumes().count(), 0);
+    }
+
+    #[test]
+    fn a_node_wide_volume_waits_to_be_reported_in_use_where_that_is_required() {
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(
+            pod_ref("p"),
+            vec![wish("v1", "p", traits(true, true), 0)],
+            BTreeMap::new(),
+        );
+        dsw.set_pod(
+            pod_ref("q"),
+            vec![wish("v2", "q", traits(false, false), 0)],
+            BTreeMap::new(),
+        );
+        let asw = ActualState::default();
+        let ops = plan(&dsw, &asw, true, true);
+        assert_eq!(ops.len(), 1, "only the per-pod volume: {ops:?}");
+        assert!(matches!(&ops[0], Operation::MountVolume { volume, .. } if *volume == vol("v2")));
+        dsw.mark_reported_in_use(&[vol("v1")]);
+        let ops = plan(&dsw, &asw, true, true);
+        assert!(
+            ops.contains(&Operation::Attach { volume: vol("v1") }),
+            "{ops:?}"
+        );
+        assert!(
+            plan(&dsw, &asw, true, false).contains(&Operation::Attach { volume: vol("v1") }),
+            "standalone: no wait"
+        );
     }
 
     #[test]

@@ -96,6 +96,24 @@ impl Config {
     }
 }
 
+impl crate::source::cluster::NodeVolumes for VolumeManager {
+    fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
+        self.parts.world.volumes_in_use()
+    }
+
+    fn mark_reported(&self, names: &[UniqueVolumeName]) {
+        self.parts.world.mark_reported_in_use(names);
+    }
+
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.subscribe()
+    }
+
+    fn wait_for_reports(&self) {
+        self.parts.world.require_reported_in_use();
+    }
+}
+
 /// The parts, as the manager holds them to hand out.
 struct Parts {
     config: Config,

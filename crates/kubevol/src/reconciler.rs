@@ -24,7 +24,12 @@ fn pass(ops: &Arc<Operations>, resync: Duration) -> Instant {
     let planned = {
         let dsw = world.dsw();
         let asw = world.asw();
-        plan(&dsw, &asw, teardown_allowed)
+        plan(
+            &dsw,
+            &asw,
+            teardown_allowed,
+            world.reported_in_use_required(),
+        )
     };
     let mut next = now + resync;
     for op in planned {

@@ -60,6 +60,8 @@ pub struct World {
     wake: Notify,
     dsw_synced: AtomicBool,
     states_synced: AtomicBool,
+    /// Node-wide volumes wait to be reported in use before attach and stage (cluster mode).
+    require_reported: AtomicBool,
 }
 
 /// The only writer of the desired state: the populator's.
@@ -86,6 +88,7 @@ impl World {
             wake: Notify::new(),
             dsw_synced: AtomicBool::new(false),
             states_synced: AtomicBool::new(false),
+            require_reported: AtomicBool::new(false),
         });
         (
             world.clone(),
@@ -178,6 +181,18 @@ impl World {
     /// outside the populator, by whoever reports the node's status.
     pub fn mark_reported_in_use(&self, names: &[UniqueVolumeName]) {
         crate::sync::write(&self.dsw).mark_reported_in_use(names);
+        self.wake_reconciler();
+    }
+
+    /// Makes node-wide volumes wait to be reported in use before attach and stage.
+    pub fn require_reported_in_use(&self) {
+        self.require_reported.store(true, Ordering::SeqCst);
+        self.wake_reconciler();
+    }
+
+    /// Whether node-wide volumes wait to be reported in use.
+    pub fn reported_in_use_required(&self) -> bool {
+        self.require_reported.load(Ordering::SeqCst)
     }
 
     /// Whether every volume the pod's containers use is mounted and none is being torn down

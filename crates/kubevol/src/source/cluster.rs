@@ -320,6 +320,75 @@ impl EventPoster {
     }
 }
 
+/// What the node status reporter needs of the volume manager.
+pub trait NodeVolumes: Send + Sync + 'static {
+    /// The attachable and device-mountable volumes the node uses.
+    fn volumes_in_use(&self) -> Vec<kubevol_core::UniqueVolumeName>;
+    /// Records that the node reported exactly these.
+    fn mark_reported(&self, names: &[kubevol_core::UniqueVolumeName]);
+    /// Told of every change.
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// From now on, attach and stage wait for the volume to be reported.
+    fn wait_for_reports(&self);
+}
+
+/// Keeps the Node's `status.volumesInUse` equal to the volumes the node uses, in the kubelet's
+/// spelling (`kubernetes.io/csi/<driver>^<volumeHandle>`), patched on that field alone (a merge
+/// patch of the status subresource: the Node's other fields stay as they are) whenever the set
+/// changes. A volume is listed before it is attached or staged (the volume manager waits for
+/// the report) and dropped only once it is unstaged and detached, so the attach/detach
+/// controller never detaches a volume in use (the kubelet's `MarkVolumesAsReportedInUse`).
+pub struct NodeStatusReporter;
+
+impl NodeStatusReporter {
+    /// Reports for `volumes` (the volume manager, which from now on waits for the reports) to
+    /// the Node `node_name` with `client`.
+    pub fn spawn(
+        client: kube::Client,
+        node_name: impl Into<String>,
+        volumes: Arc<dyn NodeVolumes>,
+    ) -> JoinHandle<()> {
+        let node = node_name.into();
+        volumes.wait_for_reports();
+        tokio::spawn(async move {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+            let mut changes = volumes.changes();
+            let mut reported: Option<Vec<kubevol_core::UniqueVolumeName>> = None;
+            let mut backoff = WatchBackoff::default();
+            loop {
+                changes.borrow_and_update();
+                let now = volumes.volumes_in_use();
+                if reported.as_ref() != Some(&now) {
+                    let names: Vec<String> = now.iter().map(|n| n.to_string()).collect();
+                    let patch = serde_json::json!({"status": {"volumesInUse": names}});
+                    match nodes
+                        .patch_status(
+                            &node,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(&patch),
+                        )
+                        .await
+                    {
+                        Ok(_) => {
+                            volumes.mark_reported(&now);
+                            reported = Some(now);
+                            backoff.reset();
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = %node, "cannot report the volumes in use in the Node's status: {e}; retrying");
+                            tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
+                            continue;
+                        }
+                    }
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
 /// The watches' retry delays: 0.5 s, doubling up to 8 s, with ±25 % jitter, back to 0.5 s
 /// after a success. (client-go's reflectors wait up to 30 s; a node whose API server is back
 /// should learn of the pods deleted meanwhile sooner. The jitter keeps many nodes from
