@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kubevol::source::cluster::{ClusterTokens, EventPoster, NodeStatusReporter};
+use kubevol::source::cluster::{ClusterTokens, CsiNodePublisher, EventPoster, NodeStatusReporter};
 use kubevol::source::ClusterSource;
 use kubevol::source::ManifestSource;
 use kubevol::status::{PodPhase, StatusReport};
@@ -320,6 +320,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // cannot be reached, the status says so.
         manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
         manager.set_event_sink(EventPoster::spawn(client.clone(), args.node_name.clone()));
+        sources.push(CsiNodePublisher::spawn(
+            client.clone(),
+            args.node_name.clone(),
+            Arc::new(manager.clone()),
+        ));
         sources.push(NodeStatusReporter::spawn(
             client.clone(),
             args.node_name.clone(),

@@ -627,6 +627,7 @@ mount_test! {
             let node = kube::Client::try_from(config).unwrap();
             let m = manager(t.path(), |_| {});
             kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
+            kubevol::source::cluster::CsiNodePublisher::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
             m.add_source(kubevol::source::ClusterSource::new(node, "test-node"));
 
             // No Node object yet: nothing can be reported, so nothing is staged.
@@ -640,12 +641,39 @@ mount_test! {
             let status = server.get("v1", "nodes", "", "test-node").unwrap();
             assert_eq!(status["status"]["volumesInUse"], json!([format!("kubernetes.io/csi/{DRIVER}^data")]));
             assert_eq!(status["status"]["capacity"], json!({"cpu": "2"}), "other status fields kept");
-            assert_eq!(status["metadata"]["labels"], json!({"zone": "a"}));
+
+            // The driver's registration is published: CSINode, the node ID annotation and the
+            // topology label.
+            let csinode = || server.get("storage.k8s.io/v1", "csinodes", "", "test-node");
+            wait_until("the CSINode entry, owned by the Node", 30, || {
+                csinode().is_some_and(|c| c["spec"]["drivers"].as_array().is_some_and(|d| d.len() == 1) && c["metadata"]["ownerReferences"].is_array())
+            })
+            .await;
+            let entry = csinode().unwrap()["spec"]["drivers"][0].clone();
+            let node_id = m.csi_drivers()[0].node_id.clone();
+            assert_eq!(entry, json!({"name": DRIVER, "nodeID": node_id, "topologyKeys": ["topology.loop.csi.kubevol.io/node"]}));
+            assert_eq!(csinode().unwrap()["metadata"]["ownerReferences"][0]["kind"], json!("Node"));
+            let node_object = || server.get("v1", "nodes", "", "test-node").unwrap();
+            wait_until("the Node's CSI annotation", 30, || node_object()["metadata"]["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string()).await;
+            let meta = node_object()["metadata"].clone();
+            let ids: serde_json::Value = serde_json::from_str(meta["annotations"]["csi.volume.kubernetes.io/nodeid"].as_str().unwrap()).unwrap();
+            assert_eq!(ids, json!({DRIVER: node_id}));
+            assert_eq!(meta["labels"], json!({"zone": "a", "topology.loop.csi.kubevol.io/node": node_id}), "the topology label beside the Node's own");
 
             server.delete("v1", "pods", "default", "app", Some(0)).unwrap();
             let in_use = || server.get("v1", "nodes", "", "test-node").unwrap()["status"]["volumesInUse"].clone();
             wait_until("volumesInUse emptied", 30, || in_use() == json!([])).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "dropped from volumesInUse only after the unstage");
+
+            // The driver goes: its entry, annotation and label go with it.
+            let mut driver = driver;
+            driver.stop();
+            wait_until("the CSINode entry removed", 30, || csinode().is_some_and(|c| c["spec"]["drivers"] == json!([]))).await;
+            wait_until("the Node's CSI annotation and label removed", 30, || {
+                let meta = node_object()["metadata"].clone();
+                meta["annotations"].get("csi.volume.kubernetes.io/nodeid").is_none() && meta["labels"] == json!({"zone": "a"})
+            })
+            .await;
             m.shutdown();
         });
     }

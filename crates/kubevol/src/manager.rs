@@ -114,6 +114,16 @@ impl crate::source::cluster::NodeVolumes for VolumeManager {
     }
 }
 
+impl crate::source::cluster::NodeDrivers for VolumeManager {
+    fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
+        VolumeManager::csi_drivers(self)
+    }
+
+    fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.parts.host.csi.subscribe()
+    }
+}
+
 /// The parts, as the manager holds them to hand out.
 struct Parts {
     config: Config,

@@ -121,6 +121,9 @@ pub struct Driver {
     pub node_id: String,
     /// Its maximum number of volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
+    /// The topology segments it reported for this node (`NodeGetInfo`'s
+    /// `accessible_topology`).
+    pub topology: std::collections::BTreeMap<String, String>,
     /// Its capabilities.
     pub capabilities: NodeCapabilities,
     channel: Channel,
@@ -139,6 +142,8 @@ pub struct DriverStatus {
     pub node_id: String,
     /// Its maximum number of volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
+    /// The topology segments it reported for this node.
+    pub topology: std::collections::BTreeMap<String, String>,
     /// Its node capabilities.
     pub capabilities: NodeCapabilities,
     /// The controller endpoint configured for it, if any.
@@ -347,6 +352,10 @@ impl Drivers {
             source,
             node_id: info.node_id,
             max_volumes_per_node: info.max_volumes_per_node,
+            topology: info
+                .accessible_topology
+                .map(|t| t.segments.into_iter().collect())
+                .unwrap_or_default(),
             capabilities,
             channel,
         });
@@ -509,6 +518,7 @@ impl Drivers {
                     source: d.source.clone(),
                     node_id: d.node_id.clone(),
                     max_volumes_per_node: d.max_volumes_per_node,
+                    topology: d.topology.clone(),
                     capabilities: d.capabilities,
                     controller: controllers
                         .get(&d.name)

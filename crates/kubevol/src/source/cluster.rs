@@ -389,6 +389,167 @@ impl NodeStatusReporter {
     }
 }
 
+/// What the CSINode publisher needs of the volume manager.
+pub trait NodeDrivers: Send + Sync + 'static {
+    /// The CSI drivers registered on the node.
+    fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus>;
+    /// Told when a driver registers or goes.
+    fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// What is published of one driver: its name, node ID, topology segments and volume limit.
+type Published = (String, String, BTreeMap<String, String>, i64);
+
+/// The Node annotation listing each CSI driver's node ID, as JSON.
+pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
+/// Keeps the CSINode object named after the node, and the Node's CSI annotation and topology
+/// labels, in step with the CSI drivers registered on the node, as the kubelet's CSI plugin
+/// does: each driver's entry has its name, node ID, topology keys and allocatable volume count
+/// (from NodeGetInfo); the Node gets `csi.volume.kubernetes.io/nodeid` (driver → node ID) and
+/// the drivers' topology segments as labels. A driver that goes is removed from both.
+pub struct CsiNodePublisher;
+
+impl CsiNodePublisher {
+    /// Publishes `drivers` for node `node_name` with `client`.
+    pub fn spawn(
+        client: kube::Client,
+        node_name: impl Into<String>,
+        drivers: Arc<dyn NodeDrivers>,
+    ) -> JoinHandle<()> {
+        let node = node_name.into();
+        tokio::spawn(async move {
+            let mut changes = drivers.driver_changes();
+            let mut published: Option<Vec<Published>> = None;
+            // What the previous publication labelled the Node with, to remove what goes.
+            let mut labelled: BTreeSet<String> = BTreeSet::new();
+            let mut backoff = WatchBackoff::default();
+            loop {
+                changes.borrow_and_update();
+                let now: Vec<_> = drivers
+                    .csi_drivers()
+                    .into_iter()
+                    .map(|d| (d.name, d.node_id, d.topology, d.max_volumes_per_node))
+                    .collect();
+                if published.as_ref() != Some(&now) {
+                    match Self::publish(&client, &node, &now, &labelled).await {
+                        Ok(labels) => {
+                            labelled = labels;
+                            published = Some(now);
+                            backoff.reset();
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = %node, "cannot publish the CSI drivers in CSINode and the Node: {e}; retrying");
+                            tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
+                            continue;
+                        }
+                    }
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// Writes the CSINode and patches the Node; returns the topology labels now set.
+    async fn publish(
+        client: &kube::Client,
+        node: &str,
+        drivers: &[Published],
+        labelled: &BTreeSet<String>,
+    ) -> Result<BTreeSet<String>, kube::Error> {
+        use k8s_openapi::api::storage::v1::{
+            CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources,
+        };
+        let entries: Vec<CSINodeDriver> = drivers
+            .iter()
+            .map(|(name, id, topology, max)| CSINodeDriver {
+                name: name.clone(),
+                node_id: id.clone(),
+                topology_keys: Some(topology.keys().cloned().collect()),
+                allocatable: (*max > 0).then(|| VolumeNodeResources {
+                    count: i32::try_from(*max).ok(),
+                }),
+            })
+            .collect();
+        let csinodes: Api<CSINode> = Api::all(client.clone());
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        // Owned by the Node, so it goes with it (once the Node exists).
+        let owner = nodes
+            .get_opt(node)
+            .await?
+            .and_then(|n| n.metadata.uid)
+            .map(|uid| {
+                vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: node.into(),
+                        uid,
+                        ..Default::default()
+                    },
+                ]
+            });
+        match csinodes.get_opt(node).await? {
+            Some(mut current) => {
+                current.spec = CSINodeSpec { drivers: entries };
+                if current
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_none_or(Vec::is_empty)
+                {
+                    current.metadata.owner_references = owner;
+                }
+                csinodes
+                    .replace(node, &Default::default(), &current)
+                    .await?;
+            }
+            None => {
+                let object = CSINode {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(node.into()),
+                        owner_references: owner,
+                        ..Default::default()
+                    },
+                    spec: CSINodeSpec { drivers: entries },
+                };
+                csinodes.create(&Default::default(), &object).await?;
+            }
+        }
+        let ids: BTreeMap<&str, &str> = drivers
+            .iter()
+            .map(|(n, id, _, _)| (n.as_str(), id.as_str()))
+            .collect();
+        let mut labels = serde_json::Map::new();
+        let mut now = BTreeSet::new();
+        for (_, _, topology, _) in drivers {
+            for (k, v) in topology {
+                labels.insert(k.clone(), serde_json::json!(v));
+                now.insert(k.clone());
+            }
+        }
+        for gone in labelled.difference(&now) {
+            labels.insert(gone.clone(), serde_json::Value::Null);
+        }
+        let annotation = if ids.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(serde_json::to_string(&ids).unwrap_or_default())
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {NODE_ID_ANNOTATION: annotation}, "labels": labels}});
+        nodes
+            .patch(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(now)
+    }
+}
+
 /// The watches' retry delays: 0.5 s, doubling up to 8 s, with ±25 % jitter, back to 0.5 s
 /// after a success. (client-go's reflectors wait up to 30 s; a node whose API server is back
 /// should learn of the pods deleted meanwhile sooner. The jitter keeps many nodes from

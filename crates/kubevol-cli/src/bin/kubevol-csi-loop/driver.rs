@@ -21,6 +21,9 @@ use kubevol_csi::v1::identity_server::Identity;
 use kubevol_csi::v1::node_server::Node;
 use kubevol_csi::v1::*;
 use sha2::{Digest, Sha256};
+
+/// The topology segment the driver reports: its volumes are reachable on its node only.
+pub const TOPOLOGY_KEY: &str = "topology.loop.csi.kubevol.io/node";
 use tonic::{Request, Response, Status};
 
 use crate::faults::Faults;
@@ -964,10 +967,12 @@ impl Node for Svc {
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         let node_id = self.node_id.clone();
         self.call("NodeGetInfo", "", "", move || {
+            // A loop device exists on its node only: the volume's topology is the node.
+            let segments = [(TOPOLOGY_KEY.to_string(), node_id.clone())].into();
             Ok(NodeGetInfoResponse {
                 node_id,
                 max_volumes_per_node: 0,
-                accessible_topology: None,
+                accessible_topology: Some(Topology { segments }),
             })
         })
         .await
