@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kubevol::source::cluster::{ClusterTokens, CsiNodePublisher, EventPoster, NodeStatusReporter};
+use kubevol::source::cluster::{
+    ClusterTokens, ControllerAttach, CsiNodePublisher, EventPoster, NodeStatusReporter,
+};
 use kubevol::source::ClusterSource;
 use kubevol::source::ManifestSource;
 use kubevol::status::{PodPhase, StatusReport};
@@ -318,6 +320,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(client) = cluster_client(&args).await? {
         // Until the API server has listed this node's pods, nothing is torn down; while it
         // cannot be reached, the status says so.
+        anyhow::ensure!(
+            args.csi_controllers.is_empty(),
+            "--csi-controller cannot be used with --kubeconfig or --cluster: in a cluster the attach/detach controller attaches volumes"
+        );
+        manager.set_attach_controller(Arc::new(ControllerAttach::new(
+            client.clone(),
+            args.node_name.clone(),
+        )));
         manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
         manager.set_event_sink(EventPoster::spawn(client.clone(), args.node_name.clone()));
         sources.push(CsiNodePublisher::spawn(

@@ -678,3 +678,91 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// As a node of a cluster, an attachable CSI volume is attached by the attach/detach
+    /// controller, not by kubevol: kubevol waits until the volume is in the Node's
+    /// status.volumesAttached and its VolumeAttachment is attached, stages it with the
+    /// VolumeAttachment's attachmentMetadata, and never calls the controller service itself.
+    /// (The test plays the controller and the external attacher.)
+    fn a_cluster_node_waits_for_the_attach_detach_controller() {
+        use kubevol_csi::v1::controller_client::ControllerClient;
+        use kubevol_csi::v1::*;
+        use kubevol_testserver::TestServer;
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            server.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"}})).unwrap();
+            for o in [csi_driver(true), pv("att", "16Mi", "Filesystem"), pvc("att", "Filesystem")] {
+                server.create(o).unwrap();
+            }
+            let mut pod = serde_json::to_value(claim_pod("app", "att")).unwrap();
+            pod["spec"]["nodeName"] = json!("test-node");
+            let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&TestServer::node_token("test-node"))).unwrap();
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+            let node = kube::Client::try_from(config).unwrap();
+            let m = manager(t.path(), |_| {});
+            m.set_attach_controller(std::sync::Arc::new(kubevol::source::cluster::ControllerAttach::new(node.clone(), "test-node")));
+            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
+            m.add_source(kubevol::source::ClusterSource::new(node, "test-node"));
+
+            let unique = format!("kubernetes.io/csi/{DRIVER}^att");
+            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains(&format!("waiting for the attach/detach controller: volume {unique} is not in Node test-node's status.volumesAttached yet")), "{e}");
+            let in_use = || server.get("v1", "nodes", "", "test-node").unwrap()["status"]["volumesInUse"].clone();
+            assert_eq!(in_use(), json!([unique]), "reported in use before it is attached");
+
+            // The controller attaches (through the driver's controller service, as the
+            // external attacher does) and records it.
+            let node_id = m.csi_drivers()[0].node_id.clone();
+            let mut controller = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+            let cap = VolumeCapability {
+                access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume { fs_type: "ext4".into(), ..Default::default() })),
+                access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+            };
+            let published = controller
+                .controller_publish_volume(ControllerPublishVolumeRequest {
+                    volume_id: "att".into(),
+                    node_id: node_id.clone(),
+                    volume_capability: Some(cap),
+                    volume_context: [("size".to_string(), "16Mi".to_string())].into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context;
+            let attachment = {
+                use sha2::Digest;
+                let hash = sha2::Sha256::digest(format!("att{DRIVER}test-node").as_bytes());
+                format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            };
+            server.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
+                "spec": {"attacher": DRIVER, "nodeName": "test-node", "source": {"persistentVolumeName": "att"}},
+                "status": {"attached": true, "attachmentMetadata": published}})).unwrap();
+            let mut n = server.get("v1", "nodes", "", "test-node").unwrap();
+            n["status"]["volumesAttached"] = json!([{"name": unique, "devicePath": ""}]);
+            server.apply(n).unwrap();
+            m.wait_for_attach_and_mount(&pod).await.expect("staged and published once the controller attached it");
+            let stage = driver.requests("NodeStageVolume");
+            assert_eq!(stage.len(), 1);
+            for (k, v) in &published {
+                assert_eq!(stage[0]["publish_context"][k], json!(v), "the VolumeAttachment's metadata is the publish context: {stage:?}");
+            }
+            assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "only the controller's own call");
+
+            server.delete("v1", "pods", "default", "app", Some(0)).unwrap();
+            wait_until("volumesInUse emptied", 30, || in_use() == json!([])).await;
+            assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1);
+            assert_eq!(driver.count("ControllerUnpublishVolume", "Ok"), 0, "kubevol leaves the detach to the controller");
+            controller
+                .controller_unpublish_volume(ControllerUnpublishVolumeRequest { volume_id: "att".into(), node_id, ..Default::default() })
+                .await
+                .unwrap();
+            m.shutdown();
+        });
+    }
+}

@@ -170,6 +170,27 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
             Ok(())
         }
         "csidrivers" if read => Ok(()),
+        "volumeattachments" if r.verb == Verb::Get => {
+            let key = crate::store::Key {
+                plural: "volumeattachments",
+                namespace: String::new(),
+                name: r.name.unwrap_or_default().into(),
+            };
+            match store.get(&key) {
+                Some(va)
+                    if va.pointer("/spec/nodeName").and_then(Value::as_str)
+                        == Some(node.as_str()) =>
+                {
+                    Ok(())
+                }
+                None => Ok(()),
+                Some(_) => Err(forbidden(
+                    &who,
+                    r,
+                    &format!("no relationship found between node '{node}' and this object"),
+                )),
+            }
+        }
         "csinodes" if r.name == Some(node.as_str()) && r.verb != Verb::Delete => Ok(()),
         "events" if matches!(r.verb, Verb::Create | Verb::Patch | Verb::Update) => Ok(()),
         _ => Err(forbidden(&who, r, "the node authorizer does not allow it")),

@@ -251,12 +251,15 @@ impl TestServer {
             .ok_or_else(|| {
                 ApiError::new(404, "NotFound", format!("no resource for {gv} {kind}"))
             })?;
-        let ns = obj
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .unwrap_or("default")
-            .to_string();
+        let ns = if res.namespaced {
+            obj.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or("default")
+                .to_string()
+        } else {
+            String::new()
+        };
         Ok((res, ns))
     }
 }

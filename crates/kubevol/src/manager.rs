@@ -182,6 +182,7 @@ impl VolumeManager {
         let (refresh, refreshes) = tokio::sync::mpsc::unbounded_channel();
         let host = Arc::new(PluginHost {
             tokens: Arc::default(),
+            attach_controller: std::sync::OnceLock::new(),
             refresh,
             csi,
             record,
@@ -255,6 +256,14 @@ impl VolumeManager {
     /// calls ([`VolumeManager::add_pod`] and friends use it).
     pub fn library(&self) -> &Library {
         &self.parts.library
+    }
+
+    /// Lets `controller` (a cluster's attach/detach controller) attach volumes instead of
+    /// kubevol calling ControllerPublishVolume: an attachable CSI volume waits until the
+    /// controller reports it attached, and is never detached by kubevol. Set once, before any
+    /// volume is attached.
+    pub fn set_attach_controller(&self, controller: Arc<dyn crate::plugins::AttachController>) {
+        let _ = self.parts.host.attach_controller.set(controller);
     }
 
     /// Sets who issues service account tokens for `serviceAccountToken` projected sources (in

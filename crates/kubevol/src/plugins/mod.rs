@@ -33,6 +33,18 @@ pub use local::LocalPlugin;
 use crate::error::VolumeError;
 use crate::store::ObjectStore;
 
+/// Who attaches volumes to the node when kubevol does not call ControllerPublishVolume itself:
+/// a cluster's attach/detach controller, which records the result in a VolumeAttachment.
+pub trait AttachController: Send + Sync + 'static {
+    /// The publish context of `volume` once the controller has attached it to this node
+    /// (`attachment` names its VolumeAttachment), or what it still waits for.
+    fn attached(
+        &self,
+        volume: UniqueVolumeName,
+        attachment: String,
+    ) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
+}
+
 /// A boxed future, so plugins can be trait objects.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -64,6 +76,8 @@ pub struct PluginHost {
     pub allow_lazy_unmount: bool,
     /// Service account tokens (issued in cluster mode).
     pub tokens: Arc<crate::tokens::Tokens>,
+    /// Who attaches volumes when kubevol does not (a cluster's attach/detach controller).
+    pub attach_controller: std::sync::OnceLock<Arc<dyn AttachController>>,
     /// Asks the populator to process a pod again (its projected tokens are due).
     pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
 }

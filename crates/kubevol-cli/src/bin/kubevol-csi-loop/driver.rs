@@ -192,13 +192,16 @@ impl Driver {
         }
     }
 
-    /// Logs what a stage or publish request carried, for tests and audits: the volume context,
-    /// the mount flags and read-only flag, and the names of the secrets (never their values).
+    /// Logs what a stage or publish request carried, for tests and audits: the volume and
+    /// publish contexts, the mount flags and read-only flag, and the names of the secrets (never
+    /// their values).
+    #[allow(clippy::too_many_arguments)]
     fn log_request(
         &self,
         method: &str,
         volume: &str,
         context: &HashMap<String, String>,
+        publish_context: &HashMap<String, String>,
         secrets: &HashMap<String, String>,
         cap: Option<&VolumeCapability>,
         readonly: bool,
@@ -213,6 +216,7 @@ impl Driver {
             "request": method,
             "volume_id": volume,
             "context": context,
+            "publish_context": publish_context,
             "secret_keys": secret_keys,
             "mount_flags": flags,
             "readonly": readonly,
@@ -666,6 +670,7 @@ impl Node for Svc {
             "NodeStageVolume",
             &r.volume_id,
             &r.volume_context,
+            &r.publish_context,
             &r.secrets,
             Some(&cap),
             false,
@@ -745,6 +750,7 @@ impl Node for Svc {
             "NodePublishVolume",
             &r.volume_id,
             &r.volume_context,
+            &r.publish_context,
             &r.secrets,
             Some(&cap),
             r.readonly,

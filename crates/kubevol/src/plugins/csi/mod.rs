@@ -148,6 +148,15 @@ impl VolumePlugin for CsiPlugin {
     ) -> BoxFuture<Result<BTreeMap<String, String>, VolumeError>> {
         Box::pin(async move {
             let r = resolve(&req.spec, None)?;
+            if let Some(controller) = host.attach_controller.get() {
+                // The cluster's attach/detach controller attaches it; its VolumeAttachment
+                // carries the publish context.
+                let attachment = attachment_id(&r.handle, &r.driver, &host.node_name);
+                return controller
+                    .attached(req.volume.clone(), attachment)
+                    .await
+                    .map_err(not_ready);
+            }
             let driver = driver_for(&host, &r.driver)?;
             let Some(mut client) = host.csi.controller_client(&r.driver) else {
                 return Err(not_ready(format!(
@@ -181,6 +190,10 @@ impl VolumePlugin for CsiPlugin {
         req: DeviceRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
         Box::pin(async move {
+            if host.attach_controller.get().is_some() {
+                // The controller detaches once the node no longer reports it in use.
+                return Ok(());
+            }
             let r = resolve(&req.spec, None)?;
             let driver = driver_for(&host, &r.driver)?;
             let Some(mut client) = host.csi.controller_client(&r.driver) else {
