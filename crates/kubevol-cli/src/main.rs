@@ -68,6 +68,10 @@ struct RunArgs {
     /// ~/.kube/config, or the in-cluster service account.
     #[arg(long, conflicts_with = "kubeconfig")]
     cluster: bool,
+    /// With --kubeconfig or --cluster: create this node's Node object if it does not exist
+    /// (with its name and no other fields; whoever runs the node normally creates it).
+    #[arg(long)]
+    register_node: bool,
     /// Root directory for pod volumes (`--root-dir /var/lib/kubelet` makes kubevol a drop-in).
     #[arg(long, default_value = "/var/lib/kubevol")]
     root_dir: PathBuf,
@@ -320,6 +324,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(client) = cluster_client(&args).await? {
         // Until the API server has listed this node's pods, nothing is torn down; while it
         // cannot be reached, the status says so.
+        if args.register_node {
+            register_node(&client, &args.node_name).await;
+        }
         anyhow::ensure!(
             args.csi_controllers.is_empty(),
             "--csi-controller cannot be used with --kubeconfig or --cluster: in a cluster the attach/detach controller attaches volumes"
@@ -396,6 +403,25 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("the manager did not stop within {STOP_GRACE:?} (an operation is blocked in the kernel or a driver); exiting anyway, mounts stay in place");
     }
     Ok(code)
+}
+
+/// Creates the Node object named `name` if it does not exist. A failure is logged: the node's
+/// CSI volumes wait (their report needs the Node) and everything else goes on.
+async fn register_node(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let node = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match nodes.create(&Default::default(), &node).await {
+        Ok(_) => tracing::info!(node = name, "Node object created"),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => tracing::warn!(node = name, "cannot create the Node object: {e}"),
+    }
 }
 
 /// The API server's client, when kubevol runs as a node of a cluster (`--kubeconfig`,

@@ -616,6 +616,7 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         manifests.path().to_str().unwrap(),
         "--node-name",
         "node-1",
+        "--register-node",
         "--root-dir",
         root.path().join("root").to_str().unwrap(),
     ])
@@ -642,5 +643,9 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         "the static pod: {stdout}"
     );
     assert!(!stdout.contains("other-node-pod"), "{stdout}");
+    let node = server
+        .get("v1", "nodes", "", "node-1")
+        .expect("--register-node created the Node");
+    assert_eq!(node["metadata"]["name"], serde_json::json!("node-1"));
     drop(server);
 }
