@@ -401,6 +401,21 @@ fn serve(
                 .map(|o| Reply::Object(StatusCode::OK, o))
         }
         Verb::Delete => {
+            let options = serde_json::from_slice::<Value>(body).ok();
+            if let Some(want) = options
+                .as_ref()
+                .and_then(|o| o.pointer("/preconditions/uid"))
+                .and_then(Value::as_str)
+            {
+                let have = s.store().get(&key).and_then(|o| {
+                    o.pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .map(String::from)
+                });
+                if have.as_deref().is_some_and(|h| h != want) {
+                    return Err(ApiError::new(409, "Conflict", format!("Precondition failed: UID in precondition: {want}, UID in object meta: {}", have.unwrap_or_default())));
+                }
+            }
             let grace = query(uri, "gracePeriodSeconds")
                 .and_then(|g| g.parse().ok())
                 .or_else(|| {
