@@ -91,11 +91,8 @@ pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
             }
             // Its containers would be killed here; then its volumes go, then the pod.
             tokio::spawn(finish(client.clone(), manager.clone(), pod));
-        } else if !gates.contains_key(&uid) {
-            gates.insert(
-                uid,
-                tokio::spawn(start(client.clone(), manager.clone(), pod)),
-            );
+        } else if let std::collections::hash_map::Entry::Vacant(gate) = gates.entry(uid) {
+            gate.insert(tokio::spawn(start(client.clone(), manager.clone(), pod)));
         }
     }
     Ok(())
