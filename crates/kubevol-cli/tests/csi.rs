@@ -396,6 +396,10 @@ mount_test! {
             assert!(shown.contains("injected fault"), "the failed publish is reported");
             assert!(!shown.contains(SECRET_VALUE));
 
+            // A temporary vol_data.json left by a kill in the middle of its write goes with the
+            // volume's directory.
+            let data_dir = mount_path(&m, &p, "data");
+            std::fs::write(data_dir.parent().unwrap().join(".vol_data.json.tmp"), "{").unwrap();
             for q in [&p, &reader] {
                 m.remove_pod(q);
                 m.wait_for_unmount(q).await.unwrap();

@@ -61,6 +61,10 @@ pub(super) fn pod_device_link(r: &Resolved, pod: &PodUid) -> PathBuf {
 
 pub(super) const VOL_DATA: &str = "vol_data.json";
 
+/// The temporary file `vol_data.json` is written to before its rename: left behind only when
+/// kubevol was killed in between, and removed with the directory.
+const VOL_DATA_TMP: &str = ".vol_data.json.tmp";
+
 /// Writes `vol_data.json` durably (temporary file, fsync, rename) into `dir`, made if missing.
 pub(super) fn write_vol_data(
     host: &PluginHost,
@@ -70,7 +74,7 @@ pub(super) fn write_vol_data(
     host.root_dir.create_dir_all(dir, 0o750)?;
     let abs = host.root.join(dir);
     let body = serde_json::to_vec(data).unwrap_or_default();
-    let tmp = abs.join(".vol_data.json.tmp");
+    let tmp = abs.join(VOL_DATA_TMP);
     let io = |what: &str, e: std::io::Error| {
         not_ready(format!("{what} {}: {e}", abs.join(VOL_DATA).display()))
     };
@@ -146,10 +150,12 @@ pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, Volume
     out
 }
 
-/// Removes `vol_data.json` and then the directory `dir` and its empty parents up to `stop`,
-/// with rmdir only (a directory with anything else in it stays).
+/// Removes `vol_data.json` (and a temporary one a kill mid-write left) and then the directory
+/// `dir` and its empty parents up to `stop`, with rmdir only (a directory with anything else in
+/// it stays).
 pub(super) fn remove_vol_data(host: &PluginHost, dir: &Path, stop: &Path) {
     let _ = std::fs::remove_file(host.root.join(dir).join(VOL_DATA));
+    let _ = std::fs::remove_file(host.root.join(dir).join(VOL_DATA_TMP));
     let mut d = dir.to_path_buf();
     while d.starts_with(stop) && d != stop {
         if std::fs::remove_dir(host.root.join(&d)).is_err() {
