@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::plugins::BoxFuture;
-
 /// What a token is asked for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TokenSpec {
@@ -53,7 +51,10 @@ impl std::fmt::Debug for IssuedToken {
 /// Who issues tokens (the API server in cluster mode).
 pub trait TokenIssuer: Send + Sync + 'static {
     /// A token for `spec`, or why not (never containing a token).
-    fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, String>>;
+    fn issue(
+        &self,
+        spec: TokenSpec,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<IssuedToken, String>> + Send>>;
 }
 
 /// The most a token is kept before it is refreshed, whatever its lifetime.
@@ -145,7 +146,11 @@ mod tests {
     struct Counting(Mutex<u32>, Duration);
 
     impl TokenIssuer for Counting {
-        fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, String>> {
+        fn issue(
+            &self,
+            spec: TokenSpec,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<IssuedToken, String>> + Send>>
+        {
             let mut n = self.0.lock().unwrap();
             *n += 1;
             let token = format!("token-{}-{n}", spec.pod_name);
