@@ -151,12 +151,15 @@ mount_test! {
             // The server forgets its history: the watch cannot resume and must list again.
             server.compact();
             until(&m, 60, "the source reporting the outage", || m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            let not_ready = kubevol::http::readiness(&m).unwrap_err();
+            assert!(not_ready.contains("cannot be watched"), "/readyz says why: {not_ready}");
             tokio::time::sleep(Duration::from_secs(outage)).await;
             assert!(m.mounted_volumes_for_pod(&gone_uid).contains_key("mem"), "nothing is torn down while the server is away");
 
             server.restart().await.unwrap();
             m.wait_for_unmount(&gone).await.expect("the pod deleted during the outage goes after the re-list");
             until(&m, 60, "the outage note cleared", || !m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            assert_eq!(kubevol::http::readiness(&m), Ok(()));
             assert_eq!(std::fs::read_to_string(keep_dir.join("canary")).unwrap(), "alive", "the other pod's volume was never remounted");
             assert_eq!(mounts_under(&m.config().root_dir).len(), 1, "exactly the remaining pod's mount");
             m.shutdown();

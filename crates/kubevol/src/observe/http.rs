@@ -2,7 +2,9 @@
 //! `kubevol status` reads.
 //!
 //! - `GET /healthz`: 200 while the process runs.
-//! - `GET /readyz`: 200 once the reconciler's states are synced, 503 before.
+//! - `GET /readyz`: 200 once the reconciler's states are synced and every pod source can be
+//!   read; 503 with the reason otherwise (not synced yet, an API server that cannot be
+//!   reached, a manifest directory that cannot be read).
 //! - `GET /metrics`: Prometheus text.
 //! - `GET /api/v1/pods`: the [`StatusReport`](crate::status::StatusReport) as JSON.
 //! - `GET /api/v1/events`: every recorded event as JSON.
@@ -28,14 +30,23 @@ pub fn router(manager: VolumeManager) -> Router {
         .with_state(manager)
 }
 
-async fn readyz(State(m): State<VolumeManager>) -> impl IntoResponse {
-    if m.reconciler_states_synced() {
-        (StatusCode::OK, "ok\n")
+/// Whether the manager is ready, or why not.
+pub fn readiness(m: &VolumeManager) -> Result<(), String> {
+    if !m.reconciler_states_synced() {
+        return Err("reconciler states not synced yet".into());
+    }
+    let problems = m.store().source_problems();
+    if problems.is_empty() {
+        Ok(())
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "reconciler states not synced yet\n",
-        )
+        Err(problems.join("\n"))
+    }
+}
+
+async fn readyz(State(m): State<VolumeManager>) -> impl IntoResponse {
+    match readiness(&m) {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
