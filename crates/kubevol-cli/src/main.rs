@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kubevol::source::cluster::{
-    ClusterTokens, ControllerAttach, CsiNodePublisher, EventPoster, NodeStatusReporter,
+    ClusterTokens, ClusterTrustBundles, ControllerAttach, CsiNodePublisher, EventPoster,
+    NodeStatusReporter,
 };
 use kubevol::source::ClusterSource;
 use kubevol::source::ManifestSource;
@@ -336,6 +337,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.node_name.clone(),
         )));
         manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
+        manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
         manager.set_event_sink(EventPoster::spawn(client.clone(), args.node_name.clone()));
         sources.push(CsiNodePublisher::spawn(
             client.clone(),

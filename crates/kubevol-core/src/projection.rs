@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, ObjectFieldSelector, Pod,
-    ResourceFieldSelector, Secret, ServiceAccountTokenProjection, Volume,
+    ClusterTrustBundleProjection, ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath,
+    ObjectFieldSelector, Pod, ResourceFieldSelector, Secret, ServiceAccountTokenProjection, Volume,
 };
 
 use crate::quantity::Quantity;
@@ -53,6 +53,12 @@ pub trait Objects {
     /// (fetched beforehand: projection does no I/O), or `None` where no API server issues
     /// tokens.
     fn service_account_token(&self, index: usize) -> Option<Result<String, String>> {
+        let _ = index;
+        None
+    }
+    /// The PEM bundle of the `clusterTrustBundle` source `index` (fetched beforehand), `Ok(None)`
+    /// when no ClusterTrustBundle matches, or `None` where there is no API server.
+    fn cluster_trust_bundle(&self, index: usize) -> Option<Result<Option<String>, String>> {
         let _ = index;
         None
     }
@@ -143,6 +149,14 @@ pub enum ProjectionError {
         /// Its index in `sources`.
         index: usize,
     },
+    /// A cluster trust bundle could not be read, or none matches a source that is not optional.
+    #[error("projected source clusterTrustBundle (sources[{index}]): {detail}")]
+    TrustBundle {
+        /// Its index in `sources`.
+        index: usize,
+        /// Why.
+        detail: String,
+    },
     /// A service account token could not be had from the API server.
     #[error("projected source serviceAccountToken (sources[{index}]): {detail}")]
     Token {
@@ -178,6 +192,7 @@ impl ProjectionError {
                 | ProjectionError::MissingKey { .. }
                 | ProjectionError::InvalidObject { .. }
                 | ProjectionError::Token { .. }
+                | ProjectionError::TrustBundle { .. }
         )
     }
 }
@@ -342,6 +357,13 @@ enum Source<'a> {
         path: &'a str,
         mode: u32,
     },
+    /// A cluster trust bundle, written at `path`.
+    TrustBundle {
+        index: usize,
+        path: &'a str,
+        mode: u32,
+        optional: bool,
+    },
     /// A projected source that needs an API server.
     NeedsCluster { kind: &'static str, index: usize },
 }
@@ -428,10 +450,15 @@ fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
                 path: &t.path,
                 mode,
             }
+        } else if let Some(b) = &s.cluster_trust_bundle {
+            Source::TrustBundle {
+                index,
+                path: &b.path,
+                mode,
+                optional: b.optional.unwrap_or(false),
+            }
         } else {
-            let kind = if s.cluster_trust_bundle.is_some() {
-                "clusterTrustBundle"
-            } else if s.pod_certificate.is_some() {
+            let kind = if s.pod_certificate.is_some() {
                 "podCertificate"
             } else {
                 "(none)"
@@ -485,12 +512,53 @@ fn project(
                     },
                 )?,
             },
+            Source::TrustBundle {
+                index,
+                path,
+                mode,
+                optional,
+            } => match objects.cluster_trust_bundle(index) {
+                None => {
+                    return Err(ProjectionError::NeedsCluster {
+                        kind: "clusterTrustBundle",
+                        index,
+                    })
+                }
+                Some(Err(detail)) => return Err(ProjectionError::TrustBundle { index, detail }),
+                Some(Ok(None)) if optional => {}
+                Some(Ok(None)) => {
+                    return Err(ProjectionError::TrustBundle {
+                        index,
+                        detail: "no ClusterTrustBundle matches; create one, or set optional: true"
+                            .into(),
+                    })
+                }
+                Some(Ok(Some(pem))) => insert(
+                    &mut payload,
+                    path,
+                    FileProjection {
+                        data: pem.into_bytes(),
+                        mode,
+                    },
+                )?,
+            },
             Source::NeedsCluster { kind, index } => {
                 return Err(ProjectionError::NeedsCluster { kind, index })
             }
         }
     }
     Ok(payload)
+}
+
+/// The `clusterTrustBundle` sources of a projected volume, with their index in `sources`.
+pub fn trust_bundle_sources(volume: &Volume) -> Vec<(usize, &ClusterTrustBundleProjection)> {
+    volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .enumerate()
+        .filter_map(|(i, s)| Some((i, s.cluster_trust_bundle.as_ref()?)))
+        .collect()
 }
 
 /// The `serviceAccountToken` sources of a projected volume, with their index in `sources`.

@@ -169,7 +169,7 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
         {
             Ok(())
         }
-        "csidrivers" if read => Ok(()),
+        "csidrivers" | "clustertrustbundles" if read => Ok(()),
         "volumeattachments" if r.verb == Verb::Get => {
             let key = crate::store::Key {
                 plural: "volumeattachments",

@@ -154,6 +154,12 @@ impl TestServer {
         self.store.store().max_token_lifetime = Some(max);
     }
 
+    /// Stops serving a resource (`clustertrustbundles`), as a server without that API: its
+    /// paths answer 404.
+    pub fn disable(&self, plural: &'static str) {
+        self.store.store().disabled.insert(plural);
+    }
+
     /// How many service account tokens were issued.
     pub fn tokens_issued(&self) -> u64 {
         self.store.store().tokens_issued

@@ -91,7 +91,8 @@ fn field_selector(uri: &Uri, res: &Resource) -> Result<Selector, ApiError> {
                 ));
             };
             let supported = matches!(k, "metadata.name" | "metadata.namespace")
-                || (res.plural == "pods" && matches!(k, "spec.nodeName" | "status.phase"));
+                || (res.plural == "pods" && matches!(k, "spec.nodeName" | "status.phase"))
+                || (res.plural == "clustertrustbundles" && k == "spec.signerName");
             if !supported {
                 return Err(ApiError::new(
                     400,
@@ -102,6 +103,81 @@ fn field_selector(uri: &Uri, res: &Resource) -> Result<Selector, ApiError> {
             Ok((k.to_string(), v.to_string(), eq))
         })
         .collect()
+}
+
+/// A label selector's terms: (key, operator, values); operators `=`, `!=`, `in`, `notin`,
+/// `exists`, `!`.
+type Labels = Vec<(String, &'static str, Vec<String>)>;
+
+fn label_selector(uri: &Uri) -> Result<Labels, ApiError> {
+    let Some(text) = query(uri, "labelSelector").filter(|t| !t.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    // Split on commas outside parentheses.
+    let mut terms = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                terms.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    terms.push(&text[start..]);
+    terms
+        .into_iter()
+        .map(|t| {
+            let t = t.trim();
+            let set = |rest: &str| {
+                rest.trim()
+                    .trim_start_matches('(')
+                    .trim_end_matches(')')
+                    .split(',')
+                    .map(|v| v.trim().to_string())
+                    .collect()
+            };
+            if let Some((k, v)) = t.split_once("!=") {
+                Ok((k.trim().into(), "!=", vec![v.trim().into()]))
+            } else if let Some((k, v)) = t.split_once("==").or_else(|| t.split_once('=')) {
+                Ok((k.trim().into(), "=", vec![v.trim().into()]))
+            } else if let Some((k, rest)) = t.split_once(" notin ") {
+                Ok((k.trim().into(), "notin", set(rest)))
+            } else if let Some((k, rest)) = t.split_once(" in ") {
+                Ok((k.trim().into(), "in", set(rest)))
+            } else if let Some(k) = t.strip_prefix('!') {
+                Ok((k.trim().into(), "!", Vec::new()))
+            } else if !t.is_empty() && !t.contains(' ') {
+                Ok((t.into(), "exists", Vec::new()))
+            } else {
+                Err(ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("unable to parse requirement: {t:?}"),
+                ))
+            }
+        })
+        .collect()
+}
+
+fn labels_match(labels: &Labels, obj: &Value) -> bool {
+    labels.iter().all(|(k, op, values)| {
+        let v = obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(k))
+            .and_then(Value::as_str);
+        match *op {
+            "=" => v == Some(values[0].as_str()),
+            "!=" => v != Some(values[0].as_str()),
+            "in" => v.is_some_and(|v| values.iter().any(|x| x == v)),
+            "notin" => v.is_none_or(|v| values.iter().all(|x| x != v)),
+            "exists" => v.is_some(),
+            _ => v.is_none(),
+        }
+    })
 }
 
 fn field_of(obj: &Value, field: &str) -> String {
@@ -225,6 +301,16 @@ fn serve(
     let user =
         Shared::user(token).ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
     let t = target(uri.path())?;
+    if s.store().disabled.contains(t.res.plural) {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource ({})",
+                uri.path()
+            ),
+        ));
+    }
     let parse_body = || -> Result<Value, ApiError> {
         serde_json::from_slice(body).map_err(|e| {
             ApiError::new(
@@ -328,10 +414,11 @@ fn serve(
         })),
         Verb::List => {
             let store = s.store();
+            let labels = label_selector(uri)?;
             let items: Vec<Value> = store
                 .list(t.res.plural, t.namespace.as_deref())
                 .into_iter()
-                .filter(|o| selects(&selector, o))
+                .filter(|o| selects(&selector, o) && labels_match(&labels, o))
                 .map(|o| {
                     let mut o = o.clone();
                     if let Some(m) = o.as_object_mut() {

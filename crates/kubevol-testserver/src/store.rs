@@ -46,6 +46,12 @@ pub const RESOURCES: &[Resource] = &[
         "VolumeAttachment",
         false,
     ),
+    res(
+        "clustertrustbundles",
+        "certificates.k8s.io/v1beta1",
+        "ClusterTrustBundle",
+        false,
+    ),
 ];
 
 const fn res(
@@ -140,6 +146,8 @@ pub struct Store {
     pub(crate) max_token_lifetime: Option<Duration>,
     /// How many tokens were issued.
     pub(crate) tokens_issued: u64,
+    /// Resources not served (as a server without a beta API).
+    pub(crate) disabled: std::collections::BTreeSet<&'static str>,
 }
 
 impl Default for Store {
@@ -154,6 +162,7 @@ impl Default for Store {
             relation_delay: Duration::ZERO,
             max_token_lifetime: None,
             tokens_issued: 0,
+            disabled: Default::default(),
         }
     }
 }

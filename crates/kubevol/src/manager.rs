@@ -183,6 +183,7 @@ impl VolumeManager {
         let host = Arc::new(PluginHost {
             tokens: Arc::default(),
             attach_controller: std::sync::OnceLock::new(),
+            trust_bundles: std::sync::OnceLock::new(),
             refresh,
             csi,
             record,
@@ -264,6 +265,12 @@ impl VolumeManager {
     /// volume is attached.
     pub fn set_attach_controller(&self, controller: Arc<dyn crate::plugins::AttachController>) {
         let _ = self.parts.host.attach_controller.set(controller);
+    }
+
+    /// Sets where `clusterTrustBundle` projected sources are read (in cluster mode,
+    /// [`ClusterTrustBundles`](crate::source::cluster::ClusterTrustBundles)). Set once.
+    pub fn set_trust_bundles(&self, bundles: Arc<dyn crate::plugins::TrustBundles>) {
+        let _ = self.parts.host.trust_bundles.set(bundles);
     }
 
     /// Sets who issues service account tokens for `serviceAccountToken` projected sources (in

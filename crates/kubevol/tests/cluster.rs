@@ -332,3 +332,51 @@ mount_test! {
         });
     }
 }
+
+/// A PEM certificate block of `body`.
+fn cert(body: &str) -> String {
+    format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----")
+}
+
+mount_test! {
+    fn cluster_trust_bundles_are_projected_by_name_or_signer_and_their_absence_is_explained() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let server = TestServer::start().await.unwrap();
+            let bundle = |name: &str, signer: Option<&str>, pem: String| {
+                let mut b = json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+                                   "metadata": {"name": name, "labels": {"trust": "yes"}}, "spec": {"trustBundle": pem}});
+                if let Some(s) = signer {
+                    b["spec"]["signerName"] = json!(s);
+                }
+                server.create(b).unwrap();
+            };
+            bundle("example.com:signer:a", Some("example.com/signer"), format!("{}\n{}\n", cert("AAA"), cert("BBB")));
+            bundle("example.com:signer:b", Some("example.com/signer"), format!("{}\n{}\n", cert("BBB"), cert("CCC")));
+            bundle("plain", None, cert("DDD"));
+            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let m = manager(root.path(), |_| {});
+            m.set_trust_bundles(std::sync::Arc::new(kubevol::source::cluster::ClusterTrustBundles::new(node.clone())));
+            m.add_source(ClusterSource::new(node, NODE));
+            let sources = json!([{"name": "ca", "projected": {"sources": [
+                {"clusterTrustBundle": {"name": "plain", "path": "plain.pem"}},
+                {"clusterTrustBundle": {"signerName": "example.com/signer", "labelSelector": {"matchLabels": {"trust": "yes"}}, "path": "signer.pem"}},
+                {"clusterTrustBundle": {"name": "absent", "path": "absent.pem", "optional": true}}]}}]);
+            let p = typed(&server.create(bound_pod("app", NODE, sources.clone())).unwrap());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted with the bundles");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["ca"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("plain.pem")).unwrap(), format!("{}\n", cert("DDD")));
+            let signer = std::fs::read_to_string(dir.join("signer.pem")).unwrap();
+            assert_eq!(signer, format!("{}\n{}\n{}\n", cert("AAA"), cert("BBB"), cert("CCC")), "every bundle of the signer, each certificate once");
+            assert!(!dir.join("absent.pem").exists(), "an optional source that matches nothing is skipped");
+
+            // A server without the API: the volume says so.
+            server.disable("clustertrustbundles");
+            let q = typed(&server.create(bound_pod("later", NODE, sources)).unwrap());
+            let s = wait_for_status(&m, &q, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1)"), "{e}");
+            m.shutdown();
+        });
+    }
+}

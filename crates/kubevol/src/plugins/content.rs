@@ -170,9 +170,14 @@ impl VolumePlugin for ContentPlugin {
             // Tokens are fetched first (the projection does no I/O); the volume is written
             // again before the first of them is due.
             let (tokens, due) = fetch_tokens(&host, &req).await;
+            let (bundles, bundles_due) = fetch_bundles(&host, &req).await;
+            let due = match (due, bundles_due) {
+                (Some((uid, a)), Some((_, b))) => Some((uid, a.min(b))),
+                (a, b) => a.or(b),
+            };
             let result = blocking({
                 let host = host.clone();
-                move || write_content(kind, &host, &req, tokens)
+                move || write_content(kind, &host, &req, tokens, bundles)
             })
             .await;
             if let (Ok(_), Some((uid, at))) = (&result, due) {
@@ -206,14 +211,16 @@ fn write_content(
     host: &PluginHost,
     req: &SetUpRequest,
     tokens: BTreeMap<usize, Result<String, String>>,
+    bundles: BTreeMap<usize, Result<Option<String>, String>>,
 ) -> Result<SetUpResult, VolumeError> {
     // Compute the content first: a missing object fails before anything is created.
     let payload = projection::volume_payload(
         &req.pod,
         &req.spec.volume,
-        &WithTokens {
+        &Fetched {
             store: StoreObjects(&host.store),
             tokens,
+            bundles,
         },
         &host.node_allocatable,
     )
@@ -306,13 +313,39 @@ async fn fetch_tokens(
     (out, due.map(|at| (req.pod_ref.uid.clone(), at)))
 }
 
-/// The store, and the tokens fetched for the volume being projected.
-struct WithTokens<'a> {
-    store: StoreObjects<'a>,
-    tokens: BTreeMap<usize, Result<String, String>>,
+/// How often a volume with cluster trust bundles is written again, so that a bundle's change
+/// reaches it (the kubelet's periodic remount).
+const BUNDLE_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The PEM bundles of a projected volume's `clusterTrustBundle` sources, by source index, and
+/// when to read them again. Empty when no source of bundles is set.
+async fn fetch_bundles(
+    host: &PluginHost,
+    req: &SetUpRequest,
+) -> (
+    BTreeMap<usize, Result<Option<String>, String>>,
+    Option<(kubevol_core::PodUid, tokio::time::Instant)>,
+) {
+    let mut out = BTreeMap::new();
+    let sources = projection::trust_bundle_sources(&req.spec.volume);
+    let Some(bundles) = host.trust_bundles.get().filter(|_| !sources.is_empty()) else {
+        return (out, None);
+    };
+    for (index, source) in sources {
+        out.insert(index, bundles.bundle(source.clone()).await);
+    }
+    let again = tokio::time::Instant::now() + BUNDLE_REFRESH;
+    (out, Some((req.pod_ref.uid.clone(), again)))
 }
 
-impl Objects for WithTokens<'_> {
+/// The store, and the tokens and trust bundles fetched for the volume being projected.
+struct Fetched<'a> {
+    store: StoreObjects<'a>,
+    tokens: BTreeMap<usize, Result<String, String>>,
+    bundles: BTreeMap<usize, Result<Option<String>, String>>,
+}
+
+impl Objects for Fetched<'_> {
     fn config_map(
         &self,
         namespace: &str,
@@ -327,5 +360,9 @@ impl Objects for WithTokens<'_> {
 
     fn service_account_token(&self, index: usize) -> Option<Result<String, String>> {
         self.tokens.get(&index).cloned()
+    }
+
+    fn cluster_trust_bundle(&self, index: usize) -> Option<Result<Option<String>, String>> {
+        self.bundles.get(&index).cloned()
     }
 }

@@ -45,6 +45,16 @@ pub trait AttachController: Send + Sync + 'static {
     ) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
 }
 
+/// Where `clusterTrustBundle` projected sources are read (the API server in cluster mode).
+pub trait TrustBundles: Send + Sync + 'static {
+    /// The PEM bundle a source selects (by name, or by signer name and label selector), `None`
+    /// when no ClusterTrustBundle matches, or why it cannot be read.
+    fn bundle(
+        &self,
+        source: k8s_openapi::api::core::v1::ClusterTrustBundleProjection,
+    ) -> BoxFuture<Result<Option<String>, String>>;
+}
+
 /// A boxed future, so plugins can be trait objects.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -78,6 +88,8 @@ pub struct PluginHost {
     pub tokens: Arc<crate::tokens::Tokens>,
     /// Who attaches volumes when kubevol does not (a cluster's attach/detach controller).
     pub attach_controller: std::sync::OnceLock<Arc<dyn AttachController>>,
+    /// Where cluster trust bundles are read (the API server in cluster mode).
+    pub trust_bundles: std::sync::OnceLock<Arc<dyn TrustBundles>>,
     /// Asks the populator to process a pod again (its projected tokens are due).
     pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
 }
