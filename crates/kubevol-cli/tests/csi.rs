@@ -649,10 +649,17 @@ mount_test! {
             // The driver's registration is published: CSINode, the node ID annotation and the
             // topology label.
             let csinode = || server.get("storage.k8s.io/v1", "csinodes", "", "test-node");
-            wait_until("the CSINode entry, owned by the Node", 30, || {
-                csinode().is_some_and(|c| c["spec"]["drivers"].as_array().is_some_and(|d| d.len() == 1) && c["metadata"]["ownerReferences"].is_array())
-            })
-            .await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while !csinode().is_some_and(|c| c["spec"]["drivers"].as_array().is_some_and(|d| d.len() == 1) && c["metadata"]["ownerReferences"].is_array()) {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no CSINode entry owned by the Node within 60 s: CSINode {:#?}, Node {:#?}, drivers {:#?}",
+                    csinode(),
+                    server.get("v1", "nodes", "", "test-node"),
+                    m.csi_drivers()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             let entry = csinode().unwrap()["spec"]["drivers"][0].clone();
             let node_id = m.csi_drivers()[0].node_id.clone();
             assert_eq!(entry, json!({"name": DRIVER, "nodeID": node_id, "topologyKeys": ["topology.loop.csi.kubevol.io/node"]}));
