@@ -95,8 +95,8 @@ mount_test! {
             m.wait_for_unmount(&web_pod).await.expect("torn down once the pod is being deleted");
             assert!(server.get("v1", "pods", "default", "web").is_some(), "the server keeps it until its node deletes it");
             server.delete("v1", "pods", "default", "web", Some(0)).unwrap();
-            until(&m, 10, "the pod forgotten", || m.pod_status(&uid).is_none()).await;
-            assert!(!m.config().root_dir.join(format!("pods/{uid}")).exists());
+            let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
+            until(&m, 10, "the pod forgotten and its directory removed", || m.pod_status(&uid).is_none() && !pod_dir.exists()).await;
             m.shutdown();
         });
     }
