@@ -626,9 +626,7 @@ mount_test! {
             let mut pod = serde_json::to_value(claim_pod("app", "data")).unwrap();
             pod["spec"]["nodeName"] = json!("test-node");
             let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
-            let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&TestServer::node_token("test-node"))).unwrap();
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
-            let node = kube::Client::try_from(config).unwrap();
+            let node = server.client(&TestServer::node_token("test-node")).await;
             let m = manager(t.path(), |_| {});
             kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
             kubevol::source::cluster::CsiNodePublisher::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
@@ -711,9 +709,7 @@ mount_test! {
             let mut pod = serde_json::to_value(claim_pod("app", "att")).unwrap();
             pod["spec"]["nodeName"] = json!("test-node");
             let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
-            let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&TestServer::node_token("test-node"))).unwrap();
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
-            let node = kube::Client::try_from(config).unwrap();
+            let node = server.client(&TestServer::node_token("test-node")).await;
             let m = manager(t.path(), |_| {});
             m.set_attach_controller(std::sync::Arc::new(kubevol::source::cluster::ControllerAttach::new(node.clone(), "test-node")));
             kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));

@@ -121,6 +121,17 @@ impl TestServer {
         )
     }
 
+    /// A client of this server with `token`'s identity, made from [`TestServer::kubeconfig`]
+    /// as any kubeconfig is read.
+    pub async fn client(&self, token: &str) -> kube::Client {
+        let file = kube::config::Kubeconfig::from_yaml(&self.kubeconfig(token))
+            .expect("the test server's kubeconfig parses");
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .expect("the test server's kubeconfig is complete");
+        kube::Client::try_from(config).expect("a client of the test server")
+    }
+
     /// Stops serving: open connections and watches end, new connections are refused. Objects
     /// are kept.
     pub async fn stop(&mut self) {
@@ -210,17 +221,8 @@ impl TestServer {
         name: &str,
         grace: Option<i64>,
     ) -> Result<Value, ApiError> {
-        let res = store::resource(group_version, plural)
+        let key = Self::key(group_version, plural, namespace, name)
             .ok_or_else(|| ApiError::new(404, "NotFound", "no such resource"))?;
-        let key = Key {
-            plural: res.plural,
-            namespace: if res.namespaced {
-                namespace.into()
-            } else {
-                String::new()
-            },
-            name: name.into(),
-        };
         self.store.store().delete(&key, grace)
     }
 
@@ -232,8 +234,15 @@ impl TestServer {
         namespace: &str,
         name: &str,
     ) -> Option<Value> {
+        let key = Self::key(group_version, plural, namespace, name)?;
+        self.store.store().get(&key).cloned()
+    }
+
+    /// The place of an object of a served resource (`namespace` is ignored for cluster-scoped
+    /// ones).
+    fn key(group_version: &str, plural: &str, namespace: &str, name: &str) -> Option<Key> {
         let res = store::resource(group_version, plural)?;
-        let key = Key {
+        Some(Key {
             plural: res.plural,
             namespace: if res.namespaced {
                 namespace.into()
@@ -241,8 +250,7 @@ impl TestServer {
                 String::new()
             },
             name: name.into(),
-        };
-        self.store.store().get(&key).cloned()
+        })
     }
 
     fn place(obj: &Value) -> Result<(&'static store::Resource, String), ApiError> {

@@ -15,21 +15,11 @@ use serde_json::{json, Value};
 
 const NODE: &str = "test-node";
 
-/// A client of `server` with `token`'s identity.
-async fn client(server: &TestServer, token: &str) -> kube::Client {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&server.kubeconfig(token)).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("config");
-    kube::Client::try_from(config).expect("client")
-}
-
 /// A manager fed by `server`'s pods of this node, with the node's identity.
 async fn cluster_manager(root: &std::path::Path, server: &TestServer) -> VolumeManager {
     let m = manager(root, |_| {});
     m.add_source(ClusterSource::new(
-        client(server, &TestServer::node_token(NODE)).await,
+        server.client(&TestServer::node_token(NODE)).await,
         NODE,
     ));
     m
@@ -111,7 +101,7 @@ mount_test! {
             // Secret are refused until then.
             server.set_relation_delay(Duration::from_secs(2));
             server.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token", "namespace": "default"}, "stringData": {"t": "s3cret"}})).unwrap();
-            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let node = server.client(&TestServer::node_token(NODE)).await;
             let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(node.clone(), "default");
             let refused = secrets.get("token").await.unwrap_err();
             assert!(refused.to_string().contains("no relationship found between node 'test-node' and this object"), "{refused}");
@@ -174,8 +164,8 @@ async fn the_node_identity_has_the_node_authorizers_rights_and_no_more() {
     server
         .create(bound_pod("theirs", "node-b", json!([])))
         .unwrap();
-    let node = client(&server, &TestServer::node_token(NODE)).await;
-    let admin = client(&server, ADMIN_TOKEN).await;
+    let node = server.client(&TestServer::node_token(NODE)).await;
+    let admin = server.client(ADMIN_TOKEN).await;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(node.clone());
     let err = pods.list(&Default::default()).await.unwrap_err();
     assert!(
@@ -232,7 +222,7 @@ mount_test! {
             server.set_max_token_lifetime(Duration::from_secs(10));
             server.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "default"}})).unwrap();
             server.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt", "namespace": "default"}, "data": {"ca.crt": "CA"}})).unwrap();
-            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let node = server.client(&TestServer::node_token(NODE)).await;
             let m = manager(root.path(), |_| {});
             m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(node.clone())));
             m.add_source(ClusterSource::new(node, NODE));
@@ -278,13 +268,13 @@ mount_test! {
         let root = TestRoot::new();
         runtime().block_on(async {
             let server = TestServer::start().await.unwrap();
-            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let node = server.client(&TestServer::node_token(NODE)).await;
             let m = manager(root.path(), |_| {});
             m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(node.clone(), NODE));
             m.add_source(ClusterSource::new(node, NODE));
             let p = typed(&server.create(bound_pod("app", NODE, json!([{"name": "tmp", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "missing"}}]))).unwrap());
             let uid = kubevol::pod_uid(&p);
-            let admin = client(&server, ADMIN_TOKEN).await;
+            let admin = server.client(ADMIN_TOKEN).await;
             let events: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(admin, "default");
             let of_pod = || async {
                 events
@@ -354,7 +344,7 @@ mount_test! {
             bundle("example.com:signer:a", Some("example.com/signer"), format!("{}\n{}\n", cert("AAA"), cert("BBB")));
             bundle("example.com:signer:b", Some("example.com/signer"), format!("{}\n{}\n", cert("BBB"), cert("CCC")));
             bundle("plain", None, cert("DDD"));
-            let node = client(&server, &TestServer::node_token(NODE)).await;
+            let node = server.client(&TestServer::node_token(NODE)).await;
             let m = manager(root.path(), |_| {});
             m.set_trust_bundles(std::sync::Arc::new(kubevol::source::cluster::ClusterTrustBundles::new(node.clone())));
             m.add_source(ClusterSource::new(node, NODE));

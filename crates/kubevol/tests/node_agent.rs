@@ -50,8 +50,7 @@ mount_test! {
             };
             server.create(pod("ready", json!([{"name": "v", "emptyDir": {}}]))).unwrap();
             server.create(pod("blocked", json!([{"name": "v", "configMap": {"name": "later"}}]))).unwrap();
-            let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig(&TestServer::node_token(NODE))).unwrap();
-            let client = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap()).unwrap();
+            let client = server.client(&TestServer::node_token(NODE)).await;
             let mut config = kubevol::Config::new(root.path().join("root"), NODE);
             config.backoff.initial = Duration::from_millis(20);
             config.backoff.max = Duration::from_millis(200);
