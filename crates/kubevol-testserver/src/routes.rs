@@ -35,6 +35,15 @@ fn ok(code: StatusCode, v: &Value) -> Response {
     (code, [("content-type", "application/json")], v.to_string()).into_response()
 }
 
+/// The answer for a path the server does not serve.
+fn not_served(path: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("the server could not find the requested resource ({path})"),
+    )
+}
+
 /// `%XX` and `+` decoded.
 fn decode(s: &str) -> String {
     let b = s.as_bytes();
@@ -205,13 +214,7 @@ fn target(path: &str) -> Result<Target, ApiError> {
     let (gv, rest) = match parts.as_slice() {
         ["api", "v1", rest @ ..] => ("v1".to_string(), rest),
         ["apis", g, v, rest @ ..] => (format!("{g}/{v}"), rest),
-        _ => {
-            return Err(ApiError::new(
-                404,
-                "NotFound",
-                format!("the server could not find the requested resource ({path})"),
-            ))
-        }
+        _ => return Err(not_served(path)),
     };
     let (namespace, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
@@ -221,21 +224,9 @@ fn target(path: &str) -> Result<Target, ApiError> {
         [p] => (*p, None, None),
         [p, n] => (*p, Some(n.to_string()), None),
         [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
-        _ => {
-            return Err(ApiError::new(
-                404,
-                "NotFound",
-                format!("the server could not find the requested resource ({path})"),
-            ))
-        }
+        _ => return Err(not_served(path)),
     };
-    let res = resource(&gv, plural).ok_or_else(|| {
-        ApiError::new(
-            404,
-            "NotFound",
-            format!("the server could not find the requested resource ({path})"),
-        )
-    })?;
+    let res = resource(&gv, plural).ok_or_else(|| not_served(path))?;
     if !res.namespaced && namespace.is_some() {
         return Err(ApiError::new(
             404,
@@ -302,14 +293,7 @@ fn serve(
         Shared::user(token).ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
     let t = target(uri.path())?;
     if s.store().disabled.contains(t.res.plural) {
-        return Err(ApiError::new(
-            404,
-            "NotFound",
-            format!(
-                "the server could not find the requested resource ({})",
-                uri.path()
-            ),
-        ));
+        return Err(not_served(uri.path()));
     }
     let parse_body = || -> Result<Value, ApiError> {
         serde_json::from_slice(body).map_err(|e| {
@@ -353,14 +337,7 @@ fn serve(
     if t.subresource.as_deref().is_some_and(|s| s != "status")
         || (t.subresource.is_some() && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch))
     {
-        return Err(ApiError::new(
-            404,
-            "NotFound",
-            format!(
-                "the server could not find the requested resource ({})",
-                uri.path()
-            ),
-        ));
+        return Err(not_served(uri.path()));
     }
     let selector = field_selector(uri, t.res)?;
     let fields: Vec<(String, String)> = selector
