@@ -68,11 +68,7 @@ impl PodSource for ClusterSource {
     fn start(self: Box<Self>, sink: Sink) -> BoxFuture<()> {
         Box::pin(async move {
             let refs = Arc::new(Referenced::new(self.client.clone(), sink.clone()));
-            let drivers = tokio::spawn(watch_all::<CSIDriver>(
-                Api::all(self.client.clone()),
-                sink.clone(),
-                Object::CSIDriver,
-            ));
+            let drivers = tokio::spawn(watch_drivers(Api::all(self.client.clone()), sink.clone()));
             let _drivers = AbortOnDrop(drivers);
             let pods: Api<Pod> = Api::all(self.client.clone());
             let config =
@@ -1024,23 +1020,20 @@ async fn watch_one<K>(
     }
 }
 
-/// Lists and watches every object of a cluster-scoped kind.
-async fn watch_all<K>(api: Api<K>, sink: Sink, object: fn(K) -> Object)
-where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
+/// Lists and watches every CSIDriver (the one cluster-scoped kind read whole).
+async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
+    let object = Object::CSIDriver;
     let mut events = watcher(api, watcher::Config::default())
         .backoff(WatchBackoff::default())
         .boxed();
     let mut listing: BTreeSet<String> = BTreeSet::new();
     let mut known: BTreeSet<String> = BTreeSet::new();
-    let key_of = |o: &K| ObjectKey::CSIDriver(o.meta().name.clone().unwrap_or_default());
+    let key_of = |o: &CSIDriver| ObjectKey::CSIDriver(o.metadata.name.clone().unwrap_or_default());
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => listing.clear(),
             Ok(Event::InitApply(o)) => {
-                listing.insert(o.meta().name.clone().unwrap_or_default());
+                listing.insert(o.metadata.name.clone().unwrap_or_default());
                 sink.apply([Change::ClusterUpsert(object(o))]);
             }
             Ok(Event::InitDone) => {
@@ -1052,11 +1045,11 @@ where
                 known = std::mem::take(&mut listing);
             }
             Ok(Event::Apply(o)) => {
-                known.insert(o.meta().name.clone().unwrap_or_default());
+                known.insert(o.metadata.name.clone().unwrap_or_default());
                 sink.apply([Change::ClusterUpsert(object(o))]);
             }
             Ok(Event::Delete(o)) => {
-                known.remove(o.meta().name.as_deref().unwrap_or_default());
+                known.remove(o.metadata.name.as_deref().unwrap_or_default());
                 sink.apply([Change::ClusterRemove(key_of(&o))]);
             }
             Err(e) => tracing::debug!("watching CSIDrivers: {e}; retrying"),
