@@ -18,6 +18,7 @@
 //! outages.
 
 pub mod authz;
+pub mod cluster;
 mod routes;
 pub mod store;
 mod token;
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::authz::User;
+pub use crate::cluster::TestCluster;
 use crate::store::{ApiError, Key, Store};
 
 /// The administrator's bearer token.

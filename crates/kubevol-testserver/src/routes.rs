@@ -201,6 +201,30 @@ fn selects(sel: &Selector, obj: &Value) -> bool {
     sel.iter().all(|(k, v, eq)| (field_of(obj, k) == *v) == *eq)
 }
 
+/// The resources of a group version (`/api/v1`, `/apis/<group>/<version>`), as a client's
+/// discovery reads them; a disabled resource is not listed.
+fn discovery(s: &Shared, path: &str) -> Option<Value> {
+    let gv = match path
+        .trim_end_matches('/')
+        .split('/')
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["", "api", v] => v.to_string(),
+        ["", "apis", g, v] => format!("{g}/{v}"),
+        _ => return None,
+    };
+    let store = s.store();
+    let resources: Vec<Value> = crate::store::RESOURCES
+        .iter()
+        .filter(|r| r.group_version == gv && !store.disabled.contains(r.plural))
+        .map(|r| json!({"name": r.plural, "kind": r.kind, "namespaced": r.namespaced}))
+        .collect();
+    (!resources.is_empty()).then(|| {
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+    })
+}
+
 /// The parsed path.
 struct Target {
     res: &'static Resource,
@@ -291,6 +315,9 @@ fn serve(
         .unwrap_or_default();
     let user =
         Shared::user(token).ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
+    if let Some(list) = discovery(s, uri.path()) {
+        return Ok(Reply::Object(StatusCode::OK, list));
+    }
     let t = target(uri.path())?;
     if s.store().disabled.contains(t.res.plural) {
         return Err(not_served(uri.path()));

@@ -195,7 +195,7 @@ impl VolumeManager {
             hugepages_dir: config.hugepages_dir.clone(),
             store: store.clone(),
             node_name: config.node_name.clone(),
-            node: crate::node::facts(&config.node_name, &config.node_labels),
+            node_labels: config.node_labels.clone(),
             node_allocatable: config
                 .node_allocatable
                 .unwrap_or_else(|| crate::node::allocatable(&config.root_dir)),

@@ -74,8 +74,9 @@ pub struct PluginHost {
     pub store: Arc<ObjectStore>,
     /// This node's name.
     pub node_name: String,
-    /// This node's name and labels, as PersistentVolumes' nodeAffinity sees them.
-    pub node: kubevol_core::affinity::NodeFacts,
+    /// This node's labels as configured (`--node-labels`); the Node object's labels take
+    /// their place once a source delivers it (see [`PluginHost::node_facts`]).
+    pub node_labels: std::collections::BTreeMap<String, String>,
     /// What a container without limits is limited by.
     pub node_allocatable: NodeAllocatable,
     /// The CSI drivers.
@@ -95,6 +96,23 @@ pub struct PluginHost {
 }
 
 impl PluginHost {
+    /// This node's name and labels as PersistentVolumes' nodeAffinity sees them: the labels
+    /// of the Node object when a source delivers it (cluster mode), else the configured ones;
+    /// the kubelet's own labels (hostname, os, arch) added where missing.
+    pub fn node_facts(&self) -> kubevol_core::affinity::NodeFacts {
+        match self.store.node(&self.node_name) {
+            Some(node) => crate::node::facts(
+                &self.node_name,
+                node.object
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+            ),
+            None => crate::node::facts(&self.node_name, &self.node_labels),
+        }
+    }
+
     /// Processes `pod` again at `at`: its content volumes are written again.
     pub(crate) fn refresh_at(&self, pod: kubevol_core::PodUid, at: tokio::time::Instant) {
         let tx = self.refresh.clone();

@@ -224,7 +224,7 @@ pub fn check_node_affinity(
         return Ok(());
     }
     Err(format!(
-        "PersistentVolume {pv} is on other nodes: its spec.nodeAffinity requires {}, and node {} (labels: {}) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels)",
+        "PersistentVolume {pv} is on other nodes: its spec.nodeAffinity requires {}, and node {} (labels: {}) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels; in cluster mode, on the Node object)",
         affinity::describe(required),
         node.name,
         node.describe_labels()
@@ -477,7 +477,7 @@ mod tests {
             check_node_affinity("pv", affinity.required.as_ref().unwrap(), &node).unwrap_err();
         assert_eq!(
             err,
-            "PersistentVolume pv is on other nodes: its spec.nodeAffinity requires (kubernetes.io/hostname in (n)), and node m (labels: kubernetes.io/hostname=m) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels)"
+            "PersistentVolume pv is on other nodes: its spec.nodeAffinity requires (kubernetes.io/hostname in (n)), and node m (labels: kubernetes.io/hostname=m) matches none of its terms; run the pod on a node the volume is on, or give this node the label (--node-labels; in cluster mode, on the Node object)"
         );
         let empty = NodeSelector::default();
         assert!(check_node_affinity("pv", &empty, &node)

@@ -146,6 +146,7 @@ enum Version {
     Claim(Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>),
     Volume(Arc<k8s_openapi::api::core::v1::PersistentVolume>),
     Driver(Arc<k8s_openapi::api::storage::v1::CSIDriver>),
+    Node(Arc<k8s_openapi::api::core::v1::Node>),
 }
 
 impl PartialEq for Version {
@@ -158,6 +159,7 @@ impl PartialEq for Version {
             (Version::Claim(a), Version::Claim(b)) => Arc::ptr_eq(a, b),
             (Version::Volume(a), Version::Volume(b)) => Arc::ptr_eq(a, b),
             (Version::Driver(a), Version::Driver(b)) => Arc::ptr_eq(a, b),
+            (Version::Node(a), Version::Node(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -166,6 +168,7 @@ impl PartialEq for Version {
 /// The claim, volume and CSIDriver objects a volume depends on.
 fn storage_versions(
     store: &ObjectStore,
+    node: &str,
     ns: &str,
     v: &k8s_openapi::api::core::v1::Volume,
     out: &mut Vec<Version>,
@@ -191,6 +194,14 @@ fn storage_versions(
             if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
                 out.push(driver(&csi.driver));
             }
+            // Its nodeAffinity is checked against the Node's labels.
+            if pv.spec.as_ref().is_some_and(|s| s.node_affinity.is_some()) {
+                out.push(
+                    store
+                        .node(node)
+                        .map_or(Version::Missing, |n| Version::Node(n.object)),
+                );
+            }
             out.push(Version::Volume(pv));
         }
         None => out.push(Version::Missing),
@@ -204,7 +215,7 @@ pub(crate) struct Seen {
 }
 
 /// The current versions of the objects a pod's volumes read, in a fixed order.
-fn object_versions(store: &ObjectStore, pod: &Pod) -> Vec<Version> {
+fn object_versions(store: &ObjectStore, node: &str, pod: &Pod) -> Vec<Version> {
     let mut out = Vec::new();
     let ns = pod
         .metadata
@@ -212,7 +223,7 @@ fn object_versions(store: &ObjectStore, pod: &Pod) -> Vec<Version> {
         .as_deref()
         .unwrap_or(DEFAULT_NAMESPACE);
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        storage_versions(store, ns, v, &mut out);
+        storage_versions(store, node, ns, v, &mut out);
         for r in referenced_objects(pod, v) {
             let missing = |kind: &str| match store.not_loaded(kind, &r.namespace, &r.name) {
                 Some(_) => Version::NotLoaded,
@@ -248,7 +259,7 @@ impl Populator {
                 continue;
             }
             wanted.insert(uid.clone());
-            let objects = object_versions(&self.store, pod);
+            let objects = object_versions(&self.store, &self.node_name, pod);
             let (same_pod, same_objects) = self.seen.get(&uid).map_or((false, false), |s| {
                 (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
             });
@@ -499,7 +510,7 @@ fn storage_check(
         .and_then(|s| s.node_affinity.as_ref())
         .and_then(|a| a.required.as_ref())
     {
-        claims::check_node_affinity(name, required, &host.node)?;
+        claims::check_node_affinity(name, required, &host.node_facts())?;
     }
     Ok(Some(pv))
 }

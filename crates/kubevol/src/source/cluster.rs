@@ -23,7 +23,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Event as CoreEvent, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ConfigMap, Event as CoreEvent, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
     ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
@@ -70,6 +70,17 @@ impl PodSource for ClusterSource {
             let refs = Arc::new(Referenced::new(self.client.clone(), sink.clone()));
             let drivers = tokio::spawn(watch_drivers(Api::all(self.client.clone()), sink.clone()));
             let _drivers = AbortOnDrop(drivers);
+            // The node's own Node object: its labels are what PersistentVolumes' nodeAffinity
+            // is checked against.
+            let node = tokio::spawn(watch_one(
+                Api::<Node>::all(self.client.clone()),
+                self.node_name.clone(),
+                ObjectKey::Node(self.node_name.clone()),
+                sink.clone(),
+                Object::Node,
+                |_| {},
+            ));
+            let _node = AbortOnDrop(node);
             let pods: Api<Pod> = Api::all(self.client.clone());
             let config =
                 watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::projection::ObjectKind;
@@ -36,6 +38,8 @@ pub enum Key {
     PersistentVolumeClaim(NsName),
     /// A CSIDriver, by name.
     CSIDriver(String),
+    /// A Node, by name.
+    Node(String),
 }
 
 impl Key {
@@ -48,6 +52,7 @@ impl Key {
             Object::PersistentVolume(pv) => Key::PersistentVolume(name(&pv.metadata)),
             Object::PersistentVolumeClaim(c) => Key::PersistentVolumeClaim(ns_name(&c.metadata)),
             Object::CSIDriver(d) => Key::CSIDriver(name(&d.metadata)),
+            Object::Node(n) => Key::Node(name(&n.metadata)),
         }
     }
 }
@@ -61,6 +66,7 @@ impl std::fmt::Display for Key {
             Key::PersistentVolume(n) => write!(f, "PersistentVolume {n}"),
             Key::PersistentVolumeClaim((ns, n)) => write!(f, "PersistentVolumeClaim {ns}/{n}"),
             Key::CSIDriver(n) => write!(f, "CSIDriver {n}"),
+            Key::Node(n) => write!(f, "Node {n}"),
         }
     }
 }
@@ -75,6 +81,7 @@ pub(super) enum Shared {
     PersistentVolume(Arc<PersistentVolume>),
     PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
     CSIDriver(Arc<CSIDriver>),
+    Node(Arc<Node>),
 }
 
 impl From<Object> for Shared {
@@ -86,6 +93,7 @@ impl From<Object> for Shared {
             Object::PersistentVolume(x) => Shared::PersistentVolume(Arc::new(x)),
             Object::PersistentVolumeClaim(x) => Shared::PersistentVolumeClaim(Arc::new(x)),
             Object::CSIDriver(x) => Shared::CSIDriver(Arc::new(x)),
+            Object::Node(x) => Shared::Node(Arc::new(x)),
         }
     }
 }
@@ -100,6 +108,7 @@ impl Shared {
             (Shared::PersistentVolume(a), Object::PersistentVolume(b)) => **a == *b,
             (Shared::PersistentVolumeClaim(a), Object::PersistentVolumeClaim(b)) => **a == *b,
             (Shared::CSIDriver(a), Object::CSIDriver(b)) => **a == *b,
+            (Shared::Node(a), Object::Node(b)) => **a == *b,
             _ => false,
         }
     }
@@ -142,6 +151,7 @@ pub(super) struct Objects {
     pub(super) persistent_volumes: BTreeMap<String, Stored<PersistentVolume>>,
     pub(super) persistent_volume_claims: BTreeMap<NsName, Stored<PersistentVolumeClaim>>,
     pub(super) csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
+    pub(super) nodes: BTreeMap<String, Stored<Node>>,
     /// Every definition of every object, by origin: when the one in effect goes, the next one
     /// takes its place without any file being read again.
     defs: HashMap<Key, BTreeMap<Origin, Shared>>,
@@ -199,6 +209,7 @@ impl Objects {
                 Key::PersistentVolume(k) => self.persistent_volumes.remove(k).is_some(),
                 Key::PersistentVolumeClaim(k) => self.persistent_volume_claims.remove(k).is_some(),
                 Key::CSIDriver(k) => self.csi_drivers.remove(k).is_some(),
+                Key::Node(k) => self.nodes.remove(k).is_some(),
             };
         };
         let invalid = def.invalid();
@@ -243,6 +254,7 @@ impl Objects {
             (Key::CSIDriver(k), Shared::CSIDriver(d)) => {
                 put(&mut self.csi_drivers, k.clone(), d, &origin, None)
             }
+            (Key::Node(k), Shared::Node(d)) => put(&mut self.nodes, k.clone(), d, &origin, None),
             _ => unreachable!("a key and its definitions are of one kind"),
         }
     }

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::projection::ObjectKind;
@@ -71,6 +73,9 @@ pub enum Object {
     PersistentVolumeClaim(PersistentVolumeClaim),
     /// A CSIDriver.
     CSIDriver(CSIDriver),
+    /// A Node (in cluster mode, this node's own: its labels are what PersistentVolumes'
+    /// nodeAffinity is checked against).
+    Node(Node),
 }
 
 /// The namespace name of the kubelet's default namespace.
@@ -465,6 +470,11 @@ impl ObjectStore {
     /// A CSIDriver by name.
     pub fn csi_driver(&self, name: &str) -> Option<Stored<CSIDriver>> {
         self.read().csi_drivers.get(name).cloned()
+    }
+
+    /// A Node by name.
+    pub fn node(&self, name: &str) -> Option<Stored<Node>> {
+        self.read().nodes.get(name).cloned()
     }
 
     /// Why an object the store does not hold is not there, when a manifest file with an error

@@ -1,0 +1,446 @@
+//! The cluster a cluster-mode test runs against: this crate's in-process server, or a real
+//! cluster when `KUBEVOL_TEST_KUBECONFIG` names an administrator's kubeconfig and
+//! `KUBEVOL_TEST_NODE_KUBECONFIG` a node's (a client certificate or token of
+//! `system:node:<name>`, group `system:nodes`).
+//!
+//! A test speaks to either through the same requests: the administrator's objects go through
+//! the API (create, replace, delete, get), and the node's clients reach the server through a
+//! TCP relay that [`TestCluster::cut`] closes, so an outage looks the same against both. On a
+//! real cluster every test gets a namespace of its own, and what it created is deleted by
+//! [`TestCluster::clean_up`]. What only the in-process server can do (forget its history,
+//! delay the authorizer, cap token lifetimes, stop serving an API) is reached through
+//! [`TestCluster::server`], which is `None` against a real cluster.
+
+use std::sync::{Arc, Mutex};
+
+use axum::http::Uri;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::store::{Resource, RESOURCES};
+use crate::{TestServer, ADMIN_TOKEN};
+
+/// The environment variable naming an administrator's kubeconfig of a real cluster.
+pub const ADMIN_KUBECONFIG_ENV: &str = "KUBEVOL_TEST_KUBECONFIG";
+/// The environment variable naming a node's kubeconfig of the same cluster.
+pub const NODE_KUBECONFIG_ENV: &str = "KUBEVOL_TEST_NODE_KUBECONFIG";
+
+/// A cluster to test against.
+pub struct TestCluster {
+    server: Option<TestServer>,
+    admin: kube::Client,
+    /// The node's configuration, pointed at the relay.
+    node_config: kube::Config,
+    /// The node's kubeconfig file as given (a real cluster), for a command line.
+    node_kubeconfig: Option<std::path::PathBuf>,
+    node_name: String,
+    namespace: String,
+    relay: Relay,
+    /// Cluster-scoped objects this test created, deleted by `clean_up` on a real cluster.
+    created: Mutex<Vec<(&'static Resource, String)>>,
+}
+
+impl TestCluster {
+    /// The in-process server with node `node` (its name is the test's choice), or the real
+    /// cluster the environment names (its node's name is the identity of the node kubeconfig).
+    pub async fn start(node: &str) -> TestCluster {
+        match (
+            std::env::var_os(ADMIN_KUBECONFIG_ENV),
+            std::env::var_os(NODE_KUBECONFIG_ENV),
+        ) {
+            (Some(admin), Some(node_file)) => {
+                Self::real(admin.into(), node_file.into()).await
+            }
+            (Some(_), None) | (None, Some(_)) => panic!(
+                "set both {ADMIN_KUBECONFIG_ENV} (an administrator's kubeconfig) and {NODE_KUBECONFIG_ENV} (a node's) to test against a real cluster, or neither"
+            ),
+            (None, None) => Self::in_process(node).await,
+        }
+    }
+
+    async fn in_process(node: &str) -> TestCluster {
+        let server = TestServer::start()
+            .await
+            .expect("the test API server starts");
+        let admin = server.client(ADMIN_TOKEN).await;
+        let config = config_of(&server.kubeconfig(&TestServer::node_token(node))).await;
+        let relay = Relay::start(&config.cluster_url).await;
+        TestCluster {
+            admin,
+            node_config: relay.config_of(config),
+            node_kubeconfig: None,
+            node_name: node.to_string(),
+            namespace: "default".into(),
+            relay,
+            server: Some(server),
+            created: Mutex::default(),
+        }
+    }
+
+    async fn real(admin: std::path::PathBuf, node: std::path::PathBuf) -> TestCluster {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", p.display()))
+        };
+        let admin = kube::Client::try_from(config_of(&read(&admin)).await)
+            .expect("a client of the administrator's kubeconfig");
+        let config = config_of(&read(&node)).await;
+        let node_name = whoami(
+            &kube::Client::try_from(config.clone()).expect("a client of the node's kubeconfig"),
+        )
+        .await;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let namespace = format!("kubevol-test-{}-{nanos}", std::process::id());
+        let relay = Relay::start(&config.cluster_url).await;
+        let cluster = TestCluster {
+            admin,
+            node_config: relay.config_of(config),
+            node_kubeconfig: Some(node),
+            node_name,
+            namespace: namespace.clone(),
+            relay,
+            server: None,
+            created: Mutex::default(),
+        };
+        cluster
+            .create(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+            )
+            .await;
+        cluster
+    }
+
+    /// The in-process server, for what only it can do; `None` against a real cluster.
+    pub fn server(&self) -> Option<&TestServer> {
+        self.server.as_ref()
+    }
+
+    /// Whether this is a real cluster.
+    pub fn is_real(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// The node's name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The namespace this test's objects live in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// A client with the node's identity, through the relay.
+    pub fn node_client(&self) -> kube::Client {
+        kube::Client::try_from(self.node_config.clone()).expect("a client of the node")
+    }
+
+    /// A client with the administrator's identity (never cut).
+    pub fn admin_client(&self) -> kube::Client {
+        self.admin.clone()
+    }
+
+    /// The node's kubeconfig as a file in `dir` (for a command line), reaching the server
+    /// directly.
+    pub fn node_kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        if let Some(p) = &self.node_kubeconfig {
+            return p.clone();
+        }
+        let server = self.server.as_ref().expect("an in-process server");
+        let path = dir.join("node.kubeconfig");
+        std::fs::write(
+            &path,
+            server.kubeconfig(&TestServer::node_token(&self.node_name)),
+        )
+        .expect("writing the node's kubeconfig");
+        path
+    }
+
+    /// Closes the node's connections and refuses new ones, until [`TestCluster::restore`].
+    pub fn cut(&self) {
+        self.relay.open.send_replace(false);
+    }
+
+    /// Lets the node reach the server again.
+    pub fn restore(&self) {
+        self.relay.open.send_replace(true);
+    }
+
+    /// Creates `obj` (with its `apiVersion` and `kind`) as the administrator; a namespaced
+    /// object is put in the test's namespace.
+    pub async fn create(&self, mut obj: Value) -> Value {
+        let (res, api) = self.api_of(&mut obj);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let what = format!("{} {name}", res.kind);
+        let o: DynamicObject = serde_json::from_value(obj).expect("an object");
+        let made = api
+            .create(&PostParams::default(), &o)
+            .await
+            .unwrap_or_else(|e| panic!("creating {what}: {e}"));
+        if !res.namespaced {
+            self.created
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((res, name));
+        }
+        serde_json::to_value(made).expect("JSON")
+    }
+
+    /// Replaces `obj` as the administrator, or creates it.
+    pub async fn apply(&self, mut obj: Value) -> Value {
+        let (res, api) = self.api_of(&mut obj);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match api.get_opt(&name).await {
+            Ok(Some(have)) => {
+                obj["metadata"]["resourceVersion"] = json!(have.metadata.resource_version);
+                let o: DynamicObject = serde_json::from_value(obj).expect("an object");
+                let put = api
+                    .replace(&name, &PostParams::default(), &o)
+                    .await
+                    .unwrap_or_else(|e| panic!("replacing {} {name}: {e}", res.kind));
+                serde_json::to_value(put).expect("JSON")
+            }
+            Ok(None) => self.create(obj).await,
+            Err(e) => panic!("reading {} {name}: {e}", res.kind),
+        }
+    }
+
+    /// Deletes an object (`grace` as DeleteOptions' `gracePeriodSeconds`); a namespaced one
+    /// in the test's namespace.
+    pub async fn delete(&self, group_version: &str, plural: &str, name: &str, grace: Option<u32>) {
+        let api = self.api(resource_of(group_version, plural));
+        let params = DeleteParams {
+            grace_period_seconds: grace,
+            ..Default::default()
+        };
+        api.delete(name, &params)
+            .await
+            .unwrap_or_else(|e| panic!("deleting {plural} {name}: {e}"));
+    }
+
+    /// One object, if it exists; a namespaced one in the test's namespace.
+    pub async fn get(&self, group_version: &str, plural: &str, name: &str) -> Option<Value> {
+        let api = self.api(resource_of(group_version, plural));
+        api.get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("reading {plural} {name}: {e}"))
+            .map(|o| serde_json::to_value(o).expect("JSON"))
+    }
+
+    /// Every object of a kind in the test's namespace (or the cluster, if cluster-scoped).
+    pub async fn list(&self, group_version: &str, plural: &str) -> Vec<Value> {
+        let api = self.api(resource_of(group_version, plural));
+        api.list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing {plural}: {e}"))
+            .items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).expect("JSON"))
+            .collect()
+    }
+
+    /// Whether the server serves a resource (`certificates.k8s.io/v1beta1`,
+    /// `clustertrustbundles`).
+    pub async fn serves(&self, group_version: &str, plural: &str) -> bool {
+        let path = match group_version.split_once('/') {
+            Some(_) => format!("/apis/{group_version}"),
+            None => format!("/api/{group_version}"),
+        };
+        let req = axum::http::Request::get(path)
+            .body(Vec::new())
+            .expect("a request");
+        match self.admin.request::<Value>(req).await {
+            Ok(list) => list["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["name"] == plural)),
+            Err(_) => false,
+        }
+    }
+
+    /// Removes what the test made on a real cluster: its namespace (pods first, at once: no
+    /// kubelet finishes them) and the cluster-scoped objects it created.
+    pub async fn clean_up(self) {
+        if self.server.is_some() {
+            return;
+        }
+        let pods: Api<DynamicObject> = Api::namespaced_with(
+            self.admin.clone(),
+            &self.namespace,
+            &api_resource(resource_of("v1", "pods")),
+        );
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        if let Ok(list) = pods.list(&Default::default()).await {
+            for p in list.items {
+                let _ = pods
+                    .delete(&p.metadata.name.unwrap_or_default(), &now)
+                    .await;
+            }
+        }
+        let created = std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner()));
+        for (res, name) in created.into_iter().rev() {
+            let _ = Api::<DynamicObject>::all_with(self.admin.clone(), &api_resource(res))
+                .delete(&name, &Default::default())
+                .await;
+        }
+    }
+
+    fn api(&self, res: &'static Resource) -> Api<DynamicObject> {
+        let ar = api_resource(res);
+        if res.namespaced {
+            Api::namespaced_with(self.admin.clone(), &self.namespace, &ar)
+        } else {
+            Api::all_with(self.admin.clone(), &ar)
+        }
+    }
+
+    /// The API of `obj`'s kind, with a namespaced `obj` moved to the test's namespace.
+    fn api_of(&self, obj: &mut Value) -> (&'static Resource, Api<DynamicObject>) {
+        let gv = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+        let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+        let res = RESOURCES
+            .iter()
+            .chain(&[NAMESPACES])
+            .find(|r| r.group_version == gv && r.kind == kind)
+            .unwrap_or_else(|| panic!("no resource for {gv} {kind}"));
+        if res.namespaced {
+            obj["metadata"]["namespace"] = json!(self.namespace);
+        }
+        (res, self.api(res))
+    }
+}
+
+/// Namespaces, which only the real cluster needs (the in-process server has no such check).
+const NAMESPACES: Resource = Resource {
+    plural: "namespaces",
+    group_version: "v1",
+    kind: "Namespace",
+    namespaced: false,
+};
+
+fn resource_of(group_version: &str, plural: &str) -> &'static Resource {
+    crate::store::resource(group_version, plural)
+        .unwrap_or_else(|| panic!("no resource {group_version} {plural}"))
+}
+
+fn api_resource(res: &Resource) -> ApiResource {
+    let (group, version) = res
+        .group_version
+        .split_once('/')
+        .unwrap_or(("", res.group_version));
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, res.kind), res.plural)
+}
+
+async fn config_of(kubeconfig: &str) -> kube::Config {
+    let file = kube::config::Kubeconfig::from_yaml(kubeconfig).expect("a kubeconfig");
+    kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .expect("a complete kubeconfig")
+}
+
+/// The node name of a node's identity (`system:node:<name>`), as the server sees it.
+async fn whoami(client: &kube::Client) -> String {
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let req = axum::http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&review).expect("JSON"))
+        .expect("a request");
+    let answer: Value = client
+        .request(req)
+        .await
+        .unwrap_or_else(|e| panic!("asking the server who the node kubeconfig is: {e}"));
+    let user = answer["status"]["userInfo"]["username"]
+        .as_str()
+        .unwrap_or_default();
+    user.strip_prefix("system:node:")
+        .unwrap_or_else(|| {
+            panic!(
+                "{NODE_KUBECONFIG_ENV} is the identity {user:?}, not a node's (system:node:<name>)"
+            )
+        })
+        .to_string()
+}
+
+/// A TCP relay between the node's clients and the server, which can be cut.
+struct Relay {
+    addr: std::net::SocketAddr,
+    open: Arc<watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(upstream: &Uri) -> Relay {
+        let host = upstream
+            .host()
+            .expect("the server's URL has a host")
+            .to_string();
+        let port = upstream.port_u16().unwrap_or(match upstream.scheme_str() {
+            Some("http") => 80,
+            _ => 443,
+        });
+        let target = format!(
+            "{}:{port}",
+            host.trim_start_matches('[').trim_end_matches(']')
+        );
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a relay port");
+        let addr = listener.local_addr().expect("the relay's address");
+        let open = Arc::new(watch::channel(true).0);
+        let state = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut from, _)) = listener.accept().await {
+                let mut rx = state.subscribe();
+                if !*rx.borrow_and_update() {
+                    // Cut: the connection is closed at once.
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut to) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut from, &mut to) => {}
+                        _ = rx.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, open, task }
+    }
+
+    /// `config` pointed at the relay, still verifying the server's certificate by its name.
+    fn config_of(&self, mut config: kube::Config) -> kube::Config {
+        let url = &config.cluster_url;
+        if config.tls_server_name.is_none() && url.scheme_str() == Some("https") {
+            config.tls_server_name = url
+                .host()
+                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+        }
+        let scheme = url.scheme_str().unwrap_or("https");
+        config.cluster_url = format!("{scheme}://{}{}", self.addr, url.path())
+            .parse()
+            .expect("the relay's URL");
+        config
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
