@@ -587,26 +587,25 @@ fn run_once_and_status_say_what_the_sources_hold_that_is_not_mounted() {
 fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them() {
     require_root();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt
-        .block_on(kubevol_testserver::TestServer::start())
-        .unwrap();
+    let cluster = rt.block_on(kubevol_testserver::TestCluster::start("node-1"));
+    let (node, ns) = (
+        cluster.node_name().to_string(),
+        cluster.namespace().to_string(),
+    );
     let pod = |name: &str, node: &str| {
-        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "cfg", "mountPath": "/cfg"}]}],
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "cfg", "mountPath": "/cfg"}]}],
                      "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "settings"}}]}})
     };
-    server.create(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "default"}, "data": {"a": "1"}})).unwrap();
-    server.create(pod("api-pod", "node-1")).unwrap();
-    server.create(pod("other-node-pod", "node-2")).unwrap();
+    rt.block_on(async {
+        cluster.create(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "1"}})).await;
+        cluster.create(pod("api-pod", &node)).await;
+        cluster.create(pod("other-node-pod", "kubevol-test-other-node")).await;
+    });
     let root = tempfile::tempdir().unwrap();
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
-    let kubeconfig = root.path().join("node.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        server.kubeconfig(&kubevol_testserver::TestServer::node_token("node-1")),
-    )
-    .unwrap();
+    let kubeconfig = cluster.node_kubeconfig(root.path());
     let out = in_namespace(&[
         "run",
         "--once",
@@ -615,7 +614,7 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         "--manifests",
         manifests.path().to_str().unwrap(),
         "--node-name",
-        "node-1",
+        &node,
         "--register-node",
         "--root-dir",
         root.path().join("root").to_str().unwrap(),
@@ -630,9 +629,11 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
     );
     for volume in ["data", "cfg"] {
         assert!(
-            stdout.lines().any(|l| l.starts_with("default/api-pod")
-                && l.contains(volume)
-                && l.contains("Mounted")),
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{ns}/api-pod"))
+                    && l.contains(volume)
+                    && l.contains("Mounted")),
             "{stdout}"
         );
     }
@@ -643,9 +644,9 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         "the static pod: {stdout}"
     );
     assert!(!stdout.contains("other-node-pod"), "{stdout}");
-    let node = server
-        .get("v1", "nodes", "", "node-1")
+    let registered = rt
+        .block_on(cluster.get("v1", "nodes", &node))
         .expect("--register-node created the Node");
-    assert_eq!(node["metadata"]["name"], serde_json::json!("node-1"));
-    drop(server);
+    assert_eq!(registered["metadata"]["name"], serde_json::json!(node));
+    rt.block_on(cluster.clean_up());
 }

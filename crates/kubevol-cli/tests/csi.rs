@@ -610,80 +610,129 @@ mount_test! {
     }
 }
 
+/// Polls `cond` (the API server is not watched here) until it holds, for at most `secs`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    secs: u64,
+    mut cond: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The cluster's objects of a claim of `name` on the loop driver, bound to each other in the
+/// test's namespace (no controller binds them here).
+fn claim_objects(
+    cluster: &kubevol_testserver::TestCluster,
+    name: &str,
+    attach: bool,
+) -> [serde_json::Value; 3] {
+    let mut volume = pv(name, "16Mi", "Filesystem");
+    volume["spec"]["claimRef"]["namespace"] = json!(cluster.namespace());
+    [csi_driver(attach), volume, pvc(name, "Filesystem")]
+}
+
+/// The cluster's node with no Node object (a real cluster's test node is one no kubelet runs).
+async fn without_node(cluster: &kubevol_testserver::TestCluster) {
+    if cluster
+        .get("v1", "nodes", cluster.node_name())
+        .await
+        .is_some()
+    {
+        cluster
+            .delete("v1", "nodes", cluster.node_name(), None)
+            .await;
+    }
+}
+
 mount_test! {
     /// As a node of a cluster, a CSI volume is listed in the Node's status.volumesInUse before
     /// it is staged (staging waits for the report) and dropped only after it is unstaged; the
     /// Node's other fields are left as they are.
     fn a_cluster_node_reports_its_volumes_in_use_before_staging_and_after_unstaging() {
-        use kubevol_testserver::TestServer;
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let server = TestServer::start().await.unwrap();
-            for o in [csi_driver(false), pv("data", "16Mi", "Filesystem"), pvc("data", "Filesystem")] {
-                server.create(o).unwrap();
+            let cluster = kubevol_testserver::TestCluster::start("test-node").await;
+            let name = cluster.node_name().to_string();
+            without_node(&cluster).await;
+            for o in claim_objects(&cluster, "data", false) {
+                cluster.create(o).await;
             }
             let mut pod = serde_json::to_value(claim_pod("app", "data")).unwrap();
-            pod["spec"]["nodeName"] = json!("test-node");
-            let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
-            let node = server.client(&TestServer::node_token("test-node")).await;
-            let m = manager(t.path(), |_| {});
-            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
-            kubevol::source::cluster::CsiNodePublisher::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
-            m.add_source(kubevol::source::ClusterSource::new(node, "test-node"));
+            pod["spec"]["nodeName"] = json!(name);
+            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let node = cluster.node_client();
+            let m = manager(t.path(), |c| c.node_name = name.clone());
+            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
+            kubevol::source::cluster::CsiNodePublisher::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
+            m.add_source(kubevol::source::ClusterSource::new(node, &name));
 
             // No Node object yet: nothing can be reported, so nothing is staged.
             let uid = kubevol::pod_uid(&pod);
             wait_for_status(&m, &pod, 20, |s| s.uid == uid.as_str()).await;
             wait_until("driver registration", 20, || m.csi_drivers().iter().any(|d| d.name == DRIVER)).await;
             assert_eq!(driver.count("NodeStageVolume", "Ok"), 0, "staged before it was reported in use");
-            server.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node", "labels": {"zone": "a"}},
-                                 "status": {"capacity": {"cpu": "2"}}})).unwrap();
+            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}}})).await;
+            // The node's other status fields (set here as the node's owner would).
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.admin_client());
+            let capacity = json!({"status": {"capacity": {"cpu": "2"}}});
+            nodes.patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&capacity)).await.unwrap();
             m.wait_for_attach_and_mount(&pod).await.expect("staged and published once reported");
-            let status = server.get("v1", "nodes", "", "test-node").unwrap();
+            let status = cluster.get("v1", "nodes", &name).await.unwrap();
             assert_eq!(status["status"]["volumesInUse"], json!([format!("kubernetes.io/csi/{DRIVER}^data")]));
-            assert_eq!(status["status"]["capacity"], json!({"cpu": "2"}), "other status fields kept");
+            assert_eq!(status["status"]["capacity"]["cpu"], json!("2"), "other status fields kept");
 
             // The driver's registration is published: CSINode, the node ID annotation and the
             // topology label.
-            let csinode = || server.get("storage.k8s.io/v1", "csinodes", "", "test-node");
+            let csinode = || cluster.get("storage.k8s.io/v1", "csinodes", &name);
+            let published = || async {
+                csinode().await.is_some_and(|c| c["spec"]["drivers"].as_array().is_some_and(|d| d.len() == 1) && c["metadata"]["ownerReferences"].is_array())
+            };
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while !csinode().is_some_and(|c| c["spec"]["drivers"].as_array().is_some_and(|d| d.len() == 1) && c["metadata"]["ownerReferences"].is_array()) {
+            while !published().await {
                 assert!(
                     tokio::time::Instant::now() < deadline,
                     "no CSINode entry owned by the Node within 60 s: CSINode {:#?}, Node {:#?}, drivers {:#?}",
-                    csinode(),
-                    server.get("v1", "nodes", "", "test-node"),
+                    csinode().await,
+                    cluster.get("v1", "nodes", &name).await,
                     m.csi_drivers()
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let entry = csinode().unwrap()["spec"]["drivers"][0].clone();
+            let entry = csinode().await.unwrap()["spec"]["drivers"][0].clone();
             let node_id = m.csi_drivers()[0].node_id.clone();
             assert_eq!(entry, json!({"name": DRIVER, "nodeID": node_id, "topologyKeys": ["topology.loop.csi.kubevol.io/node"]}));
-            assert_eq!(csinode().unwrap()["metadata"]["ownerReferences"][0]["kind"], json!("Node"));
-            let node_object = || server.get("v1", "nodes", "", "test-node").unwrap();
-            wait_until("the Node's CSI annotation", 30, || node_object()["metadata"]["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string()).await;
-            let meta = node_object()["metadata"].clone();
+            assert_eq!(csinode().await.unwrap()["metadata"]["ownerReferences"][0]["kind"], json!("Node"));
+            let node_meta = || async { cluster.get("v1", "nodes", &name).await.unwrap()["metadata"].clone() };
+            eventually("the Node's CSI annotation", 30, || async { node_meta().await["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string() }).await;
+            let meta = node_meta().await;
             let ids: serde_json::Value = serde_json::from_str(meta["annotations"]["csi.volume.kubernetes.io/nodeid"].as_str().unwrap()).unwrap();
             assert_eq!(ids, json!({DRIVER: node_id}));
             assert_eq!(meta["labels"], json!({"zone": "a", "topology.loop.csi.kubevol.io/node": node_id}), "the topology label beside the Node's own");
 
-            server.delete("v1", "pods", "default", "app", Some(0)).unwrap();
-            let in_use = || server.get("v1", "nodes", "", "test-node").unwrap()["status"]["volumesInUse"].clone();
-            wait_until("volumesInUse emptied", 30, || in_use() == json!([])).await;
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
+            eventually("volumesInUse emptied", 30, || async { in_use().await == json!([]) }).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "dropped from volumesInUse only after the unstage");
 
             // The driver goes: its entry, annotation and label go with it.
             let mut driver = driver;
             driver.stop();
-            wait_until("the CSINode entry removed", 30, || csinode().is_some_and(|c| c["spec"]["drivers"] == json!([]))).await;
-            wait_until("the Node's CSI annotation and label removed", 30, || {
-                let meta = node_object()["metadata"].clone();
+            eventually("the CSINode entry removed", 30, || async { csinode().await.is_some_and(|c| c["spec"]["drivers"] == json!([])) }).await;
+            eventually("the Node's CSI annotation and label removed", 30, || async {
+                let meta = node_meta().await;
                 meta["annotations"].get("csi.volume.kubernetes.io/nodeid").is_none() && meta["labels"] == json!({"zone": "a"})
             })
             .await;
             m.shutdown();
+            cluster.clean_up().await;
         });
     }
 }
@@ -697,30 +746,31 @@ mount_test! {
     fn a_cluster_node_waits_for_the_attach_detach_controller() {
         use kubevol_csi::v1::controller_client::ControllerClient;
         use kubevol_csi::v1::*;
-        use kubevol_testserver::TestServer;
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let server = TestServer::start().await.unwrap();
-            server.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"}})).unwrap();
-            for o in [csi_driver(true), pv("att", "16Mi", "Filesystem"), pvc("att", "Filesystem")] {
-                server.create(o).unwrap();
+            let cluster = kubevol_testserver::TestCluster::start("test-node").await;
+            let name = cluster.node_name().to_string();
+            without_node(&cluster).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
+            for o in claim_objects(&cluster, "att", true) {
+                cluster.create(o).await;
             }
             let mut pod = serde_json::to_value(claim_pod("app", "att")).unwrap();
-            pod["spec"]["nodeName"] = json!("test-node");
-            let pod: Pod = serde_json::from_value(server.create(pod).unwrap()).unwrap();
-            let node = server.client(&TestServer::node_token("test-node")).await;
-            let m = manager(t.path(), |_| {});
-            m.set_attach_controller(std::sync::Arc::new(kubevol::source::cluster::ControllerAttach::new(node.clone(), "test-node")));
-            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), "test-node", std::sync::Arc::new(m.clone()));
-            m.add_source(kubevol::source::ClusterSource::new(node, "test-node"));
+            pod["spec"]["nodeName"] = json!(name);
+            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let node = cluster.node_client();
+            let m = manager(t.path(), |c| c.node_name = name.clone());
+            m.set_attach_controller(std::sync::Arc::new(kubevol::source::cluster::ControllerAttach::new(node.clone(), &name)));
+            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
+            m.add_source(kubevol::source::ClusterSource::new(node, &name));
 
             let unique = format!("kubernetes.io/csi/{DRIVER}^att");
             let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
-            assert!(e.contains(&format!("waiting for the attach/detach controller: volume {unique} is not in Node test-node's status.volumesAttached yet")), "{e}");
-            let in_use = || server.get("v1", "nodes", "", "test-node").unwrap()["status"]["volumesInUse"].clone();
-            assert_eq!(in_use(), json!([unique]), "reported in use before it is attached");
+            assert!(e.contains(&format!("waiting for the attach/detach controller: volume {unique} is not in Node {name}'s status.volumesAttached yet")), "{e}");
+            let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
+            assert_eq!(in_use().await, json!([unique]), "reported in use before it is attached");
 
             // The controller attaches (through the driver's controller service, as the
             // external attacher does) and records it.
@@ -744,15 +794,20 @@ mount_test! {
                 .publish_context;
             let attachment = {
                 use sha2::Digest;
-                let hash = sha2::Sha256::digest(format!("att{DRIVER}test-node").as_bytes());
+                let hash = sha2::Sha256::digest(format!("att{DRIVER}{name}").as_bytes());
                 format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
             };
-            server.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
-                "spec": {"attacher": DRIVER, "nodeName": "test-node", "source": {"persistentVolumeName": "att"}},
-                "status": {"attached": true, "attachmentMetadata": published}})).unwrap();
-            let mut n = server.get("v1", "nodes", "", "test-node").unwrap();
-            n["status"]["volumesAttached"] = json!([{"name": unique, "devicePath": ""}]);
-            server.apply(n).unwrap();
+            let made = cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
+                "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": "att"}}})).await;
+            // The external attacher's status, through the status subresource.
+            let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> = kube::Api::all(cluster.admin_client());
+            let mut made: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(made).unwrap();
+            made.status = Some(k8s_openapi::api::storage::v1::VolumeAttachmentStatus { attached: true, attachment_metadata: Some(published.clone().into_iter().collect()), ..Default::default() });
+            attachments.replace_status(&attachment, &Default::default(), &made).await.unwrap();
+            // The attach/detach controller's record on the Node.
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.admin_client());
+            let attached = json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}});
+            nodes.patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&attached)).await.unwrap();
             m.wait_for_attach_and_mount(&pod).await.expect("staged and published once the controller attached it");
             let stage = driver.requests("NodeStageVolume");
             assert_eq!(stage.len(), 1);
@@ -761,8 +816,8 @@ mount_test! {
             }
             assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "only the controller's own call");
 
-            server.delete("v1", "pods", "default", "app", Some(0)).unwrap();
-            wait_until("volumesInUse emptied", 30, || in_use() == json!([])).await;
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            eventually("volumesInUse emptied", 30, || async { in_use().await == json!([]) }).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1);
             assert_eq!(driver.count("ControllerUnpublishVolume", "Ok"), 0, "kubevol leaves the detach to the controller");
             controller
@@ -770,6 +825,7 @@ mount_test! {
                 .await
                 .unwrap();
             m.shutdown();
+            cluster.clean_up().await;
         });
     }
 }

@@ -8,17 +8,19 @@ mod common;
 #[path = "../../../examples/node-agent.rs"]
 mod agent;
 
+use std::future::Future;
 use std::time::Duration;
 
 use common::*;
-use kubevol_testserver::TestServer;
+use kubevol_testserver::TestCluster;
 use serde_json::{json, Value};
 
+/// The node's name against the in-process server (a real cluster's is its node kubeconfig's).
 const NODE: &str = "test-node";
 
 /// The agent's condition on a pod, if set.
-fn condition(server: &TestServer, pod: &str) -> Option<Value> {
-    let p = server.get("v1", "pods", "default", pod)?;
+async fn condition(cluster: &TestCluster, pod: &str) -> Option<Value> {
+    let p = cluster.get("v1", "pods", pod).await?;
     p["status"]["conditions"]
         .as_array()?
         .iter()
@@ -27,9 +29,9 @@ fn condition(server: &TestServer, pod: &str) -> Option<Value> {
 }
 
 /// Polls `cond` (the server is not watched here) until it holds, for at most `secs`.
-async fn eventually(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+async fn eventually<F: Future<Output = bool>>(what: &str, secs: u64, mut cond: impl FnMut() -> F) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond() {
+    while !cond().await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{what}: not within {secs}s"
@@ -42,39 +44,46 @@ mount_test! {
     fn the_example_node_agent_gates_pods_on_their_volumes() {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let server = TestServer::start().await.unwrap();
-            server.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})).unwrap();
+            let cluster = TestCluster::start(NODE).await;
+            let node = cluster.node_name().to_string();
+            if cluster.get("v1", "nodes", &node).await.is_none() {
+                cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
+            }
             let pod = |name: &str, volumes: Value| {
-                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-                       "spec": {"nodeName": NODE, "containers": [{"name": "c", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}], "volumes": volumes}})
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                       "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}], "volumes": volumes}})
             };
-            server.create(pod("ready", json!([{"name": "v", "emptyDir": {}}]))).unwrap();
-            server.create(pod("blocked", json!([{"name": "v", "configMap": {"name": "later"}}]))).unwrap();
-            let client = server.client(&TestServer::node_token(NODE)).await;
-            let mut config = kubevol::Config::new(root.path().join("root"), NODE);
+            cluster.create(pod("ready", json!([{"name": "v", "emptyDir": {}}]))).await;
+            cluster.create(pod("blocked", json!([{"name": "v", "configMap": {"name": "later"}}]))).await;
+            let mut config = kubevol::Config::new(root.path().join("root"), node.as_str());
             config.backoff.initial = Duration::from_millis(20);
             config.backoff.max = Duration::from_millis(200);
             config.wait_timeout = Duration::from_secs(2);
-            let running = tokio::spawn(agent::run(client, config));
+            let running = tokio::spawn(agent::run(cluster.node_client(), config));
 
-            eventually("the ready pod's condition", 30, || condition(&server, "ready").is_some_and(|c| c["status"] == json!("True"))).await;
-            assert_eq!(condition(&server, "ready").unwrap()["reason"], json!("VolumesMounted"));
-            eventually("the blocked pod's condition", 30, || condition(&server, "blocked").is_some_and(|c| c["status"] == json!("False"))).await;
-            let c = condition(&server, "blocked").unwrap();
+            let status_is = |pod: &'static str, want: &'static str| {
+                let cluster = &cluster;
+                move || async move { condition(cluster, pod).await.is_some_and(|c| c["status"] == json!(want)) }
+            };
+            eventually("the ready pod's condition", 30, status_is("ready", "True")).await;
+            assert_eq!(condition(&cluster, "ready").await.unwrap()["reason"], json!("VolumesMounted"));
+            eventually("the blocked pod's condition", 30, status_is("blocked", "False")).await;
+            let c = condition(&cluster, "blocked").await.unwrap();
             assert_eq!(c["reason"], json!("VolumesNotReady"));
             assert!(c["message"].as_str().unwrap().contains("later"), "{c}");
 
             // The missing ConfigMap appears: the agent's next wait succeeds.
-            server.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "later", "namespace": "default"}, "data": {"k": "v"}})).unwrap();
-            eventually("the blocked pod ready", 30, || condition(&server, "blocked").is_some_and(|c| c["status"] == json!("True"))).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "later"}, "data": {"k": "v"}})).await;
+            eventually("the blocked pod ready", 30, status_is("blocked", "True")).await;
 
             // Deleted: torn down, then deleted for good by the agent.
-            let uid = server.get("v1", "pods", "default", "ready").unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
-            server.delete("v1", "pods", "default", "ready", None).unwrap();
-            eventually("the pod deleted for good", 30, || server.get("v1", "pods", "default", "ready").is_none()).await;
+            let uid = cluster.get("v1", "pods", "ready").await.unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
+            cluster.delete("v1", "pods", "ready", None).await;
+            eventually("the pod deleted for good", 30, || async { cluster.get("v1", "pods", "ready").await.is_none() }).await;
             let dir = root.path().join("root/pods").join(&uid);
             assert!(!dir.join("volumes").exists() || mounts_under(&dir).is_empty(), "torn down before it was deleted");
             running.abort();
+            cluster.clean_up().await;
         });
     }
 }
