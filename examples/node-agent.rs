@@ -59,7 +59,7 @@ pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
         client.clone(),
         node.clone(),
     )));
-    manager.set_event_sink(EventPoster::spawn(client.clone(), node.clone()));
+    manager.set_event_sink(EventPoster::spawn(client.clone(), node.clone()).0);
     let _reporter =
         NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone()));
     let _csinode = CsiNodePublisher::spawn(client.clone(), node.clone(), Arc::new(manager.clone()));

@@ -42,6 +42,13 @@ pub struct BenchArgs {
     /// ready latency split into the driver's own work and kubevol's overhead.
     #[arg(long, conflicts_with = "content")]
     csi: bool,
+    /// Benchmark cluster mode instead: N pods, each with a Memory emptyDir, its own Secret and
+    /// the service account volume every pod of a cluster gets (a token from TokenRequest, a
+    /// ConfigMap, the namespace), are created at once in an API server (the in-process test
+    /// server, or the cluster KUBEVOL_TEST_KUBECONFIG and KUBEVOL_TEST_NODE_KUBECONFIG name);
+    /// reports ready latency from each pod's creation and the API requests the node made.
+    #[arg(long, conflicts_with_all = ["content", "csi"])]
+    cluster: bool,
 }
 
 impl BenchArgs {
@@ -186,6 +193,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.csi {
         return csi::run(args);
+    }
+    if args.cluster {
+        return cluster::run(args);
     }
     let total = args.pods() * args.volumes;
     let (tmp, floor_dir) = bench_root()?;
@@ -726,6 +736,179 @@ mod csi {
         );
         println!("peak RSS: {:.1} MiB", peak_rss_mib());
         drop(driver);
+        LinuxMounter.unmount(tmp.path())?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+mod cluster {
+    //! The cluster-mode benchmark: N pods created at once in an API server, each with a
+    //! Memory emptyDir, a Secret of its own and the `kube-api-access` projected volume (a
+    //! service account token, a ConfigMap, the namespace). Ready latency is measured from the
+    //! moment the server answered each pod's creation; the in-process server counts the
+    //! requests the node made.
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use kubevol_testserver::TestCluster;
+    use serde_json::json;
+
+    /// Volumes per pod, each its own tmpfs (emptyDir Memory, secret, projected).
+    const VOLUMES: usize = 3;
+
+    fn pod(i: usize, node: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("bench-{i}")},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": [
+                    {"name": "cache", "mountPath": "/cache"},
+                    {"name": "creds", "mountPath": "/creds"},
+                    {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+                "volumes": [
+                    {"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    {"name": "creds", "secret": {"secretName": format!("bench-{i}")}},
+                    {"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "bench-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}]}})
+    }
+
+    pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+        let n = args.pods();
+        let (tmp, floor_dir) = bench_root()?;
+        let (floor_a, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let root = tmp.path().join("root");
+        let figures = runtime.block_on(async {
+            let cluster = Arc::new(TestCluster::start("bench-node").await);
+            let node = cluster.node_name().to_string();
+            println!(
+                "kubevol bench --cluster: {n} pods x (Memory emptyDir, secret, projected service account volume) created at once in {}",
+                if cluster.is_real() { "the cluster of KUBEVOL_TEST_KUBECONFIG" } else { "the in-process API server" }
+            );
+            if !cluster.is_real() {
+                cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
+            }
+            if cluster.get("v1", "nodes", &node).await.is_none() {
+                cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
+            }
+            cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-ca"}, "data": {"ca.crt": "CA"}})).await;
+            for i in 0..n {
+                cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("bench-{i}")}, "stringData": {"password": format!("secret {i}")}})).await;
+            }
+            let (manager, running) = start_manager(&root, args, |c| c.node_name = node.clone())?;
+            let tasks = kubevol::source::cluster::join(&manager, cluster.node_client());
+            // Started and synced (an empty listing) before the pods come.
+            let mut changes = manager.subscribe();
+            while !manager.store().all_sources_synced() {
+                changes.changed().await?;
+            }
+            let before = cluster.server().map(|s| s.node_requests());
+
+            let start = tokio::time::Instant::now();
+            let cpu_start = cpu_seconds();
+            let mut waits = tokio::task::JoinSet::new();
+            let gate = Arc::new(tokio::sync::Semaphore::new(64));
+            for i in 0..n {
+                let (cluster, manager, gate, node) = (cluster.clone(), manager.clone(), gate.clone(), node.clone());
+                waits.spawn(async move {
+                    let permit = gate.acquire_owned().await;
+                    let made = cluster.create(pod(i, &node)).await;
+                    let created = tokio::time::Instant::now();
+                    drop(permit);
+                    let pod: Pod = serde_json::from_value(made)?;
+                    manager.wait_for_attach_and_mount(&pod).await?;
+                    anyhow::Ok((created.elapsed().as_secs_f64(), pod))
+                });
+            }
+            let mut latencies = Vec::new();
+            let mut pods = Vec::new();
+            while let Some(r) = waits.join_next().await {
+                let (l, p) = r??;
+                latencies.push(l);
+                pods.push(p);
+            }
+            let all_ready = start.elapsed();
+            let cpu = cpu_seconds() - cpu_start;
+            latencies.sort_by(|a, b| a.total_cmp(b));
+            let after = cluster.server().map(|s| s.node_requests());
+
+            let t = tokio::time::Instant::now();
+            for p in &pods {
+                cluster.delete("v1", "pods", p.metadata.name.as_deref().unwrap_or_default(), Some(0)).await;
+            }
+            manager.wait_for_all_pods_unmount(&pods).await?;
+            let torn_down = t.elapsed();
+            manager.shutdown();
+            let _ = running.await;
+            // The watches and publishers stop now; the event poster once the manager is gone
+            // and what it queued is posted. The server stops after them.
+            let mut tasks = tasks;
+            let poster = tasks.pop();
+            for t in tasks {
+                t.abort();
+                let _ = t.await;
+            }
+            drop(manager);
+            if let Some(poster) = poster {
+                let _ = poster.await;
+            }
+            if let Ok(cluster) = Arc::try_unwrap(cluster) {
+                cluster.clean_up().await;
+            }
+            let requests = before.zip(after).map(|(b, a)| {
+                a.into_iter()
+                    .map(|(k, v)| {
+                        let was = b.get(&k).copied().unwrap_or(0);
+                        (k, v - was)
+                    })
+                    .filter(|(_, v)| *v > 0)
+                    .collect::<BTreeMap<String, u64>>()
+            });
+            anyhow::Ok((latencies, all_ready, cpu, torn_down, requests))
+        });
+        let (lat, all_ready, cpu, torn_down, requests) = figures?;
+        let (floor_b, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
+        let floor = (floor_a + floor_b) / 2;
+        let ms = |d: f64| d * 1e3;
+        println!();
+        println!("pod volume-ready latency, from the server's answer to the pod's creation:");
+        println!(
+            "  p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms",
+            ms(percentile(&lat, 0.5)),
+            ms(percentile(&lat, 0.99)),
+            ms(lat.last().copied().unwrap_or(0.0))
+        );
+        println!(
+            "all {n} pods ready {:.1} ms after the first creation; the raw floor of their {} tmpfs mounts (mkdir+mount+chmod): {:.1} ms, ratio {:.2}",
+            ms(all_ready.as_secs_f64()),
+            n * VOLUMES,
+            ms(floor.as_secs_f64()),
+            floor.as_secs_f64() / all_ready.as_secs_f64()
+        );
+        println!(
+            "all torn down {:.1} ms after the deletions began",
+            ms(torn_down.as_secs_f64())
+        );
+        println!("CPU seconds (kubevol and the in-process server together): {cpu:.2}");
+        match requests {
+            Some(r) => {
+                let total: u64 = r.values().sum();
+                println!(
+                    "API requests by the node while the pods came: {total} ({:.2} per pod)",
+                    total as f64 / n as f64
+                );
+                for (what, count) in &r {
+                    println!(
+                        "  {what:<36} {count:6}  ({:.2} per pod)",
+                        *count as f64 / n as f64
+                    );
+                }
+            }
+            None => println!("API requests: counted by the in-process server only"),
+        }
+        println!("peak RSS: {:.1} MiB", peak_rss_mib());
         LinuxMounter.unmount(tmp.path())?;
         Ok(ExitCode::SUCCESS)
     }

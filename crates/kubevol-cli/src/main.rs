@@ -15,11 +15,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kubevol::source::cluster::{
-    ClusterTokens, ClusterTrustBundles, ControllerAttach, CsiNodePublisher, EventPoster,
-    NodeStatusReporter,
-};
-use kubevol::source::ClusterSource;
 use kubevol::source::ManifestSource;
 use kubevol::status::{PodPhase, StatusReport};
 use kubevol::{Config, VolumeManager};
@@ -332,24 +327,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.csi_controllers.is_empty(),
             "--csi-controller cannot be used with --kubeconfig or --cluster: in a cluster the attach/detach controller attaches volumes"
         );
-        manager.set_attach_controller(Arc::new(ControllerAttach::new(
-            client.clone(),
-            args.node_name.clone(),
-        )));
-        manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
-        manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
-        manager.set_event_sink(EventPoster::spawn(client.clone(), args.node_name.clone()));
-        sources.push(CsiNodePublisher::spawn(
-            client.clone(),
-            args.node_name.clone(),
-            Arc::new(manager.clone()),
-        ));
-        sources.push(NodeStatusReporter::spawn(
-            client.clone(),
-            args.node_name.clone(),
-            Arc::new(manager.clone()),
-        ));
-        sources.push(manager.add_source(ClusterSource::new(client, args.node_name.clone())));
+        sources.extend(kubevol::source::cluster::join(&manager, client));
     }
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir).with_max_file_size(args.max_manifest_size);

@@ -107,6 +107,9 @@ pub struct ProcessFailure {
     /// The volume is of a type kubevol does not mount (as opposed to a reference that cannot
     /// be resolved yet: a missing claim, an unbound one, a volume of another node).
     pub unsupported: bool,
+    /// Nothing is wrong yet: an object the volume reads is still to be delivered by the API
+    /// server (its watch has not listed it). The volume is processed once it has been.
+    pub waiting: bool,
 }
 
 /// One volume a pod wants, as the populator hands it to [`DesiredState::set_pod`].

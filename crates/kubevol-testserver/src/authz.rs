@@ -12,7 +12,9 @@
 
 use serde_json::Value;
 
-use crate::store::{ApiError, Resource, Store};
+use std::sync::Arc;
+
+use crate::store::{ApiError, Key, PodRefs, Resource, Store};
 
 /// The identity a request is made with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +42,21 @@ pub enum Verb {
     Patch,
     /// Delete.
     Delete,
+}
+
+impl Verb {
+    /// The verb as Kubernetes names it (`get`, `watch`, `patch`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+        }
+    }
 }
 
 impl Verb {
@@ -199,34 +216,55 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
 
 /// Whether a pod bound to `node` (and known to the authorizer) references the object.
 fn related(store: &Store, node: &str, plural: &str, namespace: &str, name: &str) -> bool {
-    let pods = store.known_pods_of(node);
-    let in_ns =
-        |p: &Value| p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace);
-    let claims = |p: &Value| -> Vec<String> { refs(p, &["persistentVolumeClaim/claimName"]) };
+    let pods: Vec<(&Key, &Value, Arc<PodRefs>)> = store
+        .known_pods_of(node)
+        .into_iter()
+        .map(|(k, p)| (k, p, pod_refs(store, k, p)))
+        .collect();
+    let in_ns = |k: &Key| k.namespace == namespace;
+    let any_ref = |pick: fn(&PodRefs) -> &Vec<String>| {
+        pods.iter()
+            .filter(|(k, _, _)| in_ns(k))
+            .any(|(_, _, r)| pick(r).iter().any(|n| n == name))
+    };
+    let values = || pods.iter().map(|(_, p, _)| *p).collect::<Vec<_>>();
     match plural {
-        "configmaps" => pods
-            .iter()
-            .filter(|p| in_ns(p))
-            .any(|p| config_maps(p).iter().any(|n| n == name)),
+        "configmaps" => any_ref(|r| &r.config_maps),
         "secrets" => {
-            pods.iter()
-                .filter(|p| in_ns(p))
-                .any(|p| secrets(p).iter().any(|n| n == name))
-                || volumes_of(store, &pods).iter().any(|pv| {
+            any_ref(|r| &r.secrets)
+                || volumes_of(store, &values()).iter().any(|pv| {
                     pv_secrets(pv)
                         .iter()
                         .any(|(ns, n)| ns == namespace && n == name)
                 })
         }
-        "persistentvolumeclaims" => pods
-            .iter()
-            .filter(|p| in_ns(p))
-            .any(|p| claims(p).iter().any(|n| n == name)),
-        "persistentvolumes" => volumes_of(store, &pods)
+        "persistentvolumeclaims" => any_ref(|r| &r.claims),
+        "persistentvolumes" => volumes_of(store, &values())
             .iter()
             .any(|pv| pv.pointer("/metadata/name").and_then(Value::as_str) == Some(name)),
         _ => false,
     }
+}
+
+/// The objects a pod references, read once per version of the pod.
+fn pod_refs(store: &Store, key: &Key, pod: &Value) -> Arc<PodRefs> {
+    let rv = pod
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut cache = store.pod_refs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((have, refs)) = cache.get(key) {
+        if have == rv {
+            return refs.clone();
+        }
+    }
+    let refs = Arc::new(PodRefs {
+        config_maps: config_maps(pod),
+        secrets: secrets(pod),
+        claims: refs(pod, &["persistentVolumeClaim/claimName"]),
+    });
+    cache.insert(key.clone(), (rv.to_string(), refs.clone()));
+    refs
 }
 
 /// The PersistentVolumes the pods' claims are bound to.

@@ -178,6 +178,17 @@ impl TestServer {
         self.store.store().tokens_issued
     }
 
+    /// The requests nodes have made, by verb and resource (`watch configmaps`,
+    /// `create serviceaccounts/token`, `patch nodes/status`).
+    pub fn node_requests(&self) -> std::collections::BTreeMap<String, u64> {
+        self.store.store().node_requests.clone()
+    }
+
+    /// Makes the authorizer learn the references of every pod it has now, ahead of its lag.
+    pub fn learn_relations(&self) {
+        self.store.store().learn_relations();
+    }
+
     /// How long the authorizer takes to learn a new pod's references (default 0).
     pub fn set_relation_delay(&self, delay: Duration) {
         self.store.store().relation_delay = delay;

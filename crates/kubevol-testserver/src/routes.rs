@@ -13,7 +13,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::authz::{authorize, Request, Verb};
+use crate::authz::{authorize, Request, User, Verb};
 use crate::store::{not_found, resource, ApiError, Change, Key, Resource};
 use crate::Shared;
 
@@ -349,6 +349,13 @@ fn serve(
             ))
         }
     };
+    if let User::Node(_) = user {
+        let what = match &t.subresource {
+            Some(sub) => format!("{} {}/{sub}", verb.name(), t.res.plural),
+            None => format!("{} {}", verb.name(), t.res.plural),
+        };
+        *s.store().node_requests.entry(what).or_default() += 1;
+    }
     if t.res.plural == "serviceaccounts"
         && t.subresource.as_deref() == Some("token")
         && verb == Verb::Create
@@ -551,7 +558,7 @@ fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
                         rv: now,
                         kind: "ADDED",
                         key: crate::store::key_of(w.res.plural, o),
-                        object: o.clone(),
+                        object: Arc::new(o.clone()),
                     })
                     .collect()),
             };

@@ -95,8 +95,8 @@ pub struct Change {
     pub kind: &'static str,
     /// The object's place.
     pub key: Key,
-    /// The object after the change (before it, for `DELETED`).
-    pub object: Value,
+    /// The object after the change (before it, for `DELETED`), shared by every watch.
+    pub object: std::sync::Arc<Value>,
 }
 
 /// An error as the API server answers it: a `Status` with a code and a reason.
@@ -148,6 +148,23 @@ pub struct Store {
     pub(crate) tokens_issued: u64,
     /// Resources not served (as a server without a beta API).
     pub(crate) disabled: std::collections::BTreeSet<&'static str>,
+    /// The requests nodes made, by verb and resource (`watch configmaps`,
+    /// `create serviceaccounts/token`).
+    pub(crate) node_requests: BTreeMap<String, u64>,
+    /// The pods bound to each node (as the Node authorizer's graph has them).
+    pods_by_node: BTreeMap<String, std::collections::BTreeSet<Key>>,
+    /// What the authorizer read from each pod version, by pod: its resource version and the
+    /// objects it references (filled by the authorizer, so that a request costs a lookup, not
+    /// a walk of every pod's spec).
+    pub(crate) pod_refs: std::sync::Mutex<BTreeMap<Key, (String, std::sync::Arc<PodRefs>)>>,
+}
+
+/// The objects one pod references by name, in its namespace.
+#[derive(Default)]
+pub(crate) struct PodRefs {
+    pub(crate) config_maps: Vec<String>,
+    pub(crate) secrets: Vec<String>,
+    pub(crate) claims: Vec<String>,
 }
 
 impl Default for Store {
@@ -163,6 +180,9 @@ impl Default for Store {
             max_token_lifetime: None,
             tokens_issued: 0,
             disabled: Default::default(),
+            node_requests: BTreeMap::new(),
+            pods_by_node: BTreeMap::new(),
+            pod_refs: Default::default(),
         }
     }
 }
@@ -260,33 +280,60 @@ impl Store {
     }
 
     /// The objects of a resource, in a namespace or all.
-    pub fn list(&self, plural: &str, namespace: Option<&str>) -> Vec<&Value> {
+    pub fn list(&self, plural: &'static str, namespace: Option<&str>) -> Vec<&Value> {
+        // Keys sort by resource, then namespace: the objects asked for are one range.
+        let from = Key {
+            plural,
+            namespace: namespace.unwrap_or_default().to_string(),
+            name: String::new(),
+        };
         self.objects
-            .iter()
-            .filter(|(k, _)| k.plural == plural && namespace.is_none_or(|n| k.namespace == n))
+            .range(from..)
+            .take_while(|(k, _)| k.plural == plural && namespace.is_none_or(|n| k.namespace == n))
             .map(|(_, v)| v)
             .collect()
     }
 
-    /// Pods bound to `node` whose references the authorizer has learnt.
-    pub(crate) fn known_pods_of(&self, node: &str) -> Vec<&Value> {
+    /// The authorizer learns every pod's references now, whatever its lag.
+    pub(crate) fn learn_relations(&mut self) {
         let now = Instant::now();
-        self.list("pods", None)
+        for t in self.pod_seen_at.values_mut() {
+            *t = (*t).min(now);
+        }
+    }
+
+    /// Pods bound to `node` whose references the authorizer has learnt.
+    pub(crate) fn known_pods_of(&self, node: &str) -> Vec<(&Key, &Value)> {
+        let now = Instant::now();
+        self.pods_by_node
+            .get(node)
             .into_iter()
-            .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node))
-            .filter(|p| {
-                let key = key_of("pods", p);
-                self.pod_seen_at.get(&key).is_some_and(|t| *t <= now)
-            })
+            .flatten()
+            .filter(|key| self.pod_seen_at.get(*key).is_some_and(|t| *t <= now))
+            .filter_map(|key| self.objects.get(key).map(|p| (key, p)))
             .collect()
     }
 
     fn record(&mut self, kind: &'static str, key: Key, object: Value) {
+        if key.plural == "pods" {
+            if let Some(node) = object.pointer("/spec/nodeName").and_then(Value::as_str) {
+                let pods = self.pods_by_node.entry(node.to_string()).or_default();
+                if kind == "DELETED" {
+                    pods.remove(&key);
+                    self.pod_refs
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                } else {
+                    pods.insert(key.clone());
+                }
+            }
+        }
         let change = Change {
             rv: self.rv,
             kind,
             key,
-            object,
+            object: std::sync::Arc::new(object),
         };
         self.history.push_back(change.clone());
         if self.history.len() > HISTORY {

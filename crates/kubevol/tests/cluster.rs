@@ -103,10 +103,10 @@ mount_test! {
         runtime().block_on(async {
             let cluster = TestCluster::start(NODE).await;
             let node_name = cluster.node_name().to_string();
-            // The authorizer learns a new pod's references 2 s after it appears (a real
+            // The authorizer learns a new pod's references only when the test says so (a real
             // server's lag is its own): reads of its Secret are refused until then.
             if let Some(server) = cluster.server() {
-                server.set_relation_delay(Duration::from_secs(2));
+                server.set_relation_delay(Duration::from_secs(3600));
             }
             cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}, "stringData": {"t": "s3cret"}})).await;
             let node = cluster.node_client();
@@ -119,7 +119,19 @@ mount_test! {
             let m = cluster_manager(root.path(), &cluster);
             let p = cluster.create(bound_pod("app", &node_name, json!([{"name": "token", "secret": {"secretName": "token"}}]))).await;
             let pod = typed(&p);
+            // Until the Secret's watch has listed it, the volume waits: Pending, saying for
+            // what, and no failure event.
+            if let Some(server) = cluster.server() {
+                let s = wait_for_status(&m, &pod, 20, |s| !s.volumes.is_empty()).await;
+                let v = &s.volumes[0];
+                assert_eq!(v.state, kubevol::status::VolumePhase::Pending, "{s:#?}");
+                let why = v.retry.last_error.clone().unwrap_or_default();
+                assert!(why.contains(&format!("waiting for the API server to deliver Secret {}/token", cluster.namespace())), "{why}");
+                server.learn_relations();
+            }
             m.wait_for_attach_and_mount(&pod).await.expect("mounted once the server relates the Secret to the node");
+            let failures: Vec<_> = m.events().into_iter().filter(|e| e.reason == "FailedMount").collect();
+            assert!(failures.is_empty(), "a Secret still to be listed is no failure: {failures:#?}");
             let v = &m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["token"];
             assert_eq!(std::fs::read_to_string(v.path.join("t")).unwrap(), "s3cret");
             m.shutdown();
@@ -305,7 +317,7 @@ mount_test! {
             let cluster = TestCluster::start(NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
             let m = manager(root.path(), |c| c.node_name = node.clone());
-            m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(cluster.node_client(), &node));
+            m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(cluster.node_client(), &node).0);
             m.add_source(ClusterSource::new(cluster.node_client(), &node));
             let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "tmp", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "missing"}}]))).await);
             let uid = kubevol::pod_uid(&p);

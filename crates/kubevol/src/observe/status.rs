@@ -96,7 +96,9 @@ impl VolumeStatus {
     /// or unbound, a PersistentVolume of other nodes): nothing is retried, only a change to the
     /// pod or to the objects it reads can change it.
     pub fn not_processed(&self) -> bool {
-        self.unique_name.is_none() && self.retry.last_error.is_some()
+        self.unique_name.is_none()
+            && self.retry.last_error.is_some()
+            && self.state != VolumePhase::Pending
     }
 }
 
@@ -213,7 +215,7 @@ impl Sources<'_> {
         let mut volumes = Vec::new();
         let (pod_ref, phase) = if let Some(dp) = dsw.pod(uid) {
             let mut all_mounted = true;
-            let mut any_failed = !dp.failed_to_process.is_empty();
+            let mut any_failed = dp.failed_to_process.values().any(|f| !f.waiting);
             for (outer, unique) in &dp.volumes {
                 let desired = dsw.volume(unique);
                 let plugin = desired.map(|v| v.traits.plugin.clone()).unwrap_or_default();
@@ -261,6 +263,8 @@ impl Sources<'_> {
                     unique_name: None,
                     state: if failure.unsupported {
                         VolumePhase::Unsupported
+                    } else if failure.waiting {
+                        VolumePhase::Pending
                     } else {
                         VolumePhase::Failed
                     },

@@ -29,6 +29,11 @@ pub(super) async fn mount_volume(
     let Some((traits, want)) = want else {
         return (String::new(), Ok(()), true);
     };
+    if remount && ops.store.pod(pod).is_none() {
+        // The pod has left its source and is about to be torn down: its content is not
+        // rewritten from objects that may have left with it.
+        return (traits.plugin, Ok(()), false);
+    }
     let Some(plugin) = ops.plugins.by_name(&traits.plugin) else {
         return (
             traits.plugin.clone(),

@@ -23,7 +23,7 @@ use crate::events::{reason, EventRecorder};
 use crate::operations::executor::Executor;
 use crate::plugins::{PluginHost, PluginRegistry};
 pub use crate::store::is_for_node;
-use crate::store::{ObjectStore, StoredPod, DEFAULT_NAMESPACE};
+use crate::store::{ObjectKey, ObjectStore, StoredPod, DEFAULT_NAMESPACE};
 use crate::world::{DswWriter, Rejected};
 
 /// Whether a pod has finished or is being deleted: its volumes are torn down.
@@ -147,12 +147,15 @@ enum Version {
     Volume(Arc<k8s_openapi::api::core::v1::PersistentVolume>),
     Driver(Arc<k8s_openapi::api::storage::v1::CSIDriver>),
     Node(Arc<k8s_openapi::api::core::v1::Node>),
+    /// Missing, and the API server is still to list it.
+    Pending(ObjectKey),
 }
 
 impl PartialEq for Version {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Version::Missing, Version::Missing) => true,
+            (Version::Pending(a), Version::Pending(b)) => a == b,
             (Version::NotLoaded, Version::NotLoaded) => true,
             (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
             (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
@@ -162,6 +165,15 @@ impl PartialEq for Version {
             (Version::Node(a), Version::Node(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
+    }
+}
+
+/// An object the store does not hold: still to be listed by the API server, or missing.
+fn absent(store: &ObjectStore, key: ObjectKey) -> Version {
+    if store.pending(&key) {
+        Version::Pending(key)
+    } else {
+        Version::Missing
     }
 }
 
@@ -181,11 +193,14 @@ fn storage_versions(
     if let Some(csi) = &v.csi {
         out.push(driver(&csi.driver));
     }
-    let Some((_, claim)) = claims::claim_of(store, ns, v) else {
+    let Some((name, claim)) = claims::claim_of(store, ns, v) else {
         return;
     };
     let Some(claim) = claim else {
-        out.push(Version::Missing);
+        out.push(absent(
+            store,
+            ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string())),
+        ));
         return;
     };
     out.push(Version::Claim(claim.clone()));
@@ -196,15 +211,23 @@ fn storage_versions(
             }
             // Its nodeAffinity is checked against the Node's labels.
             if pv.spec.as_ref().is_some_and(|s| s.node_affinity.is_some()) {
-                out.push(
-                    store
-                        .node(node)
-                        .map_or(Version::Missing, |n| Version::Node(n.object)),
-                );
+                out.push(store.node(node).map_or_else(
+                    || absent(store, ObjectKey::Node(node.to_string())),
+                    |n| Version::Node(n.object),
+                ));
             }
             out.push(Version::Volume(pv));
         }
-        None => out.push(Version::Missing),
+        None => out.push(
+            claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.clone())
+                .filter(|n| !n.is_empty())
+                .map_or(Version::Missing, |pv| {
+                    absent(store, ObjectKey::PersistentVolume(pv))
+                }),
+        ),
     }
 }
 
@@ -217,29 +240,65 @@ pub(crate) struct Seen {
 /// The current versions of the objects a pod's volumes read, in a fixed order.
 fn object_versions(store: &ObjectStore, node: &str, pod: &Pod) -> Vec<Version> {
     let mut out = Vec::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        volume_versions(store, node, pod, v, &mut out);
+    }
+    out
+}
+
+/// The current versions of the objects one volume reads.
+fn volume_versions(
+    store: &ObjectStore,
+    node: &str,
+    pod: &Pod,
+    v: &k8s_openapi::api::core::v1::Volume,
+    out: &mut Vec<Version>,
+) {
     let ns = pod
         .metadata
         .namespace
         .as_deref()
         .unwrap_or(DEFAULT_NAMESPACE);
-    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        storage_versions(store, node, ns, v, &mut out);
-        for r in referenced_objects(pod, v) {
-            let missing = |kind: &str| match store.not_loaded(kind, &r.namespace, &r.name) {
-                Some(_) => Version::NotLoaded,
-                None => Version::Missing,
-            };
-            out.push(match r.kind {
-                ObjectKind::ConfigMap => store
-                    .config_map(&r.namespace, &r.name)
-                    .map_or_else(|| missing("ConfigMap"), |s| Version::ConfigMap(s.object)),
-                ObjectKind::Secret => store
-                    .secret(&r.namespace, &r.name)
-                    .map_or_else(|| missing("Secret"), |s| Version::Secret(s.object)),
-            });
-        }
+    storage_versions(store, node, ns, v, out);
+    for r in referenced_objects(pod, v) {
+        let (kind, key) = match r.kind {
+            ObjectKind::ConfigMap => (
+                "ConfigMap",
+                ObjectKey::ConfigMap((r.namespace.clone(), r.name.clone())),
+            ),
+            ObjectKind::Secret => (
+                "Secret",
+                ObjectKey::Secret((r.namespace.clone(), r.name.clone())),
+            ),
+        };
+        let missing = || match store.not_loaded(kind, &r.namespace, &r.name) {
+            Some(_) => Version::NotLoaded,
+            None => absent(store, key.clone()),
+        };
+        out.push(match r.kind {
+            ObjectKind::ConfigMap => store
+                .config_map(&r.namespace, &r.name)
+                .map_or_else(missing, |s| Version::ConfigMap(s.object)),
+            ObjectKind::Secret => store
+                .secret(&r.namespace, &r.name)
+                .map_or_else(missing, |s| Version::Secret(s.object)),
+        });
     }
-    out
+}
+
+/// The first object `v` reads that the API server is still to list, if any.
+fn still_to_list(
+    store: &ObjectStore,
+    node: &str,
+    pod: &Pod,
+    v: &k8s_openapi::api::core::v1::Volume,
+) -> Option<ObjectKey> {
+    let mut versions = Vec::new();
+    volume_versions(store, node, pod, v, &mut versions);
+    versions.into_iter().find_map(|x| match x {
+        Version::Pending(key) => Some(key),
+        _ => None,
+    })
 }
 
 impl Populator {
@@ -331,6 +390,21 @@ impl Populator {
                 continue;
             }
             let usage = claims::usage(pod, &v.name);
+            if let Some(key) = still_to_list(&self.store, &self.node_name, pod, v) {
+                // Not a failure: no event, and the pod is not failed for good.
+                failed.insert(
+                    v.name.clone(),
+                    ProcessFailure {
+                        message: format!(
+                            "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (its watch has not listed it yet)",
+                            stored.origin, v.name
+                        ),
+                        unsupported: false,
+                        waiting: true,
+                    },
+                );
+                continue;
+            }
             let mut fail = |why: String, unsupported: bool| {
                 let message = format!(
                     "{}: volume {:?} of pod {pref}: {why}",
@@ -343,6 +417,7 @@ impl Populator {
                     ProcessFailure {
                         message,
                         unsupported,
+                        waiting: false,
                     },
                 );
             };

@@ -72,6 +72,10 @@ impl PodSource for ClusterSource {
             let _drivers = AbortOnDrop(drivers);
             // The node's own Node object: its labels are what PersistentVolumes' nodeAffinity
             // is checked against.
+            sink.apply([Change::ClusterPending {
+                key: ObjectKey::Node(self.node_name.clone()),
+                pending: true,
+            }]);
             let node = tokio::spawn(watch_one(
                 Api::<Node>::all(self.client.clone()),
                 self.node_name.clone(),
@@ -130,6 +134,30 @@ impl PodSource for ClusterSource {
             }
         })
     }
+}
+
+/// Makes `manager` the volume manager of its node (`Config::node_name`) in the cluster
+/// `client` reaches with the node's identity, as `kubevol run --kubeconfig` does: pods and
+/// their objects from the API server ([`ClusterSource`]), tokens from TokenRequest, trust
+/// bundles, controller-managed attach, events, `status.volumesInUse` and CSINode. Returns the
+/// tasks it started: the watches and publishers, which run until aborted (the mounts stay),
+/// and last the event poster, which ends once the manager is gone and its queue is posted.
+pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHandle<()>> {
+    let node = manager.config().node_name.clone();
+    manager.set_attach_controller(Arc::new(ControllerAttach::new(
+        client.clone(),
+        node.clone(),
+    )));
+    manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
+    manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
+    let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
+    manager.set_event_sink(events);
+    vec![
+        CsiNodePublisher::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
+        NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
+        manager.add_source(ClusterSource::new(client, node)),
+        poster,
+    ]
 }
 
 /// Service account tokens from the API server's TokenRequest, bound to the pod (its name and
@@ -210,14 +238,15 @@ impl EventPoster {
     const REMEMBERED: usize = 4096;
 
     /// Starts posting with `client` as node `node_name`; returns the queue to hand to
-    /// [`VolumeManager::set_event_sink`](crate::VolumeManager::set_event_sink).
+    /// [`VolumeManager::set_event_sink`](crate::VolumeManager::set_event_sink), and the
+    /// poster's task, which ends once every sender is gone and what was queued is posted.
     pub fn spawn(
         client: kube::Client,
         node_name: impl Into<String>,
-    ) -> tokio::sync::mpsc::Sender<PodEvent> {
+    ) -> (tokio::sync::mpsc::Sender<PodEvent>, JoinHandle<()>) {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
-        tokio::spawn(Self::run(client, node_name.into(), rx));
-        tx
+        let task = tokio::spawn(Self::run(client, node_name.into(), rx));
+        (tx, task)
     }
 
     async fn run(
@@ -895,6 +924,11 @@ impl Referenced {
             *count += 1;
             return;
         }
+        // What reads it waits until the watch has listed it.
+        self.sink.apply([Change::ClusterPending {
+            key: r.key(),
+            pending: true,
+        }]);
         let task = self.start_watch(&r);
         st.watches.insert(r, (1, AbortOnDrop(task)));
     }
@@ -912,7 +946,13 @@ impl Referenced {
         if let Some(pv) = st.claims.remove(r) {
             self.release(st, &Ref::Volume(pv));
         }
-        self.sink.apply([Change::ClusterRemove(r.key())]);
+        self.sink.apply([
+            Change::ClusterRemove(r.key()),
+            Change::ClusterPending {
+                key: r.key(),
+                pending: false,
+            },
+        ]);
     }
 
     /// A claim's PersistentVolume is now `pv` (or none): its watch follows.
@@ -1015,11 +1055,16 @@ async fn watch_one<K>(
                 seen(Some(&o));
                 sink.apply([Change::ClusterUpsert(object(o))]);
             }
-            Ok(Event::InitDone) if !listed => {
-                seen(None);
-                sink.apply([Change::ClusterRemove(key.clone())]);
+            Ok(Event::InitDone) => {
+                if !listed {
+                    seen(None);
+                    sink.apply([Change::ClusterRemove(key.clone())]);
+                }
+                sink.apply([Change::ClusterPending {
+                    key: key.clone(),
+                    pending: false,
+                }]);
             }
-            Ok(Event::InitDone) => {}
             Ok(Event::Delete(_)) => {
                 seen(None);
                 sink.apply([Change::ClusterRemove(key.clone())]);

@@ -156,6 +156,8 @@ pub(super) struct Objects {
     /// takes its place without any file being read again.
     defs: HashMap<Key, BTreeMap<Origin, Shared>>,
     pub(super) files: BTreeMap<PathBuf, FileEntry>,
+    /// Objects the API server is asked for and has not listed yet.
+    pub(super) pending: BTreeSet<Key>,
 }
 
 /// Puts `def` (from `origin`) in effect in `map`, keeping the object in effect when its content
@@ -414,6 +416,13 @@ impl Objects {
                     changed |= self.upsert(Origin::Cluster, obj, touched);
                 }
                 changed
+            }
+            Change::ClusterPending { key, pending } => {
+                if pending {
+                    self.pending.insert(key)
+                } else {
+                    self.pending.remove(&key)
+                }
             }
             Change::RemovePod(uid) => {
                 let key = Key::Pod(uid);

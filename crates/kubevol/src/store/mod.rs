@@ -254,6 +254,15 @@ pub enum Change {
     /// The API server's complete listing of this node's pods: every other pod it delivered
     /// before is gone.
     ClusterPods(Vec<Object>),
+    /// An object the API server is asked for (`pending: true`: its watch has started but not
+    /// yet listed it), or that it has answered for (`false`: it exists or it does not). What
+    /// reads a pending object waits for it instead of failing.
+    ClusterPending {
+        /// The object.
+        key: ObjectKey,
+        /// Whether it is still to be listed.
+        pending: bool,
+    },
     /// A ConfigMap or Secret given through the library API, removed.
     RemoveObject {
         /// Its kind.
@@ -470,6 +479,12 @@ impl ObjectStore {
     /// A CSIDriver by name.
     pub fn csi_driver(&self, name: &str) -> Option<Stored<CSIDriver>> {
         self.read().csi_drivers.get(name).cloned()
+    }
+
+    /// Whether an object is still to be delivered by the API server: its watch has started
+    /// but not listed it yet (see [`Change::ClusterPending`]).
+    pub fn pending(&self, key: &ObjectKey) -> bool {
+        self.read().pending.contains(key)
     }
 
     /// A Node by name.
