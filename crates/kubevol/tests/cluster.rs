@@ -477,3 +477,35 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// Fields newer than kubevol's API types reach it from the API server as from a manifest:
+    /// `emptyDir.mode` is honoured, any other unknown field of a volume is a warning.
+    fn volume_fields_newer_than_the_api_types_are_kept_from_the_api_server() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start(NODE).await;
+            if cluster.is_real() {
+                // A real server prunes the fields its own version does not know.
+                eprintln!("skipped against a real cluster: its server keeps only the fields of its own version");
+                cluster.clean_up().await;
+                return;
+            }
+            let node = cluster.node_name().to_string();
+            let m = cluster_manager(root.path(), &cluster);
+            let p = typed(&cluster.create(bound_pod("app", &node, json!([
+                {"name": "scratch", "emptyDir": {"mode": 488}},
+                {"name": "other", "emptyDir": {"futureField": true}}]))).await);
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let uid = kubevol::pod_uid(&p);
+            let dir = m.mounted_volumes_for_pod(&uid)["scratch"].path.clone();
+            let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions()) & 0o7777;
+            assert_eq!(mode, 0o750, "emptyDir.mode applied");
+            let s = m.pod_status(&uid).unwrap();
+            let other = s.volumes.iter().find(|v| v.name == "other").unwrap();
+            assert!(other.warnings.iter().any(|w| w.contains("futureField")), "{other:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

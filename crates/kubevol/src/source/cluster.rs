@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{
     ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -85,21 +85,27 @@ impl PodSource for ClusterSource {
                 |_| {},
             ));
             let _node = AbortOnDrop(node);
-            let pods: Api<Pod> = Api::all(self.client.clone());
+            // Read untyped, then typed: fields newer than kubevol's API types (a volume's
+            // `emptyDir.mode`) are kept as the pod's extensions, as for a manifest.
+            let pods: Api<DynamicObject> =
+                Api::all_with(self.client.clone(), &ApiResource::erase::<Pod>(&()));
             let config =
                 watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
             let mut events = watcher(pods, config)
                 .backoff(WatchBackoff::default())
                 .boxed();
-            let mut listing: Option<Vec<Pod>> = None;
+            let mut listing: Option<Vec<(Pod, PodExtensions)>> = None;
             let mut synced = false;
             while let Some(event) = events.next().await {
                 match event {
                     Ok(Event::Init) => listing = Some(Vec::new()),
-                    Ok(Event::InitApply(pod)) => listing.get_or_insert_with(Vec::new).push(pod),
+                    Ok(Event::InitApply(o)) => {
+                        listing.get_or_insert_with(Vec::new).extend(typed_pod(o));
+                    }
                     Ok(Event::InitDone) => {
                         let pods = listing.take().unwrap_or_default();
-                        refs.set_pods(&pods);
+                        let typed: Vec<Pod> = pods.iter().map(|(p, _)| p.clone()).collect();
+                        refs.set_pods(&typed);
                         sink.apply([Change::ClusterPods(
                             pods.into_iter().map(pod_object).collect(),
                         )]);
@@ -109,15 +115,19 @@ impl PodSource for ClusterSource {
                         }
                         sink.problem(None);
                     }
-                    Ok(Event::Apply(pod)) => {
-                        refs.add_pod(&pod);
-                        sink.apply([Change::ClusterUpsert(pod_object(pod))]);
+                    Ok(Event::Apply(o)) => {
+                        if let Some(pod) = typed_pod(o) {
+                            refs.add_pod(&pod.0);
+                            sink.apply([Change::ClusterUpsert(pod_object(pod))]);
+                        }
                         sink.problem(None);
                     }
-                    Ok(Event::Delete(pod)) => {
-                        let uid = pod_uid(&pod);
-                        sink.apply([Change::ClusterRemove(ObjectKey::Pod(uid))]);
-                        refs.remove_pod(&pod);
+                    Ok(Event::Delete(o)) => {
+                        if let Some((pod, _)) = typed_pod(o) {
+                            let uid = pod_uid(&pod);
+                            sink.apply([Change::ClusterRemove(ObjectKey::Pod(uid))]);
+                            refs.remove_pod(&pod);
+                        }
                         sink.problem(None);
                     }
                     Err(e) => {
@@ -779,10 +789,36 @@ impl Backoff for WatchBackoff {
     }
 }
 
-/// A pod as the store keeps it. The API server has validated and defaulted it; it has no
-/// fields beyond the types to keep.
-fn pod_object(pod: Pod) -> Object {
-    Object::Pod(normalize_pod(pod), PodExtensions::default())
+/// A pod as the store keeps it (the API server has validated and defaulted it).
+fn pod_object((pod, extensions): (Pod, PodExtensions)) -> Object {
+    Object::Pod(normalize_pod(pod), extensions)
+}
+
+/// The typed pod of an untyped one from the API server, with what its volumes say beyond the
+/// types. `None` (logged) if it does not read as a pod.
+fn typed_pod(o: DynamicObject) -> Option<(Pod, PodExtensions)> {
+    let name = format!(
+        "{}/{}",
+        o.metadata.namespace.as_deref().unwrap_or_default(),
+        o.metadata.name.as_deref().unwrap_or_default()
+    );
+    let raw = serde_json::to_value(&o).ok()?;
+    let pod: Pod = match serde_json::from_value(raw.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(pod = %name, "the API server's pod does not read as a v1 Pod: {e}; skipped");
+            return None;
+        }
+    };
+    let extensions = crate::source::extensions::pod_extensions(raw.pointer("/spec/volumes"), &pod)
+        .unwrap_or_else(|errors| {
+            // The server validated the pod: what it accepted is used as the types read it.
+            for (_, e) in errors {
+                tracing::warn!(pod = %name, "{e}; the field is ignored");
+            }
+            PodExtensions::default()
+        });
+    Some((pod, extensions))
 }
 
 /// A task aborted when this is dropped.
