@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol::source::parse_manifest;
 use kubevol::store::Object;
 use kubevol::VolumeManager;
+use kubevol_testserver::cluster::eventually;
 use loop_driver::{Driver, DRIVER};
 use serde_json::json;
 
@@ -607,22 +608,6 @@ mount_test! {
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
             m.shutdown();
         });
-    }
-}
-
-/// Polls `cond` (the API server is not watched here) until it holds, for at most `secs`.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    secs: u64,
-    mut cond: impl FnMut() -> F,
-) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -59,20 +59,6 @@ impl Verb {
     }
 }
 
-impl Verb {
-    fn word(self) -> &'static str {
-        match self {
-            Verb::Get => "get",
-            Verb::List => "list",
-            Verb::Watch => "watch",
-            Verb::Create => "create",
-            Verb::Update => "update",
-            Verb::Patch => "patch",
-            Verb::Delete => "delete",
-        }
-    }
-}
-
 /// One request, as the authorizer sees it.
 pub struct Request<'a> {
     /// The verb.
@@ -109,7 +95,7 @@ fn forbidden(user: &str, r: &Request<'_>, why: &str) -> ApiError {
         format!(
             "{what}{} is forbidden: User \"{user}\" cannot {} resource \"{what}\" in API group \"{group}\" {scope}: {why}",
             r.name.map(|n| format!(" \"{n}\"")).unwrap_or_default(),
-            r.verb.word()
+            r.verb.name()
         ),
     )
 }

@@ -323,6 +323,23 @@ impl TestCluster {
     }
 }
 
+/// Polls `cond` (for what the test cannot watch: the server's objects) until it holds;
+/// panics naming `what` after `secs`.
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    secs: u64,
+    mut cond: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {secs}s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Namespaces, which only the real cluster needs (the in-process server has no such check).
 const NAMESPACES: Resource = Resource {
     plural: "namespaces",

@@ -8,10 +8,10 @@ mod common;
 #[path = "../../../examples/node-agent.rs"]
 mod agent;
 
-use std::future::Future;
 use std::time::Duration;
 
 use common::*;
+use kubevol_testserver::cluster::eventually;
 use kubevol_testserver::TestCluster;
 use serde_json::{json, Value};
 
@@ -26,18 +26,6 @@ async fn condition(cluster: &TestCluster, pod: &str) -> Option<Value> {
         .iter()
         .find(|c| c["type"] == json!(agent::CONDITION))
         .cloned()
-}
-
-/// Polls `cond` (the server is not watched here) until it holds, for at most `secs`.
-async fn eventually<F: Future<Output = bool>>(what: &str, secs: u64, mut cond: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within {secs}s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 mount_test! {
