@@ -676,3 +676,50 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A pod waiting for objects is processed again when what it reads appears: a claim, then
+    /// a PersistentVolume naming the claim in its claimRef (any PersistentVolume may be an
+    /// unbound claim's), and a ConfigMap (an unrelated one changes nothing).
+    fn a_waiting_pod_is_processed_again_when_what_it_reads_appears() {
+        let root = TestRoot::new();
+        let data = root.path().join("host/later");
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let p = pod_with_volumes("waits", json!([
+                {"name": "data", "persistentVolumeClaim": {"claimName": "later"}},
+                {"name": "cfg", "configMap": {"name": "cfg"}}]));
+            let uid = m.add_pod(p.clone());
+            let error_of = |s: &kubevol::status::PodStatus, name: &str| {
+                s.volumes.iter().find(|v| v.name == name).and_then(|v| v.retry.last_error.clone()).unwrap_or_default()
+            };
+            wait_for_status(&m, &p, 20, |s| error_of(s, "data").contains("later") && error_of(s, "cfg").contains("cfg")).await;
+
+            // The claim appears, unbound: the volume still waits, now for the binding.
+            m.library().upsert_objects(vec![kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
+                "metadata": {"name": "later", "namespace": "default"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})).unwrap())]);
+            let before = error_of(&m.pod_status(&uid).unwrap(), "data");
+            wait_for_status(&m, &p, 20, |s| { let e = error_of(s, "data"); !e.is_empty() && e != before }).await;
+
+            // A PersistentVolume whose claimRef names the claim binds it.
+            m.library().upsert_objects(vec![kubevol::store::Object::PersistentVolume(serde_json::from_value(json!({
+                "metadata": {"name": "later-pv"},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "hostPath": {"path": data, "type": "DirectoryOrCreate"},
+                         "claimRef": {"namespace": "default", "name": "later"}}})).unwrap())]);
+            wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.name == "data" && v.state == kubevol::status::VolumePhase::Mounted)).await;
+
+            // An unrelated ConfigMap leaves the waiting volume as it is; its own one mounts it.
+            m.library().upsert_objects(vec![kubevol::store::Object::ConfigMap(serde_json::from_value(json!({
+                "metadata": {"name": "other", "namespace": "default"}, "data": {"k": "v"}})).unwrap())]);
+            assert!(error_of(&m.pod_status(&uid).unwrap(), "cfg").contains("cfg"));
+            m.library().upsert_objects(vec![kubevol::store::Object::ConfigMap(serde_json::from_value(json!({
+                "metadata": {"name": "cfg", "namespace": "default"}, "data": {"k": "v"}})).unwrap())]);
+            m.wait_for_attach_and_mount(&p).await.expect("mounted once everything it reads exists");
+            m.remove_pods(std::slice::from_ref(&p));
+            m.wait_for_all_pods_unmount(&[p]).await.expect("torn down");
+            m.shutdown();
+        });
+    }
+}

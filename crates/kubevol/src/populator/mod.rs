@@ -70,6 +70,13 @@ pub struct Populator {
     /// Pods to process again though nothing of theirs changed (their tokens are due).
     refreshes: tokio::sync::mpsc::UnboundedReceiver<PodUid>,
     seen: HashMap<PodUid, Seen>,
+    /// The pods that read each object (by the keys of `seen`): a change of the object touches
+    /// only them.
+    readers: HashMap<ObjectKey, HashSet<PodUid>>,
+    /// Pods to process in the next pass whatever changed (refreshes).
+    due: BTreeSet<PodUid>,
+    /// The next pass looks at every pod (the first one, and the one after a panic).
+    full_pass_due: bool,
 }
 
 impl Populator {
@@ -94,6 +101,9 @@ impl Populator {
             content_generation: 0,
             refreshes,
             seen: HashMap::new(),
+            readers: HashMap::new(),
+            due: BTreeSet::new(),
+            full_pass_due: true,
         }
     }
 
@@ -115,6 +125,8 @@ impl Populator {
                         "the populator panicked in a pass; the next store change starts a new one"
                     );
                     self.seen.clear();
+                    self.readers.clear();
+                    self.full_pass_due = true;
                 }
             }
             // The status report shows manifest errors too: status watchers hear of every
@@ -123,9 +135,9 @@ impl Populator {
             tokio::select! {
                 r = store_rx.changed() => if r.is_err() { return },
                 Some(uid) = self.refreshes.recv() => {
-                    self.seen.remove(&uid);
+                    self.refresh(uid);
                     while let Ok(uid) = self.refreshes.try_recv() {
-                        self.seen.remove(&uid);
+                        self.refresh(uid);
                     }
                 }
                 _ = stop.changed() => return,
@@ -168,6 +180,9 @@ impl PartialEq for Version {
     }
 }
 
+/// What an unbound claim's readers read: every PersistentVolume change touches them.
+const ANY_PERSISTENT_VOLUME: ObjectKey = ObjectKey::PersistentVolume(String::new());
+
 /// An object the store does not hold: still to be listed by the API server, or missing.
 fn absent(store: &ObjectStore, key: ObjectKey) -> Version {
     if store.pending(&key) {
@@ -183,12 +198,14 @@ fn storage_versions(
     node: &str,
     ns: &str,
     v: &k8s_openapi::api::core::v1::Volume,
-    out: &mut Vec<Version>,
+    out: &mut Vec<(ObjectKey, Version)>,
 ) {
     let driver = |name: &str| {
-        store
+        let key = ObjectKey::CSIDriver(name.to_string());
+        let version = store
             .csi_driver(name)
-            .map_or(Version::Missing, |d| Version::Driver(d.object))
+            .map_or(Version::Missing, |d| Version::Driver(d.object));
+        (key, version)
     };
     if let Some(csi) = &v.csi {
         out.push(driver(&csi.driver));
@@ -196,14 +213,12 @@ fn storage_versions(
     let Some((name, claim)) = claims::claim_of(store, ns, v) else {
         return;
     };
+    let claim_key = ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string()));
     let Some(claim) = claim else {
-        out.push(absent(
-            store,
-            ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string())),
-        ));
+        out.push((claim_key.clone(), absent(store, claim_key)));
         return;
     };
-    out.push(Version::Claim(claim.clone()));
+    out.push((claim_key, Version::Claim(claim.clone())));
     match claims::bound_volume(store, ns, &claim) {
         Some(pv) => {
             if let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) {
@@ -211,34 +226,42 @@ fn storage_versions(
             }
             // Its nodeAffinity is checked against the Node's labels.
             if pv.spec.as_ref().is_some_and(|s| s.node_affinity.is_some()) {
-                out.push(store.node(node).map_or_else(
-                    || absent(store, ObjectKey::Node(node.to_string())),
-                    |n| Version::Node(n.object),
-                ));
+                let key = ObjectKey::Node(node.to_string());
+                let version = store
+                    .node(node)
+                    .map_or_else(|| absent(store, key.clone()), |n| Version::Node(n.object));
+                out.push((key, version));
             }
-            out.push(Version::Volume(pv));
+            let key = ObjectKey::PersistentVolume(pv.metadata.name.clone().unwrap_or_default());
+            out.push((key, Version::Volume(pv)));
         }
-        None => out.push(
-            claim
+        None => {
+            // Bound to a volume the store does not hold (yet), or unbound: then any
+            // PersistentVolume may turn out to be its (its `claimRef` names the claim).
+            let pv = claim
                 .spec
                 .as_ref()
                 .and_then(|s| s.volume_name.clone())
-                .filter(|n| !n.is_empty())
-                .map_or(Version::Missing, |pv| {
-                    absent(store, ObjectKey::PersistentVolume(pv))
-                }),
-        ),
+                .filter(|n| !n.is_empty());
+            match pv {
+                Some(pv) => {
+                    let key = ObjectKey::PersistentVolume(pv);
+                    out.push((key.clone(), absent(store, key)));
+                }
+                None => out.push((ANY_PERSISTENT_VOLUME, Version::Missing)),
+            }
+        }
     }
 }
 
 /// What the populator last processed of a pod: the pod object and the objects its volumes read.
 pub(crate) struct Seen {
     pod: Arc<Pod>,
-    objects: Vec<Version>,
+    objects: Vec<(ObjectKey, Version)>,
 }
 
 /// The current versions of the objects a pod's volumes read, in a fixed order.
-fn object_versions(store: &ObjectStore, node: &str, pod: &Pod) -> Vec<Version> {
+fn object_versions(store: &ObjectStore, node: &str, pod: &Pod) -> Vec<(ObjectKey, Version)> {
     let mut out = Vec::new();
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         volume_versions(store, node, pod, v, &mut out);
@@ -252,7 +275,7 @@ fn volume_versions(
     node: &str,
     pod: &Pod,
     v: &k8s_openapi::api::core::v1::Volume,
-    out: &mut Vec<Version>,
+    out: &mut Vec<(ObjectKey, Version)>,
 ) {
     let ns = pod
         .metadata
@@ -275,14 +298,15 @@ fn volume_versions(
             Some(_) => Version::NotLoaded,
             None => absent(store, key.clone()),
         };
-        out.push(match r.kind {
+        let version = match r.kind {
             ObjectKind::ConfigMap => store
                 .config_map(&r.namespace, &r.name)
                 .map_or_else(missing, |s| Version::ConfigMap(s.object)),
             ObjectKind::Secret => store
                 .secret(&r.namespace, &r.name)
                 .map_or_else(missing, |s| Version::Secret(s.object)),
-        });
+        };
+        out.push((key, version));
     }
 }
 
@@ -295,68 +319,143 @@ fn still_to_list(
 ) -> Option<ObjectKey> {
     let mut versions = Vec::new();
     volume_versions(store, node, pod, v, &mut versions);
-    versions.into_iter().find_map(|x| match x {
+    versions.into_iter().find_map(|(_, x)| match x {
         Version::Pending(key) => Some(key),
         _ => None,
     })
 }
 
 impl Populator {
-    /// One pass over the store. Returns whether the DSW changed (the reconciler must look).
+    /// One pass: the pods the store's changes touch (their own changes, and changes of the
+    /// objects they read), or every pod when anything may have changed. Returns whether the
+    /// DSW changed (the reconciler must look).
     fn sync(&mut self) -> bool {
         // Read the sync flag before the pods: if it is true, this listing is complete.
         let sources_synced = self.store.all_sources_synced();
-        let mut wanted = HashSet::new();
+        let (keys, everything) = self.store.take_changes();
         let mut changed = false;
-        for (uid, stored) in self.store.pods() {
-            let pod = &stored.pod;
-            if !is_for_node(pod, &self.node_name) {
-                debug!(pod = ?pod.metadata.name, node = ?pod.spec.as_ref().and_then(|s| s.node_name.as_ref()), "pod is assigned to another node; ignored");
-                continue;
+        if everything || std::mem::take(&mut self.full_pass_due) {
+            let pods = self.store.pods();
+            let listed: HashSet<&PodUid> = pods.iter().map(|(uid, _)| uid).collect();
+            let gone: Vec<PodUid> = self
+                .seen
+                .keys()
+                .filter(|u| !listed.contains(u))
+                .cloned()
+                .collect();
+            for (uid, stored) in &pods {
+                changed |= self.sync_pod(uid, Some(stored));
             }
-            if is_terminated(pod) {
-                continue;
+            for uid in gone {
+                changed |= self.sync_pod(&uid, None);
             }
-            wanted.insert(uid.clone());
-            let objects = object_versions(&self.store, &self.node_name, pod);
-            let (same_pod, same_objects) = self.seen.get(&uid).map_or((false, false), |s| {
-                (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
-            });
-            if same_pod && same_objects {
-                continue;
+            self.due.clear();
+        } else {
+            let mut touched: BTreeSet<PodUid> = std::mem::take(&mut self.due);
+            for key in keys {
+                match key {
+                    ObjectKey::Pod(uid) => {
+                        touched.insert(uid);
+                    }
+                    other => {
+                        if matches!(other, ObjectKey::PersistentVolume(_)) {
+                            touched.extend(self.readers_of(&ANY_PERSISTENT_VOLUME));
+                        }
+                        touched.extend(self.readers_of(&other));
+                    }
+                }
             }
-            if !same_objects {
-                // An object appeared or changed: retry this pod's volumes now, not after backoff.
-                self.executor
-                    .retry_now(|k| k.pod.as_ref() == Some(&uid), Instant::now());
+            for uid in touched {
+                let stored = self.store.pod(&uid);
+                changed |= self.sync_pod(&uid, stored.as_ref());
             }
-            self.seen.insert(
-                uid.clone(),
-                Seen {
-                    pod: pod.clone(),
-                    objects,
-                },
-            );
-            self.process_pod(&uid, &stored);
-            self.dsw.world().notify_pod(&uid);
-            changed = true;
-        }
-        let gone: Vec<PodUid> = self
-            .seen
-            .keys()
-            .filter(|u| !wanted.contains(*u))
-            .cloned()
-            .collect();
-        for uid in gone {
-            self.seen.remove(&uid);
-            self.dsw.remove_pod(&uid);
-            self.dsw.world().notify_pod(&uid);
-            changed = true;
         }
         if sources_synced && self.dsw.mark_synced() {
             changed = true;
         }
         changed
+    }
+
+    /// Brings one pod's wishes up to date with the store's pod (`None`: it is gone). Returns
+    /// whether the DSW changed.
+    fn sync_pod(&mut self, uid: &PodUid, stored: Option<&StoredPod>) -> bool {
+        let wanted = stored.filter(|s| {
+            let pod = &s.pod;
+            if !is_for_node(pod, &self.node_name) {
+                debug!(pod = ?pod.metadata.name, node = ?pod.spec.as_ref().and_then(|s| s.node_name.as_ref()), "pod is assigned to another node; ignored");
+                return false;
+            }
+            !is_terminated(pod)
+        });
+        let Some(stored) = wanted else {
+            let Some(old) = self.seen.remove(uid) else {
+                return false;
+            };
+            self.forget_readers(uid, &old);
+            self.dsw.remove_pod(uid);
+            self.dsw.world().notify_pod(uid);
+            return true;
+        };
+        let pod = &stored.pod;
+        let objects = object_versions(&self.store, &self.node_name, pod);
+        let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
+            (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
+        });
+        if same_pod && same_objects {
+            return false;
+        }
+        if !same_objects {
+            // An object appeared or changed: retry this pod's volumes now, not after backoff.
+            self.executor
+                .retry_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
+        }
+        if let Some(old) = self.seen.remove(uid) {
+            self.forget_readers(uid, &old);
+        }
+        for (key, _) in &objects {
+            self.readers
+                .entry(key.clone())
+                .or_default()
+                .insert(uid.clone());
+        }
+        self.seen.insert(
+            uid.clone(),
+            Seen {
+                pod: pod.clone(),
+                objects,
+            },
+        );
+        self.process_pod(uid, stored);
+        self.dsw.world().notify_pod(uid);
+        true
+    }
+
+    /// Processes `uid` again in the next pass whatever changed: forgotten, so nothing
+    /// compares equal.
+    fn refresh(&mut self, uid: PodUid) {
+        if let Some(old) = self.seen.remove(&uid) {
+            self.forget_readers(&uid, &old);
+        }
+        self.due.insert(uid);
+    }
+
+    fn readers_of(&self, key: &ObjectKey) -> Vec<PodUid> {
+        self.readers
+            .get(key)
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Drops `uid` from the readers of what it read.
+    fn forget_readers(&mut self, uid: &PodUid, seen: &Seen) {
+        for (key, _) in &seen.objects {
+            if let Some(readers) = self.readers.get_mut(key) {
+                readers.remove(uid);
+                if readers.is_empty() {
+                    self.readers.remove(key);
+                }
+            }
+        }
     }
 
     fn process_pod(&mut self, uid: &PodUid, stored: &StoredPod) {

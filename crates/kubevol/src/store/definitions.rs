@@ -158,6 +158,17 @@ pub(super) struct Objects {
     pub(super) files: BTreeMap<PathBuf, FileEntry>,
     /// Objects the API server is asked for and has not listed yet.
     pub(super) pending: BTreeSet<Key>,
+    /// What changed since the populator last looked (see `ObjectStore::take_changes`).
+    pub(super) journal: Journal,
+}
+
+/// The keys whose objects (or pending state) changed since the last reading, or that anything
+/// may have: a manifest file's errors decide whether a missing object is "not loaded", so a
+/// change of them is a change of every reader.
+#[derive(Default)]
+pub(super) struct Journal {
+    pub(super) keys: BTreeSet<Key>,
+    pub(super) everything: bool,
 }
 
 /// Puts `def` (from `origin`) in effect in `map`, keeping the object in effect when its content
@@ -347,6 +358,10 @@ impl Objects {
                     if self.file_unchanged(&path, &objects) {
                         return false;
                     }
+                    if self.files.get(&path).is_some_and(|f| !f.errors.is_empty()) {
+                        // Its errors go with its old content.
+                        self.journal.everything = true;
+                    }
                     self.forget_file(&path, touched);
                     let mut entry = FileEntry::default();
                     for (document, obj) in objects {
@@ -367,6 +382,7 @@ impl Objects {
                         return false;
                     }
                     entry.errors = errors;
+                    self.journal.everything = true;
                     true
                 }
                 FileContent::Gone => self.forget_file(&path, touched),
@@ -418,11 +434,15 @@ impl Objects {
                 changed
             }
             Change::ClusterPending { key, pending } => {
-                if pending {
-                    self.pending.insert(key)
+                let changed = if pending {
+                    self.pending.insert(key.clone())
                 } else {
                     self.pending.remove(&key)
+                };
+                if changed {
+                    self.journal.keys.insert(key);
                 }
+                changed
             }
             Change::RemovePod(uid) => {
                 let key = Key::Pod(uid);

@@ -411,6 +411,7 @@ impl ObjectStore {
             for key in &touched {
                 changed |= o.promote(key);
             }
+            o.journal.keys.extend(touched);
         }
         if changed {
             self.bump();
@@ -485,6 +486,14 @@ impl ObjectStore {
     /// but not listed it yet (see [`Change::ClusterPending`]).
     pub fn pending(&self, key: &ObjectKey) -> bool {
         self.read().pending.contains(key)
+    }
+
+    /// The keys whose objects changed since the last call (pods by UID, the objects they
+    /// read, an object's pending state), and whether anything else may have changed what a
+    /// pod reads (a manifest file's errors): the populator processes only the pods these touch.
+    pub fn take_changes(&self) -> (BTreeSet<ObjectKey>, bool) {
+        let journal = std::mem::take(&mut self.write().journal);
+        (journal.keys, journal.everything)
     }
 
     /// A Node by name.
