@@ -7,7 +7,11 @@
 //! that no pod uses.
 
 use crate::names::{PodUid, UniqueVolumeName};
-use crate::state::{ActualState, DesiredState, DeviceMountState, PodMountState};
+use std::collections::BTreeSet;
+
+use crate::state::{
+    ActualState, ActualVolume, DesiredState, DesiredVolume, DeviceMountState, PodMountState,
+};
 
 /// One operation the executor can run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +83,18 @@ impl Operation {
         }
     }
 
+    /// The volume the operation is on.
+    pub fn volume(&self) -> &UniqueVolumeName {
+        match self {
+            Operation::UnmountVolume { volume, .. }
+            | Operation::MountVolume { volume, .. }
+            | Operation::Attach { volume }
+            | Operation::MountDevice { volume }
+            | Operation::UnmountDevice { volume }
+            | Operation::Detach { volume } => volume,
+        }
+    }
+
     /// The kubelet's metric name of the operation (`storage_operation_duration_seconds`).
     pub fn metric_name(&self) -> &'static str {
         match self {
@@ -107,15 +123,26 @@ impl Operation {
 /// With `require_reported` (a node of a cluster), an attachable or device-mountable volume is
 /// not attached or staged before the node has reported it in `status.volumesInUse`, so that
 /// the attach/detach controller never detaches a volume the node is about to use.
+///
+/// With `only`, just those volumes are looked at (the ones whose desired or actual state
+/// changed, or whose backoff expired): what is due for any other volume was due before too.
 pub fn plan(
     dsw: &DesiredState,
     asw: &ActualState,
     teardown_allowed: bool,
     require_reported: bool,
+    only: Option<&BTreeSet<UniqueVolumeName>>,
 ) -> Vec<Operation> {
+    let (actual, desired): (Vec<&ActualVolume>, Vec<&DesiredVolume>) = match only {
+        None => (asw.volumes().collect(), dsw.volumes().collect()),
+        Some(names) => (
+            names.iter().filter_map(|n| asw.volume(n)).collect(),
+            names.iter().filter_map(|n| dsw.volume(n)).collect(),
+        ),
+    };
     let mut ops = Vec::new();
     if teardown_allowed {
-        for v in asw.volumes() {
+        for v in &actual {
             for uid in v.pods.keys() {
                 if dsw.pod_volume(&v.name, uid).is_none() {
                     ops.push(Operation::UnmountVolume {
@@ -126,7 +153,7 @@ pub fn plan(
             }
         }
     }
-    for want in dsw.volumes() {
+    for want in desired {
         let have = asw.volume(&want.name);
         let node_wide = want.traits.attachable || want.traits.device_mountable;
         if require_reported && node_wide && !want.reported_in_use {
@@ -164,7 +191,7 @@ pub fn plan(
         }
     }
     if teardown_allowed {
-        for v in asw.volumes() {
+        for v in actual {
             if !v.pods.is_empty() || dsw.volume(&v.name).is_some() {
                 continue;
             }
@@ -261,7 +288,7 @@ mod tests {
             vec![wish("v1", "a", traits(false, false), 0)],
             BTreeMap::new(),
         );
-        let ops = plan(&dsw, &ActualState::default(), false, false);
+        let ops = plan(&dsw, &ActualState::default(), false, false, None);
         assert_eq!(
             ops,
             vec![Operation::MountVolume {
@@ -270,6 +297,41 @@ mod tests {
                 remount: false
             }]
         );
+    }
+
+    #[test]
+    fn a_plan_of_some_volumes_looks_at_those_only() {
+        let mut dsw = DesiredState::default();
+        let t = traits(false, false);
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", t.clone(), 0), wish("v2", "a", t.clone(), 0)],
+            BTreeMap::new(),
+        );
+        let mut asw = ActualState::default();
+        // v3 is mounted for a pod that no longer wants it.
+        asw.mark_pod_volume(
+            &vol("v3"),
+            &t,
+            PodUid("uid-b".into()),
+            mounted("b", PodMountState::Mounted, 0),
+        );
+        let only: BTreeSet<UniqueVolumeName> = [vol("v2"), vol("v3")].into();
+        assert_eq!(
+            plan(&dsw, &asw, true, false, Some(&only)),
+            vec![
+                Operation::UnmountVolume {
+                    volume: vol("v3"),
+                    pod: PodUid("uid-b".into()),
+                },
+                Operation::MountVolume {
+                    volume: vol("v2"),
+                    pod: PodUid("uid-a".into()),
+                    remount: false
+                },
+            ]
+        );
+        assert_eq!(plan(&dsw, &asw, true, false, None).len(), 3, "all of them");
     }
 
     #[test]
@@ -288,7 +350,7 @@ mod tests {
             PodUid("uid-a".into()),
             mounted("a", PodMountState::Mounted, 0),
         );
-        assert!(plan(&dsw, &asw, true, false).is_empty());
+        assert!(plan(&dsw, &asw, true, false, None).is_empty());
     }
 
     #[test]
@@ -308,7 +370,7 @@ mod tests {
             mounted("a", PodMountState::Uncertain, 0),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true, false)[..],
+            plan(&dsw, &asw, true, false, None)[..],
             [Operation::MountVolume { remount: false, .. }]
         ));
     }
@@ -330,7 +392,7 @@ mod tests {
             mounted("a", PodMountState::Mounted, 1),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true, false)[..],
+            plan(&dsw, &asw, true, false, None)[..],
             [Operation::MountVolume { remount: true, .. }]
         ));
     }
@@ -347,11 +409,11 @@ mod tests {
         );
         let dsw = DesiredState::default();
         assert!(
-            plan(&dsw, &asw, false, false).is_empty(),
+            plan(&dsw, &asw, false, false, None).is_empty(),
             "no teardown before sources synced"
         );
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::UnmountVolume {
                 volume: vol("v1"),
                 pod: PodUid("uid-a".into())
@@ -370,12 +432,12 @@ mod tests {
         );
         let mut asw = ActualState::default();
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::Attach { volume: vol("v1") }]
         );
         asw.mark_attached(&vol("v1"), &t, BTreeMap::new(), spec("v1"));
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::MountDevice { volume: vol("v1") }]
         );
         asw.mark_device_state(
@@ -386,7 +448,7 @@ mod tests {
             spec("v1"),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true, false)[..],
+            plan(&dsw, &asw, true, false, None)[..],
             [Operation::MountVolume { .. }]
         ));
     }
@@ -403,16 +465,16 @@ mod tests {
         let mut asw = ActualState::default();
         asw.mark_attach_uncertain(&vol("v1"), &t, spec("v1"));
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::Attach { volume: vol("v1") }]
         );
         dsw.remove_pod(&PodUid("uid-a".into()));
         assert!(
-            plan(&dsw, &asw, false, false).is_empty(),
+            plan(&dsw, &asw, false, false, None).is_empty(),
             "gated until sources synced"
         );
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::Detach { volume: vol("v1") }]
         );
         asw.mark_detached(&vol("v1"));
@@ -439,12 +501,12 @@ mod tests {
             mounted("a", PodMountState::Mounted, 0),
         );
         assert!(matches!(
-            plan(&dsw, &asw, true, false)[..],
+            plan(&dsw, &asw, true, false, None)[..],
             [Operation::UnmountVolume { .. }]
         ));
         asw.mark_pod_unmounted(&vol("v1"), &PodUid("uid-a".into()));
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::UnmountDevice { volume: vol("v1") }]
         );
         asw.mark_device_state(
@@ -455,12 +517,12 @@ mod tests {
             spec("v1"),
         );
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::Detach { volume: vol("v1") }]
         );
         asw.mark_detached(&vol("v1"));
         assert!(asw.volume(&vol("v1")).is_none());
-        assert!(plan(&dsw, &asw, true, false).is_empty());
+        assert!(plan(&dsw, &asw, true, false, None).is_empty());
     }
 
     #[test]
@@ -487,7 +549,7 @@ mod tests {
             mounted("b", PodMountState::Mounted, 0),
         );
         assert_eq!(
-            plan(&dsw, &asw, true, false),
+            plan(&dsw, &asw, true, false, None),
             vec![Operation::UnmountVolume {
                 volume: vol("v1"),
                 pod: PodUid("uid-a".into())
@@ -528,17 +590,17 @@ mod tests {
             BTreeMap::new(),
         );
         let asw = ActualState::default();
-        let ops = plan(&dsw, &asw, true, true);
+        let ops = plan(&dsw, &asw, true, true, None);
         assert_eq!(ops.len(), 1, "only the per-pod volume: {ops:?}");
         assert!(matches!(&ops[0], Operation::MountVolume { volume, .. } if *volume == vol("v2")));
         dsw.mark_reported_in_use(&[vol("v1")]);
-        let ops = plan(&dsw, &asw, true, true);
+        let ops = plan(&dsw, &asw, true, true, None);
         assert!(
             ops.contains(&Operation::Attach { volume: vol("v1") }),
             "{ops:?}"
         );
         assert!(
-            plan(&dsw, &asw, true, false).contains(&Operation::Attach { volume: vol("v1") }),
+            plan(&dsw, &asw, true, false, None).contains(&Operation::Attach { volume: vol("v1") }),
             "standalone: no wait"
         );
     }

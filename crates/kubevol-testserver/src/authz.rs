@@ -12,9 +12,7 @@
 
 use serde_json::Value;
 
-use std::sync::Arc;
-
-use crate::store::{ApiError, Key, PodRefs, Resource, Store};
+use crate::store::{ApiError, Resource, Store};
 
 /// The identity a request is made with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,57 +198,38 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
     }
 }
 
-/// Whether a pod bound to `node` (and known to the authorizer) references the object.
-fn related(store: &Store, node: &str, plural: &str, namespace: &str, name: &str) -> bool {
-    let pods: Vec<(&Key, &Value, Arc<PodRefs>)> = store
-        .known_pods_of(node)
-        .into_iter()
-        .map(|(k, p)| (k, p, pod_refs(store, k, p)))
-        .collect();
-    let in_ns = |k: &Key| k.namespace == namespace;
-    let any_ref = |pick: fn(&PodRefs) -> &Vec<String>| {
-        pods.iter()
-            .filter(|(k, _, _)| in_ns(k))
-            .any(|(_, _, r)| pick(r).iter().any(|n| n == name))
+/// Whether a pod bound to `node` (and known to the authorizer) references the object: the
+/// store's index answers for what pods name directly; a PersistentVolume (and the Secrets of
+/// its CSI source) through the node's pods' claims.
+fn related(store: &Store, node: &str, plural: &'static str, namespace: &str, name: &str) -> bool {
+    let direct = || {
+        store
+            .pods_referencing(plural, namespace, name)
+            .any(|pod| store.known_pod_of(pod, node))
     };
-    let values = || pods.iter().map(|(_, p, _)| *p).collect::<Vec<_>>();
+    let volumes = || {
+        let pods: Vec<&Value> = store
+            .known_pods_of(node)
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        volumes_of(store, &pods)
+    };
     match plural {
-        "configmaps" => any_ref(|r| &r.config_maps),
+        "configmaps" | "persistentvolumeclaims" => direct(),
         "secrets" => {
-            any_ref(|r| &r.secrets)
-                || volumes_of(store, &values()).iter().any(|pv| {
+            direct()
+                || volumes().iter().any(|pv| {
                     pv_secrets(pv)
                         .iter()
                         .any(|(ns, n)| ns == namespace && n == name)
                 })
         }
-        "persistentvolumeclaims" => any_ref(|r| &r.claims),
-        "persistentvolumes" => volumes_of(store, &values())
+        "persistentvolumes" => volumes()
             .iter()
             .any(|pv| pv.pointer("/metadata/name").and_then(Value::as_str) == Some(name)),
         _ => false,
     }
-}
-
-/// The objects a pod references, read once per version of the pod.
-fn pod_refs(store: &Store, key: &Key, pod: &Value) -> Arc<PodRefs> {
-    let rv = pod
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let mut cache = store.pod_refs.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((have, refs)) = cache.get(key) {
-        if have == rv {
-            return refs.clone();
-        }
-    }
-    let refs = Arc::new(PodRefs {
-        config_maps: config_maps(pod),
-        secrets: secrets(pod),
-        claims: refs(pod, &["persistentVolumeClaim/claimName"]),
-    });
-    cache.insert(key.clone(), (rv.to_string(), refs.clone()));
-    refs
 }
 
 /// The PersistentVolumes the pods' claims are bound to.
@@ -261,7 +240,7 @@ fn volumes_of<'s>(store: &'s Store, pods: &[&Value]) -> Vec<&'s Value> {
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        for claim in refs(p, &["persistentVolumeClaim/claimName"]) {
+        for claim in crate::refs::claims(p) {
             let key = crate::store::Key {
                 plural: "persistentvolumeclaims",
                 namespace: ns.into(),
@@ -281,113 +260,6 @@ fn volumes_of<'s>(store: &'s Store, pods: &[&Value]) -> Vec<&'s Value> {
             };
             out.extend(store.get(&pv_key));
         }
-    }
-    out
-}
-
-/// The names at `paths` (relative to each of the pod's volumes, `/`-separated).
-fn refs(pod: &Value, paths: &[&str]) -> Vec<String> {
-    let mut out = Vec::new();
-    for v in pod
-        .pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        for path in paths {
-            if let Some(n) = v.pointer(&format!("/{path}")).and_then(Value::as_str) {
-                out.push(n.to_string());
-            }
-        }
-    }
-    out
-}
-
-/// The names under every container's `env[].valueFrom.<kind>KeyRef.name` and `envFrom[].<kind>Ref.name`.
-fn env_refs(pod: &Value, key_ref: &str, from_ref: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for list in ["containers", "initContainers", "ephemeralContainers"] {
-        for c in pod
-            .pointer(&format!("/spec/{list}"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
-                out.extend(
-                    e.pointer(&format!("/valueFrom/{key_ref}/name"))
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                );
-            }
-            for e in c
-                .get("envFrom")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                out.extend(
-                    e.pointer(&format!("/{from_ref}/name"))
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                );
-            }
-        }
-    }
-    out
-}
-
-fn projected(pod: &Value, kind: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for v in pod
-        .pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        for s in v
-            .pointer("/projected/sources")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            out.extend(
-                s.pointer(&format!("/{kind}/name"))
-                    .and_then(Value::as_str)
-                    .map(String::from),
-            );
-        }
-    }
-    out
-}
-
-fn config_maps(pod: &Value) -> Vec<String> {
-    let mut out = refs(pod, &["configMap/name"]);
-    out.extend(projected(pod, "configMap"));
-    out.extend(env_refs(pod, "configMapKeyRef", "configMapRef"));
-    out
-}
-
-fn secrets(pod: &Value) -> Vec<String> {
-    let mut out = refs(
-        pod,
-        &[
-            "secret/secretName",
-            "csi/nodePublishSecretRef/name",
-            "cephfs/secretRef/name",
-            "rbd/secretRef/name",
-            "azureFile/secretName",
-        ],
-    );
-    out.extend(projected(pod, "secret"));
-    out.extend(env_refs(pod, "secretKeyRef", "secretRef"));
-    for s in pod
-        .pointer("/spec/imagePullSecrets")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        out.extend(s.get("name").and_then(Value::as_str).map(String::from));
     }
     out
 }

@@ -19,6 +19,7 @@
 
 pub mod authz;
 pub mod cluster;
+mod refs;
 mod routes;
 pub mod store;
 mod token;

@@ -546,8 +546,8 @@ fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
                 && selects(&w.selector, &c.object)
         };
         let (mut feed, first, mut last) = {
-            let store = s.store();
-            let feed = store.subscribe();
+            let mut store = s.store();
+            let feed = store.subscribe(w.res.plural);
             let now = store.resource_version();
             let first = match w.resource_version {
                 Some(rv) => store.since(rv),

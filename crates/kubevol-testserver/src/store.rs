@@ -4,7 +4,7 @@
 //! kept in a bounded history; a watch asked to resume from a version older than the history
 //! gets `410 Gone` ("too old resource version"), as from a compacted etcd.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
@@ -76,7 +76,7 @@ pub fn resource(group_version: &str, plural: &str) -> Option<&'static Resource> 
 }
 
 /// An object's place.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
     /// Its resource's plural.
     pub plural: &'static str,
@@ -136,7 +136,8 @@ pub struct Store {
     history: VecDeque<Change>,
     /// Watches may resume from this version or a later one.
     oldest: u64,
-    feed: broadcast::Sender<Change>,
+    /// Each resource's changes, for its watches (a watch of Secrets is not woken by pods).
+    feeds: HashMap<&'static str, broadcast::Sender<Change>>,
     /// When each pod's node relationship becomes known to the authorizer.
     pod_seen_at: BTreeMap<Key, Instant>,
     /// How long the authorizer takes to learn a pod's references.
@@ -152,19 +153,11 @@ pub struct Store {
     /// `create serviceaccounts/token`).
     pub(crate) node_requests: BTreeMap<String, u64>,
     /// The pods bound to each node (as the Node authorizer's graph has them).
-    pods_by_node: BTreeMap<String, std::collections::BTreeSet<Key>>,
-    /// What the authorizer read from each pod version, by pod: its resource version and the
-    /// objects it references (filled by the authorizer, so that a request costs a lookup, not
-    /// a walk of every pod's spec).
-    pub(crate) pod_refs: std::sync::Mutex<BTreeMap<Key, (String, std::sync::Arc<PodRefs>)>>,
-}
-
-/// The objects one pod references by name, in its namespace.
-#[derive(Default)]
-pub(crate) struct PodRefs {
-    pub(crate) config_maps: Vec<String>,
-    pub(crate) secrets: Vec<String>,
-    pub(crate) claims: Vec<String>,
+    pods_by_node: BTreeMap<String, BTreeSet<Key>>,
+    /// The pods that reference each object by name: (plural, namespace, name) → pods.
+    referencing: HashMap<(&'static str, String, String), BTreeSet<Key>>,
+    /// What each pod references, to undo its entries when it changes.
+    references: HashMap<Key, Vec<(&'static str, String)>>,
 }
 
 impl Default for Store {
@@ -174,7 +167,7 @@ impl Default for Store {
             objects: BTreeMap::new(),
             history: VecDeque::new(),
             oldest: 1,
-            feed: broadcast::channel(HISTORY).0,
+            feeds: HashMap::new(),
             pod_seen_at: BTreeMap::new(),
             relation_delay: Duration::ZERO,
             max_token_lifetime: None,
@@ -182,7 +175,8 @@ impl Default for Store {
             disabled: Default::default(),
             node_requests: BTreeMap::new(),
             pods_by_node: BTreeMap::new(),
-            pod_refs: Default::default(),
+            referencing: HashMap::new(),
+            references: HashMap::new(),
         }
     }
 }
@@ -251,9 +245,12 @@ impl Store {
         self.rv
     }
 
-    /// Subscribes to every change from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
-        self.feed.subscribe()
+    /// Subscribes to every change of a resource from now on.
+    pub fn subscribe(&mut self, plural: &'static str) -> broadcast::Receiver<Change> {
+        self.feeds
+            .entry(plural)
+            .or_insert_with(|| broadcast::channel(HISTORY).0)
+            .subscribe()
     }
 
     /// The changes after `rv`, or `410 Gone` when they are no longer kept.
@@ -302,6 +299,28 @@ impl Store {
         }
     }
 
+    /// The pods that reference an object by name (in its namespace).
+    pub(crate) fn pods_referencing(
+        &self,
+        plural: &'static str,
+        namespace: &str,
+        name: &str,
+    ) -> impl Iterator<Item = &Key> {
+        self.referencing
+            .get(&(plural, namespace.to_string(), name.to_string()))
+            .into_iter()
+            .flatten()
+    }
+
+    /// Whether `pod` is bound to `node` and the authorizer has learnt its references.
+    pub(crate) fn known_pod_of(&self, pod: &Key, node: &str) -> bool {
+        self.pods_by_node.get(node).is_some_and(|p| p.contains(pod))
+            && self
+                .pod_seen_at
+                .get(pod)
+                .is_some_and(|t| *t <= Instant::now())
+    }
+
     /// Pods bound to `node` whose references the authorizer has learnt.
     pub(crate) fn known_pods_of(&self, node: &str) -> Vec<(&Key, &Value)> {
         let now = Instant::now();
@@ -320,13 +339,28 @@ impl Store {
                 let pods = self.pods_by_node.entry(node.to_string()).or_default();
                 if kind == "DELETED" {
                     pods.remove(&key);
-                    self.pod_refs
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
                 } else {
                     pods.insert(key.clone());
                 }
+            }
+            for (plural, name) in self.references.remove(&key).unwrap_or_default() {
+                let entry = (plural, key.namespace.clone(), name);
+                if let Some(pods) = self.referencing.get_mut(&entry) {
+                    pods.remove(&key);
+                    if pods.is_empty() {
+                        self.referencing.remove(&entry);
+                    }
+                }
+            }
+            if kind != "DELETED" {
+                let refs = crate::refs::of_pod(&object);
+                for (plural, name) in &refs {
+                    self.referencing
+                        .entry((plural, key.namespace.clone(), name.clone()))
+                        .or_default()
+                        .insert(key.clone());
+                }
+                self.references.insert(key.clone(), refs);
             }
         }
         let change = Change {
@@ -341,7 +375,9 @@ impl Store {
                 self.oldest = old.rv;
             }
         }
-        let _ = self.feed.send(change);
+        if let Some(feed) = self.feeds.get(change.key.plural) {
+            let _ = feed.send(change);
+        }
     }
 
     fn next_rv(&mut self, obj: &mut Value) {

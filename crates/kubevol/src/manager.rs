@@ -544,6 +544,8 @@ async fn retry_csi_on_registration(
             |k| k.volume.0.starts_with(&prefix),
             tokio::time::Instant::now(),
         );
+        // Its volumes are tried again now (registrations are rare: every volume is planned).
+        world.touch_all();
         world.wake_reconciler();
     }
 }

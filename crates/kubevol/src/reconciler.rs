@@ -4,10 +4,12 @@
 //! expiry, or the slow safety-net resync. It reads the world and never writes it, and never
 //! makes a syscall.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kubevol_core::reconcile::plan;
+use kubevol_core::UniqueVolumeName;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::info;
@@ -15,12 +17,33 @@ use tracing::info;
 use crate::operations::executor::NotStarted;
 use crate::operations::Operations;
 
-/// One pass: plans, starts what is due, and returns when the earliest backoff expires (or the
-/// resync is due).
-fn pass(ops: &Arc<Operations>, resync: Duration) -> Instant {
+/// What the reconciler remembers between passes.
+struct Memory {
+    /// When volumes whose operations back off are to be planned again.
+    retries: BTreeMap<Instant, BTreeSet<UniqueVolumeName>>,
+    /// When every volume is planned again whatever changed (the safety net).
+    next_full: Instant,
+}
+
+/// One pass: plans the volumes whose state changed or whose backoff expired (every volume at
+/// the start and at each resync), starts what is due, and returns when the next pass is due
+/// without a wake-up: the earliest backoff expiry, or the resync.
+fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant {
     let world = ops.world();
     let now = Instant::now();
     let teardown_allowed = world.dsw_synced();
+    let dirty = world.take_dirty();
+    let full = dirty.all || now >= memory.next_full;
+    let mut only = dirty.volumes;
+    if full {
+        memory.retries.clear();
+        memory.next_full = now + resync;
+    } else {
+        let later = memory.retries.split_off(&(now + Duration::from_nanos(1)));
+        for (_, volumes) in std::mem::replace(&mut memory.retries, later) {
+            only.extend(volumes);
+        }
+    }
     let planned = {
         let dsw = world.dsw();
         let asw = world.asw();
@@ -29,34 +52,53 @@ fn pass(ops: &Arc<Operations>, resync: Duration) -> Instant {
             &asw,
             teardown_allowed,
             world.reported_in_use_required(),
+            (!full).then_some(&only),
         )
     };
-    let mut next = now + resync;
     for op in planned {
-        match ops.start(op, now) {
+        match ops.start(op.clone(), now) {
             Ok(()) | Err(NotStarted::Busy) => {}
-            Err(NotStarted::BackingOff(at)) => next = next.min(at),
+            Err(NotStarted::BackingOff(at)) => {
+                memory
+                    .retries
+                    .entry(at)
+                    .or_default()
+                    .insert(op.volume().clone());
+            }
         }
     }
     if teardown_allowed && world.mark_states_synced() {
         info!("reconciler states synced");
     }
     ops.prune_errors();
-    next
+    memory
+        .retries
+        .keys()
+        .next()
+        .copied()
+        .unwrap_or(memory.next_full)
+        .min(memory.next_full)
 }
 
 /// Runs until `stop` says so.
 pub(crate) async fn run(ops: Arc<Operations>, resync: Duration, mut stop: watch::Receiver<bool>) {
     let world = ops.world();
+    let mut memory = Memory {
+        retries: BTreeMap::new(),
+        next_full: Instant::now(),
+    };
     loop {
         if *stop.borrow_and_update() {
             return;
         }
         // A pass that panics (a bug hit by one input) is reported, and the next wake-up or the
-        // resync makes a new one: the node keeps converging.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass(&ops, resync)));
+        // resync makes a new one, over every volume: the node keeps converging.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pass(&ops, resync, &mut memory)
+        }));
         let next = outcome.unwrap_or_else(|_| {
             tracing::error!("the reconciler panicked in a pass; the next one starts on the next change or the resync");
+            world.touch_all();
             Instant::now() + resync
         });
         tokio::select! {

@@ -62,6 +62,18 @@ pub struct World {
     states_synced: AtomicBool,
     /// Node-wide volumes wait to be reported in use before attach and stage (cluster mode).
     require_reported: AtomicBool,
+    /// The volumes the reconciler is to plan again: their desired or actual state changed.
+    dirty: Mutex<Dirty>,
+}
+
+/// The volumes whose desired or actual state changed since the reconciler last planned, or
+/// that anything may have (`all`).
+#[derive(Default)]
+pub struct Dirty {
+    /// The volumes.
+    pub volumes: BTreeSet<UniqueVolumeName>,
+    /// Every volume.
+    pub all: bool,
 }
 
 /// The only writer of the desired state: the populator's.
@@ -89,6 +101,10 @@ impl World {
             dsw_synced: AtomicBool::new(false),
             states_synced: AtomicBool::new(false),
             require_reported: AtomicBool::new(false),
+            dirty: Mutex::new(Dirty {
+                volumes: BTreeSet::new(),
+                all: true,
+            }),
         });
         (
             world.clone(),
@@ -122,6 +138,27 @@ impl World {
     /// Tells status watchers that something changed.
     pub fn announce(&self) {
         self.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Marks volumes for the reconciler to plan again.
+    pub fn touch<'a>(&self, volumes: impl IntoIterator<Item = &'a UniqueVolumeName>) {
+        let mut dirty = crate::sync::lock(&self.dirty);
+        if !dirty.all {
+            dirty.volumes.extend(volumes.into_iter().cloned());
+        }
+    }
+
+    /// Marks every volume for the reconciler to plan again (a change of what every plan
+    /// depends on: the sync gate, the in-use reporting, a reconstruction).
+    pub fn touch_all(&self) {
+        let mut dirty = crate::sync::lock(&self.dirty);
+        dirty.all = true;
+        dirty.volumes.clear();
+    }
+
+    /// The volumes to plan again, taken.
+    pub(crate) fn take_dirty(&self) -> Dirty {
+        std::mem::take(&mut *crate::sync::lock(&self.dirty))
     }
 
     /// Wakes the reconciler.
@@ -181,12 +218,14 @@ impl World {
     /// outside the populator, by whoever reports the node's status.
     pub fn mark_reported_in_use(&self, names: &[UniqueVolumeName]) {
         crate::sync::write(&self.dsw).mark_reported_in_use(names);
+        self.touch_all();
         self.wake_reconciler();
     }
 
     /// Makes node-wide volumes wait to be reported in use before attach and stage.
     pub fn require_reported_in_use(&self) {
         self.require_reported.store(true, Ordering::SeqCst);
+        self.touch_all();
         self.wake_reconciler();
     }
 
@@ -309,7 +348,15 @@ impl DswWriter {
     ) {
         let uid = pod_ref.uid.clone();
         crate::sync::write(&self.world.rejected).remove(&uid);
-        crate::sync::write(&self.world.dsw).set_pod(pod_ref, wishes, failed);
+        {
+            let mut dsw = crate::sync::write(&self.world.dsw);
+            // The volumes it wanted and the ones it wants now.
+            if let Some(old) = dsw.pod(&uid) {
+                self.world.touch(old.volumes.values());
+            }
+            self.world.touch(wishes.iter().map(|w| &w.name));
+            dsw.set_pod(pod_ref, wishes, failed);
+        }
         crate::sync::lock(&self.world.pending_since)
             .entry(uid)
             .or_insert_with(Instant::now);
@@ -322,14 +369,25 @@ impl DswWriter {
 
     /// Forgets a pod that is gone: its volumes are no longer wanted by it.
     pub fn remove_pod(&self, uid: &PodUid) {
-        crate::sync::write(&self.world.dsw).remove_pod(uid);
+        {
+            let mut dsw = crate::sync::write(&self.world.dsw);
+            if let Some(old) = dsw.pod(uid) {
+                self.world.touch(old.volumes.values());
+            }
+            dsw.remove_pod(uid);
+        }
         crate::sync::write(&self.world.rejected).remove(uid);
         crate::sync::lock(&self.world.pending_since).remove(uid);
     }
 
     /// Records that the DSW holds every source's complete first listing; true the first time.
     pub fn mark_synced(&self) -> bool {
-        !self.world.dsw_synced.swap(true, Ordering::AcqRel)
+        let first = !self.world.dsw_synced.swap(true, Ordering::AcqRel);
+        if first {
+            // Teardown is allowed from now on: every volume may have some due.
+            self.world.touch_all();
+        }
+        first
     }
 
     /// The world written to, for reading.

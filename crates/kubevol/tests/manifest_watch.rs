@@ -101,10 +101,12 @@ fn pod_yaml(name: &str) -> String {
     POD.replace("name: a", &format!("name: {name}"))
 }
 
-/// Writes a marker pod and waits until the store has it: every event before it was handled.
+/// Writes a marker pod in a file of its own and waits until the store has it: every event
+/// before it was handled. (A file of its own: an event of an earlier round's marker file, still
+/// queued, would read this round's content from a shared one before the events in between.)
 async fn settle(dir: &std::path::Path, store: &ObjectStore, round: usize) {
     let marker = format!("marker-{round}");
-    std::fs::write(dir.join("marker.yaml"), pod_yaml(&marker)).unwrap();
+    std::fs::write(dir.join(format!("{marker}.yaml")), pod_yaml(&marker)).unwrap();
     until(store, |s| {
         s.pods()
             .iter()

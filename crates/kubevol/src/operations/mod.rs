@@ -205,6 +205,8 @@ async fn run_operation(ops: Arc<Operations>, op: Operation) {
     );
     let failed = outcome.is_err();
     let blocked = ops.executor.finish(&op.key(), outcome, Instant::now());
+    // Its volume's actual state (or its backoff) changed: the next pass plans it again.
+    ops.world().touch([op.volume()]);
     notify_operation(&ops, &op);
     // Re-planning the whole world after every operation would be quadratic: a pass is needed
     // only when the operation failed (a backoff to schedule), may have enabled a follow-up

@@ -283,5 +283,6 @@ pub(crate) async fn at_start(
     metrics.set_reconstruction_problems(report.problems.len());
     *crate::sync::lock(&findings.reconstruction) = report;
     world.world().announce();
+    world.world().touch_all();
     world.world().wake_reconciler();
 }
