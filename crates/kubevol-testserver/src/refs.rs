@@ -23,80 +23,49 @@ pub(crate) fn claims(pod: &Value) -> Vec<String> {
     refs(pod, &["persistentVolumeClaim/claimName"])
 }
 
-/// The names at `paths` (relative to each of the pod's volumes, `/`-separated).
-fn refs(pod: &Value, paths: &[&str]) -> Vec<String> {
-    let mut out = Vec::new();
-    for v in pod
-        .pointer("/spec/volumes")
+/// The elements of the array at `pointer` in `v` (none if there is none).
+fn each<'a>(v: &'a Value, pointer: &str) -> impl Iterator<Item = &'a Value> {
+    v.pointer(pointer)
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-    {
-        for path in paths {
-            if let Some(n) = v.pointer(&format!("/{path}")).and_then(Value::as_str) {
-                out.push(n.to_string());
-            }
-        }
-    }
-    out
+}
+
+/// The string at `pointer` in each of `items`.
+fn names<'a>(items: impl Iterator<Item = &'a Value>, pointer: &str) -> Vec<String> {
+    items
+        .filter_map(|i| i.pointer(pointer).and_then(Value::as_str).map(String::from))
+        .collect()
+}
+
+/// The names at `paths` (relative to each of the pod's volumes, `/`-separated).
+fn refs(pod: &Value, paths: &[&str]) -> Vec<String> {
+    paths
+        .iter()
+        .flat_map(|path| names(each(pod, "/spec/volumes"), &format!("/{path}")))
+        .collect()
 }
 
 /// The names under every container's `env[].valueFrom.<kind>KeyRef.name` and `envFrom[].<kind>Ref.name`.
 fn env_refs(pod: &Value, key_ref: &str, from_ref: &str) -> Vec<String> {
     let mut out = Vec::new();
     for list in ["containers", "initContainers", "ephemeralContainers"] {
-        for c in pod
-            .pointer(&format!("/spec/{list}"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
-                out.extend(
-                    e.pointer(&format!("/valueFrom/{key_ref}/name"))
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                );
-            }
-            for e in c
-                .get("envFrom")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                out.extend(
-                    e.pointer(&format!("/{from_ref}/name"))
-                        .and_then(Value::as_str)
-                        .map(String::from),
-                );
-            }
+        for c in each(pod, &format!("/spec/{list}")) {
+            out.extend(names(
+                each(c, "/env"),
+                &format!("/valueFrom/{key_ref}/name"),
+            ));
+            out.extend(names(each(c, "/envFrom"), &format!("/{from_ref}/name")));
         }
     }
     out
 }
 
+/// The names of the projected volumes' sources of `kind` (`configMap`, `secret`).
 fn projected(pod: &Value, kind: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for v in pod
-        .pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        for s in v
-            .pointer("/projected/sources")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            out.extend(
-                s.pointer(&format!("/{kind}/name"))
-                    .and_then(Value::as_str)
-                    .map(String::from),
-            );
-        }
-    }
-    out
+    each(pod, "/spec/volumes")
+        .flat_map(|v| names(each(v, "/projected/sources"), &format!("/{kind}/name")))
+        .collect()
 }
 
 fn config_maps(pod: &Value) -> Vec<String> {
@@ -119,13 +88,44 @@ fn secrets(pod: &Value) -> Vec<String> {
     );
     out.extend(projected(pod, "secret"));
     out.extend(env_refs(pod, "secretKeyRef", "secretRef"));
-    for s in pod
-        .pointer("/spec/imagePullSecrets")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        out.extend(s.get("name").and_then(Value::as_str).map(String::from));
-    }
+    out.extend(names(each(pod, "/spec/imagePullSecrets"), "/name"));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn every_way_a_pod_names_an_object() {
+        let pod = json!({"spec": {
+            "volumes": [
+                {"name": "a", "configMap": {"name": "cm-vol"}},
+                {"name": "b", "secret": {"secretName": "s-vol"}},
+                {"name": "c", "persistentVolumeClaim": {"claimName": "claim"}},
+                {"name": "d", "projected": {"sources": [{"secret": {"name": "s-proj"}}, {"configMap": {"name": "cm-proj"}}]}},
+                {"name": "e", "csi": {"driver": "x", "nodePublishSecretRef": {"name": "s-csi"}}}],
+            "containers": [{"name": "c",
+                "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s-env", "key": "k"}}}],
+                "envFrom": [{"configMapRef": {"name": "cm-env"}}]}],
+            "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "s-init"}}]}],
+            "imagePullSecrets": [{"name": "s-pull"}]}});
+        let got = super::of_pod(&pod);
+        let want: Vec<(&str, String)> = [
+            ("configmaps", "cm-env"),
+            ("configmaps", "cm-proj"),
+            ("configmaps", "cm-vol"),
+            ("persistentvolumeclaims", "claim"),
+            ("secrets", "s-csi"),
+            ("secrets", "s-env"),
+            ("secrets", "s-init"),
+            ("secrets", "s-proj"),
+            ("secrets", "s-pull"),
+            ("secrets", "s-vol"),
+        ]
+        .into_iter()
+        .map(|(p, n)| (p, n.to_string()))
+        .collect();
+        assert_eq!(got, want);
+    }
 }
