@@ -611,16 +611,30 @@ mount_test! {
     }
 }
 
-/// The cluster's objects of a claim of `name` on the loop driver, bound to each other in the
-/// test's namespace (no controller binds them here).
-fn claim_objects(
+/// Creates in the cluster a claim of `name` on the loop driver and its PersistentVolume, bound
+/// to each other in the test's namespace (no controller binds them here), the CSIDriver, and a
+/// pod bound to the node that uses the claim.
+async fn create_claim_pod(
     cluster: &kubevol_testserver::TestCluster,
     name: &str,
     attach: bool,
-) -> [serde_json::Value; 3] {
+) -> Pod {
     let mut volume = pv(name, "16Mi", "Filesystem");
     volume["spec"]["claimRef"]["namespace"] = json!(cluster.namespace());
-    [csi_driver(attach), volume, pvc(name, "Filesystem")]
+    for o in [csi_driver(attach), volume, pvc(name, "Filesystem")] {
+        cluster.create(o).await;
+    }
+    let mut pod = serde_json::to_value(claim_pod("app", name)).unwrap();
+    pod["spec"]["nodeName"] = json!(cluster.node_name());
+    serde_json::from_value(cluster.create(pod).await).unwrap()
+}
+
+/// A manager as `kubevol run --kubeconfig` makes it: a node of `cluster`.
+fn cluster_manager(root: &Path, cluster: &kubevol_testserver::TestCluster) -> VolumeManager {
+    let name = cluster.node_name().to_string();
+    let m = manager(root, |c| c.node_name = name);
+    kubevol::source::cluster::join(&m, cluster.node_client());
+    m
 }
 
 /// The cluster's node with no Node object (a real cluster's test node is one no kubelet runs).
@@ -647,17 +661,8 @@ mount_test! {
             let cluster = kubevol_testserver::TestCluster::start("test-node").await;
             let name = cluster.node_name().to_string();
             without_node(&cluster).await;
-            for o in claim_objects(&cluster, "data", false) {
-                cluster.create(o).await;
-            }
-            let mut pod = serde_json::to_value(claim_pod("app", "data")).unwrap();
-            pod["spec"]["nodeName"] = json!(name);
-            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
-            let node = cluster.node_client();
-            let m = manager(t.path(), |c| c.node_name = name.clone());
-            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
-            kubevol::source::cluster::CsiNodePublisher::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
-            m.add_source(kubevol::source::ClusterSource::new(node, &name));
+            let pod = create_claim_pod(&cluster, "data", false).await;
+            let m = cluster_manager(t.path(), &cluster);
 
             // No Node object yet: nothing can be reported, so nothing is staged.
             let uid = kubevol::pod_uid(&pod);
@@ -738,17 +743,8 @@ mount_test! {
             let name = cluster.node_name().to_string();
             without_node(&cluster).await;
             cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
-            for o in claim_objects(&cluster, "att", true) {
-                cluster.create(o).await;
-            }
-            let mut pod = serde_json::to_value(claim_pod("app", "att")).unwrap();
-            pod["spec"]["nodeName"] = json!(name);
-            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
-            let node = cluster.node_client();
-            let m = manager(t.path(), |c| c.node_name = name.clone());
-            m.set_attach_controller(std::sync::Arc::new(kubevol::source::cluster::ControllerAttach::new(node.clone(), &name)));
-            kubevol::source::cluster::NodeStatusReporter::spawn(node.clone(), &name, std::sync::Arc::new(m.clone()));
-            m.add_source(kubevol::source::ClusterSource::new(node, &name));
+            let pod = create_claim_pod(&cluster, "att", true).await;
+            let m = cluster_manager(t.path(), &cluster);
 
             let unique = format!("kubernetes.io/csi/{DRIVER}^att");
             let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;

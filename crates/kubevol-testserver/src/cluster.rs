@@ -174,11 +174,7 @@ impl TestCluster {
     /// Creates `obj` (with its `apiVersion` and `kind`) as the administrator; a namespaced
     /// object is put in the test's namespace.
     pub async fn create(&self, mut obj: Value) -> Value {
-        let (res, api) = self.api_of(&mut obj);
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (res, api, name) = self.api_of(&mut obj);
         let what = format!("{} {name}", res.kind);
         let o: DynamicObject = serde_json::from_value(obj).expect("an object");
         let made = api
@@ -196,11 +192,7 @@ impl TestCluster {
 
     /// Replaces `obj` as the administrator, or creates it.
     pub async fn apply(&self, mut obj: Value) -> Value {
-        let (res, api) = self.api_of(&mut obj);
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (res, api, name) = self.api_of(&mut obj);
         match api.get_opt(&name).await {
             Ok(Some(have)) => {
                 obj["metadata"]["resourceVersion"] = json!(have.metadata.resource_version);
@@ -307,8 +299,9 @@ impl TestCluster {
         }
     }
 
-    /// The API of `obj`'s kind, with a namespaced `obj` moved to the test's namespace.
-    fn api_of(&self, obj: &mut Value) -> (&'static Resource, Api<DynamicObject>) {
+    /// The API of `obj`'s kind and its name, with a namespaced `obj` moved to the test's
+    /// namespace.
+    fn api_of(&self, obj: &mut Value) -> (&'static Resource, Api<DynamicObject>, String) {
         let gv = obj["apiVersion"].as_str().unwrap_or_default().to_string();
         let kind = obj["kind"].as_str().unwrap_or_default().to_string();
         let res = RESOURCES
@@ -319,7 +312,11 @@ impl TestCluster {
         if res.namespaced {
             obj["metadata"]["namespace"] = json!(self.namespace);
         }
-        (res, self.api(res))
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        (res, self.api(res), name)
     }
 }
 

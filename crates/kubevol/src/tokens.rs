@@ -51,10 +51,7 @@ impl std::fmt::Debug for IssuedToken {
 /// Who issues tokens (the API server in cluster mode).
 pub trait TokenIssuer: Send + Sync + 'static {
     /// A token for `spec`, or why not (never containing a token).
-    fn issue(
-        &self,
-        spec: TokenSpec,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<IssuedToken, String>> + Send>>;
+    fn issue(&self, spec: TokenSpec) -> crate::BoxFuture<Result<IssuedToken, String>>;
 }
 
 /// The most a token is kept before it is refreshed, whatever its lifetime.
@@ -146,11 +143,7 @@ mod tests {
     struct Counting(Mutex<u32>, Duration);
 
     impl TokenIssuer for Counting {
-        fn issue(
-            &self,
-            spec: TokenSpec,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<IssuedToken, String>> + Send>>
-        {
+        fn issue(&self, spec: TokenSpec) -> crate::BoxFuture<Result<IssuedToken, String>> {
             let mut n = self.0.lock().unwrap();
             *n += 1;
             let token = format!("token-{}-{n}", spec.pod_name);

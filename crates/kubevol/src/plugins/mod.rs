@@ -11,9 +11,7 @@ mod host_path;
 mod local;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -55,8 +53,7 @@ pub trait TrustBundles: Send + Sync + 'static {
     ) -> BoxFuture<Result<Option<String>, String>>;
 }
 
-/// A boxed future, so plugins can be trait objects.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub use crate::BoxFuture;
 
 /// What plugins get from the manager: the root directory, the mount layer and node settings.
 pub struct PluginHost {

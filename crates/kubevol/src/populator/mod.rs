@@ -260,13 +260,27 @@ pub(crate) struct Seen {
     objects: Vec<(ObjectKey, Version)>,
 }
 
-/// The current versions of the objects a pod's volumes read, in a fixed order.
-fn object_versions(store: &ObjectStore, node: &str, pod: &Pod) -> Vec<(ObjectKey, Version)> {
+/// The current versions of the objects a pod's volumes read, in a fixed order, and for each
+/// volume that reads an object the API server is still to list, the first such object.
+fn object_versions(
+    store: &ObjectStore,
+    node: &str,
+    pod: &Pod,
+) -> (Vec<(ObjectKey, Version)>, BTreeMap<String, ObjectKey>) {
     let mut out = Vec::new();
+    let mut pending = BTreeMap::new();
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let start = out.len();
         volume_versions(store, node, pod, v, &mut out);
+        let first = out[start..].iter().find_map(|(_, x)| match x {
+            Version::Pending(key) => Some(key.clone()),
+            _ => None,
+        });
+        if let Some(key) = first {
+            pending.insert(v.name.clone(), key);
+        }
     }
-    out
+    (out, pending)
 }
 
 /// The current versions of the objects one volume reads.
@@ -308,21 +322,6 @@ fn volume_versions(
         };
         out.push((key, version));
     }
-}
-
-/// The first object `v` reads that the API server is still to list, if any.
-fn still_to_list(
-    store: &ObjectStore,
-    node: &str,
-    pod: &Pod,
-    v: &k8s_openapi::api::core::v1::Volume,
-) -> Option<ObjectKey> {
-    let mut versions = Vec::new();
-    volume_versions(store, node, pod, v, &mut versions);
-    versions.into_iter().find_map(|(_, x)| match x {
-        Version::Pending(key) => Some(key),
-        _ => None,
-    })
 }
 
 impl Populator {
@@ -397,7 +396,7 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
-        let objects = object_versions(&self.store, &self.node_name, pod);
+        let (objects, pending) = object_versions(&self.store, &self.node_name, pod);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
         });
@@ -425,7 +424,7 @@ impl Populator {
                 objects,
             },
         );
-        self.process_pod(uid, stored);
+        self.process_pod(uid, stored, &pending);
         self.dsw.world().notify_pod(uid);
         true
     }
@@ -458,7 +457,14 @@ impl Populator {
         }
     }
 
-    fn process_pod(&mut self, uid: &PodUid, stored: &StoredPod) {
+    /// Turns the pod into wishes; `pending` names, for each volume that reads one, an object
+    /// the API server is still to list (the volume waits for it).
+    fn process_pod(
+        &mut self,
+        uid: &PodUid,
+        stored: &StoredPod,
+        pending: &BTreeMap<String, ObjectKey>,
+    ) {
         let pod = &stored.pod;
         let pref = pod_ref(pod, uid);
         let errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
@@ -489,7 +495,7 @@ impl Populator {
                 continue;
             }
             let usage = claims::usage(pod, &v.name);
-            if let Some(key) = still_to_list(&self.store, &self.node_name, pod, v) {
+            if let Some(key) = pending.get(&v.name) {
                 // Not a failure: no event, and the pod is not failed for good.
                 failed.insert(
                     v.name.clone(),

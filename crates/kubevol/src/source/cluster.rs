@@ -185,7 +185,7 @@ impl ClusterTokens {
 }
 
 impl TokenIssuer for ClusterTokens {
-    fn issue(&self, spec: TokenSpec) -> crate::plugins::BoxFuture<Result<IssuedToken, String>> {
+    fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, String>> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &spec.namespace);
         Box::pin(async move {
             let request = TokenRequest {
@@ -366,6 +366,43 @@ impl EventPoster {
     }
 }
 
+/// Keeps what the API server holds of this node in step with a local value: on every change,
+/// `read` it and, when it differs from what was last published, `publish` it, retrying with
+/// backoff until the server takes it (each failure logged, naming `what`). `publish` gets the
+/// value and what its last success returned (starting from `state`).
+async fn publish_on_change<T: PartialEq + Clone, S: Clone>(
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    node: &str,
+    what: &str,
+    read: impl Fn() -> T,
+    mut state: S,
+    publish: impl Fn(T, S) -> BoxFuture<Result<S, String>>,
+) {
+    let mut published: Option<T> = None;
+    let mut backoff = WatchBackoff::default();
+    loop {
+        changes.borrow_and_update();
+        let now = read();
+        if published.as_ref() != Some(&now) {
+            match publish(now.clone(), state.clone()).await {
+                Ok(next) => {
+                    state = next;
+                    published = Some(now);
+                    backoff.reset();
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node, "cannot publish {what}: {e}; retrying");
+                    tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
+                    continue;
+                }
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// What the node status reporter needs of the volume manager.
 pub trait NodeVolumes: Send + Sync + 'static {
     /// The attachable and device-mountable volumes the node uses.
@@ -398,39 +435,31 @@ impl NodeStatusReporter {
         volumes.wait_for_reports();
         tokio::spawn(async move {
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-            let mut changes = volumes.changes();
-            let mut reported: Option<Vec<kubevol_core::UniqueVolumeName>> = None;
-            let mut backoff = WatchBackoff::default();
-            loop {
-                changes.borrow_and_update();
-                let now = volumes.volumes_in_use();
-                if reported.as_ref() != Some(&now) {
-                    let names: Vec<String> = now.iter().map(|n| n.to_string()).collect();
-                    let patch = serde_json::json!({"status": {"volumesInUse": names}});
-                    match nodes
-                        .patch_status(
-                            &node,
-                            &kube::api::PatchParams::default(),
-                            &kube::api::Patch::Merge(&patch),
-                        )
-                        .await
-                    {
-                        Ok(_) => {
-                            volumes.mark_reported(&now);
-                            reported = Some(now);
-                            backoff.reset();
-                        }
-                        Err(e) => {
-                            tracing::warn!(node = %node, "cannot report the volumes in use in the Node's status: {e}; retrying");
-                            tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
-                            continue;
-                        }
-                    }
-                }
-                if changes.changed().await.is_err() {
-                    return;
-                }
-            }
+            publish_on_change(
+                volumes.changes(),
+                &node,
+                "the volumes in use in the Node's status",
+                || volumes.volumes_in_use(),
+                (),
+                |now: Vec<kubevol_core::UniqueVolumeName>, ()| {
+                    let (nodes, node, volumes) = (nodes.clone(), node.clone(), volumes.clone());
+                    Box::pin(async move {
+                        let names: Vec<String> = now.iter().map(|n| n.to_string()).collect();
+                        let patch = serde_json::json!({"status": {"volumesInUse": names}});
+                        nodes
+                            .patch_status(
+                                &node,
+                                &kube::api::PatchParams::default(),
+                                &kube::api::Patch::Merge(&patch),
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        volumes.mark_reported(&now);
+                        Ok(())
+                    })
+                },
+            )
+            .await;
         })
     }
 }
@@ -618,36 +647,25 @@ impl CsiNodePublisher {
     ) -> JoinHandle<()> {
         let node = node_name.into();
         tokio::spawn(async move {
-            let mut changes = drivers.driver_changes();
-            let mut published: Option<Vec<Published>> = None;
-            // What the previous publication labelled the Node with, to remove what goes.
-            let mut labelled: BTreeSet<String> = BTreeSet::new();
-            let mut backoff = WatchBackoff::default();
-            loop {
-                changes.borrow_and_update();
-                let now: Vec<_> = drivers
-                    .csi_drivers()
-                    .into_iter()
-                    .map(|d| (d.name, d.node_id, d.topology, d.max_volumes_per_node))
-                    .collect();
-                if published.as_ref() != Some(&now) {
-                    match Self::publish(&client, &node, &now, &labelled).await {
-                        Ok(labels) => {
-                            labelled = labels;
-                            published = Some(now);
-                            backoff.reset();
-                        }
-                        Err(e) => {
-                            tracing::warn!(node = %node, "cannot publish the CSI drivers in CSINode and the Node: {e}; retrying");
-                            tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
-                            continue;
-                        }
-                    }
-                }
-                if changes.changed().await.is_err() {
-                    return;
-                }
-            }
+            publish_on_change(
+                drivers.driver_changes(),
+                &node,
+                "the CSI drivers in CSINode and the Node",
+                || -> Vec<Published> {
+                    drivers
+                        .csi_drivers()
+                        .into_iter()
+                        .map(|d| (d.name, d.node_id, d.topology, d.max_volumes_per_node))
+                        .collect()
+                },
+                // What the previous publication labelled the Node with, to remove what goes.
+                BTreeSet::new(),
+                |now: Vec<Published>, labelled: BTreeSet<String>| {
+                    let (client, node) = (client.clone(), node.clone());
+                    Box::pin(async move { Self::publish(&client, &node, &now, &labelled).await })
+                },
+            )
+            .await;
         })
     }
 
@@ -657,7 +675,7 @@ impl CsiNodePublisher {
         node: &str,
         drivers: &[Published],
         labelled: &BTreeSet<String>,
-    ) -> Result<BTreeSet<String>, kube::Error> {
+    ) -> Result<BTreeSet<String>, String> {
         use k8s_openapi::api::storage::v1::{
             CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources,
         };
@@ -674,23 +692,24 @@ impl CsiNodePublisher {
             .collect();
         let csinodes: Api<CSINode> = Api::all(client.clone());
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        // Owned by the Node, so it goes with it (once the Node exists).
-        let owner = nodes
+        // Owned by the Node, so it goes with it: nothing is published before the Node exists
+        // (as the kubelet does), or a CSINode made meanwhile would have no owner.
+        let uid = nodes
             .get_opt(node)
-            .await?
+            .await
+            .map_err(|e| e.to_string())?
             .and_then(|n| n.metadata.uid)
-            .map(|uid| {
-                vec![
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                        api_version: "v1".into(),
-                        kind: "Node".into(),
-                        name: node.into(),
-                        uid,
-                        ..Default::default()
-                    },
-                ]
-            });
-        match csinodes.get_opt(node).await? {
+            .ok_or_else(|| format!("the Node {node} does not exist yet (whoever runs the node creates it, or --register-node)"))?;
+        let owner = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.into(),
+                uid,
+                ..Default::default()
+            },
+        ]);
+        match csinodes.get_opt(node).await.map_err(|e| e.to_string())? {
             Some(mut current) => {
                 current.spec = CSINodeSpec { drivers: entries };
                 if current
@@ -703,7 +722,8 @@ impl CsiNodePublisher {
                 }
                 csinodes
                     .replace(node, &Default::default(), &current)
-                    .await?;
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             None => {
                 let object = CSINode {
@@ -714,7 +734,10 @@ impl CsiNodePublisher {
                     },
                     spec: CSINodeSpec { drivers: entries },
                 };
-                csinodes.create(&Default::default(), &object).await?;
+                csinodes
+                    .create(&Default::default(), &object)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
         }
         let ids: BTreeMap<&str, &str> = drivers
@@ -744,7 +767,8 @@ impl CsiNodePublisher {
                 &kube::api::PatchParams::default(),
                 &kube::api::Patch::Merge(&patch),
             )
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(now)
     }
 }

@@ -11,17 +11,13 @@ pub mod extensions;
 pub mod library;
 pub mod manifests;
 
-use std::future::Future;
-use std::pin::Pin;
-
 pub use cluster::ClusterSource;
 pub use library::Library;
 pub use manifests::{parse_manifest, ManifestSource};
 
 pub use crate::store::Sink;
 
-/// The future a started source runs as.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub use crate::BoxFuture;
 
 /// A source of pods and of the objects they reference.
 pub trait PodSource: Send + 'static {
