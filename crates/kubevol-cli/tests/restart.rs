@@ -444,12 +444,9 @@ fn converge(env: &Env, d: &Daemon, w: &World, secs: u64) {
         .collect();
     // Node-wide records go once a volume is unstaged and detached.
     let device_records = || {
-        std::fs::read_dir(root.join("volume-record/volumes"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|f| f.path().extension().is_some_and(|e| e == "json"))
-            .count()
+        kubevol::record::Record::read(&root)
+            .map(|r| r.devices.len())
+            .unwrap_or(usize::MAX)
     };
     let want_records: usize = w.present.iter().map(|&i| w.pods[i].names.len()).sum();
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -536,15 +533,11 @@ fn check_invariants(env: &Env, w: &mut World) {
     );
 }
 
-/// The pod volume records under `root` (finished files, not a write in flight).
+/// The pod volume records under `root` (whole lines, not a write in flight).
 fn pod_records(root: &Path) -> usize {
-    std::fs::read_dir(root.join("volume-record/pods"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-        .filter(|f| f.path().extension().is_some_and(|e| e == "json"))
-        .count()
+    kubevol::record::Record::read(root)
+        .map(|r| r.pods.len())
+        .unwrap_or(usize::MAX)
 }
 
 /// How many random kills the harness adds to the named fail points
@@ -712,15 +705,22 @@ mount_test! {
             w.toggle(&env, i);
         }
         let memory = &w.pods[index(&w, "memory")];
-        let record_dir = env.root().join("volume-record/pods").join(&memory.uid);
-        let record = std::fs::read_dir(&record_dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("cache."))
-            .expect("the emptyDir's record");
-        let text = std::fs::read(&record).unwrap();
-        std::fs::write(&record, &text[..text.len() / 2]).unwrap();
+        let record = env.root().join("volume-record").join(kubevol::record::JOURNAL);
+        let text = std::fs::read_to_string(&record).unwrap();
+        let cut: Vec<String> = text
+            .lines()
+            .map(|l| {
+                if l.contains(&memory.uid) && l.contains("\"volume\":\"cache\"") {
+                    l[..l.len() / 2].to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        assert_ne!(cut.join("\n") + "\n", text, "the emptyDir's record lines");
+        // A whole line after them (a removal of nothing), so that they are not a write cut short.
+        let after = r#"{"removePodVolume":{"pod":"none","unique":"none"}}"#;
+        std::fs::write(&record, cut.join("\n") + "\n" + after + "\n").unwrap();
         // A gone pod's directory with a file of someone else's in it: kept and reported.
         let orphan = env.root().join("pods/00000000-0000-4000-8000-0000000000aa");
         std::fs::create_dir_all(orphan.join("volumes")).unwrap();

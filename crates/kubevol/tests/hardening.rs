@@ -136,17 +136,10 @@ mount_test! {
             assert!(failed.message.contains("kubevol panicked (fail point set_up:after reached)"), "{failed:?}");
             let volume = m.mounted_volumes_for_pod(&uid)["mem"].path.clone();
             assert_eq!(mount_ids(&volume).len(), 1, "mounted once, not stacked by the retry");
-            let record = m.config().root_dir.join("volume-record");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.expect("unmounted on the retry");
             assert!(mount_ids(&m.config().root_dir).is_empty());
-            let records: Vec<PathBuf> = std::fs::read_dir(record.join("pods"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-                .map(|f| f.path())
-                .collect();
+            let records = kubevol::record::Record::read(&m.config().root_dir).unwrap().pods;
             assert!(records.is_empty(), "no record left: {records:?}");
             m.shutdown();
         });

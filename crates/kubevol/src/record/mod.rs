@@ -2,23 +2,23 @@
 //! `<root>/volume-record/` so that a crash at any instant leaves evidence for reconstruction.
 //!
 //! ```text
-//! <root>/volume-record/pods/<pod uid>/<volume>.<hash of unique name>.json
-//! <root>/volume-record/volumes/<hash of unique name>.json
+//! <root>/volume-record/journal     one JSON line per record written or removed
 //! ```
 //!
-//! One small, versioned JSON file per pod volume and per node-wide volume (attach, CSI stage).
-//! Before a side effect the intent is written durably: a temporary file, fsync, rename over the
-//! old record, fsync of the directory. After the side effect the record is rewritten to say
-//! what the actual state now holds (or removed when nothing is left); that second write needs
-//! no fsync, because losing it only brings back the intent, and an intent means "uncertain",
-//! which reconstruction handles the same way. A record that cannot be parsed is reported and
-//! treated as uncertain: its file name still says which pod and volume it was about.
+//! Each pod volume and each node-wide volume (attach, CSI stage) has a small, versioned JSON
+//! record; the journal's latest line for a volume is its record (see `journal.rs` for the
+//! format, its compaction and how a torn or corrupt line is read). Before a side effect the
+//! intent is appended and the journal fsync'd. After the side effect a line says what the
+//! actual state now holds (or removes the record when nothing is left); that line needs no
+//! fsync, because losing it only brings back the intent, and an intent means "uncertain",
+//! which reconstruction handles the same way.
 //!
-//! Operations hand their changes to one writer thread ([`Record::commit`]), which applies all
-//! changes queued at that moment as one batch: a storm of set-ups pays for one journal commit
-//! per batch, not one per volume, and no operation blocks a runtime thread on the disk.
+//! Operations hand their changes to one writer thread ([`Record::commit`]), which appends all
+//! changes queued at that moment as one batch: a storm of set-ups pays one write and one
+//! fsync per batch, not a file per volume, and no operation blocks a runtime thread on the
+//! disk.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -28,12 +28,14 @@ use kubevol_core::state::{
 };
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use serde::{Deserialize, Serialize};
-use sha2::Digest;
 
 mod fail;
+mod journal;
 mod writer;
 
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
+pub use journal::JOURNAL;
+use journal::{Appender, Live};
 pub use writer::Change;
 use writer::Job;
 
@@ -261,11 +263,13 @@ impl DeviceRecord {
 /// A record that could not be read, and what its file name says.
 #[derive(Clone, Debug)]
 pub struct CorruptRecord {
-    /// The file.
+    /// The file: the journal, or a record file of the earlier layout.
     pub path: PathBuf,
-    /// The pod it was about (pod records).
+    /// The journal's line.
+    pub line: Option<usize>,
+    /// The pod it was about (record files of the earlier layout).
     pub pod: Option<PodUid>,
-    /// The volume's name in the pod's spec (pod records).
+    /// The volume's name in the pod's spec (record files of the earlier layout).
     pub volume: Option<String>,
     /// What is wrong with it.
     pub error: String,
@@ -274,14 +278,25 @@ pub struct CorruptRecord {
 impl std::fmt::Display for CorruptRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "record {}", self.path.display())?;
+        if let Some(line) = self.line {
+            write!(f, ", line {line},")?;
+        }
         if let (Some(pod), Some(volume)) = (&self.pod, &self.volume) {
             write!(f, " (volume {volume:?} of pod {pod})")?;
         }
         write!(
             f,
-            " cannot be read ({}); its volume is treated as possibly mounted and reconstructed from the pods directory and the mount table. The file is replaced when the volume is recorded again; remove it by hand once nothing of it is mounted",
+            " cannot be read ({}); its volume is treated as possibly mounted and reconstructed from the pods directory and the mount table. ",
             self.error
-        )
+        )?;
+        match self.line {
+            Some(_) => write!(
+                f,
+                "The line is dropped from the journal; the journal as it was is kept as {}",
+                self.path.with_file_name("journal.corrupt").display()
+            ),
+            None => write!(f, "Remove the file by hand once nothing of it is mounted"),
+        }
     }
 }
 
@@ -296,36 +311,75 @@ pub struct Loaded {
     pub corrupt: Vec<CorruptRecord>,
 }
 
-fn short_hash(s: &str) -> String {
-    let d = sha2::Sha256::digest(s.as_bytes());
-    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
 /// The record under one root directory.
 pub struct Record {
     dir: PathBuf,
-    /// What each file was last written with, so an unchanged record is not written again.
-    written: Mutex<BTreeMap<PathBuf, Vec<u8>>>,
+    /// Each volume's latest record, as its journal line.
+    live: Mutex<Live>,
+    /// What could not be read at open.
+    corrupt: Vec<CorruptRecord>,
+    /// The journal's open end, until the writer thread takes it.
+    appender: Mutex<Option<Appender>>,
     /// The writer thread's queue, started by the first [`Record::commit`].
     queue: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
-    /// The record files of each directory, by key (see [`record_key`]): a directory is listed
-    /// once, then kept up to date by the writer, so that finding a record's other names costs
-    /// no listing per write (a pod with thousands of volumes would make that quadratic).
-    names: Mutex<HashMap<PathBuf, HashMap<String, BTreeSet<PathBuf>>>>,
 }
 
 impl Record {
-    /// The record under `root`; its directories are made if missing.
+    /// Opens the record under `root` (made if missing) and reads it. A journal left with a
+    /// torn or corrupt line, or with many dead lines, is compacted; records of the earlier
+    /// layout are moved into the journal. Only one `Record` may write a root at a time.
     pub fn open(root: &Path) -> std::io::Result<Self> {
         let dir = root.join(RECORD_DIR);
-        std::fs::create_dir_all(dir.join("pods"))?;
-        std::fs::create_dir_all(dir.join("volumes"))?;
+        std::fs::create_dir_all(&dir)?;
+        journal::remove_partial(&dir);
+        let legacy = read_legacy(&dir, true);
+        let read = journal::read(&dir.join(JOURNAL), legacy.live)?;
+        let mut lines = read.lines;
+        if read.needs_compaction || !legacy.files.is_empty() {
+            let mut entries: Vec<(&journal::Key, &Arc<[u8]>)> = read.live.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            journal::compact(
+                &dir,
+                entries.into_iter().map(|(_, v)| v),
+                !read.corrupt.is_empty(),
+            )?;
+            lines = read.live.len();
+            if !legacy.files.is_empty() {
+                tracing::info!(
+                    records = legacy.files.len(),
+                    "record files of the earlier layout moved into the journal"
+                );
+            }
+            for f in &legacy.files {
+                let _ = std::fs::remove_file(f);
+            }
+            for pod_dir in read_dir(&dir.join("pods")) {
+                let _ = std::fs::remove_dir(pod_dir);
+            }
+            let _ = std::fs::remove_dir(dir.join("pods"));
+            let _ = std::fs::remove_dir(dir.join("volumes"));
+        }
+        let appender = Appender::open(&dir, lines)?;
+        let mut corrupt = legacy.corrupt;
+        corrupt.extend(read.corrupt);
         Ok(Record {
             dir,
-            written: Mutex::default(),
+            live: Mutex::new(read.live),
+            corrupt,
+            appender: Mutex::new(Some(appender)),
             queue: OnceLock::new(),
-            names: Mutex::default(),
         })
+    }
+
+    /// Reads the record under `root` without changing anything on disk (for tools and
+    /// tests; a running kubevol keeps writing it).
+    pub fn read(root: &Path) -> std::io::Result<Loaded> {
+        let dir = root.join(RECORD_DIR);
+        let legacy = read_legacy(&dir, false);
+        let read = journal::read(&dir.join(JOURNAL), legacy.live)?;
+        let mut corrupt = legacy.corrupt;
+        corrupt.extend(read.corrupt);
+        Ok(loaded(&read.live, corrupt))
     }
 
     /// The record's directory.
@@ -333,17 +387,9 @@ impl Record {
         &self.dir
     }
 
-    fn pod_file(&self, uid: &PodUid, volume: &str, unique: &UniqueVolumeName) -> PathBuf {
-        self.dir
-            .join("pods")
-            .join(uid.as_str())
-            .join(format!("{volume}.{}.json", short_hash(unique.as_str())))
-    }
-
-    fn device_file(&self, unique: &UniqueVolumeName) -> PathBuf {
-        self.dir
-            .join("volumes")
-            .join(format!("{}.json", short_hash(unique.as_str())))
+    /// The journal's path.
+    pub fn journal(&self) -> PathBuf {
+        self.dir.join(JOURNAL)
     }
 
     /// Records durably the size a volume was expanded to, in its node-wide record (volumes
@@ -365,90 +411,142 @@ impl Record {
 
     /// The last node-wide record written for a volume, if it is still there.
     pub fn device(&self, unique: &UniqueVolumeName) -> Option<DeviceRecord> {
-        let file = self.device_file(unique);
-        let cached = crate::sync::lock(&self.written).get(&file).cloned();
-        let bytes = match cached {
-            Some(b) => b,
-            None => std::fs::read(&file).ok()?,
-        };
-        serde_json::from_slice(&bytes).ok()
+        let line = crate::sync::lock(&self.live)
+            .get(&journal::Key::Device(unique.clone()))
+            .cloned()?;
+        match journal::parse(&line) {
+            Ok(journal::Line::Device(d)) => Some(d),
+            _ => None,
+        }
     }
 
-    /// Whether a pod volume's record on disk already says exactly `r` (checked in memory, so
-    /// that an unchanged outcome costs no write and no blocking call).
+    /// Whether a pod volume's record already says exactly `r` (checked in memory, so that an
+    /// unchanged outcome costs no write and no blocking call).
     pub fn holds_pod_volume(&self, r: &PodVolumeRecord) -> bool {
-        let file = self.pod_file(&r.pod.uid, &r.volume, &r.unique_name);
-        encode(r).is_ok_and(|b| crate::sync::lock(&self.written).get(&file) == Some(&b))
+        let key = journal::Key::Pod(r.pod.uid.clone(), r.unique_name.clone());
+        journal::LineRef::PodVolume(r)
+            .encode()
+            .is_ok_and(|b| crate::sync::lock(&self.live).get(&key) == Some(&b))
     }
 
-    /// Reads every record. Unreadable ones are returned as [`CorruptRecord`]s and left in
-    /// place (they are replaced when their volume is recorded again).
+    /// Every record, as read at open and written since. Unreadable ones found at open are
+    /// returned as [`CorruptRecord`]s.
     pub fn load(&self) -> Loaded {
-        let mut out = Loaded::default();
-        let corrupt = |path: &Path, pod: Option<PodUid>, error: String| {
-            let volume = pod.as_ref().and_then(|_| {
-                let name = path.file_name()?.to_str()?;
-                Some(name.split('.').next()?.to_string())
-            });
-            CorruptRecord {
-                path: path.to_path_buf(),
-                pod,
-                volume,
-                error,
-            }
-        };
-        let is_record = |p: &Path| p.extension().is_some_and(|e| e == "json");
-        // A temporary file is a write that was interrupted before its rename: its side effect
-        // never started (it waits for the rename and the fsync), so it is dropped.
-        let drop_partial = |dir: &Path| {
-            for p in read_dir(dir) {
+        loaded(&crate::sync::lock(&self.live), self.corrupt.clone())
+    }
+}
+
+/// The records of `live`, sorted by pod and volume.
+fn loaded(live: &Live, corrupt: Vec<CorruptRecord>) -> Loaded {
+    let mut out = Loaded {
+        corrupt,
+        ..Loaded::default()
+    };
+    for line in live.values() {
+        match journal::parse(line) {
+            Ok(journal::Line::PodVolume(r)) => out.pods.push(r),
+            Ok(journal::Line::Device(d)) => out.devices.push(d),
+            // Only records are live, and they were parsed or written by this kubevol.
+            Ok(_) | Err(_) => {}
+        }
+    }
+    out.pods
+        .sort_by(|a, b| (&a.pod.uid, &a.volume).cmp(&(&b.pod.uid, &b.volume)));
+    out.devices
+        .sort_by(|a, b| a.unique_name.cmp(&b.unique_name));
+    out
+}
+
+/// The records of the earlier layout (a JSON file per volume).
+struct Legacy {
+    live: Live,
+    corrupt: Vec<CorruptRecord>,
+    /// The files read.
+    files: Vec<PathBuf>,
+}
+
+/// Reads the records of the earlier layout under `dir` (`pods/<uid>/<volume>.<hash>.json`,
+/// `volumes/<hash>.json`); with `tidy`, removes their interrupted writes (`*.tmp`), whose side
+/// effect never started.
+fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
+    let mut out = Legacy {
+        live: Live::new(),
+        corrupt: Vec::new(),
+        files: Vec::new(),
+    };
+    let corrupt = |path: &Path, pod: Option<PodUid>, error: String| {
+        let volume = pod.as_ref().and_then(|_| {
+            let name = path.file_name()?.to_str()?;
+            Some(name.split('.').next()?.to_string())
+        });
+        CorruptRecord {
+            path: path.to_path_buf(),
+            line: None,
+            pod,
+            volume,
+            error,
+        }
+    };
+    let is_record = |p: &Path| p.extension().is_some_and(|e| e == "json");
+    let pod_dirs = read_dir(&dir.join("pods"));
+    if tidy {
+        for d in pod_dirs.iter().chain([&dir.join("volumes")]) {
+            for p in read_dir(d) {
                 if p.extension().is_some_and(|e| e == "tmp") {
                     let _ = std::fs::remove_file(&p);
                 }
             }
-        };
-        drop_partial(&self.dir.join("volumes"));
-        for pod_dir in read_dir(&self.dir.join("pods")) {
-            drop_partial(&pod_dir);
         }
-        for pod_dir in read_dir(&self.dir.join("pods")) {
-            let Some(uid) = pod_dir.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            let uid = PodUid(uid.to_string());
-            for file in read_dir(&pod_dir).into_iter().filter(|p| is_record(p)) {
-                match read_json::<PodVolumeRecord>(&file) {
-                    Ok(r) if r.pod.uid == uid => out.pods.push(r),
-                    Ok(r) => out.corrupt.push(corrupt(
-                        &file,
-                        Some(uid.clone()),
-                        format!(
-                            "it is about pod {} but lies in {}'s directory",
-                            r.pod.uid, uid
-                        ),
-                    )),
-                    Err(e) => out.corrupt.push(corrupt(&file, Some(uid.clone()), e)),
-                }
-            }
-        }
-        for file in read_dir(&self.dir.join("volumes"))
-            .into_iter()
-            .filter(|p| is_record(p))
-        {
-            match read_json::<DeviceRecord>(&file) {
-                Ok(r) => out.devices.push(r),
-                Err(e) => out.corrupt.push(corrupt(&file, None, e)),
-            }
-        }
-        out
     }
-}
-
-/// A record as it is written: pretty JSON and a newline.
-fn encode<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-    bytes.push(b'\n');
-    Ok(bytes)
+    for pod_dir in pod_dirs {
+        let Some(uid) = pod_dir.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let uid = PodUid(uid.to_string());
+        for file in read_dir(&pod_dir).into_iter().filter(|p| is_record(p)) {
+            let line = read_json::<PodVolumeRecord>(&file).and_then(|r| {
+                if r.pod.uid != uid {
+                    return Err(format!(
+                        "it is about pod {} but lies in {}'s directory",
+                        r.pod.uid, uid
+                    ));
+                }
+                let line = journal::LineRef::PodVolume(&r)
+                    .encode()
+                    .map_err(|e| e.to_string())?;
+                Ok((
+                    journal::Key::Pod(r.pod.uid.clone(), r.unique_name.clone()),
+                    line,
+                ))
+            });
+            match line {
+                Ok((key, line)) => {
+                    out.live.insert(key, line);
+                    out.files.push(file);
+                }
+                Err(e) => out.corrupt.push(corrupt(&file, Some(uid.clone()), e)),
+            }
+        }
+    }
+    for file in read_dir(&dir.join("volumes"))
+        .into_iter()
+        .filter(|p| is_record(p))
+    {
+        let line = read_json::<DeviceRecord>(&file).and_then(|d| {
+            let line = journal::LineRef::Device(&d)
+                .encode()
+                .map_err(|e| e.to_string())?;
+            Ok((journal::Key::Device(d.unique_name.clone()), line))
+        });
+        match line {
+            Ok((key, line)) => {
+                out.live.insert(key, line);
+                out.files.push(file);
+            }
+            Err(e) => out.corrupt.push(corrupt(&file, None, e)),
+        }
+    }
+    out
 }
 
 fn read_dir(dir: &Path) -> Vec<PathBuf> {
@@ -513,8 +611,16 @@ mod tests {
         }
     }
 
+    fn journal_lines(root: &Path) -> Vec<String> {
+        std::fs::read_to_string(root.join(RECORD_DIR).join(JOURNAL))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_commits_are_batched_and_keep_their_order_per_file() {
+    async fn concurrent_commits_are_batched_and_keep_their_order_per_volume() {
         let t = tempfile::tempdir().unwrap();
         let rec = Arc::new(Record::open(t.path()).unwrap());
         // Many pods at once, each an intent then its outcome.
@@ -531,7 +637,7 @@ mod tests {
         for t in tasks {
             t.await.unwrap().unwrap();
         }
-        // Two changes to one file submitted together: applied in the order submitted.
+        // Two changes to one volume submitted together: applied in the order submitted.
         let mut last = pod_record("uid-0", "cache");
         last.state = PodVolumeState::TearingDown;
         let (a, b) = tokio::join!(
@@ -547,7 +653,7 @@ mod tests {
         );
         a.unwrap();
         b.unwrap();
-        let loaded = Record::open(t.path()).unwrap().load();
+        let loaded = Record::read(t.path()).unwrap();
         assert!(loaded.corrupt.is_empty(), "{:?}", loaded.corrupt);
         assert_eq!(loaded.pods.len(), 299, "uid-1 removed");
         let state = |uid: &str| {
@@ -560,12 +666,12 @@ mod tests {
         assert_eq!(state("uid-0"), Some(PodVolumeState::TearingDown));
         assert_eq!(state("uid-1"), None);
         assert_eq!(state("uid-299"), Some(PodVolumeState::SetUp));
-        assert!(
-            !t.path().join(RECORD_DIR).join("pods/uid-1").exists(),
-            "an empty pod directory is removed"
+        assert_eq!(
+            journal_lines(t.path()).len(),
+            602,
+            "an intent and an outcome per pod, a removal and an intent"
         );
-        let leftovers = read_dir(&t.path().join(RECORD_DIR).join("pods/uid-7"));
-        assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");
+        assert_eq!(rec.load().pods.len(), 299, "the writer's view is the same");
     }
 
     #[tokio::test]
@@ -580,11 +686,19 @@ mod tests {
         rec.commit(Change::PodVolume(r.clone()), false)
             .await
             .unwrap();
-        let files = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"));
-        assert_eq!(files.len(), 1, "one file per pod volume: {files:?}");
-        let text = std::fs::read_to_string(&files[0]).unwrap();
-        assert!(text.contains("\"version\": 1"), "{text}");
-        assert!(text.contains("\"state\": \"setUp\""), "{text}");
+        let lines = journal_lines(t.path());
+        assert_eq!(lines.len(), 2, "one line per change: {lines:?}");
+        assert!(lines[0].contains("\"version\":1"), "{}", lines[0]);
+        assert!(lines[0].contains("\"state\":\"settingUp\""), "{}", lines[0]);
+        assert!(lines[1].contains("\"state\":\"setUp\""), "{}", lines[1]);
+        rec.commit(Change::PodVolume(r.clone()), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            journal_lines(t.path()).len(),
+            2,
+            "an unchanged outcome writes nothing"
+        );
         let loaded = rec.load();
         assert_eq!(loaded.pods.len(), 1);
         assert_eq!(loaded.pods[0].state, PodVolumeState::SetUp);
@@ -600,48 +714,135 @@ mod tests {
             volume: r.volume.clone(),
             unique: r.unique_name.clone(),
         };
-        rec.commit(removal, false).await.unwrap();
+        rec.commit(removal.clone(), false).await.unwrap();
         assert!(rec.load().pods.is_empty());
+        rec.commit(removal, false).await.unwrap();
+        assert_eq!(
+            journal_lines(t.path()).len(),
+            4,
+            "removing what is not there writes nothing"
+        );
+        drop(rec);
+        let reopened = Record::open(t.path()).unwrap();
+        assert!(reopened.load().pods.is_empty(), "the removal is read back");
+    }
+
+    #[tokio::test]
+    async fn torn_corrupt_and_foreign_version_lines_are_dropped_or_reported() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
+        for uid in ["u1", "u2", "u3"] {
+            let r = pod_record(uid, "cache");
+            rec.commit(Change::PodVolume(r), true).await.unwrap();
+        }
+        drop(rec);
+        let journal = t.path().join(RECORD_DIR).join(JOURNAL);
+        let lines = journal_lines(t.path());
+        // Line 1 cut in half, line 2 of a format to come, line 3 whole, then a write cut short.
+        let text = format!(
+            "{}\n{}\n{}\n{}",
+            &lines[0][..lines[0].len() / 2],
+            lines[1].replace("\"version\":1", "\"version\":7"),
+            lines[2],
+            &lines[0][..10],
+        );
+        std::fs::write(&journal, &text).unwrap();
+        let read = Record::read(t.path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&journal).unwrap(),
+            text,
+            "reading changes nothing"
+        );
+        assert_eq!(read.pods.len(), 1);
+        let rec = Record::open(t.path()).unwrap();
+        let loaded = rec.load();
+        assert_eq!(loaded.pods.len(), 1);
+        assert_eq!(loaded.pods[0].pod.uid.0, "u3");
+        assert_eq!(loaded.corrupt.len(), 2, "{:?}", loaded.corrupt);
+        assert_eq!(loaded.corrupt[0].line, Some(1));
+        let message = loaded.corrupt[1].to_string();
+        assert!(message.contains(", line 2,"), "{message}");
+        assert!(message.contains("format version 7"), "{message}");
+        assert!(message.contains("possibly mounted"), "{message}");
+        assert_eq!(
+            std::fs::read_to_string(journal.with_file_name("journal.corrupt")).unwrap(),
+            text,
+            "the journal as it was is kept"
+        );
+        assert_eq!(
+            journal_lines(t.path()).len(),
+            1,
+            "compacted to what is live"
+        );
+        drop(rec);
         assert!(
-            !t.path().join(RECORD_DIR).join("pods").join("u1").exists(),
-            "the pod's record directory goes with its last record"
+            Record::open(t.path()).unwrap().load().corrupt.is_empty(),
+            "reported once"
         );
     }
 
     #[tokio::test]
-    async fn corrupt_truncated_and_foreign_version_records_are_reported_with_their_pod() {
+    async fn records_of_the_earlier_layout_move_into_the_journal() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join(RECORD_DIR);
+        let r = pod_record("u1", "cache");
+        let pods = dir.join("pods").join("u1");
+        std::fs::create_dir_all(&pods).unwrap();
+        let file = pods.join("cache.0123456789abcdef.json");
+        std::fs::write(&file, serde_json::to_vec_pretty(&r).unwrap()).unwrap();
+        std::fs::write(pods.join("other.1.json.tmp"), "{").unwrap();
+        let bad = pods.join("broken.2.json");
+        std::fs::write(&bad, "{\"version\": 1,").unwrap();
+        std::fs::create_dir_all(dir.join("volumes")).unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
+        let loaded = rec.load();
+        assert_eq!(loaded.pods.len(), 1);
+        assert_eq!(loaded.pods[0].volume, "cache");
+        assert_eq!(loaded.corrupt.len(), 1);
+        assert!(
+            loaded.corrupt[0]
+                .to_string()
+                .contains("(volume \"broken\" of pod u1)"),
+            "{}",
+            loaded.corrupt[0]
+        );
+        assert!(!file.exists(), "moved into the journal");
+        assert!(bad.exists(), "an unreadable file is left for a human");
+        assert!(!pods.join("other.1.json.tmp").exists());
+        assert_eq!(journal_lines(t.path()).len(), 1);
+        let mut done = r.clone();
+        done.state = PodVolumeState::SetUp;
+        rec.commit(Change::PodVolume(done), false).await.unwrap();
+        drop(rec);
+        let loaded = Record::open(t.path()).unwrap().load();
+        assert_eq!(loaded.pods[0].state, PodVolumeState::SetUp);
+    }
+
+    #[tokio::test]
+    async fn a_journal_with_many_dead_lines_is_compacted() {
         let t = tempfile::tempdir().unwrap();
         let rec = Arc::new(Record::open(t.path()).unwrap());
-        let r = pod_record("u1", "cache");
-        rec.commit(Change::PodVolume(r), true).await.unwrap();
-        let file = read_dir(&t.path().join(RECORD_DIR).join("pods").join("u1"))[0].clone();
-        let text = std::fs::read_to_string(&file).unwrap();
-        for bad in [
-            text[..text.len() / 2].to_string(),
-            String::new(),
-            text.replace("\"version\": 1", "\"version\": 7"),
-        ] {
-            std::fs::write(&file, &bad).unwrap();
-            let loaded = rec.load();
-            assert!(loaded.pods.is_empty());
-            assert_eq!(loaded.corrupt.len(), 1, "{bad}");
-            let c = &loaded.corrupt[0];
-            assert_eq!(c.pod, Some(PodUid("u1".into())));
-            assert_eq!(c.volume.as_deref(), Some("cache"));
-            assert!(c.to_string().contains("possibly mounted"), "{c}");
-            assert!(
-                c.to_string().contains("(volume \"cache\" of pod u1)"),
-                "{c}"
-            );
+        rec.commit(Change::PodVolume(pod_record("other", "v")), false)
+            .await
+            .unwrap();
+        let mut r = pod_record("u1", "cache");
+        let rounds = journal::COMPACT_SLACK + 100;
+        for i in 0..rounds {
+            r.state = if i % 2 == 0 {
+                PodVolumeState::SettingUp
+            } else {
+                PodVolumeState::SetUp
+            };
+            rec.commit(Change::PodVolume(r.clone()), false)
+                .await
+                .unwrap();
         }
-        std::fs::write(
-            t.path().join(RECORD_DIR).join("volumes").join("x.json"),
-            "{",
-        )
-        .unwrap();
-        let loaded = rec.load();
-        assert_eq!(loaded.corrupt.len(), 2);
-        assert!(loaded.corrupt.iter().any(|c| c.pod.is_none()));
+        let lines = journal_lines(t.path()).len();
+        assert!(lines < 200, "{lines} lines for 2 records: compacted");
+        drop(rec);
+        let loaded = Record::read(t.path()).unwrap();
+        assert_eq!(loaded.pods.len(), 2);
+        assert!(!t.path().join(RECORD_DIR).join("journal.new").exists());
     }
 
     #[tokio::test]
@@ -666,7 +867,7 @@ mod tests {
         };
         rec.commit(Change::Device(d.clone()), true).await.unwrap();
         assert_eq!(rec.device(&name).unwrap().expanded_size, Some(1 << 30));
-        let loaded = Record::open(t.path()).unwrap().load();
+        let loaded = Record::read(t.path()).unwrap();
         assert_eq!(loaded.devices.len(), 1);
         assert_eq!(
             loaded.devices[0].device_mount,
@@ -688,7 +889,7 @@ mod tests {
             "a later write keeps the recorded size"
         );
         rec.set_expanded_size(&name, 2 << 30).await.unwrap();
-        let loaded = Record::open(t.path()).unwrap().load();
+        let loaded = Record::read(t.path()).unwrap();
         assert_eq!(loaded.devices[0].expanded_size, Some(2 << 30));
         rec.commit(Change::RemoveDevice(name.clone()), false)
             .await

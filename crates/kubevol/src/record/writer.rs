@@ -1,16 +1,13 @@
-//! The record's writer: one thread applies the changes all operations queue, as batches
-//! (temporary files written, then fsync'd, renamed, each directory fsync'd once, then
-//! removals), so a storm pays one journal commit per batch and no runtime thread waits on the
-//! disk.
+//! The record's writer: one thread appends the changes all operations queue to the journal,
+//! as batches (one write, and one `fdatasync` when the batch holds an intent), so a storm pays
+//! one journal commit per batch and no runtime thread waits on the disk.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kubevol_core::{PodUid, UniqueVolumeName};
 
-use super::{encode, read_dir, DeviceRecord, PodVolumeRecord, Record};
+use super::journal::{AppendError, Appender, Key, Line, LineRef};
+use super::{DeviceRecord, PodVolumeRecord, Record};
 
 /// One change to the record.
 #[derive(Clone, Debug)]
@@ -33,6 +30,17 @@ pub enum Change {
     RemoveDevice(UniqueVolumeName),
 }
 
+impl Change {
+    fn key(&self) -> Key {
+        match self {
+            Change::PodVolume(r) => Key::Pod(r.pod.uid.clone(), r.unique_name.clone()),
+            Change::RemovePodVolume { pod, unique, .. } => Key::Pod(pod.clone(), unique.clone()),
+            Change::Device(r) => Key::Device(r.unique_name.clone()),
+            Change::RemoveDevice(unique) => Key::Device(unique.clone()),
+        }
+    }
+}
+
 /// A change waiting for the writer thread.
 pub(super) struct Job {
     change: Change,
@@ -40,41 +48,32 @@ pub(super) struct Job {
     reply: tokio::sync::oneshot::Sender<std::io::Result<()>>,
 }
 
-/// The most changes one batch takes, so that a storm's first writes are not held up by its
+/// The most changes one batch takes, so that a storm's first intents are not held up by its
 /// last.
-const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 1024;
 
 /// The writer thread: takes every change queued, applies them as one batch, answers each,
-/// and repeats. A change to a file already in the batch waits for the next one. It holds the
-/// record only while applying, and ends when the record is dropped.
-fn write_batches(record: &std::sync::Weak<Record>, rx: &std::sync::mpsc::Receiver<Job>) {
-    let mut carried: Option<Job> = None;
-    loop {
-        let first = match carried.take() {
-            Some(job) => job,
-            None => match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            },
-        };
+/// and repeats. It holds the record only while applying, and ends when the record is dropped.
+fn write_batches(
+    record: &std::sync::Weak<Record>,
+    mut journal: Appender,
+    rx: &std::sync::mpsc::Receiver<Job>,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
         let Some(rec) = record.upgrade() else {
             return;
         };
-        let mut keys = std::collections::HashSet::from([rec.conflict_key(&first.change)]);
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
-            let Ok(job) = rx.try_recv() else {
-                break;
-            };
-            if keys.insert(rec.conflict_key(&job.change)) {
-                jobs.push(job);
-            } else {
-                carried = Some(job);
-                break;
-            }
-        }
         let batch: Vec<(&Change, bool)> = jobs.iter().map(|j| (&j.change, j.durable)).collect();
-        let results = rec.apply(&batch);
+        let results = rec.apply(&mut journal, &batch);
+        let live = crate::sync::lock(&rec.live).len();
+        journal.maybe_compact(live, || rec.snapshot());
         drop(rec);
         for (job, result) in jobs.into_iter().zip(results) {
             let _ = job.reply.send(result);
@@ -82,208 +81,123 @@ fn write_batches(record: &std::sync::Weak<Record>, rx: &std::sync::mpsc::Receive
     }
 }
 
-/// What a pod volume's record files have in common whatever volume name they were recorded
-/// under: the hash of the unique volume name (`<volume>.<hash>.json`). Volume names may hold
-/// dots (a PersistentVolume's name), so it is taken from the end.
-fn record_key(file: &Path) -> Option<&str> {
-    let name = file.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".json")?;
-    Some(stem.rsplit_once('.').map_or(stem, |(_, hash)| hash))
-}
-
 impl Record {
-    /// The records of the same pod and volume key under another volume name (a volume
-    /// reconstructed from the pods directory knows only its directory's name).
-    fn other_names(&self, file: &Path) -> Vec<PathBuf> {
-        let (Some(dir), Some(key)) = (file.parent(), record_key(file)) else {
-            return Vec::new();
-        };
-        let mut names = crate::sync::lock(&self.names);
-        let known = names.entry(dir.to_path_buf()).or_insert_with(|| {
-            let mut by_key: HashMap<String, BTreeSet<PathBuf>> = HashMap::new();
-            for f in read_dir(dir) {
-                if let Some(k) = record_key(&f) {
-                    by_key.entry(k.to_string()).or_default().insert(f.clone());
+    /// Applies a batch of changes in order and returns each one's result: their lines are
+    /// appended in one write, synced once if any change is `durable` (a durable change is on
+    /// disk when its result is returned). A change that would not alter a record (an unchanged
+    /// outcome, the removal of a record that is not there) writes nothing.
+    fn apply(&self, journal: &mut Appender, batch: &[(&Change, bool)]) -> Vec<std::io::Result<()>> {
+        let mut results: Vec<std::io::Result<()>> = Vec::with_capacity(batch.len());
+        // What the batch changes, in order, over the live records.
+        let mut changed: Vec<(Key, Option<Arc<[u8]>>)> = Vec::new();
+        let mut overlay: std::collections::HashMap<Key, Option<Arc<[u8]>>> = Default::default();
+        let mut buf = Vec::new();
+        let mut any_durable = false;
+        {
+            let live = crate::sync::lock(&self.live);
+            let current =
+                |key: &Key, overlay: &std::collections::HashMap<Key, Option<Arc<[u8]>>>| {
+                    match overlay.get(key) {
+                        Some(v) => v.clone(),
+                        None => live.get(key).cloned(),
+                    }
+                };
+            for &(change, durable) in batch {
+                let key = change.key();
+                let now = current(&key, &overlay);
+                let line = match change {
+                    Change::PodVolume(r) => LineRef::PodVolume(r).encode().map(Some),
+                    Change::Device(r) if r.expanded_size.is_none() => {
+                        let kept = now.as_deref().and_then(|b| match super::journal::parse(b) {
+                            Ok(Line::Device(d)) => d.expanded_size,
+                            _ => None,
+                        });
+                        let r = DeviceRecord {
+                            expanded_size: kept,
+                            ..r.clone()
+                        };
+                        LineRef::Device(&r).encode().map(Some)
+                    }
+                    Change::Device(r) => LineRef::Device(r).encode().map(Some),
+                    Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => Ok(None),
+                };
+                let line = match line {
+                    Ok(l) => l,
+                    Err(e) => {
+                        results.push(Err(e));
+                        continue;
+                    }
+                };
+                results.push(Ok(()));
+                match &line {
+                    // Unchanged: an outcome needs no write; an intent is written and synced
+                    // all the same (the caller asked for it to be on disk).
+                    Some(bytes) if !durable && now.as_ref() == Some(bytes) => continue,
+                    Some(bytes) => buf.extend_from_slice(bytes),
+                    None if now.is_none() => continue,
+                    None => {
+                        let removal = match change {
+                            Change::RemovePodVolume { pod, unique, .. } => {
+                                LineRef::RemovePodVolume { pod, unique }
+                            }
+                            Change::RemoveDevice(unique) => LineRef::RemoveDevice { unique },
+                            _ => unreachable!("only removals have no line"),
+                        };
+                        match removal.encode() {
+                            Ok(b) => buf.extend_from_slice(&b),
+                            Err(e) => {
+                                *results.last_mut().expect("pushed above") = Err(e);
+                                continue;
+                            }
+                        }
+                    }
                 }
+                buf.push(b'\n');
+                any_durable |= durable;
+                overlay.insert(key.clone(), line.clone());
+                changed.push((key, line));
             }
-            by_key
-        });
-        known
-            .get(key)
-            .into_iter()
-            .flatten()
-            .filter(|f| f.as_path() != file)
-            .cloned()
-            .collect()
-    }
-
-    /// Keeps [`Record::names`] up to date with a file written (`present`) or removed.
-    fn note(&self, file: &Path, present: bool) {
-        let (Some(dir), Some(key)) = (file.parent(), record_key(file)) else {
-            return;
-        };
-        let mut names = crate::sync::lock(&self.names);
-        // A directory not listed yet is listed when it is first asked about.
-        let Some(known) = names.get_mut(dir) else {
-            return;
-        };
-        let set = known.entry(key.to_string()).or_default();
-        if present {
-            set.insert(file.to_path_buf());
-        } else {
-            set.remove(file);
-            if set.is_empty() {
-                known.remove(key);
+        }
+        if buf.is_empty() {
+            return results;
+        }
+        let copy = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        let unsynced = match journal.append(&buf, changed.len(), any_durable) {
+            Ok(()) => None,
+            Err(AppendError::NotWritten(e)) => {
+                // Nothing of the batch is in the journal: no change happened.
+                for r in results.iter_mut().filter(|r| r.is_ok()) {
+                    *r = Err(copy(&e));
+                }
+                return results;
             }
-        }
-    }
-
-    /// The file a change is about.
-    fn file_of(&self, change: &Change) -> PathBuf {
-        match change {
-            Change::PodVolume(r) => self.pod_file(&r.pod.uid, &r.volume, &r.unique_name),
-            Change::RemovePodVolume {
-                pod,
-                volume,
-                unique,
-            } => self.pod_file(pod, volume, unique),
-            Change::Device(r) => self.device_file(&r.unique_name),
-            Change::RemoveDevice(unique) => self.device_file(unique),
-        }
-    }
-
-    /// Changes two jobs of one batch must not share: a pod volume's record under any of its
-    /// names, or a node-wide record.
-    fn conflict_key(&self, change: &Change) -> (PathBuf, String) {
-        let file = self.file_of(change);
-        let key = record_key(&file).unwrap_or_default().to_string();
-        (file.parent().unwrap_or(&self.dir).to_path_buf(), key)
-    }
-
-    /// Applies a batch of changes to different files and returns each one's result. A durable
-    /// write is on disk when its result is returned: every temporary file of the batch is
-    /// written first, then the durable ones are fsync'd, then all are renamed into place, then
-    /// each directory holding a durable one is fsync'd once. The filesystem's journal commits the
-    /// whole batch in the first of those fsyncs, so a batch costs about as much as one write.
-    /// Removals (a record's other names, removed records) come after the renames and their
-    /// fsync, so a crash never leaves a volume without any record of it.
-    fn apply(&self, batch: &[(&Change, bool)]) -> Vec<std::io::Result<()>> {
-        struct Staged {
-            job: usize,
-            handle: std::fs::File,
-            tmp: PathBuf,
-            file: PathBuf,
-            bytes: Vec<u8>,
-            durable: bool,
-        }
-        let mut results: Vec<std::io::Result<()>> = batch.iter().map(|_| Ok(())).collect();
-        let mut staged = Vec::new();
-        let mut removals: Vec<(usize, PathBuf)> = Vec::new();
-        let mut empty_dirs = Vec::new();
-        for (job, &(change, durable)) in batch.iter().enumerate() {
-            let file = self.file_of(change);
-            let bytes = match change {
-                Change::PodVolume(r) => encode(r),
-                Change::Device(r) if r.expanded_size.is_none() => {
-                    let kept = self.device(&r.unique_name).and_then(|d| d.expanded_size);
-                    encode(&DeviceRecord {
-                        expanded_size: kept,
-                        ..r.clone()
-                    })
-                }
-                Change::Device(r) => encode(r),
-                Change::RemovePodVolume { .. } => {
-                    removals.push((job, file.clone()));
-                    removals.extend(self.other_names(&file).into_iter().map(|f| (job, f)));
-                    empty_dirs.extend(file.parent().map(Path::to_path_buf));
-                    continue;
-                }
-                Change::RemoveDevice(_) => {
-                    removals.push((job, file));
-                    continue;
-                }
+            Err(AppendError::NotSynced(e)) => Some(e),
+        };
+        // The lines are in the journal (synced or not): the live records follow them.
+        let mut live = crate::sync::lock(&self.live);
+        for (key, line) in changed {
+            match line {
+                Some(bytes) => live.insert(key, bytes),
+                None => live.remove(&key),
             };
-            if let Change::PodVolume(_) = change {
-                removals.extend(self.other_names(&file).into_iter().map(|f| (job, f)));
-            }
-            let stage = |bytes: std::io::Result<Vec<u8>>| -> std::io::Result<Option<Staged>> {
-                let bytes = bytes?;
-                if !durable && crate::sync::lock(&self.written).get(&file) == Some(&bytes) {
-                    return Ok(None);
+        }
+        drop(live);
+        if let Some(e) = unsynced {
+            for (r, &(_, durable)) in results.iter_mut().zip(batch) {
+                if durable && r.is_ok() {
+                    *r = Err(copy(&e));
                 }
-                let dir = file.parent().unwrap_or(&self.dir);
-                std::fs::create_dir_all(dir)?;
-                let tmp = file.with_extension("json.tmp");
-                let mut handle = std::fs::File::create(&tmp)?;
-                handle.write_all(&bytes)?;
-                Ok(Some(Staged {
-                    job,
-                    handle,
-                    tmp,
-                    file: file.clone(),
-                    bytes,
-                    durable,
-                }))
-            };
-            match stage(bytes) {
-                Ok(s) => staged.extend(s),
-                Err(e) => results[job] = Err(e),
-            }
-        }
-        // All written before any is synced: the first fsync commits them all.
-        for s in staged.iter().filter(|s| s.durable) {
-            if let Err(e) = s.handle.sync_all() {
-                results[s.job] = Err(e);
-            }
-        }
-        let mut synced_dirs: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
-        for s in staged {
-            if results[s.job].is_err() {
-                continue;
-            }
-            drop(s.handle);
-            if let Err(e) = std::fs::rename(&s.tmp, &s.file) {
-                results[s.job] = Err(e);
-                continue;
-            }
-            self.note(&s.file, true);
-            crate::sync::lock(&self.written).insert(s.file.clone(), s.bytes);
-            if s.durable {
-                let dir = s.file.parent().unwrap_or(&self.dir).to_path_buf();
-                synced_dirs.entry(dir).or_default().push(s.job);
-            }
-        }
-        for (dir, jobs) in synced_dirs {
-            if let Err(e) = std::fs::File::open(&dir).and_then(|d| d.sync_all()) {
-                for job in jobs {
-                    results[job] = Err(std::io::Error::new(e.kind(), e.to_string()));
-                }
-            }
-        }
-        for (job, file) in removals {
-            if results[job].is_ok() {
-                if let Err(e) = self.remove(&file) {
-                    results[job] = Err(e);
-                }
-            }
-        }
-        for dir in empty_dirs {
-            // Fails while another volume of the pod is recorded, as it should.
-            if std::fs::remove_dir(&dir).is_ok() {
-                crate::sync::lock(&self.names).remove(&dir);
             }
         }
         results
     }
 
-    fn remove(&self, file: &Path) -> std::io::Result<()> {
-        crate::sync::lock(&self.written).remove(file);
-        self.note(file, false);
-        match std::fs::remove_file(file) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
+    /// Every live record's line, in key order, for a compaction.
+    fn snapshot(&self) -> Vec<Arc<[u8]>> {
+        let live = crate::sync::lock(&self.live);
+        let mut entries: Vec<(&Key, &Arc<[u8]>)> = live.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        entries.into_iter().map(|(_, v)| v.clone()).collect()
     }
 
     /// Applies `change` on the record's writer thread, batched with the changes other
@@ -293,11 +207,16 @@ impl Record {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let record = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
-                .name("kubevol-record".into())
-                .spawn(move || write_batches(&record, &rx));
-            if let Err(e) = spawned {
-                tracing::error!("cannot start the record writer thread: {e}");
+            match crate::sync::lock(&self.appender).take() {
+                Some(journal) => {
+                    let spawned = std::thread::Builder::new()
+                        .name("kubevol-record".into())
+                        .spawn(move || write_batches(&record, journal, &rx));
+                    if let Err(e) = spawned {
+                        tracing::error!("cannot start the record writer thread: {e}");
+                    }
+                }
+                None => tracing::error!("the record's journal is not open"),
             }
             Mutex::new(tx)
         });
