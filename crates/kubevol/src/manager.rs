@@ -354,6 +354,8 @@ impl VolumeManager {
         let _ = tokio::join!(populator, reconciler);
         beside.abort_all();
         while beside.join_next().await.is_some() {}
+        // The outcomes operations queued without waiting.
+        p.host.record.flush().await;
     }
 
     /// What reconstruction found at start.

@@ -139,8 +139,16 @@ mount_test! {
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.expect("unmounted on the retry");
             assert!(mount_ids(&m.config().root_dir).is_empty());
-            let records = kubevol::record::Record::read(&m.config().root_dir).unwrap().pods;
-            assert!(records.is_empty(), "no record left: {records:?}");
+            // The outcome's line is queued, not waited for: it is written soon after.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let records = kubevol::record::Record::read(&m.config().root_dir).unwrap().pods;
+                if records.is_empty() {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "no record left: {records:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
             m.shutdown();
         });
     }

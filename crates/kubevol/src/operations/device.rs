@@ -159,7 +159,7 @@ pub(super) async fn device_operation(
             }
         },
     };
-    settle_device_record(ops, volume).await;
+    settle_device_record(ops, volume);
     match outcome {
         Ok(()) => {
             info!(volume = %volume, "{what} succeeded");

@@ -295,7 +295,7 @@ async fn panicked(
                 );
                 ops.events
                     .record(&want.pod_ref, true, reason::FAILED_MOUNT, message.clone());
-                settle_pod_record(ops, volume, pod, &want.outer_volume_name).await;
+                settle_pod_record(ops, volume, pod, &want.outer_volume_name);
             }
         }
         Operation::UnmountVolume { volume, pod } => {
@@ -306,7 +306,7 @@ async fn panicked(
                     .set_pod_state(volume, pod, PodMountState::Uncertain);
                 ops.events
                     .record(&m.pod_ref, true, reason::FAILED_UNMOUNT, message.clone());
-                settle_pod_record(ops, volume, pod, &m.outer_volume_name).await;
+                settle_pod_record(ops, volume, pod, &m.outer_volume_name);
             }
         }
         Operation::Attach { volume } | Operation::MountDevice { volume } => {
@@ -323,11 +323,11 @@ async fn panicked(
                     );
                 }
             }
-            settle_device_record(ops, volume).await;
+            settle_device_record(ops, volume);
         }
         // Still in the actual state as they were: the teardown step runs again.
         Operation::UnmountDevice { volume } | Operation::Detach { volume } => {
-            settle_device_record(ops, volume).await;
+            settle_device_record(ops, volume);
         }
     }
     (plugin, Err(message), true)
@@ -429,20 +429,14 @@ fn pod_record_of(
     ))
 }
 
-/// After an operation: the record says what the actual state now holds (no fsync: losing
-/// this write brings back the intent, which means the same "uncertain").
-async fn settle(ops: &Arc<Operations>, change: record::Change) {
-    if let Err(e) = ops.host.record.commit(change, false).await {
-        warn!(dir = %ops.host.record.dir().display(), "cannot update the volume record: {e}");
-    }
+/// After an operation: the record says what the actual state now holds. Not waited for (no
+/// fsync either): losing this line brings back the intent, which means the same "uncertain",
+/// and the volume's next intent is queued after it.
+fn settle(ops: &Operations, change: record::Change) {
+    ops.host.record.submit(change);
 }
 
-async fn settle_pod_record(
-    ops: &Arc<Operations>,
-    volume: &UniqueVolumeName,
-    pod: &PodUid,
-    outer: &str,
-) {
+fn settle_pod_record(ops: &Operations, volume: &UniqueVolumeName, pod: &PodUid, outer: &str) {
     let now = pod_record_of(ops, volume, pod, None);
     if now
         .as_ref()
@@ -459,10 +453,10 @@ async fn settle_pod_record(
             unique: volume.clone(),
         },
     };
-    settle(ops, change).await;
+    settle(ops, change);
 }
 
-async fn settle_device_record(ops: &Arc<Operations>, volume: &UniqueVolumeName) {
+fn settle_device_record(ops: &Arc<Operations>, volume: &UniqueVolumeName) {
     let now = ops
         .world()
         .asw()
@@ -472,7 +466,7 @@ async fn settle_device_record(ops: &Arc<Operations>, volume: &UniqueVolumeName) 
         Some(now) => record::Change::Device(now),
         None => record::Change::RemoveDevice(volume.clone()),
     };
-    settle(ops, change).await;
+    settle(ops, change);
 }
 
 /// The ASW record of a pod's wish after a set-up attempt.

@@ -103,7 +103,7 @@ pub(super) async fn mount_volume(
     // The event is for a first set-up, not for a content rewrite or a re-check.
     let announce = !was_mounted && !remount;
     let outcome = set_up_outcome(ops, volume, pod, announce, &traits, &want, result);
-    settle_pod_record(ops, volume, pod, &want.outer_volume_name).await;
+    settle_pod_record(ops, volume, pod, &want.outer_volume_name);
     outcome
 }
 

@@ -61,13 +61,20 @@ pub(super) async fn unmount_volume(
     let torn = match intent {
         Err(e) => Err(e),
         Ok(()) => {
-            let torn = match super::subpath::unmount_all(
-                ops.host.clone(),
-                &mounted.pod_ref,
-                &mounted.outer_volume_name,
-            )
-            .await
-            {
+            // A volume set up without subPath mounts has none to look for; one that may be half
+            // set up (uncertain, reconstructed) is checked on disk.
+            let sub_paths =
+                if mounted.state == PodMountState::Mounted && mounted.sub_paths.is_empty() {
+                    Ok(())
+                } else {
+                    super::subpath::unmount_all(
+                        ops.host.clone(),
+                        &mounted.pod_ref,
+                        &mounted.outer_volume_name,
+                    )
+                    .await
+                };
+            let torn = match sub_paths {
                 Ok(()) => plugin.tear_down(ops.host.clone(), req).await,
                 Err(e) => Err(e),
             };
@@ -78,7 +85,7 @@ pub(super) async fn unmount_volume(
         Ok(()) => {
             info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");
             ops.asw.write().mark_pod_unmounted(volume, pod);
-            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name).await;
+            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name);
             cleanup_pod_dir(ops, pod).await;
             (traits.plugin, Ok(()))
         }
@@ -89,7 +96,7 @@ pub(super) async fn unmount_volume(
             );
             // The volume stays uncertain (set at the intent): its subPath mounts may be gone
             // already, so a pod that wants it again gets it set up again, idempotently.
-            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name).await;
+            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name);
             ops.events
                 .record(&pref, true, reason::FAILED_UNMOUNT, message.clone());
             (traits.plugin, Err(message))

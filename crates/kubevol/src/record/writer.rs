@@ -43,9 +43,11 @@ impl Change {
 
 /// A change waiting for the writer thread.
 pub(super) struct Job {
-    change: Change,
+    /// The change; none for [`Record::flush`]'s marker.
+    change: Option<Change>,
     durable: bool,
-    reply: tokio::sync::oneshot::Sender<std::io::Result<()>>,
+    /// Who waits for the result; without one, a failure is logged.
+    reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
 }
 
 /// The most changes one batch takes, so that a storm's first intents are not held up by its
@@ -70,14 +72,30 @@ fn write_batches(
         let Some(rec) = record.upgrade() else {
             return;
         };
-        let batch: Vec<(&Change, bool)> = jobs.iter().map(|j| (&j.change, j.durable)).collect();
+        let batch: Vec<(&Change, bool)> = jobs
+            .iter()
+            .filter_map(|j| Some((j.change.as_ref()?, j.durable)))
+            .collect();
         let results = rec.apply(&mut journal, &batch);
         let live = crate::sync::lock(&rec.live).len();
         journal.maybe_compact(live, || rec.snapshot());
-        drop(rec);
-        for (job, result) in jobs.into_iter().zip(results) {
-            let _ = job.reply.send(result);
+        let mut results = results.into_iter();
+        for job in jobs {
+            let result = match job.change {
+                Some(_) => results.next().unwrap_or(Ok(())),
+                None => Ok(()),
+            };
+            match (job.reply, result) {
+                (Some(reply), result) => {
+                    let _ = reply.send(result);
+                }
+                (None, Err(e)) => {
+                    tracing::warn!(dir = %rec.dir.display(), "cannot update the volume record: {e}")
+                }
+                (None, Ok(())) => {}
+            }
         }
+        drop(rec);
     }
 }
 
@@ -204,6 +222,34 @@ impl Record {
     /// operations submit meanwhile (one journal commit for all of them), and returns when it
     /// is done: for a `durable` change, when it is on disk.
     pub async fn commit(self: &Arc<Self>, change: Change, durable: bool) -> std::io::Result<()> {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        self.enqueue(Some(change), durable, Some(reply))?;
+        done.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Returns once every change queued before it has been applied.
+    pub async fn flush(self: &Arc<Self>) {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        if self.enqueue(None, false, Some(reply)).is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    /// Queues `change` for the writer thread without waiting for it: for an outcome, whose
+    /// loss only brings back its intent. Changes are applied in the order they are queued, so
+    /// a later intent of the same volume always follows it; a failure is logged.
+    pub fn submit(self: &Arc<Self>, change: Change) {
+        if let Err(e) = self.enqueue(Some(change), false, None) {
+            tracing::warn!(dir = %self.dir.display(), "cannot update the volume record: {e}");
+        }
+    }
+
+    fn enqueue(
+        self: &Arc<Self>,
+        change: Option<Change>,
+        durable: bool,
+        reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
+    ) -> std::io::Result<()> {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let record = Arc::downgrade(self);
@@ -220,21 +266,16 @@ impl Record {
             }
             Mutex::new(tx)
         });
-        let (reply, done) = tokio::sync::oneshot::channel();
-        let sent = crate::sync::lock(queue).send(Job {
-            change,
-            durable,
-            reply,
-        });
-        if sent.is_err() {
-            return Err(std::io::Error::other(
-                "the record writer thread has stopped",
-            ));
-        }
-        done.await.unwrap_or_else(|_| {
-            Err(std::io::Error::other(
-                "the record writer thread has stopped",
-            ))
-        })
+        crate::sync::lock(queue)
+            .send(Job {
+                change,
+                durable,
+                reply,
+            })
+            .map_err(|_| stopped())
     }
+}
+
+fn stopped() -> std::io::Error {
+    std::io::Error::other("the record writer thread has stopped")
 }
