@@ -49,6 +49,12 @@ pub struct BenchArgs {
     /// reports ready latency from each pod's creation and the API requests the node made.
     #[arg(long, conflicts_with_all = ["content", "csi"])]
     cluster: bool,
+    /// Benchmark a restart instead: N pods x M Memory emptyDir volumes are mounted, the
+    /// manager stops with everything mounted, and a new one starts on the same root; reports
+    /// the time to read the record and reconstruct (start to first reconcile) and until every
+    /// pod is ready again.
+    #[arg(long, conflicts_with_all = ["content", "csi", "cluster"])]
+    restart: bool,
 }
 
 impl BenchArgs {
@@ -197,6 +203,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if args.cluster {
         return cluster::run(args);
     }
+    if args.restart {
+        return restart(args);
+    }
     let total = args.pods() * args.volumes;
     let (tmp, floor_dir) = bench_root()?;
     println!(
@@ -279,6 +288,62 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         "idle CPU with {total} volumes mounted: {:.3}% of one core over {} s",
         idle_cpu / args.idle_seconds as f64 * 100.0,
         args.idle_seconds
+    );
+    println!("peak RSS: {:.1} MiB", peak_rss_mib());
+    LinuxMounter.unmount(tmp.path())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The restart benchmark (see [`BenchArgs::restart`]).
+fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let total = args.pods() * args.volumes;
+    let (tmp, _) = bench_root()?;
+    println!(
+        "kubevol bench --restart: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts, then a restart",
+        args.pods(),
+        args.volumes
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let root = tmp.path().join("root");
+    let pods: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
+    let figures = runtime.block_on(async {
+        let (manager, running) = start_manager(&root, args, |_| {})?;
+        add_and_wait(&manager, &pods).await?;
+        // Stopped with everything mounted, as a killed daemon leaves the node.
+        manager.shutdown();
+        let _ = running.await;
+        drop(manager);
+
+        let start = tokio::time::Instant::now();
+        let (manager, running) = start_manager(&root, args, |_| {})?;
+        let opened = start.elapsed();
+        let (_, latencies) = add_and_wait(&manager, &pods).await?;
+        let ready = start.elapsed();
+        let found = manager.reconstruction();
+        manager.remove_pods(&pods);
+        manager.wait_for_all_pods_unmount(&pods).await?;
+        manager.shutdown();
+        let _ = running.await;
+        anyhow::Ok((opened, found, ready, latencies))
+    });
+    let (opened, found, ready, lat) = figures?;
+    let reconstruct = Duration::from_millis(found.took_ms);
+    println!();
+    println!(
+        "start to first reconcile: {:.1} ms (record read {:.1} ms, reconstruction {} ms: {} pod volumes, {} problems)",
+        (opened + reconstruct).as_secs_f64() * 1e3,
+        opened.as_secs_f64() * 1e3,
+        found.took_ms,
+        found.pod_volumes,
+        found.problems.len()
+    );
+    println!(
+        "start to every pod ready again: {:.1} ms (pod p50 {:.1} ms, p99 {:.1} ms)",
+        ready.as_secs_f64() * 1e3,
+        percentile(&lat, 0.5) * 1e3,
+        percentile(&lat, 0.99) * 1e3
     );
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
     LinuxMounter.unmount(tmp.path())?;

@@ -125,6 +125,7 @@ mount_test! {
                 let s = wait_for_status(&m, &pod, 20, |s| !s.volumes.is_empty()).await;
                 let v = &s.volumes[0];
                 assert_eq!(v.state, kubevol::status::VolumePhase::Pending, "{s:#?}");
+                assert_eq!(s.phase, kubevol::status::PodPhase::Pending, "not ready while a volume waits: {s:#?}");
                 let why = v.retry.last_error.clone().unwrap_or_default();
                 assert!(why.contains(&format!("waiting for the API server to deliver Secret {}/token", cluster.namespace())), "{why}");
                 server.learn_relations();

@@ -277,6 +277,9 @@ impl Sources<'_> {
                     warnings: Vec::new(),
                 });
             }
+            // A volume still waiting for an object the API server has not delivered keeps the
+            // pod pending (it is neither mounted nor failed).
+            let all_mounted = all_mounted && dp.failed_to_process.is_empty();
             let phase = if any_failed {
                 PodPhase::Failed
             } else if all_mounted {

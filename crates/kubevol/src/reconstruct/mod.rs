@@ -62,6 +62,10 @@ pub struct Reconstruction {
     pub devices: usize,
     /// Records that could not be read, and directories no plugin could account for.
     pub problems: Vec<String>,
+    /// How long it took, in milliseconds (the record itself is read when the manager is
+    /// made).
+    #[serde(default)]
+    pub took_ms: u64,
 }
 
 /// A pod directory that could not be removed, and why.
@@ -267,17 +271,20 @@ pub(crate) async fn at_start(
     findings: &Findings,
 ) {
     let world = asw.clone();
-    let report = tokio::task::spawn_blocking(move || reconstruct(&asw, &host, &plugins))
+    let started = std::time::Instant::now();
+    let mut report = tokio::task::spawn_blocking(move || reconstruct(&asw, &host, &plugins))
         .await
         .unwrap_or_else(|e| Reconstruction {
             problems: vec![format!("reconstruction failed: {e}")],
             ..Default::default()
         });
+    report.took_ms = started.elapsed().as_millis() as u64;
     info!(
         pod_volumes = report.pod_volumes,
         from_layout = report.from_layout,
         devices = report.devices,
         problems = report.problems.len(),
+        took_ms = report.took_ms,
         "actual state reconstructed"
     );
     metrics.set_reconstruction_problems(report.problems.len());
