@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// pod is ready again.
     #[arg(long, conflicts_with_all = ["content", "csi", "cluster"])]
     restart: bool,
+    /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
+    /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
+    #[arg(long)]
+    on_disk: bool,
 }
 
 impl BenchArgs {
@@ -133,18 +137,75 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// A temporary directory with a fresh tmpfs on it, as the root of both kubevol's and the
-/// floor's runs: the measurement is kubevol's overhead over the same syscalls, not the state of
-/// the disk filesystem (ext4 slows down after many removals). Returns it and its `floor`
-/// directory; unmount it with [`LinuxMounter::unmount`] when done.
-fn bench_root() -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
-    let tmp = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
-    LinuxMounter
-        .mount("tmpfs", tmp.path(), "tmpfs", &MountOptions::default())
-        .context("mount the benchmark's tmpfs root")?;
-    let floor_dir = tmp.path().join("floor");
-    std::fs::create_dir(&floor_dir)?;
-    Ok((tmp, floor_dir))
+/// The root of both kubevol's and the floor's runs: a temporary directory with a fresh tmpfs
+/// on it, so that the measurement is kubevol's overhead over the same syscalls, not the state
+/// of the disk filesystem (ext4 slows down after many removals); or, with `--on-disk`, a
+/// temporary directory on the disk, where every fsync of the durable record is real.
+struct BenchRoot {
+    dir: tempfile::TempDir,
+    on_disk: bool,
+}
+
+impl BenchRoot {
+    fn new(args: &BenchArgs) -> anyhow::Result<(Self, std::path::PathBuf)> {
+        let dir = tempfile::Builder::new().prefix("kubevol-bench").tempdir()?;
+        if !args.on_disk {
+            LinuxMounter
+                .mount("tmpfs", dir.path(), "tmpfs", &MountOptions::default())
+                .context("mount the benchmark's tmpfs root")?;
+        }
+        let floor_dir = dir.path().join("floor");
+        std::fs::create_dir(&floor_dir)?;
+        let on_disk = args.on_disk;
+        Ok((BenchRoot { dir, on_disk }, floor_dir))
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What the root is, for the report.
+    fn describe(&self) -> String {
+        if !self.on_disk {
+            return "a fresh tmpfs (fsync costs nothing)".into();
+        }
+        let fs = LinuxMounter
+            .mount_table()
+            .ok()
+            .and_then(|t| {
+                t.into_iter()
+                    .filter(|m| self.dir.path().starts_with(&m.mount_point))
+                    .max_by_key(|m| m.mount_point.as_os_str().len())
+            })
+            .map(|m| m.fs_type)
+            .unwrap_or_else(|| "unknown".into());
+        format!(
+            "{} on the disk ({fs}, every fsync is real)",
+            self.dir.path().display()
+        )
+    }
+
+    /// Removes the root: unmounts its tmpfs, or on disk removes the directory, which is only
+    /// done when nothing is mounted under it any more (a removal never crosses a mount).
+    fn release(self) -> anyhow::Result<()> {
+        if !self.on_disk {
+            LinuxMounter.unmount(self.dir.path())?;
+            return Ok(());
+        }
+        let left = LinuxMounter
+            .mount_table()?
+            .into_iter()
+            .filter(|m| m.mount_point.starts_with(self.dir.path()))
+            .count();
+        if left > 0 {
+            let kept = self.dir.keep();
+            anyhow::bail!(
+                "{left} mounts are left under {}; the directory is kept",
+                kept.display()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A running manager on `root` with the benchmark's settings. Call inside the runtime.
@@ -171,15 +232,16 @@ fn start_manager(
 /// latencies in seconds, sorted.
 async fn add_and_wait(
     manager: &VolumeManager,
-    pods: &[Pod],
+    pods: &Arc<Vec<Pod>>,
 ) -> anyhow::Result<(Vec<kubevol_core::PodUid>, Vec<f64>)> {
     let start = tokio::time::Instant::now();
     let uids = manager.add_pods(pods.iter().cloned());
+    // The waiters share the benchmark's one copy of the pods.
     let mut waits = Vec::new();
-    for p in pods {
-        let (m, p) = (manager.clone(), p.clone());
+    for i in 0..pods.len() {
+        let (m, pods) = (manager.clone(), pods.clone());
         waits.push(tokio::spawn(async move {
-            m.wait_for_attach_and_mount(&p)
+            m.wait_for_attach_and_mount(&pods[i])
                 .await
                 .map(|_| start.elapsed().as_secs_f64())
         }));
@@ -207,12 +269,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         return restart(args);
     }
     let total = args.pods() * args.volumes;
-    let (tmp, floor_dir) = bench_root()?;
+    let (tmp, floor_dir) = BenchRoot::new(args)?;
     println!(
         "kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts",
         args.pods(),
         args.volumes
     );
+    println!("root: {}", tmp.describe());
 
     // The floor runs before and after kubevol and the two are averaged: the filesystem gets
     // slower at creating directories after many removals, which would favour whichever ran first.
@@ -226,7 +289,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let root = tmp.path().join("root");
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
-        let pods: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
+        let pods: Arc<Vec<Pod>> =
+            Arc::new((0..args.pods()).map(|i| pod(i, args.volumes)).collect());
         let cpu_start = cpu_seconds();
         let start = tokio::time::Instant::now();
         let (_, latencies) = add_and_wait(&manager, &pods).await?;
@@ -290,14 +354,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         args.idle_seconds
     );
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
-    LinuxMounter.unmount(tmp.path())?;
+    tmp.release()?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// The restart benchmark (see [`BenchArgs::restart`]).
 fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let total = args.pods() * args.volumes;
-    let (tmp, _) = bench_root()?;
+    let (tmp, _) = BenchRoot::new(args)?;
     println!(
         "kubevol bench --restart: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts, then a restart",
         args.pods(),
@@ -307,7 +371,7 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let root = tmp.path().join("root");
-    let pods: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
+    let pods: Arc<Vec<Pod>> = Arc::new((0..args.pods()).map(|i| pod(i, args.volumes)).collect());
     let figures = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         add_and_wait(&manager, &pods).await?;
@@ -346,7 +410,7 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         percentile(&lat, 0.99) * 1e3
     );
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
-    LinuxMounter.unmount(tmp.path())?;
+    tmp.release()?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -475,7 +539,7 @@ mod content {
     }
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
-        let (tmp, floor_dir) = bench_root()?;
+        let (tmp, floor_dir) = BenchRoot::new(args)?;
         let total = args.pods() * VOLUMES;
         println!(
             "kubevol bench --content: {} pods x (configMap {CONFIG_KEYS} keys, secret {SECRET_KEYS} keys, projected {} files) = {total} volumes",
@@ -491,7 +555,7 @@ mod content {
         let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
             let (manager, running) = start_manager(&root, args, |_| {})?;
             manager.library().upsert_objects(objects(1));
-            let pods: Vec<Pod> = (0..args.pods()).map(pod).collect();
+            let pods: Arc<Vec<Pod>> = Arc::new((0..args.pods()).map(pod).collect());
             let start = tokio::time::Instant::now();
             let (uids, latencies) = add_and_wait(&manager, &pods).await?;
             let ready_elapsed = start.elapsed();
@@ -554,7 +618,7 @@ mod content {
         );
         println!("(ratio = raw floor time / kubevol time; 1.0 is the floor)");
         println!("peak RSS: {:.1} MiB", peak_rss_mib());
-        LinuxMounter.unmount(tmp.path())?;
+        tmp.release()?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -654,7 +718,7 @@ mod csi {
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let n = args.pods();
-        let (tmp, _) = bench_root()?;
+        let (tmp, _) = BenchRoot::new(args)?;
         let base = tmp.path();
         let binary = std::env::current_exe()?.with_file_name("kubevol-csi-loop");
         anyhow::ensure!(
@@ -801,7 +865,7 @@ mod csi {
         );
         println!("peak RSS: {:.1} MiB", peak_rss_mib());
         drop(driver);
-        LinuxMounter.unmount(tmp.path())?;
+        tmp.release()?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -839,7 +903,7 @@ mod cluster {
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let n = args.pods();
-        let (tmp, floor_dir) = bench_root()?;
+        let (tmp, floor_dir) = BenchRoot::new(args)?;
         let (floor_a, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -974,7 +1038,7 @@ mod cluster {
             None => println!("API requests: counted by the in-process server only"),
         }
         println!("peak RSS: {:.1} MiB", peak_rss_mib());
-        LinuxMounter.unmount(tmp.path())?;
+        tmp.release()?;
         Ok(ExitCode::SUCCESS)
     }
 }

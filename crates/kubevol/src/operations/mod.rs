@@ -437,14 +437,9 @@ fn settle(ops: &Operations, change: record::Change) {
 }
 
 fn settle_pod_record(ops: &Operations, volume: &UniqueVolumeName, pod: &PodUid, outer: &str) {
+    // Queued even when unchanged (a content rewrite): the writer drops an outcome that would
+    // not change the record, off the runtime's threads.
     let now = pod_record_of(ops, volume, pod, None);
-    if now
-        .as_ref()
-        .is_some_and(|r| ops.host.record.holds_pod_volume(r))
-    {
-        // A content rewrite: the record already says so.
-        return;
-    }
     let change = match now {
         Some(now) => record::Change::PodVolume(now),
         None => record::Change::RemovePodVolume {

@@ -420,15 +420,6 @@ impl Record {
         }
     }
 
-    /// Whether a pod volume's record already says exactly `r` (checked in memory, so that an
-    /// unchanged outcome costs no write and no blocking call).
-    pub fn holds_pod_volume(&self, r: &PodVolumeRecord) -> bool {
-        let key = journal::Key::Pod(r.pod.uid.clone(), r.unique_name.clone());
-        journal::LineRef::PodVolume(r)
-            .encode()
-            .is_ok_and(|b| crate::sync::lock(&self.live).get(&key) == Some(&b))
-    }
-
     /// Every record, as read at open and written since. Unreadable ones found at open are
     /// returned as [`CorruptRecord`]s.
     pub fn load(&self) -> Loaded {
