@@ -348,11 +348,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         kv_unmount / fl_unmount
     );
     println!("CPU seconds: kubevol set-up {mount_cpu:.2}, tear-down {unmount_cpu:.2}; raw floor set-up and tear-down {floor_cpu:.2}");
-    println!(
-        "idle CPU with {total} volumes mounted: {:.3}% of one core over {} s",
-        idle_cpu / args.idle_seconds as f64 * 100.0,
-        args.idle_seconds
-    );
+    if args.idle_seconds > 0 {
+        println!(
+            "idle CPU with {total} volumes mounted: {:.3}% of one core over {} s",
+            idle_cpu / args.idle_seconds as f64 * 100.0,
+            args.idle_seconds
+        );
+    } else {
+        println!("idle CPU: not measured (--idle-seconds 0)");
+    }
     println!("peak RSS: {:.1} MiB", peak_rss_mib());
     tmp.release()?;
     Ok(ExitCode::SUCCESS)
