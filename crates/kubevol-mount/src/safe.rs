@@ -184,19 +184,30 @@ impl Dir {
         let last = names.len().saturating_sub(1);
         for (i, name) in names.into_iter().enumerate() {
             let mode = if i == last { mode } else { parent_mode };
-            created = match rustix::fs::mkdirat(&cur.fd, name, Mode::from_raw_mode(mode)) {
-                Ok(()) => true,
-                Err(Errno::EXIST) => false,
-                Err(e) => return Err(io("mkdir", &cur.child_path(name))(e)),
-            };
-            let next = cur.open_child(name)?;
-            if created {
-                rustix::fs::fchmod(&next.fd, Mode::from_raw_mode(mode))
-                    .map_err(io("chmod", &next.path))?;
-            }
-            cur = next;
+            (cur, created) = cur.make_child(name, mode)?;
         }
         Ok((cur, created))
+    }
+
+    /// Makes the directory `name` in this one with `mode` (exactly: the umask does not apply),
+    /// or opens it if it exists (never through a symlink); says whether it was made.
+    pub fn make_child(&self, name: &OsStr, mode: u32) -> Result<(Dir, bool), MountError> {
+        if components(Path::new(name))?.len() != 1 || name == "." {
+            return Err(MountError::NotRelative {
+                path: PathBuf::from(name),
+            });
+        }
+        let created = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) => true,
+            Err(Errno::EXIST) => false,
+            Err(e) => return Err(io("mkdir", &self.child_path(name))(e)),
+        };
+        let dir = self.open_child(name)?;
+        if created {
+            rustix::fs::fchmod(&dir.fd, Mode::from_raw_mode(mode))
+                .map_err(io("chmod", &dir.path))?;
+        }
+        Ok((dir, created))
     }
 
     /// Sets this directory's permission bits.
@@ -402,6 +413,16 @@ impl Dir {
     /// on its own filesystem. A mount point at `name` itself is refused.
     pub fn remove_dir_all_one_fs(&self, name: &str) -> Result<(), MountError> {
         let path = self.child_path(OsStr::new(name));
+        if components(Path::new(name))?.len() != 1 {
+            return Err(MountError::NotRelative { path });
+        }
+        // An empty directory (a volume just unmounted) goes with one rmdir, which never removes
+        // a mount point (EBUSY) or anything but a directory; anything else takes the walk.
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
+            Err(_) => {}
+        }
         let Some(child) = self.open_child_if_exists(name)? else {
             return Ok(());
         };
@@ -490,6 +511,36 @@ mod tests {
     }
 
     #[test]
+    fn make_child_takes_one_name_and_never_follows_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        let (d, created) = root.make_child(OsStr::new("v"), 0o777).unwrap();
+        assert!(created);
+        let mode = std::fs::metadata(d.path()).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o777, "exact, whatever the umask");
+        assert!(
+            !root.make_child(OsStr::new("v"), 0o777).unwrap().1,
+            "opened"
+        );
+        for bad in ["a/b", "..", ".", "", "/abs"] {
+            assert!(
+                matches!(
+                    root.make_child(OsStr::new(bad), 0o777),
+                    Err(MountError::NotRelative { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(!t.path().join("a").exists());
+        assert!(matches!(
+            root.make_child(OsStr::new("link"), 0o777),
+            Err(MountError::Symlink { .. })
+        ));
+    }
+
+    #[test]
     fn walk_refuses_symlinks_and_backsteps() {
         let t = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
@@ -558,6 +609,24 @@ mod tests {
             std::fs::read(outside.path().join("canary")).unwrap(),
             b"keep"
         );
+    }
+
+    #[test]
+    fn remove_dir_all_one_fs_takes_an_empty_directory_at_once_and_never_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("empty")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        root.remove_dir_all_one_fs("empty").unwrap();
+        assert!(!t.path().join("empty").exists());
+        root.remove_dir_all_one_fs("empty").unwrap();
+        assert!(root.remove_dir_all_one_fs("link").is_err());
+        assert!(outside.path().exists() && t.path().join("link").symlink_metadata().is_ok());
+        assert!(matches!(
+            root.remove_dir_all_one_fs("link/x"),
+            Err(MountError::NotRelative { .. })
+        ));
     }
 
     #[test]

@@ -157,6 +157,8 @@ impl PluginHost {
         let parent_rel = Self::pod_plugin_dir(pod, plugin);
         let path = self.root.join(&parent_rel).join(name);
         let (parent, _) = self.root_dir.create_dir_all(&parent_rel, 0o750)?;
+        // Whether the volume's directory is known to be missing (the common first set-up).
+        let mut missing = false;
         if fs.is_some() {
             // Mounted already (a repeated or interrupted set-up): kept, unless it is dead. A
             // dead mount stacked over the volume's own filesystem is removed layer by layer
@@ -171,11 +173,19 @@ impl PluginHost {
                         tracing::warn!(path = %path.display(), "corrupted mount ({e}): unmounting it");
                         self.mounter.unmount(&path)?;
                     }
-                    _ => break,
+                    Err(e) => {
+                        missing = e.is_not_found();
+                        break;
+                    }
+                    Ok(_) => break,
                 }
             }
         }
-        let (dir, created) = parent.create_dir_all(Path::new(name), mode)?;
+        let (dir, created) = if missing {
+            parent.make_child(std::ffi::OsStr::new(name), mode)?
+        } else {
+            parent.create_dir_all(Path::new(name), mode)?
+        };
         let Some(mut fs) = fs else {
             return Ok((path, dir));
         };
