@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// pod is ready again.
     #[arg(long, conflicts_with_all = ["content", "csi", "cluster"])]
     restart: bool,
+    /// Run the default benchmark once per number of pods given (e.g. 100,1000,10000) and
+    /// print the cost curve as a table.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["pods", "content", "csi", "cluster", "restart"])]
+    scale: Vec<usize>,
     /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
     /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
     #[arg(long)]
@@ -268,14 +272,156 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if args.restart {
         return restart(args);
     }
-    let total = args.pods() * args.volumes;
-    let (tmp, floor_dir) = BenchRoot::new(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if args.scale.is_empty() {
+        let f = measure(args, args.pods(), &runtime)?;
+        f.print(args);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut all = Vec::new();
+    for &n in &args.scale {
+        let f = measure(args, n, &runtime)?;
+        f.print(args);
+        println!();
+        all.push(f);
+    }
+    println!("the cost curve (ratios to the floor measured in the same run):");
     println!(
-        "kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts",
-        args.pods(),
-        args.volumes
+        "{:>7} {:>8} {:>9} {:>9} {:>15} {:>15} {:>13} {:>9} {:>9} {:>12}",
+        "pods",
+        "mounts",
+        "p50 ms",
+        "p99 ms",
+        "set-up/s",
+        "tear-down/s",
+        "CPU s (floor)",
+        "µs CPU/vol",
+        "idle CPU",
+        "KiB/volume"
     );
-    println!("root: {}", tmp.describe());
+    for f in &all {
+        println!(
+            "{:>7} {:>8} {:>9.1} {:>9.1} {:>8.0} ({:.2}) {:>8.0} ({:.2}) {:>6.2} ({:.2}) {:>9.0} {:>9} {:>12.1}",
+            f.pods,
+            f.total,
+            percentile(&f.latencies, 0.5) * 1e3,
+            percentile(&f.latencies, 0.99) * 1e3,
+            f.kv_mount,
+            f.kv_mount / f.fl_mount,
+            f.kv_unmount,
+            f.kv_unmount / f.fl_unmount,
+            f.mount_cpu + f.unmount_cpu,
+            f.floor_cpu,
+            (f.mount_cpu + f.unmount_cpu) / f.total as f64 * 1e6,
+            f.idle_percent()
+                .map_or_else(|| "-".to_string(), |p| format!("{p:.3}%")),
+            f.rss_per_volume_kib()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The figures of one run of the default benchmark.
+struct Figures {
+    pods: usize,
+    total: usize,
+    root: String,
+    /// Pod ready latencies in seconds, sorted.
+    latencies: Vec<f64>,
+    kv_mount: f64,
+    kv_unmount: f64,
+    fl_mount: f64,
+    fl_unmount: f64,
+    mount_cpu: f64,
+    unmount_cpu: f64,
+    floor_cpu: f64,
+    idle_cpu: f64,
+    idle_seconds: u64,
+    /// Resident memory before the manager started, and the peak after, in MiB.
+    rss_before: f64,
+    rss_peak: f64,
+}
+
+impl Figures {
+    fn idle_percent(&self) -> Option<f64> {
+        (self.idle_seconds > 0).then(|| self.idle_cpu / self.idle_seconds as f64 * 100.0)
+    }
+
+    fn rss_per_volume_kib(&self) -> f64 {
+        (self.rss_peak - self.rss_before).max(0.0) * 1024.0 / self.total.max(1) as f64
+    }
+
+    fn print(&self, args: &BenchArgs) {
+        let lat = &self.latencies;
+        let total = self.total;
+        println!(
+            "kubevol bench: {} pods x {} Memory emptyDir volumes = {total} tmpfs mounts",
+            self.pods, args.volumes
+        );
+        println!("root: {}", self.root);
+        println!();
+        println!("pod volume-ready latency (all pods added at once):");
+        println!(
+            "  p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms",
+            percentile(lat, 0.5) * 1e3,
+            percentile(lat, 0.99) * 1e3,
+            lat.last().copied().unwrap_or(0.0) * 1e3
+        );
+        println!("throughput (volumes/s)        kubevol    raw floor   ratio");
+        println!(
+            "  set up (mkdir+mount+chmod) {:9.0}  {:10.0}   {:.2}",
+            self.kv_mount,
+            self.fl_mount,
+            self.kv_mount / self.fl_mount
+        );
+        println!(
+            "  tear down (umount+rmdir)   {:9.0}  {:10.0}   {:.2}",
+            self.kv_unmount,
+            self.fl_unmount,
+            self.kv_unmount / self.fl_unmount
+        );
+        println!(
+            "CPU seconds: kubevol set-up {:.2}, tear-down {:.2}; raw floor set-up and tear-down {:.2}",
+            self.mount_cpu, self.unmount_cpu, self.floor_cpu
+        );
+        match self.idle_percent() {
+            Some(p) => println!(
+                "idle CPU with {total} volumes mounted: {p:.3}% of one core over {} s",
+                self.idle_seconds
+            ),
+            None => println!("idle CPU: not measured (--idle-seconds 0)"),
+        }
+        println!(
+            "peak RSS: {:.1} MiB ({:.1} MiB before the start: {:.1} KiB per volume above it)",
+            self.rss_peak,
+            self.rss_before,
+            self.rss_per_volume_kib()
+        );
+    }
+}
+
+/// Resident memory now, in MiB, from /proc/self/status.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// One run of the default benchmark with `n` pods.
+fn measure(
+    args: &BenchArgs,
+    n: usize,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<Figures> {
+    let total = n * args.volumes;
+    let (tmp, floor_dir) = BenchRoot::new(args)?;
 
     // The floor runs before and after kubevol and the two are averaged: the filesystem gets
     // slower at creating directories after many removals, which would favour whichever ran first.
@@ -283,14 +429,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let (floor_mount_a, floor_unmount_a) = raw_floor(&floor_dir, total).context("raw floor")?;
     let floor_cpu_a = cpu_seconds() - cpu0;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let root = tmp.path().join("root");
+    // The peak is this run's (the kernel resets its high-water mark on this write).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_before = rss_mib();
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
-        let pods: Arc<Vec<Pod>> =
-            Arc::new((0..args.pods()).map(|i| pod(i, args.volumes)).collect());
+        let pods: Arc<Vec<Pod>> = Arc::new((0..n).map(|i| pod(i, args.volumes)).collect());
         let cpu_start = cpu_seconds();
         let start = tokio::time::Instant::now();
         let (_, latencies) = add_and_wait(&manager, &pods).await?;
@@ -318,48 +463,33 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             unmount_cpu,
         ))
     });
-    let (lat, mount_elapsed, mount_cpu, idle_cpu, unmount_elapsed, unmount_cpu) = result?;
+    let (latencies, mount_elapsed, mount_cpu, idle_cpu, unmount_elapsed, unmount_cpu) = result?;
+    let rss_peak = peak_rss_mib();
     let cpu1 = cpu_seconds();
     let (floor_mount_b, floor_unmount_b) = raw_floor(&floor_dir, total).context("raw floor")?;
     let floor_cpu = (floor_cpu_a + cpu_seconds() - cpu1) / 2.0;
     let floor_mount = (floor_mount_a + floor_mount_b) / 2;
     let floor_unmount = (floor_unmount_a + floor_unmount_b) / 2;
-
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
-    let kv_mount = rate(total, mount_elapsed);
-    let kv_unmount = rate(total, unmount_elapsed);
-    let fl_mount = rate(total, floor_mount);
-    let fl_unmount = rate(total, floor_unmount);
-    println!();
-    println!("pod volume-ready latency (all pods added at once):");
-    println!(
-        "  p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms",
-        percentile(&lat, 0.5) * 1e3,
-        percentile(&lat, 0.99) * 1e3,
-        lat.last().copied().unwrap_or(0.0) * 1e3
-    );
-    println!("throughput (volumes/s)        kubevol    raw floor   ratio");
-    println!(
-        "  set up (mkdir+mount+chmod) {kv_mount:9.0}  {fl_mount:10.0}   {:.2}",
-        kv_mount / fl_mount
-    );
-    println!(
-        "  tear down (umount+rmdir)   {kv_unmount:9.0}  {fl_unmount:10.0}   {:.2}",
-        kv_unmount / fl_unmount
-    );
-    println!("CPU seconds: kubevol set-up {mount_cpu:.2}, tear-down {unmount_cpu:.2}; raw floor set-up and tear-down {floor_cpu:.2}");
-    if args.idle_seconds > 0 {
-        println!(
-            "idle CPU with {total} volumes mounted: {:.3}% of one core over {} s",
-            idle_cpu / args.idle_seconds as f64 * 100.0,
-            args.idle_seconds
-        );
-    } else {
-        println!("idle CPU: not measured (--idle-seconds 0)");
-    }
-    println!("peak RSS: {:.1} MiB", peak_rss_mib());
+    let figures = Figures {
+        pods: n,
+        total,
+        root: tmp.describe(),
+        latencies,
+        kv_mount: rate(total, mount_elapsed),
+        kv_unmount: rate(total, unmount_elapsed),
+        fl_mount: rate(total, floor_mount),
+        fl_unmount: rate(total, floor_unmount),
+        mount_cpu,
+        unmount_cpu,
+        floor_cpu,
+        idle_cpu,
+        idle_seconds: args.idle_seconds,
+        rss_before,
+        rss_peak,
+    };
     tmp.release()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(figures)
 }
 
 /// The restart benchmark (see [`BenchArgs::restart`]).
