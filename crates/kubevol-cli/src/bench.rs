@@ -82,16 +82,21 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / hz
 }
 
-/// Peak resident set size in MiB, from /proc/self/status.
-fn peak_rss_mib() -> f64 {
+/// A memory figure of this process in MiB (`VmHWM:` the peak resident set, `VmRSS:` the
+/// resident set now), from /proc/self/status.
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|kb| kb.parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
+}
+
+fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
 }
 
 fn pod(i: usize, volumes: usize) -> Pod {
@@ -402,18 +407,6 @@ impl Figures {
     }
 }
 
-/// Resident memory now, in MiB, from /proc/self/status.
-fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
 /// One run of the default benchmark with `n` pods.
 fn measure(
     args: &BenchArgs,
@@ -432,7 +425,7 @@ fn measure(
     let root = tmp.path().join("root");
     // The peak is this run's (the kernel resets its high-water mark on this write).
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let rss_before = rss_mib();
+    let rss_before = status_mib("VmRSS:");
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         let pods: Arc<Vec<Pod>> = Arc::new((0..n).map(|i| pod(i, args.volumes)).collect());
