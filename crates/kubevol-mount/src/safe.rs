@@ -189,19 +189,26 @@ impl Dir {
         Ok((cur, created))
     }
 
-    /// Makes the directory `name` in this one with `mode` (exactly: the umask does not apply),
-    /// or opens it if it exists (never through a symlink); says whether it was made.
-    pub fn make_child(&self, name: &OsStr, mode: u32) -> Result<(Dir, bool), MountError> {
+    /// Makes the directory `name` in this one with `mode` less the process's umask, without
+    /// opening it: for a directory that a filesystem is mounted on at once (whose root then has
+    /// the mode). Says whether it was made (false: something is there already, of any type).
+    pub fn make_dir(&self, name: &OsStr, mode: u32) -> Result<bool, MountError> {
         if components(Path::new(name))?.len() != 1 || name == "." {
             return Err(MountError::NotRelative {
                 path: PathBuf::from(name),
             });
         }
-        let created = match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
-            Ok(()) => true,
-            Err(Errno::EXIST) => false,
-            Err(e) => return Err(io("mkdir", &self.child_path(name))(e)),
-        };
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) => Ok(true),
+            Err(Errno::EXIST) => Ok(false),
+            Err(e) => Err(io("mkdir", &self.child_path(name))(e)),
+        }
+    }
+
+    /// Makes the directory `name` in this one with `mode` (exactly: the umask does not apply),
+    /// or opens it if it exists (never through a symlink); says whether it was made.
+    pub fn make_child(&self, name: &OsStr, mode: u32) -> Result<(Dir, bool), MountError> {
+        let created = self.make_dir(name, mode)?;
         let dir = self.open_child(name)?;
         if created {
             rustix::fs::fchmod(&dir.fd, Mode::from_raw_mode(mode))
@@ -538,6 +545,32 @@ mod tests {
             root.make_child(OsStr::new("link"), 0o777),
             Err(MountError::Symlink { .. })
         ));
+    }
+
+    #[test]
+    fn make_dir_makes_one_name_and_never_follows_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        assert!(root.make_dir(OsStr::new("v"), 0o700).unwrap(), "made");
+        assert!(t.path().join("v").is_dir());
+        assert!(
+            !root.make_dir(OsStr::new("v"), 0o700).unwrap(),
+            "there already"
+        );
+        // A link is something there already: nothing is made where it points.
+        assert!(!root.make_dir(OsStr::new("link"), 0o700).unwrap());
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        for bad in ["a/b", "..", ".", "", "/abs"] {
+            assert!(
+                matches!(
+                    root.make_dir(OsStr::new(bad), 0o700),
+                    Err(MountError::NotRelative { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

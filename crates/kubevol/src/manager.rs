@@ -352,6 +352,7 @@ impl VolumeManager {
             stop,
         ));
         let _ = tokio::join!(populator, reconciler);
+        p.operations.stop().await;
         beside.abort_all();
         while beside.join_next().await.is_some() {}
         // The outcomes operations queued without waiting.

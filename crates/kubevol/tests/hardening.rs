@@ -185,3 +185,83 @@ mount_test! {
         });
     }
 }
+
+/// A FUSE mount at `target` whose daemon never answers: every request (an open of its root)
+/// hangs until the returned descriptor is closed, after which it fails with ENOTCONN.
+fn hung_fuse_mount(target: &Path) -> std::os::fd::OwnedFd {
+    use std::os::fd::AsRawFd;
+    let fd: std::os::fd::OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .expect("open /dev/fuse")
+        .into();
+    let options = kubevol_mount::MountOptions {
+        nosuid: true,
+        nodev: true,
+        data: vec![
+            format!("fd={}", fd.as_raw_fd()),
+            "rootmode=40000".into(),
+            "user_id=0".into(),
+            "group_id=0".into(),
+        ],
+        ..Default::default()
+    };
+    kubevol_mount::LinuxMounter
+        .mount("kubevol-test-hang", target, "fuse", &options)
+        .expect("mount fuse");
+    fd
+}
+
+mount_test! {
+    fn a_set_up_that_hangs_stalls_only_its_own_pod() {
+        // Quick set-ups run one after another on one thread: one that hangs (its directory is
+        // a filesystem that never answers) must not hold up the others behind it.
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| c.operation_timeout = std::time::Duration::from_secs(1));
+            let stuck = pod_with_volumes("stuck", json!([{"name": "data", "emptyDir": {"medium": "Memory"}}]));
+            let uid = kubevol::pod_uid(&stuck);
+            let dir = m
+                .config()
+                .root_dir
+                .join("pods")
+                .join(uid.as_str())
+                .join("volumes/kubernetes.io~empty-dir/data");
+            std::fs::create_dir_all(&dir).unwrap();
+            let fuse = hung_fuse_mount(&dir);
+            m.add_pod(stuck.clone());
+            wait_for_status(&m, &stuck, 60, |s| {
+                s.volumes[0]
+                    .retry
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("has not finished after"))
+            })
+            .await;
+            // Behind it, in the same lane: pods with several volumes each.
+            let others: Vec<_> = (0..3)
+                .map(|i| {
+                    pod_with_volumes(
+                        &format!("other-{i}"),
+                        json!([{"name": "a", "emptyDir": {"medium": "Memory"}}, {"name": "b", "emptyDir": {}}]),
+                    )
+                })
+                .collect();
+            m.add_pods(others.clone());
+            for p in &others {
+                m.wait_for_attach_and_mount(p).await.expect("mounted while the other set-up hangs");
+            }
+            assert_ne!(m.pod_status(&uid).unwrap().phase, PodPhase::Ready);
+            // The filesystem dies: the call returns, the dead mount is removed, the volume set up.
+            drop(fuse);
+            m.wait_for_attach_and_mount(&stuck).await.expect("set up once the hung call returned");
+            let mut all = others.clone();
+            all.push(stuck.clone());
+            m.remove_pods(&all);
+            m.wait_for_all_pods_unmount(&all).await.expect("torn down");
+            assert!(mount_ids(&m.config().root_dir).is_empty());
+            m.shutdown();
+        });
+    }
+}

@@ -6,6 +6,7 @@
 
 mod device;
 pub mod executor;
+mod lane;
 mod mount;
 mod slots;
 mod subpath;
@@ -29,9 +30,15 @@ use crate::store::ObjectStore;
 use crate::world::{AswWriter, World};
 use device::device_operation;
 use executor::{Executor, NotStarted};
+use lane::Lane;
 use mount::mount_volume;
 use slots::{Group, Slots};
 use unmount::unmount_volume;
+
+/// How an operation ended: its plugin's name (for metrics), the result (an error names pod,
+/// volume and what to do), and whether the reconciler must plan again now (a follow-up may be
+/// due, or a backoff is to be scheduled).
+type Outcome = (String, Result<(), String>, bool);
 
 /// What operations need, handed to each: the executor's bookkeeping, the slots, the plugins
 /// and the host they work on, the actual state's writer, and where outcomes are reported.
@@ -48,6 +55,8 @@ pub struct Operations {
     store: Arc<ObjectStore>,
     /// How long one operation may run before its pod shows it as stalled.
     timeout: Duration,
+    /// Where quick set-ups and teardowns run, one after another.
+    lane: Lane,
 }
 
 /// How operations are set up.
@@ -85,6 +94,7 @@ impl Operations {
             metrics: s.metrics,
             store: s.store,
             timeout: s.timeout,
+            lane: Lane::default(),
         })
     }
 
@@ -99,9 +109,68 @@ impl Operations {
         if op.is_teardown() {
             self.executor.mark_teardown(&op.key());
         }
+        if self.is_quick(&op) {
+            if let Err(op) = self.lane.push(self, op) {
+                self.spawn_task(op);
+            }
+        } else {
+            self.spawn_task(op);
+        }
+        Ok(())
+    }
+
+    /// Runs `op`, whose key is reserved, as a task of its own.
+    fn spawn_task(self: &Arc<Self>, op: Operation) {
         let ops = self.clone();
         tokio::spawn(async move { run_operation(ops, op).await });
-        Ok(())
+    }
+
+    /// Stops the local lane once its running operation has ended (a manager that stops).
+    pub(crate) async fn stop(&self) {
+        self.lane.close().await;
+    }
+
+    /// Whether `op` is a set-up or teardown its plugin does with a few local syscalls: the
+    /// local lane runs it.
+    fn is_quick(&self, op: &Operation) -> bool {
+        use crate::plugins::QuickStep;
+        let (plugin, quick) = match op {
+            Operation::MountVolume { volume, pod, .. } => {
+                let dsw = self.world().dsw();
+                let Some(v) = dsw.volume(volume) else {
+                    return false;
+                };
+                let Some(want) = v.pods.get(pod) else {
+                    return false;
+                };
+                let Some(plugin) = self.plugins.by_name(&v.traits.plugin) else {
+                    return false;
+                };
+                let quick = plugin
+                    .quick()
+                    .is_some_and(|q| q.is_quick(&want.spec, QuickStep::SetUp(&want.pod)));
+                (plugin, quick)
+            }
+            Operation::UnmountVolume { volume, pod } => {
+                let asw = self.world().asw();
+                let Some(v) = asw.volume(volume) else {
+                    return false;
+                };
+                let Some(m) = v.pods.get(pod) else {
+                    return false;
+                };
+                let Some(plugin) = self.plugins.by_name(&v.traits.plugin) else {
+                    return false;
+                };
+                let quick = plugin
+                    .quick()
+                    .is_some_and(|q| q.is_quick(&m.spec, QuickStep::TearDown));
+                (plugin, quick)
+            }
+            _ => return false,
+        };
+        drop(plugin);
+        quick
     }
 
     /// Forgets errors of keys whose volume and pod are in neither state of world.
@@ -153,13 +222,7 @@ async fn run_operation(ops: Arc<Operations>, op: Operation) {
                 pod,
                 remount,
             } => mount_volume(&ops, volume, pod, *remount).await,
-            Operation::UnmountVolume { volume, pod } => {
-                let (plugin, outcome) = unmount_volume(&ops, volume, pod).await;
-                // Still on the node: a device unmount or a detach may be due now. (A pod that
-                // wants it again meanwhile was turned away by the executor, which reports it.)
-                let replan = ops.world().asw().volume(volume).is_some();
-                (plugin, outcome, replan)
-            }
+            Operation::UnmountVolume { volume, pod } => unmount_volume(&ops, volume, pod).await,
             Operation::Attach { .. }
             | Operation::MountDevice { .. }
             | Operation::UnmountDevice { .. }
@@ -177,44 +240,82 @@ async fn run_operation(ops: Arc<Operations>, op: Operation) {
     let done = tokio::select! {
         r = &mut work => r,
         _ = tokio::time::sleep(ops.timeout) => {
-            let message = format!(
-                "{} of {} has not finished after {:?}: its filesystem or CSI driver may be hung (check the mount and the driver); other volumes carry on, and this one is tried again once the call returns",
-                op.metric_name(),
-                describe(&ops, &op),
-                ops.timeout
-            );
-            warn!("{message}");
-            ops.executor.report_stalled(&op.key(), message, Instant::now());
+            report_stalled(&ops, &op);
             permit = None;
-            notify_operation(&ops, &op);
-            ops.world().announce();
             work.await
         }
     };
     drop(permit);
-    let (plugin, outcome, replan) = match done {
+    let outcome = match done {
         Ok(r) => r,
-        // Boxed: inline, its state would make every task waiting for a slot bigger.
-        Err(panic) => Box::pin(panicked(&ops, &op, &panic)).await,
+        Err(panic) => {
+            let mut records = Vec::new();
+            let outcome = panicked(&ops, &op, &panic, &mut records);
+            settle_all(&ops, records);
+            outcome
+        }
     };
-    ops.metrics.observe_operation(
-        &plugin,
-        op.metric_name(),
-        outcome.is_ok(),
-        started.elapsed().as_secs_f64(),
-    );
-    let failed = outcome.is_err();
-    let blocked = ops.executor.finish(&op.key(), outcome, Instant::now());
-    // Its volume's actual state (or its backoff) changed: the next pass plans it again.
-    ops.world().touch([op.volume()]);
-    notify_operation(&ops, &op);
-    // Re-planning the whole world after every operation would be quadratic: a pass is needed
-    // only when the operation failed (a backoff to schedule), may have enabled a follow-up
-    // (`replan`: the volume is still on the node after an unmount, or a volume-wide operation
-    // finished), or kept a key the planner asked for from starting (`blocked`: the pod's wish
-    // changed while this operation ran, e.g. a ConfigMap edited during a content rewrite).
+    conclude(&ops, vec![(op.clone(), started, outcome)]);
+}
+
+/// Shows that `op` has not finished after the operation timeout: the pod says why, and the
+/// key stays reserved until the call returns.
+fn report_stalled(ops: &Operations, op: &Operation) {
+    let message = stalled_message(ops, op);
+    warn!("{message}");
+    ops.executor
+        .report_stalled(&op.key(), message, Instant::now());
+    let mut pods = Vec::new();
+    operation_pods(ops, op, &mut pods);
+    for p in &pods {
+        ops.world().notify_pod(p);
+    }
     ops.world().announce();
-    if failed || replan || blocked {
+}
+
+fn stalled_message(ops: &Operations, op: &Operation) -> String {
+    format!(
+        "{} of {} has not finished after {:?}: its filesystem or CSI driver may be hung (check the mount and the driver); other volumes carry on, and this one is tried again once the call returns",
+        op.metric_name(),
+        describe(ops, op),
+        ops.timeout
+    )
+}
+
+/// After operations, whichever way they ran: their metrics, their keys released with their
+/// outcomes, their volumes marked for the next pass, their pods' waiters woken (once per pod),
+/// and the reconciler woken if something is due now.
+fn conclude(ops: &Operations, done: Vec<(Operation, Instant, Outcome)>) {
+    let mut wake = false;
+    let mut pods: Vec<PodUid> = Vec::new();
+    let now = Instant::now();
+    for (op, started, (plugin, outcome, replan)) in done {
+        ops.metrics.observe_operation(
+            &plugin,
+            op.metric_name(),
+            outcome.is_ok(),
+            started.elapsed().as_secs_f64(),
+        );
+        let failed = outcome.is_err();
+        let blocked = ops.executor.finish(&op.key(), outcome, now);
+        // Its volume's actual state (or its backoff) changed: the next pass plans it again.
+        ops.world().touch([op.volume()]);
+        operation_pods(ops, &op, &mut pods);
+        // Re-planning the whole world after every operation would be quadratic: a pass is
+        // needed only when the operation failed (a backoff to schedule), may have enabled a
+        // follow-up (`replan`: the volume is still on the node after an unmount, or a
+        // volume-wide operation finished), or kept a key the planner asked for from starting
+        // (`blocked`: the pod's wish changed while this operation ran, e.g. a ConfigMap edited
+        // during a content rewrite).
+        wake |= failed || replan || blocked;
+    }
+    pods.sort_unstable();
+    pods.dedup();
+    for p in &pods {
+        ops.world().notify_pod(p);
+    }
+    ops.world().announce();
+    if wake {
         ops.world().wake_reconciler();
     }
 }
@@ -234,27 +335,30 @@ impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
             Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
             Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Err(payload) => {
-                let message = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".into());
-                std::task::Poll::Ready(Err(message))
-            }
+            Err(payload) => std::task::Poll::Ready(Err(panic_message(&*payload))),
         }
     }
+}
+
+/// A panic's message.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Records the outcome of an operation that panicked: whatever it may have done is uncertain
 /// (a set-up may have mounted, a teardown may have unmounted), so the volume stays in the
 /// actual state as uncertain, its record says so, its pod shows the error, and the operation is
 /// tried again with backoff.
-async fn panicked(
-    ops: &Arc<Operations>,
+fn panicked(
+    ops: &Operations,
     op: &Operation,
     panic: &str,
-) -> (String, Result<(), String>, bool) {
+    records: &mut Vec<record::Change>,
+) -> Outcome {
     let key = op.key();
     let message = format!(
         "{} of {} failed: kubevol panicked ({panic}); whatever it did is treated as uncertain and it is tried again with backoff",
@@ -295,7 +399,7 @@ async fn panicked(
                 );
                 ops.events
                     .record(&want.pod_ref, true, reason::FAILED_MOUNT, message.clone());
-                settle_pod_record(ops, volume, pod, &want.outer_volume_name);
+                settle_pod_record(ops, volume, pod, &want.outer_volume_name, records);
             }
         }
         Operation::UnmountVolume { volume, pod } => {
@@ -306,7 +410,7 @@ async fn panicked(
                     .set_pod_state(volume, pod, PodMountState::Uncertain);
                 ops.events
                     .record(&m.pod_ref, true, reason::FAILED_UNMOUNT, message.clone());
-                settle_pod_record(ops, volume, pod, &m.outer_volume_name);
+                settle_pod_record(ops, volume, pod, &m.outer_volume_name, records);
             }
         }
         Operation::Attach { volume } | Operation::MountDevice { volume } => {
@@ -363,24 +467,18 @@ fn effected<T>(operation: &str, result: T) -> T {
     result
 }
 
-/// Wakes the waiters of every pod an operation concerns.
-fn notify_operation(ops: &Operations, op: &Operation) {
+/// The pods an operation concerns, added to `out`.
+fn operation_pods(ops: &Operations, op: &Operation, out: &mut Vec<PodUid>) {
     match op {
         Operation::MountVolume { pod, .. } | Operation::UnmountVolume { pod, .. } => {
-            ops.world().notify_pod(pod)
+            out.push(pod.clone())
         }
         Operation::Attach { volume }
         | Operation::MountDevice { volume }
         | Operation::UnmountDevice { volume }
         | Operation::Detach { volume } => {
-            let pods: Vec<PodUid> = ops
-                .world()
-                .dsw()
-                .volume(volume)
-                .map(|v| v.pods.keys().cloned().collect())
-                .unwrap_or_default();
-            for p in pods {
-                ops.world().notify_pod(&p);
+            if let Some(v) = ops.world().dsw().volume(volume) {
+                out.extend(v.pods.keys().cloned());
             }
         }
     }
@@ -436,22 +534,36 @@ fn settle(ops: &Operations, change: record::Change) {
     ops.host.record.submit(change);
 }
 
-fn settle_pod_record(ops: &Operations, volume: &UniqueVolumeName, pod: &PodUid, outer: &str) {
+/// Queues outcomes collected by [`settle_pod_record`], in order.
+fn settle_all(ops: &Operations, records: Vec<record::Change>) {
+    for change in records {
+        settle(ops, change);
+    }
+}
+
+/// Collects a pod volume's outcome for the record, as the actual state now holds it: queued
+/// with [`settle_all`] before the operation's key is released.
+fn settle_pod_record(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    outer: &str,
+    records: &mut Vec<record::Change>,
+) {
     // Queued even when unchanged (a content rewrite): the writer drops an outcome that would
     // not change the record, off the runtime's threads.
     let now = pod_record_of(ops, volume, pod, None);
-    let change = match now {
+    records.push(match now {
         Some(now) => record::Change::PodVolume(now),
         None => record::Change::RemovePodVolume {
             pod: pod.clone(),
             volume: outer.to_string(),
             unique: volume.clone(),
         },
-    };
-    settle(ops, change);
+    });
 }
 
-fn settle_device_record(ops: &Arc<Operations>, volume: &UniqueVolumeName) {
+fn settle_device_record(ops: &Operations, volume: &UniqueVolumeName) {
     let now = ops
         .world()
         .asw()

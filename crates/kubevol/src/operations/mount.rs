@@ -1,48 +1,72 @@
 //! Set-up of a pod's volume: the intent recorded, the plugin's set-up, then the volume's
 //! subPath mounts, and the outcome in the actual state and the record.
+//!
+//! The steps are split so that two drivers share them: an operation task awaits the plugin
+//! (CSI, hostPath, content), and the local lane calls a quick plugin's set-up in place, after
+//! one commit of the intents of a whole chunk.
 
 use std::sync::Arc;
 
-use kubevol_core::state::PodMountState;
+use kubevol_core::state::{DesiredPodVolume, PodMountState, SubPathMount, VolumeTraits};
 use kubevol_core::{PodUid, UniqueVolumeName};
 use tracing::instrument;
 
-use super::{as_mounted, settle_pod_record};
-use super::{effected, intend, Operations};
-use crate::error::ErrorClass;
+use super::{as_mounted, settle_all, settle_pod_record};
+use super::{effected, intend, Operations, Outcome};
+use crate::error::{ErrorClass, VolumeError};
 use crate::events::reason;
-use crate::plugins::SetUpRequest;
+use crate::plugins::{SetUpRequest, SetUpResult, VolumePlugin};
 use crate::record;
 
-#[instrument(skip(ops), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
-pub(super) async fn mount_volume(
-    ops: &Arc<Operations>,
+/// A set-up ready to run: what the plugin is asked, and the intent to record before.
+pub(super) struct SetUp {
+    pub(super) volume: UniqueVolumeName,
+    pub(super) pod: PodUid,
+    pub(super) plugin: Arc<dyn VolumePlugin>,
+    traits: VolumeTraits,
+    want: DesiredPodVolume,
+    pub(super) req: SetUpRequest,
+    /// None for a content rewrite of a volume already set up: it adds nothing to the node.
+    pub(super) intent: Option<record::Change>,
+    was_mounted: bool,
+    remount: bool,
+}
+
+/// What the plugin and the subPath mounts did: the set-up, or the error with the path of a
+/// volume set up whose subPath mounts failed.
+pub(super) type Effect =
+    Result<(SetUpResult, Vec<SubPathMount>), (VolumeError, Option<std::path::PathBuf>)>;
+
+/// Reads what the set-up needs from the world; an operation with nothing to do (the pod gone,
+/// no plugin) is finished at once with its outcome.
+pub(super) fn prepare(
+    ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
     remount: bool,
-) -> (String, Result<(), String>, bool) {
+) -> Result<SetUp, Outcome> {
     let want = {
         let dsw = ops.world().dsw();
         dsw.volume(volume)
             .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
     };
     let Some((traits, want)) = want else {
-        return (String::new(), Ok(()), true);
+        return Err((String::new(), Ok(()), true));
     };
     if remount && ops.store.pod(pod).is_none() {
         // The pod has left its source and is about to be torn down: its content is not
         // rewritten from objects that may have left with it.
-        return (traits.plugin, Ok(()), false);
+        return Err((traits.plugin, Ok(()), false));
     }
     let Some(plugin) = ops.plugins.by_name(&traits.plugin) else {
-        return (
+        return Err((
             traits.plugin.clone(),
             Err(format!(
                 "volume {:?} of pod {}: no plugin {} is registered",
                 want.outer_volume_name, want.pod_ref, traits.plugin
             )),
             true,
-        );
+        ));
     };
     // What the node has of it: the attach's publish context, and this pod's set-up.
     let (publish_context, have) = ops
@@ -65,63 +89,116 @@ pub(super) async fn mount_volume(
         outer_volume_name: want.outer_volume_name.clone(),
         spec: want.spec.clone(),
     };
-    // A content rewrite of a volume already set up adds nothing to the node: its record stands.
-    let intent = if remount && was_mounted {
-        Ok(())
-    } else {
+    let intent = (!(remount && was_mounted)).then(|| {
         let path = have.map(|(_, path)| path).unwrap_or_else(|| {
             ops.host
                 .pod_volume_path(&want.pod_ref, &traits.plugin, &want.outer_volume_name)
         });
         let m = as_mounted(&want, PodMountState::Uncertain, path, false, Vec::new());
-        let r = record::PodVolumeRecord::of(
+        record::Change::PodVolume(record::PodVolumeRecord::of(
             record::PodVolumeState::SettingUp,
             volume,
             &traits,
             &m,
             ops.origin_of(pod),
-        );
-        intend(ops, "set_up", record::Change::PodVolume(r)).await
+        ))
+    });
+    Ok(SetUp {
+        volume: volume.clone(),
+        pod: pod.clone(),
+        plugin,
+        traits,
+        want,
+        req,
+        intent,
+        was_mounted,
+        remount,
+    })
+}
+
+impl SetUp {
+    /// The volume first, then its subPath mounts, through the plugin's own (async) set-up.
+    async fn effect(&self, ops: &Operations) -> Effect {
+        let done = self
+            .plugin
+            .set_up(ops.host.clone(), self.req.clone())
+            .await
+            .map_err(|e| (e, None))?;
+        match super::subpath::bind_all(ops.host.clone(), &self.want, &done.path).await {
+            Ok(subs) => Ok((done, subs)),
+            Err(e) => Err((e, Some(done.path))),
+        }
+    }
+
+    /// The same, as plain calls on this thread, for a plugin that is quick for this volume.
+    pub(super) fn effect_now(&self, ops: &Operations) -> Effect {
+        let quick = self.plugin.quick().ok_or_else(|| {
+            (
+                VolumeError::Task(format!("plugin {} has no quick set-up", self.traits.plugin)),
+                None,
+            )
+        })?;
+        let done = quick
+            .set_up_now(&ops.host, self.req.clone())
+            .map_err(|e| (e, None))?;
+        match super::subpath::bind_all_now(&ops.host, &self.want, &done.path) {
+            Ok(subs) => Ok((done, subs)),
+            Err(e) => Err((e, Some(done.path))),
+        }
+    }
+}
+
+#[instrument(skip(ops), fields(volume = %volume, pod = %pod, operation = "volume_mount"))]
+pub(super) async fn mount_volume(
+    ops: &Arc<Operations>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    remount: bool,
+) -> Outcome {
+    let s = match prepare(ops, volume, pod, remount) {
+        Ok(s) => s,
+        Err(done) => return done,
+    };
+    let intent = match &s.intent {
+        Some(change) => intend(ops, "set_up", change.clone()).await,
+        None => Ok(()),
     };
     // The volume first, then its subPath mounts: if those fail the volume is set up but the
     // pod cannot use it yet, so it is recorded as uncertain (torn down if the pod goes away).
     let result = match intent {
         Err(e) => Err((e, None)),
-        Ok(()) => {
-            let result = match plugin.set_up(ops.host.clone(), req).await {
-                Ok(done) => {
-                    match super::subpath::bind_all(ops.host.clone(), &want, &done.path).await {
-                        Ok(subs) => Ok((done, subs)),
-                        Err(e) => Err((e, Some(done.path))),
-                    }
-                }
-                Err(e) => Err((e, None)),
-            };
-            effected("set_up", result)
-        }
+        Ok(()) => effected("set_up", s.effect(ops).await),
     };
+    let mut records = Vec::new();
+    let outcome = finish(ops, s, result, &mut records);
+    settle_all(ops, records);
+    outcome
+}
+
+/// The outcome of a set-up in the actual state and the events; its record line is added to
+/// `records`.
+pub(super) fn finish(
+    ops: &Operations,
+    s: SetUp,
+    result: Effect,
+    records: &mut Vec<record::Change>,
+) -> Outcome {
     // The event is for a first set-up, not for a content rewrite or a re-check.
-    let announce = !was_mounted && !remount;
-    let outcome = set_up_outcome(ops, volume, pod, announce, &traits, &want, result);
-    settle_pod_record(ops, volume, pod, &want.outer_volume_name);
+    let announce = !s.was_mounted && !s.remount;
+    let outcome = set_up_outcome(ops, &s.volume, &s.pod, announce, &s.traits, &s.want, result);
+    settle_pod_record(ops, &s.volume, &s.pod, &s.want.outer_volume_name, records);
     outcome
 }
 
 fn set_up_outcome(
-    ops: &Arc<Operations>,
+    ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
     announce: bool,
-    traits: &kubevol_core::state::VolumeTraits,
-    want: &kubevol_core::state::DesiredPodVolume,
-    result: Result<
-        (
-            crate::plugins::SetUpResult,
-            Vec<kubevol_core::state::SubPathMount>,
-        ),
-        (crate::error::VolumeError, Option<std::path::PathBuf>),
-    >,
-) -> (String, Result<(), String>, bool) {
+    traits: &VolumeTraits,
+    want: &DesiredPodVolume,
+    result: Effect,
+) -> Outcome {
     let pref = &want.pod_ref;
     let traits = traits.clone();
     match result {

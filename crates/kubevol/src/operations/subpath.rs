@@ -91,40 +91,66 @@ pub(crate) async fn bind_all(
     let volume_path = volume_path.to_path_buf();
     let pod = want.pod_ref.clone();
     let volume_name = want.outer_volume_name.clone();
-    crate::plugins::blocking(move || {
-        let volume = open_volume(&host, &volume_path)?;
-        let (pod_dir, _) = host
-            .root_dir
-            .create_dir_all(&Path::new("pods").join(pod.uid.as_str()), 0o750)?;
-        let mut made = Vec::new();
-        for w in wanted {
-            let path = subpath::bind_sub_path(
-                host.mounter.as_ref(),
-                &volume,
-                &w.sub_path,
-                &pod_dir,
-                &volume_name,
-                &w.container,
-                w.index,
-            )
-            .map_err(|e| match e {
-                kubevol_mount::MountError::Unsafe { .. } => VolumeError::SubPath {
-                    container: w.container.clone(),
-                    index: w.index,
-                    detail: format!("subPath {:?}: {e}", w.sub_path),
-                },
-                e => e.into(),
-            })?;
-            made.push(SubPathMount {
-                container: w.container,
+    crate::plugins::blocking(move || bind(&host, wanted, &volume_path, &pod, &volume_name)).await
+}
+
+/// [`bind_all`] on this thread.
+pub(crate) fn bind_all_now(
+    host: &PluginHost,
+    want: &DesiredPodVolume,
+    volume_path: &Path,
+) -> Result<Vec<SubPathMount>, VolumeError> {
+    let wanted = wanted(host, want)?;
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    bind(
+        host,
+        wanted,
+        volume_path,
+        &want.pod_ref,
+        &want.outer_volume_name,
+    )
+}
+
+fn bind(
+    host: &PluginHost,
+    wanted: Vec<Wanted>,
+    volume_path: &Path,
+    pod: &PodRef,
+    volume_name: &str,
+) -> Result<Vec<SubPathMount>, VolumeError> {
+    let volume = open_volume(host, volume_path)?;
+    let (pod_dir, _) = host
+        .root_dir
+        .create_dir_all(&Path::new("pods").join(pod.uid.as_str()), 0o750)?;
+    let mut made = Vec::new();
+    for w in wanted {
+        let path = subpath::bind_sub_path(
+            host.mounter.as_ref(),
+            &volume,
+            &w.sub_path,
+            &pod_dir,
+            volume_name,
+            &w.container,
+            w.index,
+        )
+        .map_err(|e| match e {
+            kubevol_mount::MountError::Unsafe { .. } => VolumeError::SubPath {
+                container: w.container.clone(),
                 index: w.index,
-                sub_path: w.sub_path,
-                path,
-            });
-        }
-        Ok(made)
-    })
-    .await
+                detail: format!("subPath {:?}: {e}", w.sub_path),
+            },
+            e => e.into(),
+        })?;
+        made.push(SubPathMount {
+            container: w.container,
+            index: w.index,
+            sub_path: w.sub_path,
+            path,
+        });
+    }
+    Ok(made)
 }
 
 /// Removes every subPath mount of one of a pod's volumes.
@@ -135,13 +161,19 @@ pub(crate) async fn unmount_all(
 ) -> Result<(), VolumeError> {
     let pod = pod.clone();
     let volume_name = volume_name.to_string();
-    crate::plugins::blocking(move || {
-        let Some(dir) = pod_dir(&host, &pod)? else {
-            return Ok(());
-        };
-        // The same unmount as a volume's: every stacked or dead layer, lazily if allowed.
-        subpath::unmount_sub_paths(&|p| host.unmount_all(p), &dir, &volume_name)?;
-        Ok(())
-    })
-    .await
+    crate::plugins::blocking(move || unmount_all_now(&host, &pod, &volume_name)).await
+}
+
+/// [`unmount_all`] on this thread.
+pub(crate) fn unmount_all_now(
+    host: &PluginHost,
+    pod: &PodRef,
+    volume_name: &str,
+) -> Result<(), VolumeError> {
+    let Some(dir) = pod_dir(host, pod)? else {
+        return Ok(());
+    };
+    // The same unmount as a volume's: every stacked or dead layer, lazily if allowed.
+    subpath::unmount_sub_paths(&|p| host.unmount_all(p), &dir, volume_name)?;
+    Ok(())
 }

@@ -1,40 +1,60 @@
 //! Teardown of a pod's volume: its subPath mounts first, then the plugin's teardown, and
 //! the pod's directory once nothing of it is left.
+//!
+//! As for set-up, the steps are shared by an operation task (which awaits the plugin) and the
+//! local lane (which calls a quick plugin's teardown in place).
 
 use std::sync::Arc;
 
-use kubevol_core::state::PodMountState;
+use kubevol_core::state::{MountedPodVolume, PodMountState};
 use kubevol_core::{PodUid, UniqueVolumeName};
 use tracing::{info, instrument, warn};
 
-use super::{effected, intend, Operations};
-use super::{pod_record_of, settle_pod_record};
+use super::{effected, intend, Operations, Outcome};
+use super::{pod_record_of, settle_all, settle_pod_record};
+use crate::error::VolumeError;
 use crate::events::reason;
-use crate::plugins::TearDownRequest;
+use crate::plugins::{PluginHost, TearDownRequest, VolumePlugin};
 use crate::record;
 
-#[instrument(skip(ops), fields(volume = %volume, pod = %pod, operation = "volume_unmount"))]
-pub(super) async fn unmount_volume(
-    ops: &Arc<Operations>,
+/// A teardown ready to run.
+pub(super) struct TearDown {
+    pub(super) volume: UniqueVolumeName,
+    pub(super) pod: PodUid,
+    pub(super) plugin: Arc<dyn VolumePlugin>,
+    plugin_name: String,
+    mounted: MountedPodVolume,
+    req: TearDownRequest,
+    /// The record's `TearingDown` line (none when the record has no such volume).
+    pub(super) intent: Option<record::Change>,
+}
+
+/// Reads what the teardown needs; one with nothing to do is finished at once.
+pub(super) fn prepare(
+    ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
-) -> (String, Result<(), String>) {
+) -> Result<TearDown, Outcome> {
     let have = {
         let asw = ops.world().asw();
         asw.volume(volume)
             .and_then(|v| v.pods.get(pod).map(|m| (v.traits.clone(), m.clone())))
     };
+    // Still on the node after this pod's teardown: a device unmount or a detach may be due.
+    // (A pod that wants it again meanwhile was turned away by the executor, which reports it.)
+    let replan = || ops.world().asw().volume(volume).is_some();
     let Some((traits, mounted)) = have else {
-        return (String::new(), Ok(()));
+        return Err((String::new(), Ok(()), replan()));
     };
     let Some(plugin) = ops.plugins.by_name(&traits.plugin) else {
-        return (
+        return Err((
             traits.plugin.clone(),
             Err(format!(
                 "volume {:?} of pod {}: no plugin {} is registered",
                 mounted.outer_volume_name, mounted.pod_ref, traits.plugin
             )),
-        );
+            replan(),
+        ));
     };
     let req = TearDownRequest {
         volume: volume.clone(),
@@ -43,93 +63,164 @@ pub(super) async fn unmount_volume(
         spec: mounted.spec.clone(),
         path: mounted.path.clone(),
     };
-    let pref = mounted.pod_ref.clone();
-    let intent = pod_record_of(ops, volume, pod, Some(record::PodVolumeState::TearingDown));
-    let intent = match intent {
-        Some(r) => intend(ops, "tear_down", record::Change::PodVolume(r)).await,
-        None => Ok(()),
-    };
-    if intent.is_ok() {
-        // From here on the volume may be half torn down: a pod that wants it again (the same
-        // UID back, as a static pod's is) is not ready until it is set up again. (Before the
-        // intent, the executor's record of the teardown in flight says the same.)
+    let intent = pod_record_of(ops, volume, pod, Some(record::PodVolumeState::TearingDown))
+        .map(record::Change::PodVolume);
+    Ok(TearDown {
+        volume: volume.clone(),
+        pod: pod.clone(),
+        plugin,
+        plugin_name: traits.plugin,
+        mounted,
+        req,
+        intent,
+    })
+}
+
+impl TearDown {
+    /// Once the intent is recorded: from here on the volume may be half torn down, so a pod
+    /// that wants it again (the same UID back, as a static pod's is) is not ready until it is
+    /// set up again. (Before the intent, the executor's record of the teardown in flight says
+    /// the same.)
+    pub(super) fn begin(&self, ops: &Operations) {
         ops.asw
             .write()
-            .set_pod_state(volume, pod, PodMountState::Uncertain);
+            .set_pod_state(&self.volume, &self.pod, PodMountState::Uncertain);
     }
-    // subPath mounts go first: they keep the volume busy.
+
+    /// A volume set up without subPath mounts has none to look for; one that may be half set
+    /// up (uncertain, reconstructed) is checked on disk.
+    fn may_have_sub_paths(&self) -> bool {
+        !(self.mounted.state == PodMountState::Mounted && self.mounted.sub_paths.is_empty())
+    }
+
+    /// subPath mounts first (they keep the volume busy), then the plugin's own teardown.
+    async fn effect(&self, ops: &Operations) -> Result<(), VolumeError> {
+        if self.may_have_sub_paths() {
+            super::subpath::unmount_all(
+                ops.host.clone(),
+                &self.mounted.pod_ref,
+                &self.mounted.outer_volume_name,
+            )
+            .await?;
+        }
+        self.plugin
+            .tear_down(ops.host.clone(), self.req.clone())
+            .await
+    }
+
+    /// The same as plain calls on this thread, for a plugin that is quick for this volume.
+    pub(super) fn effect_now(&self, ops: &Operations) -> Result<(), VolumeError> {
+        let quick = self.plugin.quick().ok_or_else(|| {
+            VolumeError::Task(format!("plugin {} has no quick teardown", self.plugin_name))
+        })?;
+        if self.may_have_sub_paths() {
+            super::subpath::unmount_all_now(
+                &ops.host,
+                &self.mounted.pod_ref,
+                &self.mounted.outer_volume_name,
+            )?;
+        }
+        quick.tear_down_now(&ops.host, self.req.clone())
+    }
+}
+
+#[instrument(skip(ops), fields(volume = %volume, pod = %pod, operation = "volume_unmount"))]
+pub(super) async fn unmount_volume(
+    ops: &Arc<Operations>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+) -> Outcome {
+    let t = match prepare(ops, volume, pod) {
+        Ok(t) => t,
+        Err(done) => return done,
+    };
+    let intent = match &t.intent {
+        Some(change) => intend(ops, "tear_down", change.clone()).await,
+        None => Ok(()),
+    };
     let torn = match intent {
         Err(e) => Err(e),
         Ok(()) => {
-            // A volume set up without subPath mounts has none to look for; one that may be half
-            // set up (uncertain, reconstructed) is checked on disk.
-            let sub_paths =
-                if mounted.state == PodMountState::Mounted && mounted.sub_paths.is_empty() {
-                    Ok(())
-                } else {
-                    super::subpath::unmount_all(
-                        ops.host.clone(),
-                        &mounted.pod_ref,
-                        &mounted.outer_volume_name,
-                    )
-                    .await
-                };
-            let torn = match sub_paths {
-                Ok(()) => plugin.tear_down(ops.host.clone(), req).await,
-                Err(e) => Err(e),
-            };
-            effected("tear_down", torn)
+            t.begin(ops);
+            effected("tear_down", t.effect(ops).await)
         }
     };
+    let mut records = Vec::new();
+    let (outcome, cleanup) = finish(ops, t, torn, &mut records);
+    settle_all(ops, records);
+    if cleanup {
+        let host = ops.host.clone();
+        let uid = pod.clone();
+        let removed = tokio::task::spawn_blocking(move || remove_pod_dir(&host, &uid)).await;
+        match removed {
+            Ok(removed) => pod_dir_removed(ops, pod, removed),
+            Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
+        }
+    }
+    outcome
+}
+
+/// The outcome of a teardown in the actual state and the events, its record line added to
+/// `records`; and whether the pod's directory is to be removed now (nothing of the pod is
+/// left, nor wanted).
+pub(super) fn finish(
+    ops: &Operations,
+    t: TearDown,
+    torn: Result<(), VolumeError>,
+    records: &mut Vec<record::Change>,
+) -> (Outcome, bool) {
+    let (volume, pod) = (&t.volume, &t.pod);
+    let replan = || ops.world().asw().volume(volume).is_some();
+    let outer = &t.mounted.outer_volume_name;
+    let pref = &t.mounted.pod_ref;
     match torn {
         Ok(()) => {
-            info!(pod = %pref, volume = %mounted.outer_volume_name, "UnmountVolume.TearDown succeeded");
+            info!(pod = %pref, volume = %outer, "UnmountVolume.TearDown succeeded");
             ops.asw.write().mark_pod_unmounted(volume, pod);
-            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name);
-            cleanup_pod_dir(ops, pod).await;
-            (traits.plugin, Ok(()))
+            settle_pod_record(ops, volume, pod, outer, records);
+            let idle = ops.world().dsw().pod(pod).is_none()
+                && ops.world().asw().pod_volumes(pod).next().is_none();
+            ((t.plugin_name, Ok(()), replan()), idle)
         }
         Err(e) => {
-            let message = format!(
-                "UnmountVolume.TearDown failed for volume {:?} of pod {pref}: {e}",
-                mounted.outer_volume_name
-            );
+            let message =
+                format!("UnmountVolume.TearDown failed for volume {outer:?} of pod {pref}: {e}");
             // The volume stays uncertain (set at the intent): its subPath mounts may be gone
             // already, so a pod that wants it again gets it set up again, idempotently.
-            settle_pod_record(ops, volume, pod, &mounted.outer_volume_name);
+            settle_pod_record(ops, volume, pod, outer, records);
             ops.events
-                .record(&pref, true, reason::FAILED_UNMOUNT, message.clone());
-            (traits.plugin, Err(message))
+                .record(pref, true, reason::FAILED_UNMOUNT, message.clone());
+            ((t.plugin_name, Err(message), replan()), false)
         }
     }
 }
 
-/// Removes a gone pod's directory once nothing of it is mounted: rmdir only, never crossing a
-/// mount point, so a failed unmount can never lose a volume's data.
-async fn cleanup_pod_dir(ops: &Arc<Operations>, pod: &PodUid) {
-    let idle =
-        ops.world().dsw().pod(pod).is_none() && ops.world().asw().pod_volumes(pod).next().is_none();
-    if !idle {
-        return;
-    }
-    let host = ops.host.clone();
-    let uid = pod.clone();
-    let result = tokio::task::spawn_blocking(move || -> Result<(), kubevol_mount::MountError> {
-        let pods = host.root_dir.open_beneath(std::path::Path::new("pods"))?;
-        pods.remove_empty_tree(uid.as_str())
-    })
-    .await;
-    match result {
+/// Removes a gone pod's directory: rmdir only, never crossing a mount point, so a failed
+/// unmount can never lose a volume's data.
+pub(super) fn remove_pod_dir(
+    host: &PluginHost,
+    pod: &PodUid,
+) -> Result<(), kubevol_mount::MountError> {
+    let pods = host.root_dir.open_beneath(std::path::Path::new("pods"))?;
+    pods.remove_empty_tree(pod.as_str())
+}
+
+/// What follows the removal of a pod's directory.
+pub(super) fn pod_dir_removed(
+    ops: &Operations,
+    pod: &PodUid,
+    removed: Result<(), kubevol_mount::MountError>,
+) {
+    match removed {
         // Gone already: the orphan sweep may have removed it first.
-        Ok(Err(e)) if e.is_not_found() => {}
-        Ok(Ok(())) => {
+        Err(e) if e.is_not_found() => {}
+        Ok(()) => {
             ops.events.forget(pod);
             ops.world().forget_pod_signal(pod);
             tracing::debug!(pod = %pod, "pod directory removed");
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             warn!(pod = %pod, dir = %ops.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}")
         }
-        Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
     }
 }

@@ -243,6 +243,7 @@ fn write_content(
         0o777,
         fs,
     )?;
+    let dir = dir.open()?;
     let group = fs_group(&req.pod);
     if let Some((gid, _)) = group {
         // The payload gets its group from the writer; the root once, here.

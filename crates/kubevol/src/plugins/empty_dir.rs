@@ -13,8 +13,8 @@ use kubevol_core::quantity::Quantity;
 use kubevol_core::state::VolumeSpec;
 
 use super::{
-    blocking, fs_group, BoxFuture, Filesystem, PluginHost, SetUpRequest, SetUpResult,
-    TearDownRequest, VolumePlugin,
+    blocking, fs_group, BoxFuture, Filesystem, PluginHost, QuickPlugin, QuickStep, SetUpRequest,
+    SetUpResult, TearDownRequest, VolumePlugin,
 };
 use crate::error::VolumeError;
 
@@ -187,57 +187,16 @@ impl VolumePlugin for EmptyDirPlugin {
         super::reconstructed(volume, dir)
     }
 
+    fn quick(&self) -> Option<&dyn QuickPlugin> {
+        Some(self)
+    }
+
     fn set_up(
         &self,
         host: Arc<PluginHost>,
         req: SetUpRequest,
     ) -> BoxFuture<Result<SetUpResult, VolumeError>> {
-        blocking(move || {
-            // Check what can fail for the user's reasons before creating anything.
-            let fs = match medium(&req.spec) {
-                Medium::Disk => None,
-                Medium::Memory => {
-                    let data = tmpfs_size(&req.pod, &req.spec)
-                        .map(|s| vec![format!("size={s}")])
-                        .unwrap_or_default();
-                    Some(Filesystem {
-                        source: "tmpfs",
-                        fstype: "tmpfs",
-                        data,
-                    })
-                }
-                Medium::HugePages(size) => {
-                    let medium_name = req
-                        .spec
-                        .volume
-                        .empty_dir
-                        .as_ref()
-                        .and_then(|e| e.medium.as_deref())
-                        .unwrap_or_default();
-                    let size = huge_page_size(&req.pod, size.as_deref(), medium_name)?;
-                    check_node_huge_pages(&host.hugepages_dir, size, medium_name)?;
-                    Some(Filesystem {
-                        source: "nodev",
-                        fstype: "hugetlbfs",
-                        data: vec![format!("pagesize={size}")],
-                    })
-                }
-            };
-            let (path, dir) = host.set_up_volume_dir(
-                &req.pod_ref,
-                PLUGIN_NAME,
-                &req.outer_volume_name,
-                mode(&req.spec),
-                fs,
-            )?;
-            if let Some((gid, policy)) = fs_group(&req.pod) {
-                dir.apply_fs_group(gid, false, policy)?;
-            }
-            Ok(SetUpResult {
-                path,
-                read_only: false,
-            })
-        })
+        blocking(move || EmptyDirPlugin.set_up_now(&host, req))
     }
 
     fn tear_down(
@@ -245,15 +204,86 @@ impl VolumePlugin for EmptyDirPlugin {
         host: Arc<PluginHost>,
         req: TearDownRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
-        blocking(move || {
-            host.tear_down_volume_dir(
-                &req.pod_ref,
-                PLUGIN_NAME,
-                &req.outer_volume_name,
-                &req.path,
-                medium(&req.spec) != Medium::Disk,
-            )
+        blocking(move || EmptyDirPlugin.tear_down_now(&host, req))
+    }
+}
+
+impl QuickPlugin for EmptyDirPlugin {
+    /// A set-up is a mkdir, perhaps a mount, a chmod, unless the pod has an fsGroup: then the
+    /// volume's content is walked, and a volume set up again after a restart may hold millions
+    /// of files. The teardown of a tmpfs or hugetlbfs is an unmount and an rmdir; that of a
+    /// volume on the node's disk removes what the pod wrote. The slow ones run as their own
+    /// tasks.
+    fn is_quick(&self, spec: &VolumeSpec, step: QuickStep<'_>) -> bool {
+        match step {
+            QuickStep::SetUp(pod) => fs_group(pod).is_none(),
+            QuickStep::TearDown => medium(spec) != Medium::Disk,
+        }
+    }
+
+    fn set_up_now(
+        &self,
+        host: &Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> Result<SetUpResult, VolumeError> {
+        // Check what can fail for the user's reasons before creating anything.
+        let fs = match medium(&req.spec) {
+            Medium::Disk => None,
+            Medium::Memory => {
+                let data = tmpfs_size(&req.pod, &req.spec)
+                    .map(|s| vec![format!("size={s}")])
+                    .unwrap_or_default();
+                Some(Filesystem {
+                    source: "tmpfs",
+                    fstype: "tmpfs",
+                    data,
+                })
+            }
+            Medium::HugePages(size) => {
+                let medium_name = req
+                    .spec
+                    .volume
+                    .empty_dir
+                    .as_ref()
+                    .and_then(|e| e.medium.as_deref())
+                    .unwrap_or_default();
+                let size = huge_page_size(&req.pod, size.as_deref(), medium_name)?;
+                check_node_huge_pages(&host.hugepages_dir, size, medium_name)?;
+                Some(Filesystem {
+                    source: "nodev",
+                    fstype: "hugetlbfs",
+                    data: vec![format!("pagesize={size}")],
+                })
+            }
+        };
+        let (path, dir) = host.set_up_volume_dir(
+            &req.pod_ref,
+            PLUGIN_NAME,
+            &req.outer_volume_name,
+            mode(&req.spec),
+            fs,
+        )?;
+        if let Some((gid, policy)) = fs_group(&req.pod) {
+            dir.open()?.apply_fs_group(gid, false, policy)?;
+        }
+        Ok(SetUpResult {
+            path,
+            read_only: false,
         })
+    }
+
+    fn tear_down_now(
+        &self,
+        host: &Arc<PluginHost>,
+        req: TearDownRequest,
+    ) -> Result<(), VolumeError> {
+        host.tear_down_volume_dir(
+            &req.pod_ref,
+            PLUGIN_NAME,
+            &req.outer_volume_name,
+            &req.path,
+            medium(&req.spec) != Medium::Disk,
+        )
     }
 }
 

@@ -11,6 +11,7 @@ mod host_path;
 mod local;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -145,7 +146,7 @@ impl PluginHost {
 
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
     /// given, mounts it there unless it is mounted already (its root with `mode`). Returns the
-    /// path and the directory, opened after the mount (so it is the new filesystem's root).
+    /// path and the directory.
     pub(crate) fn set_up_volume_dir(
         &self,
         pod: &PodRef,
@@ -153,16 +154,22 @@ impl PluginHost {
         name: &str,
         mode: u32,
         fs: Option<Filesystem>,
-    ) -> Result<(PathBuf, Dir), VolumeError> {
+    ) -> Result<(PathBuf, VolumeDir), VolumeError> {
         let parent_rel = Self::pod_plugin_dir(pod, plugin);
         let path = self.root.join(&parent_rel).join(name);
         let (parent, _) = self.root_dir.create_dir_all(&parent_rel, 0o750)?;
-        // Whether the volume's directory is known to be missing (the common first set-up).
-        let mut missing = false;
-        if fs.is_some() {
-            // Mounted already (a repeated or interrupted set-up): kept, unless it is dead. A
-            // dead mount stacked over the volume's own filesystem is removed layer by layer
-            // down to a live one, whose content is kept.
+        let Some(mut fs) = fs else {
+            let (dir, _) = parent.make_child(OsStr::new(name), mode)?;
+            return Ok((path, VolumeDir::Open(dir)));
+        };
+        // The common first set-up: a directory made a moment ago cannot be a mount point. (It
+        // is not opened: the filesystem mounted on it is what the caller may want to open.)
+        let mount = if parent.make_dir(OsStr::new(name), mode)? {
+            true
+        } else {
+            // There already (a repeated or interrupted set-up): mounted already is kept, unless
+            // it is dead. A dead mount stacked over the volume's own filesystem is removed layer
+            // by layer down to a live one, whose content is kept.
             for _ in 0..16 {
                 match parent.open_beneath(Path::new(name)) {
                     Err(e)
@@ -173,25 +180,18 @@ impl PluginHost {
                         tracing::warn!(path = %path.display(), "corrupted mount ({e}): unmounting it");
                         self.mounter.unmount(&path)?;
                     }
-                    Err(e) => {
-                        missing = e.is_not_found();
+                    // Removed meanwhile.
+                    Err(e) if e.is_not_found() => {
+                        parent.make_dir(OsStr::new(name), mode)?;
                         break;
                     }
+                    Err(e) => return Err(e.into()),
                     Ok(_) => break,
                 }
             }
-        }
-        let (dir, created) = if missing {
-            parent.make_child(std::ffi::OsStr::new(name), mode)?
-        } else {
-            parent.create_dir_all(Path::new(name), mode)?
+            !self.mounter.is_mount_point(&path)?
         };
-        let Some(mut fs) = fs else {
-            return Ok((path, dir));
-        };
-        // A directory made a moment ago cannot be a mount point: only an existing one (a
-        // repeated or interrupted set-up) needs the check that keeps this idempotent.
-        if created || !self.mounter.is_mount_point(&path)? {
+        if mount {
             // The new filesystem's root, not the directory it covers, must have the mode.
             fs.data.push(format!("mode={mode:04o}"));
             let options = MountOptions {
@@ -200,8 +200,7 @@ impl PluginHost {
             };
             self.mounter.mount(fs.source, &path, fs.fstype, &options)?;
         }
-        let dir = parent.open_beneath(Path::new(name))?;
-        Ok((path, dir))
+        Ok((path, VolumeDir::below(parent, name)))
     }
 
     /// Tears down what [`PluginHost::set_up_volume_dir`] made: unmounts the volume's own
@@ -223,6 +222,28 @@ impl PluginHost {
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
+        if mounted {
+            // Its own filesystem: unmounted without a look first (umount2 says when nothing is
+            // mounted there), then each layer stacked below it, until the rmdir (which never
+            // removes a mount point) finds none left.
+            match self.unmount_one(path) {
+                Err(MountError::Unmount {
+                    errno: kubevol_mount::Errno::NOENT,
+                    ..
+                }) => return Ok(()),
+                r => r?,
+            };
+            for _ in 0..16 {
+                match parent.remove_dir_all_one_fs(name) {
+                    Err(MountError::NestedMount { .. }) => self.unmount_all(path)?,
+                    r => return Ok(r?),
+                }
+            }
+            return Err(MountError::NestedMount {
+                path: path.to_path_buf(),
+            }
+            .into());
+        }
         // A dead mount cannot be looked at, but it is there.
         let present = match parent.has_entry(name) {
             Err(e)
@@ -234,38 +255,72 @@ impl PluginHost {
             r => r?,
         };
         if present && self.mounter.is_mount_point(path)? {
-            if !mounted {
-                // Something else is mounted over a disk volume: never unmount or enter it.
-                return Err(MountError::NestedMount {
-                    path: path.to_path_buf(),
-                }
-                .into());
+            // Something else is mounted over a disk volume: never unmount or enter it.
+            return Err(MountError::NestedMount {
+                path: path.to_path_buf(),
             }
-            self.unmount_all(path)?;
+            .into());
         }
         parent.remove_dir_all_one_fs(name)?;
         Ok(())
     }
 
+    /// Unmounts the top mount at `path`. EBUSY is an error to retry unless lazy unmounts are
+    /// allowed.
+    fn unmount_one(&self, path: &Path) -> Result<kubevol_mount::Unmounted, MountError> {
+        match self.mounter.unmount(path) {
+            Err(MountError::Unmount {
+                errno: kubevol_mount::Errno::BUSY,
+                ..
+            }) if self.allow_lazy_unmount => {
+                tracing::warn!(path = %path.display(), "mount busy: detaching it lazily (--allow-lazy-unmount)");
+                self.mounter.unmount_lazy(path)
+            }
+            r => r,
+        }
+    }
+
     /// Unmounts `path`, and whatever is stacked under it there (a dead mount over the
-    /// volume's own). EBUSY is an error to retry unless lazy unmounts are allowed.
+    /// volume's own).
     pub(crate) fn unmount_all(&self, path: &Path) -> Result<(), MountError> {
         for _ in 0..16 {
-            let done = match self.mounter.unmount(path) {
-                Err(MountError::Unmount {
-                    errno: kubevol_mount::Errno::BUSY,
-                    ..
-                }) if self.allow_lazy_unmount => {
-                    tracing::warn!(path = %path.display(), "mount busy: detaching it lazily (--allow-lazy-unmount)");
-                    self.mounter.unmount_lazy(path)?
-                }
-                r => r?,
-            };
+            let done = self.unmount_one(path)?;
             if done == kubevol_mount::Unmounted::NotMounted || !self.mounter.is_mount_point(path)? {
                 return Ok(());
             }
         }
         Ok(())
+    }
+}
+
+/// A volume's directory as set-up left it, opened when the caller needs it (for an fsGroup, or
+/// to write content): after the mount, so that it is the new filesystem's root.
+pub(crate) enum VolumeDir {
+    /// Opened already (no filesystem of its own).
+    Open(Dir),
+    /// The entry `name` of `parent`, not opened yet.
+    Below {
+        /// The plugin's directory of the pod.
+        parent: Dir,
+        /// The volume's name.
+        name: String,
+    },
+}
+
+impl VolumeDir {
+    fn below(parent: Dir, name: &str) -> Self {
+        VolumeDir::Below {
+            parent,
+            name: name.to_string(),
+        }
+    }
+
+    /// The directory, opened.
+    pub(crate) fn open(self) -> Result<Dir, MountError> {
+        match self {
+            VolumeDir::Open(d) => Ok(d),
+            VolumeDir::Below { parent, name } => parent.open_beneath(Path::new(&name)),
+        }
     }
 }
 
@@ -361,6 +416,38 @@ pub struct TearDownRequest {
     pub path: PathBuf,
 }
 
+/// The set-up and teardown of a plugin whose work, for some of its volumes, is a few syscalls
+/// on the node's own filesystems that end in microseconds whatever the volume holds: no driver,
+/// no network, no walk of the volume's content. Those run one after another on the operations'
+/// local lane, on its own thread, instead of each as a task that hops to the blocking pool.
+pub trait QuickPlugin: Send + Sync {
+    /// Whether this step of this volume is quick.
+    fn is_quick(&self, spec: &VolumeSpec, step: QuickStep<'_>) -> bool;
+
+    /// [`VolumePlugin::set_up`] as a plain call.
+    fn set_up_now(
+        &self,
+        host: &Arc<PluginHost>,
+        req: SetUpRequest,
+    ) -> Result<SetUpResult, VolumeError>;
+
+    /// [`VolumePlugin::tear_down`] as a plain call.
+    fn tear_down_now(
+        &self,
+        host: &Arc<PluginHost>,
+        req: TearDownRequest,
+    ) -> Result<(), VolumeError>;
+}
+
+/// The step [`QuickPlugin::is_quick`] is asked about.
+#[derive(Clone, Copy, Debug)]
+pub enum QuickStep<'a> {
+    /// The set-up for this pod.
+    SetUp(&'a Pod),
+    /// The teardown.
+    TearDown,
+}
+
 /// One kind of volume.
 pub trait VolumePlugin: Send + Sync + 'static {
     /// The kubelet's plugin name, e.g. `kubernetes.io/empty-dir`.
@@ -415,6 +502,11 @@ pub trait VolumePlugin: Send + Sync + 'static {
         _dir: &Path,
         _mounted: bool,
     ) -> Option<(VolumeSpec, PathBuf)> {
+        None
+    }
+
+    /// Its quick set-up and teardown, if it has any.
+    fn quick(&self) -> Option<&dyn QuickPlugin> {
         None
     }
 

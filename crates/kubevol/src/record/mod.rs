@@ -36,8 +36,8 @@ mod writer;
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
 use journal::{Appender, Live};
-pub use writer::Change;
 use writer::Job;
+pub use writer::{Change, Committed};
 
 /// The record's directory under the root.
 pub const RECORD_DIR: &str = "volume-record";

@@ -50,6 +50,16 @@ pub(super) struct Job {
     reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
 }
 
+/// A durable change queued by [`Record::queue_durable`].
+pub struct Committed(tokio::sync::oneshot::Receiver<std::io::Result<()>>);
+
+impl Committed {
+    /// Blocks until the change is on disk, or says why it is not. Not on the async runtime.
+    pub fn wait(self) -> std::io::Result<()> {
+        self.0.blocking_recv().unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
 /// The most changes one batch takes, so that a storm's first intents are not held up by its
 /// last.
 const MAX_BATCH: usize = 1024;
@@ -225,6 +235,15 @@ impl Record {
         let (reply, done) = tokio::sync::oneshot::channel();
         self.enqueue(Some(change), durable, Some(reply))?;
         done.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Queues `change` to be written durably, for a thread outside the async runtime: the
+    /// caller goes on (queueing more, which the writer takes as one batch: one write, one
+    /// `fdatasync`) and waits for it with [`Committed::wait`] before its side effect.
+    pub fn queue_durable(self: &Arc<Self>, change: Change) -> std::io::Result<Committed> {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        self.enqueue(Some(change), true, Some(reply))?;
+        Ok(Committed(done))
     }
 
     /// Returns once every change queued before it has been applied.

@@ -1,0 +1,665 @@
+//! The local lane. A set-up or teardown that its plugin does with a few syscalls on the
+//! node's own filesystems (an emptyDir's mkdir, mount and chmod; a tmpfs's unmount and rmdir)
+//! runs here, one after another on one thread, instead of as a task of its own that waits for
+//! a slot, for the record's writer and for the blocking pool. The lane's thread takes a chunk
+//! of operations at a time and queues all their intents for the record (one write, one
+//! `fdatasync`), and while the record writes them it runs the chunk before: each operation's
+//! side effect once its intent is on disk. What follows a side effect (the actual state, the
+//! events, the record's outcome, the key released, the waiters woken) is handed to the
+//! finisher, a task on the runtime, a batch at a time: the thread that mounts does nothing
+//! else, and the rest runs beside it. Mount and unmount do not scale across threads (two
+//! threads mount at less than half the rate of one), so one thread loses nothing.
+//!
+//! The guarantee of the record is the same as for an operation task: every side effect comes
+//! after its intent is on disk.
+//!
+//! Operations are queued per pod and served in turns of a few, so that a pod with thousands
+//! of volumes does not keep a pod added after it waiting, and pods with a few volumes each
+//! are served in the order they came.
+//!
+//! A call that hangs (a hung filesystem where a volume's directory is) is caught by the
+//! watchdog after the operation timeout: its pod shows why, and what the chunk had not run yet
+//! goes to a new thread. The hung call's thread finishes that one operation if it ever returns,
+//! and ends.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use kubevol_core::reconcile::Operation;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use kubevol_core::PodUid;
+use tokio::sync::mpsc;
+
+use super::slots::Group;
+use super::{
+    conclude, effected, mount, panic_message, panicked, report_stalled, settle_all, unmount,
+};
+use super::{Operations, Outcome};
+use crate::error::VolumeError;
+use crate::record;
+
+/// The most operations one chunk takes: their intents share one commit.
+const CHUNK: usize = 64;
+
+/// The most operations of one pod a chunk takes while others wait.
+const TURN: usize = 8;
+
+/// The most operations run before they are handed to the finisher together (their keys
+/// released, their pods' waiters woken once, their record lines queued at once).
+const HAND_OVER: usize = 16;
+
+/// Items waiting in groups, served in turns: each group in the order it first queued, a few
+/// items per turn.
+struct Turns<G, T> {
+    order: VecDeque<G>,
+    queued: HashMap<G, VecDeque<T>>,
+}
+
+impl<G, T> Default for Turns<G, T> {
+    fn default() -> Self {
+        Turns {
+            order: VecDeque::new(),
+            queued: HashMap::new(),
+        }
+    }
+}
+
+impl<G: Eq + Hash + Clone, T> Turns<G, T> {
+    fn push(&mut self, group: G, item: T) {
+        match self.queued.get_mut(&group) {
+            Some(q) => q.push_back(item),
+            None => {
+                self.order.push_back(group.clone());
+                self.queued.insert(group, VecDeque::from([item]));
+            }
+        }
+    }
+
+    /// Up to `max` items, at most `turn` of a group before the next group's turn.
+    fn take(&mut self, max: usize, turn: usize, out: &mut Vec<T>) {
+        while out.len() < max {
+            let Some(group) = self.order.pop_front() else {
+                return;
+            };
+            let Some(q) = self.queued.get_mut(&group) else {
+                continue;
+            };
+            let n = turn.min(max - out.len()).min(q.len());
+            out.extend(q.drain(..n));
+            if q.is_empty() {
+                self.queued.remove(&group);
+            } else {
+                self.order.push_back(group);
+            }
+        }
+    }
+}
+
+/// The operation the lane's worker runs now.
+struct Running {
+    op: Operation,
+    since: std::time::Instant,
+    /// Which start of an operation this is, so the watchdog knows it is still the same one.
+    seq: u64,
+}
+
+/// What the lane's thread did of one operation, for the finisher.
+enum Ran {
+    /// Ended before any side effect (nothing to do, or a panic), with its record lines.
+    Ended(Outcome, Vec<record::Change>),
+    /// A set-up and what it did (an error if its intent could not be recorded).
+    SetUp(mount::SetUp, mount::Effect),
+    /// A teardown and what it did.
+    TearDown(unmount::TearDown, Result<(), VolumeError>),
+}
+
+/// What the finisher is handed.
+enum Job {
+    Batch(Vec<(Operation, Instant, Ran)>),
+    /// Answered once every batch before it is finished.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+#[derive(Default)]
+struct State {
+    /// Operations run and not handed to the finisher yet.
+    batch: Vec<(Operation, Instant, Ran)>,
+    /// The finisher's queue (none before the first operation).
+    finisher: Option<mpsc::UnboundedSender<Job>>,
+    turns: Turns<Group, Operation>,
+    /// Operations a stalled worker had not run yet: served first.
+    retry: VecDeque<Operation>,
+    /// The worker that may take work (0: none started yet). An older one, left on a hung
+    /// call, ends once the call returns.
+    worker: u64,
+    /// What is left of the current worker's chunk, in order.
+    ahead: VecDeque<Operation>,
+    running: Option<Running>,
+    seq: u64,
+    /// The worker waits for work.
+    sleeping: bool,
+    /// The watchdog waits for an operation to start.
+    watched: bool,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the worker when work is queued.
+    work: Condvar,
+    /// Wakes the watchdog when an operation starts.
+    watch: Notify,
+    /// Tells [`Lane::close`] that the running operation has ended.
+    settled: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        crate::sync::lock(&self.state)
+    }
+
+    /// Hands the operations run so far to the finisher.
+    fn hand_over(&self) {
+        let mut st = self.lock();
+        if st.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut st.batch);
+        if let Some(f) = &st.finisher {
+            // The finisher ends only with the runtime, when nothing is left to finish.
+            let _ = f.send(Job::Batch(batch));
+        }
+    }
+}
+
+/// The lane of an [`Operations`].
+pub(super) struct Lane {
+    shared: Arc<Shared>,
+}
+
+impl Default for Lane {
+    fn default() -> Self {
+        Lane {
+            shared: Arc::new(Shared {
+                state: Mutex::default(),
+                work: Condvar::new(),
+                watch: Notify::new(),
+                settled: Notify::new(),
+            }),
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.work.notify_all();
+        self.shared.watch.notify_one();
+    }
+}
+
+impl Lane {
+    /// Queues `op`, whose key the executor has reserved, starting the worker and its watchdog
+    /// on first use. Returns the operation back if no thread could be started for it (the
+    /// caller runs it as a task).
+    pub(super) fn push(&self, ops: &Arc<Operations>, op: Operation) -> Result<(), Operation> {
+        let mut st = self.shared.lock();
+        if st.closed {
+            return Err(op);
+        }
+        if st.worker == 0 {
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return Err(op);
+            };
+            if !spawn_worker(&self.shared, ops, 1) {
+                return Err(op);
+            }
+            st.worker = 1;
+            let (tx, rx) = mpsc::unbounded_channel();
+            st.finisher = Some(tx);
+            rt.spawn(finisher(Arc::downgrade(ops), rx));
+            rt.spawn(watchdog(self.shared.clone(), Arc::downgrade(ops)));
+        }
+        st.turns.push(Group::of(&op.key()), op);
+        if st.sleeping {
+            st.sleeping = false;
+            self.shared.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Stops the lane: the operation running ends (unless it hangs) and is finished, the
+    /// queued ones are dropped with their keys (the manager is stopping; an intent recorded
+    /// without its side effect is checked at the next start).
+    pub(super) async fn close(&self) {
+        self.settle().await;
+        self.shared.hand_over();
+        let flushed = {
+            let st = self.shared.lock();
+            st.finisher.as_ref().map(|f| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let _ = f.send(Job::Flush(tx));
+                rx
+            })
+        };
+        if let Some(flushed) = flushed {
+            let _ = flushed.await;
+        }
+    }
+
+    /// Closes the lane and waits until no operation runs on its current worker.
+    async fn settle(&self) {
+        loop {
+            let settled = self.shared.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                st.closed = true;
+                self.shared.work.notify_all();
+                self.shared.watch.notify_one();
+                if st.running.is_none() {
+                    return;
+                }
+            }
+            settled.await;
+        }
+    }
+}
+
+fn spawn_worker(shared: &Arc<Shared>, ops: &Arc<Operations>, me: u64) -> bool {
+    let (shared, ops) = (shared.clone(), Arc::downgrade(ops));
+    let spawned = std::thread::Builder::new()
+        .name("kubevol-lane".into())
+        .spawn(move || work(&shared, &ops, me));
+    match spawned {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::error!(
+                "cannot start the local lane's thread: {e}; its operations run as tasks"
+            );
+            false
+        }
+    }
+}
+
+/// An operation prepared, its intent queued for the record.
+struct Queued {
+    op: Operation,
+    step: Step,
+    /// None without an intent; else its commit (or why it could not be queued).
+    committed: Option<std::io::Result<record::Committed>>,
+}
+
+/// The worker: keeps a chunk prepared ahead of the operation it runs, so that the record
+/// writes a chunk's intents while the chunk before it runs; ends when the lane closes or a
+/// newer worker has taken its place.
+fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
+    let mut pending: VecDeque<Queued> = VecDeque::new();
+    loop {
+        if pending.is_empty() {
+            // Nothing prepared is left: what ran is handed over before the worker waits.
+            shared.hand_over();
+        }
+        if pending.len() < CHUNK {
+            let chunk = {
+                let mut st = shared.lock();
+                loop {
+                    if st.closed || st.worker != me {
+                        return;
+                    }
+                    let n = st.retry.len().min(CHUNK);
+                    let mut chunk: Vec<Operation> = st.retry.drain(..n).collect();
+                    st.turns.take(CHUNK, TURN, &mut chunk);
+                    if !chunk.is_empty() || !pending.is_empty() {
+                        st.ahead.extend(chunk.iter().cloned());
+                        break chunk;
+                    }
+                    st.sleeping = true;
+                    st = shared
+                        .work
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            };
+            if !chunk.is_empty() {
+                let Some(ops) = ops.upgrade() else {
+                    return;
+                };
+                queue(shared, &ops, chunk, &mut pending);
+                continue;
+            }
+        }
+        let Some(next) = pending.pop_front() else {
+            continue;
+        };
+        let Some(ops) = ops.upgrade() else {
+            return;
+        };
+        if !run_one(shared, &ops, me, next) {
+            return;
+        }
+    }
+}
+
+/// Prepares a chunk from the world as it is now, and queues its intents. One with nothing to
+/// do ends here.
+fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>, pending: &mut VecDeque<Queued>) {
+    for op in chunk {
+        let started = Instant::now();
+        let mut records = Vec::new();
+        let prepared = guarded(|| Step::prepare(ops, &op))
+            .unwrap_or_else(|panic| Err(panicked(ops, &op, &panic, &mut records)));
+        match prepared {
+            Ok(step) => {
+                let committed = step
+                    .intent()
+                    .map(|change| ops.host.record.queue_durable(change.clone()));
+                pending.push_back(Queued {
+                    op,
+                    step,
+                    committed,
+                });
+            }
+            Err(done) => {
+                let mut st = shared.lock();
+                if let Some(i) = st.ahead.iter().position(|o| *o == op) {
+                    st.ahead.remove(i);
+                }
+                st.batch.push((op, started, Ran::Ended(done, records)));
+            }
+        }
+    }
+}
+
+/// Runs one operation once its intent is on disk. False: this worker is to stop (the lane
+/// closed, or a stall handed what it had not run to a newer worker).
+fn run_one(shared: &Shared, ops: &Operations, me: u64, q: Queued) -> bool {
+    {
+        let mut st = shared.lock();
+        if st.closed || st.worker != me {
+            return false;
+        }
+        st.ahead.pop_front();
+        st.seq += 1;
+        st.running = Some(Running {
+            op: q.op.clone(),
+            since: std::time::Instant::now(),
+            seq: st.seq,
+        });
+        if st.watched {
+            st.watched = false;
+            shared.watch.notify_one();
+        }
+    }
+    let Queued {
+        op,
+        step,
+        committed,
+    } = q;
+    let started = Instant::now();
+    let committed = match committed {
+        None => Ok(()),
+        Some(c) => c.and_then(record::Committed::wait),
+    };
+    let ran = match committed {
+        Ok(()) => guarded(|| step.run(ops)),
+        Err(source) => Ok(step.not_recorded(VolumeError::Record {
+            dir: ops.host.record.dir().to_path_buf(),
+            source,
+        })),
+    };
+    let ran = ran.unwrap_or_else(|panic| {
+        let mut records = Vec::new();
+        let outcome = panicked(ops, &op, &panic, &mut records);
+        Ran::Ended(outcome, records)
+    });
+    let (stop, full) = {
+        let mut st = shared.lock();
+        let mine = st.worker == me;
+        if mine {
+            st.running = None;
+        }
+        st.batch.push((op, started, ran));
+        (!mine || st.closed, st.batch.len() >= HAND_OVER)
+    };
+    if full || stop {
+        shared.hand_over();
+    }
+    if stop {
+        // A close waits for this: what ran is handed over.
+        shared.settled.notify_waiters();
+    }
+    !stop
+}
+
+/// One operation of the chunk, prepared.
+enum Step {
+    SetUp(mount::SetUp),
+    TearDown(unmount::TearDown),
+}
+
+impl Step {
+    fn prepare(ops: &Operations, op: &Operation) -> Result<Step, Outcome> {
+        match op {
+            Operation::MountVolume {
+                volume,
+                pod,
+                remount,
+            } => mount::prepare(ops, volume, pod, *remount).map(Step::SetUp),
+            Operation::UnmountVolume { volume, pod } => {
+                unmount::prepare(ops, volume, pod).map(Step::TearDown)
+            }
+            // Never queued here: only pod volumes' set-ups and teardowns are.
+            other => Err((
+                String::new(),
+                Err(format!(
+                    "{} is not an operation of the local lane",
+                    other.metric_name()
+                )),
+                true,
+            )),
+        }
+    }
+
+    fn intent(&self) -> Option<&record::Change> {
+        match self {
+            Step::SetUp(s) => s.intent.as_ref(),
+            Step::TearDown(t) => t.intent.as_ref(),
+        }
+    }
+
+    /// Its intent could not be recorded: nothing was done.
+    fn not_recorded(self, e: VolumeError) -> Ran {
+        match self {
+            Step::SetUp(s) => Ran::SetUp(s, Err((e, None))),
+            Step::TearDown(t) => Ran::TearDown(t, Err(e)),
+        }
+    }
+
+    /// Its intent recorded: the side effect.
+    fn run(self, ops: &Operations) -> Ran {
+        match self {
+            Step::SetUp(s) => {
+                if s.intent.is_some() {
+                    record::fail_point("set_up", "before");
+                }
+                let result = effected("set_up", s.effect_now(ops));
+                Ran::SetUp(s, result)
+            }
+            Step::TearDown(t) => {
+                if t.intent.is_some() {
+                    record::fail_point("tear_down", "before");
+                }
+                t.begin(ops);
+                let torn = effected("tear_down", t.effect_now(ops));
+                Ran::TearDown(t, torn)
+            }
+        }
+    }
+}
+
+/// Finishes what the lane's thread hands over, a batch at a time: the outcomes in the actual
+/// state and the events, the record lines queued, the directories of pods with nothing left
+/// removed, then the keys released and the waiters woken.
+async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    while let Some(job) = jobs.recv().await {
+        let batch = match job {
+            Job::Batch(batch) => batch,
+            Job::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
+        let Some(ops) = ops.upgrade() else {
+            return;
+        };
+        let mut records = Vec::new();
+        let mut gone: Vec<PodUid> = Vec::new();
+        let mut concluded = Vec::with_capacity(batch.len());
+        for (op, started, ran) in batch {
+            let outcome = guarded(|| match ran {
+                Ran::Ended(outcome, mut lines) => {
+                    records.append(&mut lines);
+                    outcome
+                }
+                Ran::SetUp(s, effect) => mount::finish(&ops, s, effect, &mut records),
+                Ran::TearDown(t, torn) => {
+                    let pod = t.pod.clone();
+                    let (outcome, idle) = unmount::finish(&ops, t, torn, &mut records);
+                    if idle {
+                        gone.push(pod);
+                    }
+                    outcome
+                }
+            })
+            .unwrap_or_else(|panic| panicked(&ops, &op, &panic, &mut records));
+            concluded.push((op, started, outcome));
+        }
+        settle_all(&ops, records);
+        if !gone.is_empty() {
+            gone.dedup();
+            let host = ops.host.clone();
+            let removed = tokio::task::spawn_blocking(move || {
+                gone.into_iter()
+                    .map(|pod| {
+                        let r = unmount::remove_pod_dir(&host, &pod);
+                        (pod, r)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            match removed {
+                Ok(removed) => {
+                    for (pod, r) in removed {
+                        unmount::pod_dir_removed(&ops, &pod, r);
+                    }
+                }
+                Err(e) => tracing::warn!("pod directory cleanup task failed: {e}"),
+            }
+        }
+        conclude(&ops, concluded);
+    }
+}
+
+/// Runs `f`, turning a panic into its message.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| panic_message(&*p))
+}
+
+/// Reports an operation that has run longer than the operation timeout, and gives what is
+/// left of its chunk to a new worker. Sleeps while nothing runs.
+async fn watchdog(shared: Arc<Shared>, ops: Weak<Operations>) {
+    loop {
+        let running = {
+            let mut st = shared.lock();
+            if st.closed {
+                return;
+            }
+            let running = st.running.as_ref().map(|r| (r.since, r.seq));
+            st.watched = running.is_none();
+            running
+        };
+        let Some((since, seq)) = running else {
+            shared.watch.notified().await;
+            continue;
+        };
+        let Some(timeout) = ops.upgrade().map(|o| o.timeout) else {
+            return;
+        };
+        tokio::time::sleep_until(Instant::from_std(since + timeout)).await;
+        let stalled = {
+            let mut st = shared.lock();
+            let same = !st.closed && st.running.as_ref().is_some_and(|r| r.seq == seq);
+            // Still the same operation: it has run for the whole timeout.
+            let hung = if same { st.running.take() } else { None };
+            match hung {
+                Some(r) => {
+                    st.worker += 1;
+                    let mut retry = std::mem::take(&mut st.ahead);
+                    retry.append(&mut st.retry);
+                    st.retry = retry;
+                    Some((r.op, st.worker))
+                }
+                None => None,
+            }
+        };
+        let Some((op, worker)) = stalled else {
+            continue;
+        };
+        let Some(ops) = ops.upgrade() else {
+            return;
+        };
+        // What the hung worker ran before it is finished now.
+        shared.hand_over();
+        report_stalled(&ops, &op);
+        if !spawn_worker(&shared, &ops, worker) {
+            // Without a thread, what is queued runs as tasks.
+            let queued: Vec<Operation> = {
+                let mut st = shared.lock();
+                let mut all: Vec<Operation> = st.retry.drain(..).collect();
+                st.turns.take(usize::MAX, usize::MAX, &mut all);
+                st.closed = true;
+                all
+            };
+            for op in queued {
+                ops.spawn_task(op);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Turns;
+
+    fn take(t: &mut Turns<&'static str, u32>, max: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        t.take(max, 2, &mut out);
+        out
+    }
+
+    #[test]
+    fn groups_take_turns_and_small_ones_keep_their_order() {
+        let mut t = Turns::default();
+        for i in 0..7 {
+            t.push("big", 100 + i);
+        }
+        t.push("a", 1);
+        t.push("b", 2);
+        t.push("b", 3);
+        // Two of the big group, then the others in the order they came, then big again.
+        assert_eq!(take(&mut t, 4), vec![100, 101, 1, 2]);
+        t.push("c", 4);
+        assert_eq!(take(&mut t, 5), vec![102, 103, 3, 4, 104]);
+        assert_eq!(take(&mut t, 10), vec![105, 106]);
+        assert!(take(&mut t, 10).is_empty());
+        // A group that emptied queues at the back when it comes again.
+        t.push("x", 7);
+        t.push("big", 200);
+        assert_eq!(take(&mut t, 10), vec![7, 200]);
+    }
+}
