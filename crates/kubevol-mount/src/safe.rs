@@ -448,6 +448,14 @@ impl Dir {
     /// [`MountError::Leftover`] (or [`MountError::NestedMount`]) and left in place.
     pub fn remove_empty_tree(&self, name: &str) -> Result<(), MountError> {
         let path = self.child_path(OsStr::new(name));
+        // An empty directory goes with one rmdir, which never removes a mount point (EBUSY) or
+        // anything but a directory (ENOTDIR); only one with something in it is entered.
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
+            Err(Errno::NOTDIR) => return Err(MountError::Leftover { path }),
+            Err(_) => {}
+        }
         let child = match self.open_child_if_exists(name) {
             Ok(Some(c)) => c,
             Ok(None) => return Ok(()),
@@ -676,5 +684,18 @@ mod tests {
         root.remove_empty_tree("pod").unwrap();
         assert!(!t.path().join("pod").exists());
         root.remove_empty_tree("pod").unwrap();
+        // A file or a link in its place is a leftover, kept.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
+        std::fs::write(t.path().join("file"), b"x").unwrap();
+        for name in ["link", "file"] {
+            let err = root.remove_empty_tree(name).unwrap_err();
+            assert!(matches!(err, MountError::Leftover { .. }), "{name}: {err}");
+            assert!(
+                t.path().join(name).symlink_metadata().is_ok(),
+                "{name} kept"
+            );
+        }
+        assert!(outside.path().exists());
     }
 }

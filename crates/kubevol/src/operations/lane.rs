@@ -41,8 +41,13 @@ use super::{Operations, Outcome};
 use crate::error::VolumeError;
 use crate::record;
 
-/// The most operations one chunk takes: their intents share one commit.
+/// How many operations the lane takes from its queue at a time.
 const CHUNK: usize = 64;
+
+/// How many operations are kept prepared ahead of the one running, their intents queued: enough
+/// for the record to write them while those before run even where an `fdatasync` takes
+/// milliseconds (a disk), so that its batches, and not its syncs, grow with a storm.
+const AHEAD: usize = 256;
 
 /// The most operations of one pod a chunk takes while others wait.
 const TURN: usize = 8;
@@ -304,7 +309,7 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
             // Nothing prepared is left: what ran is handed over before the worker waits.
             shared.hand_over();
         }
-        if pending.len() < CHUNK {
+        if pending.len() < AHEAD {
             let chunk = {
                 let mut st = shared.lock();
                 loop {
