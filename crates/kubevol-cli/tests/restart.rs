@@ -11,7 +11,6 @@ mod loop_driver;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -802,40 +801,13 @@ mount_test! {
     }
 }
 
-/// A FUSE mount at `target` whose daemon never answers: every lookup of its root hangs until
-/// the returned descriptor is closed, after which it fails with ENOTCONN (a dead mount).
-fn fuse_mount(target: &Path) -> OwnedFd {
-    use kubevol_mount::Mounter;
-    let fd: OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .expect("open /dev/fuse")
-        .into();
-    let options = kubevol_mount::MountOptions {
-        nosuid: true,
-        nodev: true,
-        data: vec![
-            format!("fd={}", fd.as_raw_fd()),
-            "rootmode=40000".into(),
-            "user_id=0".into(),
-            "group_id=0".into(),
-        ],
-        ..Default::default()
-    };
-    kubevol_mount::LinuxMounter
-        .mount("kubevol-test-hang", target, "fuse", &options)
-        .expect("mount fuse");
-    fd
-}
-
 mount_test! {
     fn hung_fuse_mounts_stall_only_their_own_pod_and_dead_ones_are_unmounted() {
         let env = Env::new();
         let mut w = World::new(&env, 1);
         let hung = env.tmp.path().join("hung");
         std::fs::create_dir_all(&hung).unwrap();
-        let hung_fd = fuse_mount(&hung);
+        let hung_fd = hung_fuse_mount(&hung);
         env.write(
             "stuck.yaml",
             &format!(
@@ -869,7 +841,7 @@ mount_test! {
         assert!(took < Duration::from_secs(20), "SIGTERM took {took:?} with a blocked thread");
 
         // Down: a hung mount lands on the memory volume too, and another pod arrives.
-        let stacked_fd = fuse_mount(&cache);
+        let stacked_fd = hung_fuse_mount(&cache);
         let j = index(&w, "disk");
         w.toggle(&env, j);
         let d = Daemon::start(&env, None, &["--operation-timeout", "2s"]);
@@ -899,7 +871,7 @@ mount_test! {
             "the memory volume under the dead mount kept its content"
         );
         // A dead mount over a volume whose pod is deleted: unmounted with it.
-        let dead = fuse_mount(&cache);
+        let dead = hung_fuse_mount(&cache);
         drop(dead);
         w.toggle(&env, i);
         converge(&env, &d, &w, 60);

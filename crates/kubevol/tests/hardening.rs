@@ -186,33 +186,6 @@ mount_test! {
     }
 }
 
-/// A FUSE mount at `target` whose daemon never answers: every request (an open of its root)
-/// hangs until the returned descriptor is closed, after which it fails with ENOTCONN.
-fn hung_fuse_mount(target: &Path) -> std::os::fd::OwnedFd {
-    use std::os::fd::AsRawFd;
-    let fd: std::os::fd::OwnedFd = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .expect("open /dev/fuse")
-        .into();
-    let options = kubevol_mount::MountOptions {
-        nosuid: true,
-        nodev: true,
-        data: vec![
-            format!("fd={}", fd.as_raw_fd()),
-            "rootmode=40000".into(),
-            "user_id=0".into(),
-            "group_id=0".into(),
-        ],
-        ..Default::default()
-    };
-    kubevol_mount::LinuxMounter
-        .mount("kubevol-test-hang", target, "fuse", &options)
-        .expect("mount fuse");
-    fd
-}
-
 mount_test! {
     fn a_set_up_that_hangs_stalls_only_its_own_pod() {
         // Quick set-ups run one after another on one thread: one that hangs (its directory is

@@ -134,43 +134,34 @@ impl Operations {
     /// local lane runs it.
     fn is_quick(&self, op: &Operation) -> bool {
         use crate::plugins::QuickStep;
-        let (plugin, quick) = match op {
+        // The volume's plugin and spec, and for a set-up the pod.
+        let found = match op {
             Operation::MountVolume { volume, pod, .. } => {
                 let dsw = self.world().dsw();
-                let Some(v) = dsw.volume(volume) else {
-                    return false;
-                };
-                let Some(want) = v.pods.get(pod) else {
-                    return false;
-                };
-                let Some(plugin) = self.plugins.by_name(&v.traits.plugin) else {
-                    return false;
-                };
-                let quick = plugin
-                    .quick()
-                    .is_some_and(|q| q.is_quick(&want.spec, QuickStep::SetUp(&want.pod)));
-                (plugin, quick)
+                dsw.volume(volume).and_then(|v| {
+                    let w = v.pods.get(pod)?;
+                    Some((v.traits.plugin.clone(), w.spec.clone(), Some(w.pod.clone())))
+                })
             }
             Operation::UnmountVolume { volume, pod } => {
                 let asw = self.world().asw();
-                let Some(v) = asw.volume(volume) else {
-                    return false;
-                };
-                let Some(m) = v.pods.get(pod) else {
-                    return false;
-                };
-                let Some(plugin) = self.plugins.by_name(&v.traits.plugin) else {
-                    return false;
-                };
-                let quick = plugin
-                    .quick()
-                    .is_some_and(|q| q.is_quick(&m.spec, QuickStep::TearDown));
-                (plugin, quick)
+                asw.volume(volume).and_then(|v| {
+                    let m = v.pods.get(pod)?;
+                    Some((v.traits.plugin.clone(), m.spec.clone(), None))
+                })
             }
-            _ => return false,
+            _ => None,
         };
-        drop(plugin);
-        quick
+        let Some((plugin, spec, pod)) = found else {
+            return false;
+        };
+        let step = match &pod {
+            Some(p) => QuickStep::SetUp(p),
+            None => QuickStep::TearDown,
+        };
+        self.plugins
+            .by_name(&plugin)
+            .is_some_and(|p| p.quick().is_some_and(|q| q.is_quick(&spec, step)))
     }
 
     /// Forgets errors of keys whose volume and pod are in neither state of world.

@@ -253,3 +253,33 @@ pub fn defined_pods(dir: &Path) -> std::collections::BTreeSet<String> {
     }
     names
 }
+
+/// A FUSE mount at `target` whose daemon never answers: every request (a lookup or an open of
+/// its root) hangs until the returned descriptor is closed, after which it fails with ENOTCONN
+/// (a dead mount).
+#[allow(dead_code)]
+pub fn hung_fuse_mount(target: &Path) -> std::os::fd::OwnedFd {
+    use kubevol_mount::Mounter;
+    use std::os::fd::AsRawFd;
+    let fd: std::os::fd::OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .expect("open /dev/fuse")
+        .into();
+    let options = kubevol_mount::MountOptions {
+        nosuid: true,
+        nodev: true,
+        data: vec![
+            format!("fd={}", fd.as_raw_fd()),
+            "rootmode=40000".into(),
+            "user_id=0".into(),
+            "group_id=0".into(),
+        ],
+        ..Default::default()
+    };
+    kubevol_mount::LinuxMounter
+        .mount("kubevol-test-hang", target, "fuse", &options)
+        .expect("mount fuse");
+    fd
+}
