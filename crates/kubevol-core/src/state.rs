@@ -59,6 +59,126 @@ pub struct VolumeTraits {
     pub device_mountable: bool,
 }
 
+/// The pods of one volume, by UID, in UID order: a sorted vector. Nearly every volume has
+/// one pod (each per-pod volume, as an emptyDir, is its own), where a B-tree's first node
+/// would reserve room for eleven.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodMap<V>(Vec<(PodUid, V)>);
+
+impl<V> Default for PodMap<V> {
+    fn default() -> Self {
+        PodMap(Vec::new())
+    }
+}
+
+type Entry<V> = (PodUid, V);
+
+impl<V> PodMap<V> {
+    fn find(&self, uid: &PodUid) -> Result<usize, usize> {
+        self.0.binary_search_by(|(p, _)| p.cmp(uid))
+    }
+
+    /// The pod's value.
+    pub fn get(&self, uid: &PodUid) -> Option<&V> {
+        self.find(uid).ok().map(|i| &self.0[i].1)
+    }
+
+    /// The pod's value, to change.
+    pub fn get_mut(&mut self, uid: &PodUid) -> Option<&mut V> {
+        self.find(uid).ok().map(|i| &mut self.0[i].1)
+    }
+
+    /// Whether the pod is there.
+    pub fn contains_key(&self, uid: &PodUid) -> bool {
+        self.find(uid).is_ok()
+    }
+
+    /// Sets the pod's value; returns the one it replaces.
+    pub fn insert(&mut self, uid: PodUid, value: V) -> Option<V> {
+        match self.find(&uid) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (uid, value));
+                None
+            }
+        }
+    }
+
+    /// Removes the pod; returns its value.
+    pub fn remove(&mut self, uid: &PodUid) -> Option<V> {
+        let i = self.find(uid).ok()?;
+        let (_, v) = self.0.remove(i);
+        if self.0.is_empty() {
+            self.0 = Vec::new();
+        }
+        Some(v)
+    }
+
+    /// How many pods.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The pods and their values, in UID order.
+    pub fn iter(&self) -> impl Iterator<Item = (&PodUid, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    /// The same, to change the values.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&PodUid, &mut V)> {
+        self.0.iter_mut().map(|(k, v)| (&*k, v))
+    }
+
+    /// The pods, in UID order.
+    pub fn keys(&self) -> impl Iterator<Item = &PodUid> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    /// The values, in UID order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+}
+
+impl<V> IntoIterator for PodMap<V> {
+    type Item = Entry<V>;
+    type IntoIter = std::vec::IntoIter<Entry<V>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a, V> IntoIterator for &'a PodMap<V> {
+    type Item = (&'a PodUid, &'a V);
+    type IntoIter =
+        std::iter::Map<std::slice::Iter<'a, Entry<V>>, fn(&'a Entry<V>) -> (&'a PodUid, &'a V)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        fn pair<V>((k, v): &Entry<V>) -> (&PodUid, &V) {
+            (k, v)
+        }
+        self.0
+            .iter()
+            .map(pair as fn(&'a Entry<V>) -> (&'a PodUid, &'a V))
+    }
+}
+
+impl<V> FromIterator<Entry<V>> for PodMap<V> {
+    fn from_iter<I: IntoIterator<Item = Entry<V>>>(iter: I) -> Self {
+        let mut map = PodMap::default();
+        for (k, v) in iter {
+            map.insert(k, v);
+        }
+        map
+    }
+}
+
 /// One pod's wish for one volume.
 #[derive(Clone, Debug)]
 pub struct DesiredPodVolume {
@@ -84,7 +204,7 @@ pub struct DesiredVolume {
     /// Whether the node has reported the volume as in use (guards detach in cluster mode).
     pub reported_in_use: bool,
     /// The pods that need it.
-    pub pods: BTreeMap<PodUid, DesiredPodVolume>,
+    pub pods: PodMap<DesiredPodVolume>,
 }
 
 /// A pod the DSW knows, with the volumes it expects.
@@ -163,7 +283,7 @@ impl DesiredState {
                     name: w.name.clone(),
                     traits: w.traits.clone(),
                     reported_in_use: false,
-                    pods: BTreeMap::new(),
+                    pods: PodMap::default(),
                 });
             entry.traits = w.traits;
             entry.pods.insert(uid.clone(), w.pod_volume);
@@ -307,7 +427,7 @@ pub struct ActualVolume {
     /// Where it is globally mounted, if it is.
     pub device_mount_path: Option<PathBuf>,
     /// The pods it is set up for.
-    pub pods: BTreeMap<PodUid, MountedPodVolume>,
+    pub pods: PodMap<MountedPodVolume>,
 }
 
 /// What reconstruction found of a volume's node-wide state.
@@ -349,7 +469,7 @@ impl ActualState {
                 spec: None,
                 device_state: DeviceMountState::NotMounted,
                 device_mount_path: None,
-                pods: BTreeMap::new(),
+                pods: PodMap::default(),
             })
     }
 
@@ -558,6 +678,34 @@ impl ActualState {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pod_map_keeps_uid_order_and_one_value_per_pod() {
+        let uid = |s: &str| PodUid(s.into());
+        let mut m: PodMap<u32> = ["c", "a", "b"]
+            .iter()
+            .zip(1..)
+            .map(|(k, v)| (uid(k), v))
+            .collect();
+        assert_eq!(
+            m.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        assert_eq!(m.insert(uid("b"), 20), Some(3), "replaced, not added");
+        assert_eq!(m.len(), 3);
+        *m.get_mut(&uid("a")).unwrap() += 100;
+        assert_eq!(
+            (&m).into_iter().map(|(_, v)| *v).collect::<Vec<_>>(),
+            [102, 20, 1]
+        );
+        assert_eq!(m.remove(&uid("z")), None);
+        assert_eq!(m.remove(&uid("b")), Some(20));
+        assert!(!m.contains_key(&uid("b")) && m.get(&uid("c")) == Some(&1));
+        m.remove(&uid("a"));
+        m.remove(&uid("c"));
+        assert!(m.is_empty());
+        assert_eq!(m.values().count(), 0);
+    }
+
     use super::*;
 
     fn mounted(state: PodMountState) -> MountedPodVolume {
