@@ -239,10 +239,10 @@ mod tests {
 
     fn spec(name: &str) -> Arc<VolumeSpec> {
         Arc::new(VolumeSpec {
-            volume: Volume {
+            volume: crate::state::PodVolumeRef::from(Volume {
                 name: name.into(),
                 ..Default::default()
-            },
+            }),
             persistent_volume: None,
             block: false,
             extensions: Default::default(),

@@ -16,11 +16,70 @@ use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Volume};
 
 use crate::names::{PodRef, PodUid, UniqueVolumeName};
 
+/// A pod's `spec.volumes[]` entry, read in place in the pod it belongs to (one copy of the pod,
+/// not one more of each of its volumes: a `Volume` value is about 3.2 KB, nearly all of it the
+/// empty fields of the volume types it is not), or owned where no pod holds it (a volume
+/// rebuilt from the record or from the disk).
+#[derive(Clone)]
+pub struct PodVolumeRef(VolumeRepr);
+
+#[derive(Clone)]
+enum VolumeRepr {
+    /// The pod and the index of the volume in its `spec.volumes` (checked when made).
+    InPod(Arc<Pod>, usize),
+    Owned(Arc<Volume>),
+}
+
+fn pod_volumes(pod: &Pod) -> &[Volume] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or(&[])
+}
+
+impl PodVolumeRef {
+    /// The pod's `index`th volume; none if it has no volume there.
+    pub fn in_pod(pod: Arc<Pod>, index: usize) -> Option<Self> {
+        pod_volumes(&pod).get(index)?;
+        Some(PodVolumeRef(VolumeRepr::InPod(pod, index)))
+    }
+}
+
+impl std::ops::Deref for PodVolumeRef {
+    type Target = Volume;
+
+    fn deref(&self) -> &Volume {
+        match &self.0 {
+            // A pod behind an `Arc` does not change, and `in_pod` checked the index.
+            VolumeRepr::InPod(pod, index) => &pod_volumes(pod)[*index],
+            VolumeRepr::Owned(v) => v,
+        }
+    }
+}
+
+impl From<Volume> for PodVolumeRef {
+    fn from(v: Volume) -> Self {
+        PodVolumeRef(VolumeRepr::Owned(Arc::new(v)))
+    }
+}
+
+impl std::fmt::Debug for PodVolumeRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl PartialEq for PodVolumeRef {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
 /// What a plugin needs to know about one volume of one pod.
 #[derive(Clone, Debug)]
 pub struct VolumeSpec {
     /// The pod's `spec.volumes[]` entry.
-    pub volume: Volume,
+    pub volume: PodVolumeRef,
     /// The PersistentVolume a claim resolved to, for `persistentVolumeClaim` volumes.
     pub persistent_volume: Option<Arc<PersistentVolume>>,
     /// Whether the pod uses the volume as a raw block device (`volumeDevices`).
@@ -679,6 +738,23 @@ impl ActualState {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_pod_volume_is_read_in_place_in_its_pod() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "volumes": [{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {"medium": "Memory"}}]}
+        }))
+        .unwrap();
+        let pod = Arc::new(pod);
+        let b = PodVolumeRef::in_pod(pod.clone(), 1).expect("the pod has a second volume");
+        let in_pod = &pod.spec.as_ref().unwrap().volumes.as_ref().unwrap()[1];
+        assert!(std::ptr::eq(&*b, in_pod), "no copy of the volume");
+        assert_eq!(b.name, "b");
+        assert!(PodVolumeRef::in_pod(pod.clone(), 2).is_none());
+        let owned: PodVolumeRef = in_pod.clone().into();
+        assert_eq!(owned, b, "equal by value, however held");
+    }
+
+    #[test]
     fn pod_map_keeps_uid_order_and_one_value_per_pod() {
         let uid = |s: &str| PodUid(s.into());
         let mut m: PodMap<u32> = ["c", "a", "b"]
@@ -717,7 +793,7 @@ mod tests {
             },
             outer_volume_name: "v".into(),
             spec: Arc::new(VolumeSpec {
-                volume: Volume::default(),
+                volume: Volume::default().into(),
                 persistent_volume: None,
                 block: false,
                 extensions: Default::default(),

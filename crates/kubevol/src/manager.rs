@@ -596,7 +596,8 @@ mod tests {
                 volume: Volume {
                     name: name.into(),
                     ..Default::default()
-                },
+                }
+                .into(),
                 persistent_volume: gid.map(pv),
                 block: false,
                 extensions: Default::default(),

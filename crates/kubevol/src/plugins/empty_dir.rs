@@ -301,7 +301,11 @@ mod tests {
 
     fn spec(ed: serde_json::Value) -> VolumeSpec {
         VolumeSpec {
-            volume: serde_json::from_value(json!({"name": "v", "emptyDir": ed})).unwrap(),
+            volume: serde_json::from_value::<k8s_openapi::api::core::v1::Volume>(
+                json!({"name": "v", "emptyDir": ed}),
+            )
+            .unwrap()
+            .into(),
             persistent_volume: None,
             block: false,
             extensions: Default::default(),

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     Volume,
 };
 use kubevol_core::names::escape_plugin_name;
-use kubevol_core::state::VolumeSpec;
+use kubevol_core::state::{PodVolumeRef, VolumeSpec};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use kubevol_mount::safe::Dir;
 use rustix::fs::{FileType, Mode, OFlags};
@@ -298,11 +298,11 @@ impl VolumePlugin for LocalPlugin {
         });
         Some((
             VolumeSpec {
-                volume: Volume {
+                volume: PodVolumeRef::from(Volume {
                     name: name.to_string(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource::default()),
                     ..Default::default()
-                },
+                }),
                 persistent_volume: Some(Arc::new(pv)),
                 block: false,
                 extensions: Default::default(),

@@ -344,7 +344,7 @@ pub(crate) fn reconstructed(
 ) -> Option<(VolumeSpec, PathBuf)> {
     Some((
         VolumeSpec {
-            volume,
+            volume: volume.into(),
             persistent_volume: None,
             block: false,
             extensions: Default::default(),

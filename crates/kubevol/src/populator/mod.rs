@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::projection::{referenced_objects, ObjectKind};
-use kubevol_core::state::{DesiredPodVolume, PodVolumeWish, ProcessFailure, VolumeSpec};
+use kubevol_core::state::{
+    DesiredPodVolume, PodVolumeRef, PodVolumeWish, ProcessFailure, VolumeSpec,
+};
 use kubevol_core::validation::{all_containers, validate_pod, volume_source_names};
 use kubevol_core::{PodRef, PodUid};
 use tokio::sync::watch;
@@ -489,7 +491,12 @@ impl Populator {
         let used = used_volume_names(pod);
         let mut wishes = Vec::new();
         let mut failed = BTreeMap::new();
-        for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        for (index, v) in pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .enumerate()
+        {
             if !used.contains(&v.name) {
                 debug!(pod = %pref, volume = %v.name, "volume is not used by any container; skipped");
                 continue;
@@ -551,8 +558,11 @@ impl Populator {
                     ),
                 );
             }
+            // Read in place in the stored pod: no copy of the volume per wish.
+            let volume =
+                PodVolumeRef::in_pod(stored.pod.clone(), index).unwrap_or_else(|| v.clone().into());
             let spec = Arc::new(VolumeSpec {
-                volume: v.clone(),
+                volume,
                 block: usage.device,
                 extensions,
                 persistent_volume,

@@ -91,7 +91,7 @@ impl SpecRecord {
     /// The record of a spec.
     pub fn of(spec: &VolumeSpec) -> Self {
         SpecRecord {
-            volume: spec.volume.clone(),
+            volume: (*spec.volume).clone(),
             persistent_volume: spec.persistent_volume.as_deref().cloned(),
             block: spec.block,
         }
@@ -100,7 +100,7 @@ impl SpecRecord {
     /// The spec it records.
     pub fn spec(&self) -> VolumeSpec {
         VolumeSpec {
-            volume: self.volume.clone(),
+            volume: self.volume.clone().into(),
             persistent_volume: self.persistent_volume.clone().map(std::sync::Arc::new),
             block: self.block,
             extensions: Default::default(),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kubevol_core::names::escape_plugin_name;
-use kubevol_core::state::VolumeSpec;
+use kubevol_core::state::{PodVolumeRef, VolumeSpec};
 use kubevol_core::{PodUid, UniqueVolumeName};
 
 use crate::error::VolumeError;
@@ -111,11 +111,11 @@ pub(super) fn persistent_spec(pv_name: &str, driver: &str, handle: &str) -> Volu
         ..Default::default()
     });
     VolumeSpec {
-        volume: Volume {
+        volume: PodVolumeRef::from(Volume {
             name: pv_name.to_string(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource::default()),
             ..Default::default()
-        },
+        }),
         persistent_volume: Some(Arc::new(pv)),
         block: false,
         extensions: Default::default(),

@@ -108,14 +108,16 @@ impl VolumePlugin for CsiPlugin {
         );
         let spec = if data.get("volumeLifecycleMode").map(String::as_str) == Some("Ephemeral") {
             VolumeSpec {
-                volume: k8s_openapi::api::core::v1::Volume {
-                    name: spec_name.clone(),
-                    csi: Some(k8s_openapi::api::core::v1::CSIVolumeSource {
-                        driver: driver.clone(),
+                volume: kubevol_core::state::PodVolumeRef::from(
+                    k8s_openapi::api::core::v1::Volume {
+                        name: spec_name.clone(),
+                        csi: Some(k8s_openapi::api::core::v1::CSIVolumeSource {
+                            driver: driver.clone(),
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
-                },
+                    },
+                ),
                 persistent_volume: None,
                 block: false,
                 extensions: Default::default(),
