@@ -140,8 +140,9 @@ struct State {
     /// The worker that may take work (0: none started yet). An older one, left on a hung
     /// call, ends once the call returns.
     worker: u64,
-    /// What is left of the current worker's chunk, in order.
-    ahead: VecDeque<Operation>,
+    /// The current worker's operations prepared ahead of the one it runs, in order, their
+    /// intents queued.
+    prepared: VecDeque<Queued>,
     running: Option<Running>,
     seq: u64,
     /// The worker waits for work.
@@ -169,10 +170,14 @@ impl Shared {
     /// Hands the operations run so far to the finisher.
     fn hand_over(&self) {
         let mut st = self.lock();
-        if st.batch.is_empty() {
+        let batch = std::mem::take(&mut st.batch);
+        self.send(&st, batch);
+    }
+
+    fn send(&self, st: &State, batch: Vec<(Operation, Instant, Ran)>) {
+        if batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut st.batch);
         if let Some(f) = &st.finisher {
             // The finisher ends only with the runtime, when nothing is left to finish.
             let _ = f.send(Job::Batch(batch));
@@ -303,48 +308,40 @@ struct Queued {
 /// writes a chunk's intents while the chunk before it runs; ends when the lane closes or a
 /// newer worker has taken its place.
 fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
-    let mut pending: VecDeque<Queued> = VecDeque::new();
     loop {
-        if pending.is_empty() {
-            // Nothing prepared is left: what ran is handed over before the worker waits.
-            shared.hand_over();
-        }
-        if pending.len() < AHEAD {
-            let chunk = {
-                let mut st = shared.lock();
-                loop {
-                    if st.closed || st.worker != me {
-                        return;
-                    }
-                    let n = st.retry.len().min(CHUNK);
-                    let mut chunk: Vec<Operation> = st.retry.drain(..n).collect();
-                    st.turns.take(CHUNK, TURN, &mut chunk);
-                    if !chunk.is_empty() || !pending.is_empty() {
-                        st.ahead.extend(chunk.iter().cloned());
-                        break chunk;
-                    }
-                    st.sleeping = true;
-                    st = shared
-                        .work
-                        .wait(st)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-            };
-            if !chunk.is_empty() {
-                let Some(ops) = ops.upgrade() else {
+        let chunk = {
+            let mut st = shared.lock();
+            loop {
+                if st.closed || st.worker != me {
                     return;
-                };
-                queue(shared, &ops, chunk, &mut pending);
-                continue;
+                }
+                if st.prepared.is_empty() {
+                    // Nothing prepared is left: what ran is handed over before the worker waits.
+                    let batch = std::mem::take(&mut st.batch);
+                    shared.send(&st, batch);
+                }
+                let mut chunk = Vec::new();
+                if st.prepared.len() < AHEAD {
+                    let n = st.retry.len().min(CHUNK);
+                    chunk.extend(st.retry.drain(..n));
+                    st.turns.take(CHUNK, TURN, &mut chunk);
+                }
+                if !chunk.is_empty() || !st.prepared.is_empty() {
+                    break chunk;
+                }
+                st.sleeping = true;
+                st = shared
+                    .work
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-        }
-        let Some(next) = pending.pop_front() else {
-            continue;
         };
         let Some(ops) = ops.upgrade() else {
             return;
         };
-        if !run_one(shared, &ops, me, next) {
+        if !chunk.is_empty() {
+            queue(shared, &ops, chunk);
+        } else if !run_one(shared, &ops, me) {
             return;
         }
     }
@@ -352,43 +349,44 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
 
 /// Prepares a chunk from the world as it is now, and queues its intents. One with nothing to
 /// do ends here.
-fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>, pending: &mut VecDeque<Queued>) {
+fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
+    let mut prepared = Vec::with_capacity(chunk.len());
+    let mut ended = Vec::new();
     for op in chunk {
         let started = Instant::now();
         let mut records = Vec::new();
-        let prepared = guarded(|| Step::prepare(ops, &op))
+        let step = guarded(|| Step::prepare(ops, &op))
             .unwrap_or_else(|panic| Err(panicked(ops, &op, &panic, &mut records)));
-        match prepared {
+        match step {
             Ok(step) => {
                 let committed = step
                     .intent()
                     .map(|change| ops.host.record.queue_durable(change.clone()));
-                pending.push_back(Queued {
+                prepared.push(Queued {
                     op,
                     step,
                     committed,
                 });
             }
-            Err(done) => {
-                let mut st = shared.lock();
-                if let Some(i) = st.ahead.iter().position(|o| *o == op) {
-                    st.ahead.remove(i);
-                }
-                st.batch.push((op, started, Ran::Ended(done, records)));
-            }
+            Err(done) => ended.push((op, started, Ran::Ended(done, records))),
         }
     }
+    let mut st = shared.lock();
+    st.prepared.extend(prepared);
+    st.batch.extend(ended);
 }
 
-/// Runs one operation once its intent is on disk. False: this worker is to stop (the lane
-/// closed, or a stall handed what it had not run to a newer worker).
-fn run_one(shared: &Shared, ops: &Operations, me: u64, q: Queued) -> bool {
-    {
+/// Runs the next prepared operation once its intent is on disk. False: this worker is to stop
+/// (the lane closed, or a stall handed what it had not run to a newer worker).
+fn run_one(shared: &Shared, ops: &Operations, me: u64) -> bool {
+    let q = {
         let mut st = shared.lock();
         if st.closed || st.worker != me {
             return false;
         }
-        st.ahead.pop_front();
+        let Some(q) = st.prepared.pop_front() else {
+            return true;
+        };
         st.seq += 1;
         st.running = Some(Running {
             op: q.op.clone(),
@@ -399,7 +397,8 @@ fn run_one(shared: &Shared, ops: &Operations, me: u64, q: Queued) -> bool {
             st.watched = false;
             shared.watch.notify_one();
         }
-    }
+        q
+    };
     let Queued {
         op,
         step,
@@ -458,12 +457,14 @@ impl Step {
             Operation::UnmountVolume { volume, pod } => {
                 unmount::prepare(ops, volume, pod).map(Step::TearDown)
             }
-            // Never queued here: only pod volumes' set-ups and teardowns are.
+            // Never queued here (`Operations::is_quick` takes only pod volumes' set-ups and
+            // teardowns); said, not assumed, should that change.
             other => Err((
                 String::new(),
                 Err(format!(
-                    "{} is not an operation of the local lane",
-                    other.metric_name()
+                    "{} of volume {} is not an operation of the local lane (a kubevol bug; it is retried)",
+                    other.metric_name(),
+                    other.volume()
                 )),
                 true,
             )),
@@ -546,6 +547,7 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
         }
         settle_all(&ops, records);
         if !gone.is_empty() {
+            gone.sort_unstable();
             gone.dedup();
             let host = ops.host.clone();
             let removed = tokio::task::spawn_blocking(move || {
@@ -604,7 +606,9 @@ async fn watchdog(shared: Arc<Shared>, ops: Weak<Operations>) {
             match hung {
                 Some(r) => {
                     st.worker += 1;
-                    let mut retry = std::mem::take(&mut st.ahead);
+                    // Their intents are on disk or queued; the new worker queues them again.
+                    let mut retry: VecDeque<Operation> =
+                        st.prepared.drain(..).map(|q| q.op).collect();
                     retry.append(&mut st.retry);
                     st.retry = retry;
                     Some((r.op, st.worker))

@@ -134,7 +134,10 @@ impl SetUp {
     pub(super) fn effect_now(&self, ops: &Operations) -> Effect {
         let quick = self.plugin.quick().ok_or_else(|| {
             (
-                VolumeError::Task(format!("plugin {} has no quick set-up", self.traits.plugin)),
+                VolumeError::Task(format!(
+                    "volume {:?} of pod {}: plugin {} has no quick set-up (a kubevol bug; it is retried)",
+                    self.want.outer_volume_name, self.want.pod_ref, self.traits.plugin
+                )),
                 None,
             )
         })?;

@@ -111,7 +111,10 @@ impl TearDown {
     /// The same as plain calls on this thread, for a plugin that is quick for this volume.
     pub(super) fn effect_now(&self, ops: &Operations) -> Result<(), VolumeError> {
         let quick = self.plugin.quick().ok_or_else(|| {
-            VolumeError::Task(format!("plugin {} has no quick teardown", self.plugin_name))
+            VolumeError::Task(format!(
+                "volume {:?} of pod {}: plugin {} has no quick teardown (a kubevol bug; it is retried)",
+                self.mounted.outer_volume_name, self.mounted.pod_ref, self.plugin_name
+            ))
         })?;
         if self.may_have_sub_paths() {
             super::subpath::unmount_all_now(
