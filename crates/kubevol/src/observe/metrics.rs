@@ -40,11 +40,11 @@ pub struct OperationLabels {
     /// The plugin.
     pub volume_plugin: String,
     /// The kubelet's operation name (`volume_mount`, `volume_unmount`, ...).
-    pub operation_name: String,
+    pub operation_name: &'static str,
     /// `success` or `fail-unknown`.
-    pub status: String,
+    pub status: &'static str,
     /// Always `false`: kubevol does not migrate in-tree plugins.
-    pub migrated: String,
+    pub migrated: &'static str,
 }
 
 /// Labels of `csi_operations_seconds`.
@@ -240,13 +240,19 @@ impl Metrics {
     }
 
     /// Records one finished operation.
-    pub fn observe_operation(&self, plugin: &str, operation: &str, success: bool, seconds: f64) {
+    pub fn observe_operation(
+        &self,
+        plugin: &str,
+        operation: &'static str,
+        success: bool,
+        seconds: f64,
+    ) {
         self.operation_duration
             .get_or_create(&OperationLabels {
                 volume_plugin: plugin.to_string(),
-                operation_name: operation.to_string(),
-                status: if success { "success" } else { "fail-unknown" }.to_string(),
-                migrated: "false".to_string(),
+                operation_name: operation,
+                status: if success { "success" } else { "fail-unknown" },
+                migrated: "false",
             })
             .observe(seconds);
     }

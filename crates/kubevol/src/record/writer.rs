@@ -232,8 +232,7 @@ impl Record {
     /// operations submit meanwhile (one journal commit for all of them), and returns when it
     /// is done: for a `durable` change, when it is on disk.
     pub async fn commit(self: &Arc<Self>, change: Change, durable: bool) -> std::io::Result<()> {
-        let (reply, done) = tokio::sync::oneshot::channel();
-        self.enqueue(Some(change), durable, Some(reply))?;
+        let done = self.queue_answered(change, durable)?;
         done.await.unwrap_or_else(|_| Err(stopped()))
     }
 
@@ -241,9 +240,18 @@ impl Record {
     /// caller goes on (queueing more, which the writer takes as one batch: one write, one
     /// `fdatasync`) and waits for it with [`Committed::wait`] before its side effect.
     pub fn queue_durable(self: &Arc<Self>, change: Change) -> std::io::Result<Committed> {
+        self.queue_answered(change, true).map(Committed)
+    }
+
+    /// Queues `change` with a channel its result is sent on.
+    fn queue_answered(
+        self: &Arc<Self>,
+        change: Change,
+        durable: bool,
+    ) -> std::io::Result<tokio::sync::oneshot::Receiver<std::io::Result<()>>> {
         let (reply, done) = tokio::sync::oneshot::channel();
-        self.enqueue(Some(change), true, Some(reply))?;
-        Ok(Committed(done))
+        self.enqueue(Some(change), durable, Some(reply))?;
+        Ok(done)
     }
 
     /// Returns once every change queued before it has been applied.
