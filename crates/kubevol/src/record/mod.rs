@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use kubevol_core::state::{
-    ActualVolume, DeviceMountState, MountedPodVolume, SubPathMount, VolumeSpec, VolumeTraits,
+    ActualVolume, DeviceMountState, MountedPodVolume, PodVolumeRef, SubPathMount, VolumeSpec,
+    VolumeTraits,
 };
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use serde::{Deserialize, Serialize};
@@ -73,26 +74,55 @@ pub enum DeviceStepState {
     Undoing,
 }
 
-/// A volume's spec as recorded (the pod's volume, and the PV a claim resolved to).
+/// A volume's spec as recorded (the pod's volume, and the PV a claim resolved to). It holds
+/// the spec's own shared parts, not copies: a record is made for every intent and outcome, and
+/// a `Volume` is kilobytes.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SpecRecord {
     /// The pod's `spec.volumes[]` entry.
-    pub volume: Volume,
+    #[serde(serialize_with = "ser_volume", deserialize_with = "de_volume")]
+    pub volume: PodVolumeRef,
     /// The PersistentVolume.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume: Option<PersistentVolume>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_pv",
+        deserialize_with = "de_pv"
+    )]
+    pub persistent_volume: Option<Arc<PersistentVolume>>,
     /// A raw block volume.
     #[serde(default)]
     pub block: bool,
+}
+
+fn ser_volume<S: serde::Serializer>(v: &PodVolumeRef, s: S) -> Result<S::Ok, S::Error> {
+    Volume::serialize(v, s)
+}
+
+fn de_volume<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PodVolumeRef, D::Error> {
+    Volume::deserialize(d).map(PodVolumeRef::from)
+}
+
+fn ser_pv<S: serde::Serializer>(
+    pv: &Option<Arc<PersistentVolume>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    pv.as_deref().serialize(s)
+}
+
+fn de_pv<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Arc<PersistentVolume>>, D::Error> {
+    Ok(Option::<PersistentVolume>::deserialize(d)?.map(Arc::new))
 }
 
 impl SpecRecord {
     /// The record of a spec.
     pub fn of(spec: &VolumeSpec) -> Self {
         SpecRecord {
-            volume: (*spec.volume).clone(),
-            persistent_volume: spec.persistent_volume.as_deref().cloned(),
+            volume: spec.volume.clone(),
+            persistent_volume: spec.persistent_volume.clone(),
             block: spec.block,
         }
     }
@@ -100,8 +130,8 @@ impl SpecRecord {
     /// The spec it records.
     pub fn spec(&self) -> VolumeSpec {
         VolumeSpec {
-            volume: self.volume.clone().into(),
-            persistent_volume: self.persistent_volume.clone().map(std::sync::Arc::new),
+            volume: self.volume.clone(),
+            persistent_volume: self.persistent_volume.clone(),
             block: self.block,
             extensions: Default::default(),
         }
@@ -595,7 +625,8 @@ mod tests {
                 volume: Volume {
                     name: volume.into(),
                     ..Default::default()
-                },
+                }
+                .into(),
                 persistent_volume: None,
                 block: false,
             },
