@@ -66,6 +66,11 @@ impl FakeMounter {
             .push((op, target.map(Path::to_path_buf), errno, count));
     }
 
+    /// Forgets the failures not injected yet.
+    pub fn clear_failures(&self) {
+        self.lock().failures.clear();
+    }
+
     /// Every call so far.
     pub fn calls(&self) -> Vec<MountCall> {
         self.lock().calls.clone()

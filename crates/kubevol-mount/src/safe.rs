@@ -178,15 +178,20 @@ impl Dir {
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
-        let mut cur = self.reopen()?;
-        let mut created = false;
         let names = components(rel)?;
-        let last = names.len().saturating_sub(1);
-        for (i, name) in names.into_iter().enumerate() {
-            let mode = if i == last { mode } else { parent_mode };
-            (cur, created) = cur.make_child(name, mode)?;
+        let Some((last, parents)) = names.split_last() else {
+            return Ok((self.reopen()?, false));
+        };
+        let mut cur: Option<Dir> = None;
+        for name in parents {
+            cur = Some(
+                cur.as_ref()
+                    .unwrap_or(self)
+                    .make_child(name, parent_mode)?
+                    .0,
+            );
         }
-        Ok((cur, created))
+        cur.as_ref().unwrap_or(self).make_child(last, mode)
     }
 
     /// Makes the directory `name` in this one with `mode` less the process's umask, without
@@ -419,6 +424,11 @@ impl Dir {
     /// Removes the directory `name` of this directory if it exists, after removing its contents
     /// on its own filesystem. A mount point at `name` itself is refused.
     pub fn remove_dir_all_one_fs(&self, name: &str) -> Result<(), MountError> {
+        self.remove_dir_all_one_fs_found(name).map(drop)
+    }
+
+    /// [`Dir::remove_dir_all_one_fs`], saying whether `name` was there to remove.
+    pub fn remove_dir_all_one_fs_found(&self, name: &str) -> Result<bool, MountError> {
         let path = self.child_path(OsStr::new(name));
         if components(Path::new(name))?.len() != 1 {
             return Err(MountError::NotRelative { path });
@@ -426,19 +436,20 @@ impl Dir {
         // An empty directory (a volume just unmounted) goes with one rmdir, which never removes
         // a mount point (EBUSY) or anything but a directory; anything else takes the walk.
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
-            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Ok(()) => return Ok(true),
+            Err(Errno::NOENT) => return Ok(false),
             Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
             Err(_) => {}
         }
         let Some(child) = self.open_child_if_exists(name)? else {
-            return Ok(());
+            return Ok(false);
         };
         if self.is_mount_root(name)? {
             return Err(MountError::NestedMount { path });
         }
         child.remove_contents_one_fs()?;
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Ok(()) | Err(Errno::NOENT) => Ok(true),
             Err(e) => Err(io("rmdir", &path)(e)),
         }
     }
@@ -659,9 +670,17 @@ mod tests {
         std::fs::create_dir(t.path().join("empty")).unwrap();
         std::os::unix::fs::symlink(outside.path(), t.path().join("link")).unwrap();
         let root = Dir::open(t.path()).unwrap();
-        root.remove_dir_all_one_fs("empty").unwrap();
+        assert!(root.remove_dir_all_one_fs_found("empty").unwrap());
         assert!(!t.path().join("empty").exists());
+        assert!(
+            !root.remove_dir_all_one_fs_found("empty").unwrap(),
+            "nothing there"
+        );
         root.remove_dir_all_one_fs("empty").unwrap();
+        std::fs::create_dir_all(t.path().join("full/sub")).unwrap();
+        std::fs::write(t.path().join("full/sub/f"), "x").unwrap();
+        assert!(root.remove_dir_all_one_fs_found("full").unwrap());
+        assert!(!t.path().join("full").exists());
         assert!(root.remove_dir_all_one_fs("link").is_err());
         assert!(outside.path().exists() && t.path().join("link").symlink_metadata().is_ok());
         assert!(matches!(

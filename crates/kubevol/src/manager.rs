@@ -182,6 +182,7 @@ impl VolumeManager {
         let (refresh, refreshes) = tokio::sync::mpsc::unbounded_channel();
         let host = Arc::new(PluginHost {
             tokens: Arc::default(),
+            plugin_dirs: Default::default(),
             attach_controller: std::sync::OnceLock::new(),
             trust_bundles: std::sync::OnceLock::new(),
             refresh,

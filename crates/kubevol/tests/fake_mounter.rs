@@ -95,6 +95,62 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     m.shutdown();
 }
 
+/// A pod's plugin directory is kept open from one of its volumes to the next; removed and made
+/// again behind kubevol's back, the directory now at the path is the one set up and torn down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_directory_made_again_behind_kubevols_back_is_the_one_used() {
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let m = start(t.path(), fake.clone());
+    let mut p = pod("again");
+    let spec = p.spec.as_mut().unwrap();
+    spec.containers[0]
+        .volume_mounts
+        .as_mut()
+        .unwrap()
+        .push(serde_json::from_value(serde_json::json!({"name": "n", "mountPath": "/n"})).unwrap());
+    spec.volumes.as_mut().unwrap().push(
+        serde_json::from_value(serde_json::json!({"name": "n", "emptyDir": {"medium": "Memory"}}))
+            .unwrap(),
+    );
+    let uid = kubevol::pod_uid(&p);
+    let dir = m
+        .config()
+        .root_dir
+        .join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir"));
+    // `n` fails until the first volume is set up and its directory is replaced.
+    fake.fail(
+        FakeOp::Mount,
+        Some(&dir.join("n")),
+        rustix_errno_busy(),
+        u32::MAX,
+    );
+    m.add_pod(p.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !fake.is_mounted(&dir.join("m")) {
+        assert!(std::time::Instant::now() < deadline, "m is never set up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    fake.clear_failures();
+    m.wait_for_attach_and_mount(&p)
+        .await
+        .expect("n is set up in the directory now at the path");
+    assert!(dir.join("n").is_dir());
+
+    // Again before the teardown: both volume directories are made anew, and both go.
+    std::fs::remove_dir_all(&dir).unwrap();
+    for v in ["m", "n"] {
+        std::fs::create_dir_all(dir.join(v)).unwrap();
+        std::fs::write(dir.join(v).join("data"), "what the pod wrote").unwrap();
+    }
+    m.remove_pod(&p);
+    m.wait_for_unmount(&p).await.unwrap();
+    assert!(!dir.join("m").exists() && !dir.join("n").exists());
+    m.shutdown();
+}
+
 fn rustix_errno_busy() -> kubevol_mount::Errno {
     kubevol_mount::Errno::BUSY
 }

@@ -204,6 +204,7 @@ pub(super) fn remove_pod_dir(
     host: &PluginHost,
     pod: &PodUid,
 ) -> Result<(), kubevol_mount::MountError> {
+    host.forget_plugin_dirs(pod);
     let pods = host.root_dir.open_beneath(std::path::Path::new("pods"))?;
     pods.remove_empty_tree(pod.as_str())
 }

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::names::escape_plugin_name;
 use kubevol_core::projection::NodeAllocatable;
 use kubevol_core::state::{VolumeSpec, VolumeTraits};
-use kubevol_core::{PodRef, UniqueVolumeName};
+use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use kubevol_mount::safe::{Dir, FsGroupPolicy};
 use kubevol_mount::{MountError, MountOptions, Mounter};
 
@@ -91,6 +91,8 @@ pub struct PluginHost {
     pub trust_bundles: std::sync::OnceLock<Arc<dyn TrustBundles>>,
     /// Asks the populator to process a pod again (its projected tokens are due).
     pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
+    /// The plugin directory last used, kept open.
+    pub(crate) plugin_dirs: PluginDirCache,
 }
 
 impl PluginHost {
@@ -144,6 +146,52 @@ impl PluginHost {
             .join(volume)
     }
 
+    /// The pod's directory for `plugin`, made if missing when `create` (not found otherwise).
+    fn plugin_dir<'a>(
+        &self,
+        pod: &'a PodRef,
+        plugin: &'a str,
+        create: bool,
+    ) -> Result<PluginDir<'a>, MountError> {
+        if let Some(dir) = self.plugin_dirs.get(&pod.uid, plugin) {
+            return Ok(PluginDir {
+                dir,
+                pod,
+                plugin,
+                create,
+                kept: true,
+            });
+        }
+        self.fresh_plugin_dir(pod, plugin, create)
+    }
+
+    fn fresh_plugin_dir<'a>(
+        &self,
+        pod: &'a PodRef,
+        plugin: &'a str,
+        create: bool,
+    ) -> Result<PluginDir<'a>, MountError> {
+        let rel = Self::pod_plugin_dir(pod, plugin);
+        let dir = Arc::new(if create {
+            self.root_dir.create_dir_all(&rel, 0o750)?.0
+        } else {
+            self.root_dir.open_beneath(&rel)?
+        });
+        self.plugin_dirs.keep(&pod.uid, plugin, dir.clone());
+        Ok(PluginDir {
+            dir,
+            pod,
+            plugin,
+            create,
+            kept: false,
+        })
+    }
+
+    /// Forgets the pod's plugin directory kept open: its directory is about to be removed.
+    pub(crate) fn forget_plugin_dirs(&self, pod: &PodUid) {
+        self.plugin_dirs.forget(pod);
+    }
+
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
     /// given, mounts it there unless it is mounted already (its root with `mode`). Returns the
     /// path and the directory.
@@ -155,16 +203,15 @@ impl PluginHost {
         mode: u32,
         fs: Option<Filesystem>,
     ) -> Result<(PathBuf, VolumeDir), VolumeError> {
-        let parent_rel = Self::pod_plugin_dir(pod, plugin);
-        let path = self.root.join(&parent_rel).join(name);
-        let (parent, _) = self.root_dir.create_dir_all(&parent_rel, 0o750)?;
+        let path = self.pod_volume_path(pod, plugin, name);
+        let mut parent = self.plugin_dir(pod, plugin, true)?;
         let Some(mut fs) = fs else {
-            let (dir, _) = parent.make_child(OsStr::new(name), mode)?;
+            let (dir, _) = parent.retry_fresh(self, |p| p.make_child(OsStr::new(name), mode))?;
             return Ok((path, VolumeDir::Open(dir)));
         };
         // The common first set-up: a directory made a moment ago cannot be a mount point. (It
         // is not opened: the filesystem mounted on it is what the caller may want to open.)
-        let mount = if parent.make_dir(OsStr::new(name), mode)? {
+        let mount = if parent.retry_fresh(self, |p| p.make_dir(OsStr::new(name), mode))? {
             true
         } else {
             // There already (a repeated or interrupted set-up): mounted already is kept, unless
@@ -200,7 +247,7 @@ impl PluginHost {
             };
             self.mounter.mount(fs.source, &path, fs.fstype, &options)?;
         }
-        Ok((path, VolumeDir::below(parent, name)))
+        Ok((path, VolumeDir::below(parent.dir, name)))
     }
 
     /// Tears down what [`PluginHost::set_up_volume_dir`] made: unmounts the volume's own
@@ -214,10 +261,7 @@ impl PluginHost {
         path: &Path,
         mounted: bool,
     ) -> Result<(), VolumeError> {
-        let parent = match self
-            .root_dir
-            .open_beneath(&Self::pod_plugin_dir(pod, plugin))
-        {
+        let mut parent = match self.plugin_dir(pod, plugin, false) {
             Ok(p) => p,
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e.into()),
@@ -234,7 +278,7 @@ impl PluginHost {
                 r => r?,
             };
             for _ in 0..16 {
-                match parent.remove_dir_all_one_fs(name) {
+                match parent.remove_entry(self, name) {
                     Err(MountError::NestedMount { .. }) => self.unmount_all(path)?,
                     r => return Ok(r?),
                 }
@@ -261,7 +305,7 @@ impl PluginHost {
             }
             .into());
         }
-        parent.remove_dir_all_one_fs(name)?;
+        parent.remove_entry(self, name)?;
         Ok(())
     }
 
@@ -293,6 +337,90 @@ impl PluginHost {
     }
 }
 
+/// The plugin directory of the pod whose volume was set up or torn down last, kept open: a
+/// pod's volumes come one after another, and each would otherwise walk `pods/<uid>/volumes/
+/// <plugin>` again. A kept directory may have been removed since (by the pod's cleanup, or by
+/// hand); a removed directory holds nothing and takes nothing, so "not there" from a kept one
+/// is asked again of the directory at the path now (see [`PluginDir`]).
+#[derive(Default)]
+pub(crate) struct PluginDirCache(std::sync::Mutex<Option<(PodUid, String, Arc<Dir>)>>);
+
+impl PluginDirCache {
+    fn get(&self, pod: &PodUid, plugin: &str) -> Option<Arc<Dir>> {
+        match &*crate::sync::lock(&self.0) {
+            Some((p, name, dir)) if p == pod && name == plugin => Some(dir.clone()),
+            _ => None,
+        }
+    }
+
+    fn keep(&self, pod: &PodUid, plugin: &str, dir: Arc<Dir>) {
+        *crate::sync::lock(&self.0) = Some((pod.clone(), plugin.to_string(), dir));
+    }
+
+    fn forget(&self, pod: &PodUid) {
+        let mut kept = crate::sync::lock(&self.0);
+        if kept.as_ref().is_some_and(|(p, _, _)| p == pod) {
+            *kept = None;
+        }
+    }
+}
+
+/// A pod's plugin directory as [`PluginHost::plugin_dir`] found it.
+struct PluginDir<'a> {
+    dir: Arc<Dir>,
+    pod: &'a PodRef,
+    plugin: &'a str,
+    create: bool,
+    /// Kept open from before: it may have been removed since.
+    kept: bool,
+}
+
+impl std::ops::Deref for PluginDir<'_> {
+    type Target = Dir;
+
+    fn deref(&self) -> &Dir {
+        &self.dir
+    }
+}
+
+impl PluginDir<'_> {
+    /// Opens the directory at the path now in place of the kept one.
+    fn refresh(&mut self, host: &PluginHost) -> Result<(), MountError> {
+        host.plugin_dirs.forget(&self.pod.uid);
+        *self = host.fresh_plugin_dir(self.pod, self.plugin, self.create)?;
+        Ok(())
+    }
+
+    /// `f` on the directory; again on the directory at the path now when a kept one says
+    /// "not found" (`f` must change nothing before it fails so).
+    fn retry_fresh<T>(
+        &mut self,
+        host: &PluginHost,
+        f: impl Fn(&Dir) -> Result<T, MountError>,
+    ) -> Result<T, MountError> {
+        match f(&self.dir) {
+            Err(e) if self.kept && e.is_not_found() => {
+                self.refresh(host)?;
+                f(&self.dir)
+            }
+            r => r,
+        }
+    }
+
+    /// Removes the volume directory `name` and what it holds, on its own filesystem. Nothing
+    /// there in a kept directory is looked for again in the directory at the path now.
+    fn remove_entry(&mut self, host: &PluginHost, name: &str) -> Result<(), MountError> {
+        if self.dir.remove_dir_all_one_fs_found(name)? || !self.kept {
+            return Ok(());
+        }
+        match self.refresh(host) {
+            Ok(()) => self.dir.remove_dir_all_one_fs(name),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// A volume's directory as set-up left it, opened when the caller needs it (for an fsGroup, or
 /// to write content): after the mount, so that it is the new filesystem's root.
 pub(crate) enum VolumeDir {
@@ -301,14 +429,14 @@ pub(crate) enum VolumeDir {
     /// The entry `name` of `parent`, not opened yet.
     Below {
         /// The plugin's directory of the pod.
-        parent: Dir,
+        parent: Arc<Dir>,
         /// The volume's name.
         name: String,
     },
 }
 
 impl VolumeDir {
-    fn below(parent: Dir, name: &str) -> Self {
+    fn below(parent: Arc<Dir>, name: &str) -> Self {
         VolumeDir::Below {
             parent,
             name: name.to_string(),

@@ -51,6 +51,7 @@ pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
         candidates
             .into_iter()
             .map(|uid| {
+                host.forget_plugin_dirs(&uid);
                 let r = pods.remove_empty_tree(uid.as_str());
                 (uid, r)
             })
