@@ -326,6 +326,36 @@ fn volume_versions(
     }
 }
 
+/// How many pods a pass changes before it wakes the reconciler, which then starts their
+/// operations while the pass goes on (a manifest of a thousand pods is not processed whole
+/// before the first mount).
+const WAKE_EVERY: usize = 64;
+
+/// The pods a pass changed since it last woke the reconciler.
+#[derive(Default)]
+struct Wake(usize);
+
+impl Wake {
+    /// Counts one pod's sync; says whether the reconciler is due a wake-up now.
+    fn count(&mut self, changed: bool) -> bool {
+        self.0 += usize::from(changed);
+        if self.0 < WAKE_EVERY {
+            return false;
+        }
+        self.0 = 0;
+        true
+    }
+
+    /// `sync` (one pod's sync) and, every [`WAKE_EVERY`] changed pods, a wake-up.
+    fn after(&mut self, p: &mut Populator, sync: impl FnOnce(&mut Populator) -> bool) -> bool {
+        let changed = sync(p);
+        if self.count(changed) {
+            p.dsw.world().wake_reconciler();
+        }
+        changed
+    }
+}
+
 impl Populator {
     /// One pass: the pods the store's changes touch (their own changes, and changes of the
     /// objects they read), or every pod when anything may have changed. Returns whether the
@@ -344,11 +374,12 @@ impl Populator {
                 .filter(|u| !listed.contains(u))
                 .cloned()
                 .collect();
+            let mut wake = Wake::default();
             for (uid, stored) in &pods {
-                changed |= self.sync_pod(uid, Some(stored));
+                changed |= wake.after(self, |p| p.sync_pod(uid, Some(stored)));
             }
             for uid in gone {
-                changed |= self.sync_pod(&uid, None);
+                changed |= wake.after(self, |p| p.sync_pod(&uid, None));
             }
             self.due.clear();
         } else {
@@ -366,9 +397,10 @@ impl Populator {
                     }
                 }
             }
+            let mut wake = Wake::default();
             for uid in touched {
                 let stored = self.store.pod(&uid);
-                changed |= self.sync_pod(&uid, stored.as_ref());
+                changed |= wake.after(self, |p| p.sync_pod(&uid, stored.as_ref()));
             }
         }
         if sources_synced && self.dsw.mark_synced() {
@@ -759,6 +791,20 @@ mod tests {
         for (name, extra, want) in rows {
             assert_eq!(is_terminated(&pod(extra)), want, "row {name}");
         }
+    }
+
+    #[test]
+    fn a_long_pass_wakes_the_reconciler_every_so_many_changed_pods() {
+        let mut w = Wake::default();
+        let woken: Vec<usize> = (1..=3 * WAKE_EVERY)
+            .filter(|i| w.count(i % 3 != 0))
+            .collect();
+        // Two of every three pods change: a wake-up after each WAKE_EVERY of those.
+        assert_eq!(
+            woken,
+            vec![WAKE_EVERY * 3 / 2 - 1, WAKE_EVERY * 3 - 1],
+            "unchanged pods do not count"
+        );
     }
 
     #[test]
