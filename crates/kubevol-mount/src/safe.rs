@@ -257,6 +257,56 @@ impl Dir {
         Ok(out)
     }
 
+    /// The entries of a directory opened a moment ago, read from its own descriptor (no
+    /// second one is opened for the reading); an entry whose type the filesystem does not say
+    /// is looked at.
+    fn own_entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut dir = rustix::fs::RawDir::new(&self.fd, &mut buf);
+        let mut out = Vec::new();
+        while let Some(entry) = dir.next() {
+            let entry = entry.map_err(io("readdir", &self.path))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let ft = match entry.file_type() {
+                FileType::Unknown => {
+                    let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                        .map_err(io("stat", &self.child_path(OsStr::from_bytes(name))))?;
+                    FileType::from_raw_mode(st.st_mode)
+                }
+                ft => ft,
+            };
+            out.push((name.to_vec(), ft));
+        }
+        Ok(out)
+    }
+
+    /// Opens the directory `name` of this one on this directory's own mount: a mount point
+    /// there is [`MountError::NestedMount`], a link [`MountError::Symlink`]. One openat2 call
+    /// (RESOLVE_NO_XDEV) where the kernel has it.
+    fn open_child_same_mount(&self, name: &OsStr) -> Result<Dir, MountError> {
+        let path = self.child_path(name);
+        let resolve = ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV;
+        match rustix::fs::openat2(&self.fd, name, DIR_FLAGS, Mode::empty(), resolve) {
+            Ok(fd) => Ok(Dir { fd, path }),
+            Err(Errno::XDEV) => Err(MountError::NestedMount { path }),
+            Err(Errno::LOOP) => Err(MountError::Symlink { path }),
+            Err(Errno::NOSYS) => {
+                let child = self.open_child(name)?;
+                if is_mount_root_at(&self.fd, Path::new(name))? {
+                    return Err(MountError::NestedMount { path });
+                }
+                Ok(child)
+            }
+            Err(e) => Err(io("open", &path)(e)),
+        }
+    }
+
     pub(crate) fn device(&self) -> Result<(u32, u32), MountError> {
         let st = rustix::fs::statx(&self.fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
             .map_err(io("statx", &self.path))?;
@@ -467,9 +517,9 @@ impl Dir {
             Err(Errno::NOTDIR) => return Err(MountError::Leftover { path }),
             Err(_) => {}
         }
-        let child = match self.open_child_if_exists(name) {
-            Ok(Some(c)) => c,
-            Ok(None) => return Ok(()),
+        let child = match self.open_child_same_mount(OsStr::new(name)) {
+            Ok(c) => c,
+            Err(e) if e.is_not_found() => return Ok(()),
             Err(MountError::Io {
                 errno: Errno::NOTDIR,
                 ..
@@ -477,12 +527,9 @@ impl Dir {
             | Err(MountError::Symlink { .. }) => return Err(MountError::Leftover { path }),
             Err(e) => return Err(e),
         };
-        if self.is_mount_root(name)? {
-            return Err(MountError::NestedMount { path });
-        }
         // Every empty directory goes, even beside a leftover; the first leftover is reported.
         let mut first_leftover = None;
-        for (entry, ft) in child.entries()? {
+        for (entry, ft) in child.own_entries()? {
             let entry = String::from_utf8_lossy(&entry).into_owned();
             let r = if ft != FileType::Directory {
                 Err(MountError::Leftover {

@@ -88,6 +88,38 @@ mount_test! {
 }
 
 mount_test! {
+    fn a_mount_left_in_a_gone_pods_directory_keeps_it_and_is_never_entered() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let p = pod_with_volumes("kept", json!([{"name": "cache", "emptyDir": {"medium": "Memory"}}]));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
+            let foreign = pod_dir.join("plugins/example.com~driver/mnt");
+            std::fs::create_dir_all(&foreign).unwrap();
+            let st = std::process::Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&foreign).status().unwrap();
+            assert!(st.success());
+            std::fs::create_dir(foreign.join("empty")).unwrap();
+            std::fs::write(foreign.join("canary"), b"precious").unwrap();
+
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("unmounted");
+            let mut rx = m.subscribe();
+            while pod_dir.join("volumes").exists() {
+                tokio::time::timeout(Duration::from_secs(10), rx.changed()).await.expect("the empty directories beside the mount go").unwrap();
+            }
+            assert_eq!(std::fs::read(foreign.join("canary")).unwrap(), b"precious", "the mount is untouched");
+            assert!(foreign.join("empty").is_dir(), "nothing inside the mount is removed");
+            assert_eq!(mounts_under(&pod_dir).len(), 1, "the pod directory is kept with the mount in it");
+            let st = std::process::Command::new("umount").arg(&foreign).status().unwrap();
+            assert!(st.success());
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
     fn every_host_path_type_and_each_way_it_fails() {
         let root = TestRoot::new();
         let host = root.path().join("host");
