@@ -30,7 +30,7 @@ use kubevol_core::reconcile::Operation;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use kubevol_core::PodUid;
+use kubevol_core::{PodRef, PodUid};
 use tokio::sync::mpsc;
 
 use super::slots::Group;
@@ -39,6 +39,7 @@ use super::{
 };
 use super::{Operations, Outcome};
 use crate::error::VolumeError;
+use crate::plugins::VolumePlugin;
 use crate::record;
 
 /// How many operations the lane takes from its queue at a time.
@@ -134,6 +135,8 @@ struct State {
     batch: Vec<(Operation, Instant, Ran)>,
     /// The finisher's queue (none before the first operation).
     finisher: Option<mpsc::UnboundedSender<Job>>,
+    /// The runtime the lane was started on (its blocking pool makes directories ahead).
+    runtime: Option<tokio::runtime::Handle>,
     turns: Turns<Group, Operation>,
     /// Operations a stalled worker had not run yet: served first.
     retry: VecDeque<Operation>,
@@ -232,6 +235,7 @@ impl Lane {
             st.finisher = Some(tx);
             rt.spawn(finisher(Arc::downgrade(ops), rx));
             rt.spawn(watchdog(self.shared.clone(), Arc::downgrade(ops)));
+            st.runtime = Some(rt);
         }
         st.turns.push(Group::of(&op.key()), op);
         if st.sleeping {
@@ -371,7 +375,29 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
             Err(done) => ended.push((op, started, Ran::Ended(done, records))),
         }
     }
+    // What the chunk's first set-ups can do before their intents are recorded runs on the
+    // blocking pool meanwhile, on the other core, instead of on the lane.
+    let mut ahead: Vec<(Arc<dyn VolumePlugin>, PodRef)> = Vec::new();
+    for q in &prepared {
+        if let Step::SetUp(s) = &q.step {
+            if let Some((plugin, pod)) = s.first() {
+                if ahead.last().is_none_or(|(_, last)| last.uid != pod.uid) {
+                    ahead.push((plugin.clone(), pod.clone()));
+                }
+            }
+        }
+    }
     let mut st = shared.lock();
+    if let (false, Some(rt)) = (ahead.is_empty(), &st.runtime) {
+        let host = ops.host.clone();
+        rt.spawn_blocking(move || {
+            for (plugin, pod) in ahead {
+                if let Some(quick) = plugin.quick() {
+                    quick.set_up_ahead(&host, &pod);
+                }
+            }
+        });
+    }
     st.prepared.extend(prepared);
     st.batch.extend(ended);
 }

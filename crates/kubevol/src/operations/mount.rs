@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use kubevol_core::state::{DesiredPodVolume, PodMountState, SubPathMount, VolumeTraits};
-use kubevol_core::{PodUid, UniqueVolumeName};
+use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use tracing::instrument;
 
 use super::{as_mounted, settle_all, settle_pod_record};
@@ -117,6 +117,12 @@ pub(super) fn prepare(
 }
 
 impl SetUp {
+    /// The plugin and pod of a first set-up (nothing of it on the node yet), for
+    /// [`QuickPlugin::set_up_ahead`](crate::plugins::QuickPlugin::set_up_ahead).
+    pub(super) fn first(&self) -> Option<(&Arc<dyn VolumePlugin>, &PodRef)> {
+        (!self.was_mounted && !self.remount).then_some((&self.plugin, &self.want.pod_ref))
+    }
+
     /// The volume first, then its subPath mounts, through the plugin's own (async) set-up.
     async fn effect(&self, ops: &Operations) -> Effect {
         let done = self

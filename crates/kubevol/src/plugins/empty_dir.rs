@@ -221,6 +221,13 @@ impl QuickPlugin for EmptyDirPlugin {
         }
     }
 
+    /// The pod's plugin directory, which every one of its emptyDir volumes is made in.
+    fn set_up_ahead(&self, host: &PluginHost, pod: &kubevol_core::PodRef) {
+        if let Err(e) = host.make_plugin_dir(pod, PLUGIN_NAME) {
+            tracing::debug!(pod = %pod, "cannot make the pod's emptyDir directory ahead: {e}");
+        }
+    }
+
     fn set_up_now(
         &self,
         host: &Arc<PluginHost>,

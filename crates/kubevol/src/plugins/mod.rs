@@ -187,6 +187,13 @@ impl PluginHost {
         })
     }
 
+    /// Makes `pods/<uid>/volumes/<plugin>` (0750) if missing, ahead of the pod's volumes.
+    pub(crate) fn make_plugin_dir(&self, pod: &PodRef, plugin: &str) -> Result<(), MountError> {
+        self.root_dir
+            .create_dir_all(&Self::pod_plugin_dir(pod, plugin), 0o750)
+            .map(drop)
+    }
+
     /// Forgets the pod's plugin directory kept open: its directory is about to be removed.
     pub(crate) fn forget_plugin_dirs(&self, pod: &PodUid) {
         self.plugin_dirs.forget(pod);
@@ -551,6 +558,12 @@ pub struct TearDownRequest {
 pub trait QuickPlugin: Send + Sync {
     /// Whether this step of this volume is quick.
     fn is_quick(&self, spec: &VolumeSpec, step: QuickStep<'_>) -> bool;
+
+    /// What a new set-up for `pod` can do before its intent is recorded, on another thread
+    /// while the lane runs the operations before it: nothing that holds data, like the
+    /// kubelet's pod directories, made outside the volume manager (an empty directory left
+    /// behind is removed with the pod's directory). Errors are the set-up's to report.
+    fn set_up_ahead(&self, _host: &PluginHost, _pod: &PodRef) {}
 
     /// [`VolumePlugin::set_up`] as a plain call.
     fn set_up_now(
