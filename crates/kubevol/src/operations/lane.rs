@@ -356,10 +356,10 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
 fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
     let mut prepared = Vec::with_capacity(chunk.len());
     let mut ended = Vec::new();
-    for op in chunk {
+    for (op, seen) in Seen::of(ops, chunk) {
         let started = Instant::now();
         let mut records = Vec::new();
-        let step = guarded(|| Step::prepare(ops, &op))
+        let step = guarded(|| Step::prepare(ops, &op, seen))
             .unwrap_or_else(|panic| Err(panicked(ops, &op, &panic, &mut records)));
         match step {
             Ok(step) => {
@@ -472,20 +472,68 @@ enum Step {
     TearDown(unmount::TearDown),
 }
 
+/// What a chunk's operations read of the world: the DSW once and the ASW once for the whole
+/// chunk (each alone, as everywhere), not per operation, where every read waited behind a
+/// writer queued meanwhile (a populator's pod, behind a reconciler's plan).
+enum Seen {
+    SetUp(mount::Wanted, Option<mount::Had>),
+    TearDown(unmount::Had),
+    Other,
+}
+
+impl Seen {
+    fn of(ops: &Operations, chunk: Vec<Operation>) -> Vec<(Operation, Seen)> {
+        let wanted: Vec<mount::Wanted> = {
+            let dsw = ops.world().dsw();
+            chunk
+                .iter()
+                .map(|op| match op {
+                    Operation::MountVolume { volume, pod, .. } => mount::wanted(&dsw, volume, pod),
+                    _ => None,
+                })
+                .collect()
+        };
+        let asw = ops.world().asw();
+        chunk
+            .into_iter()
+            .zip(wanted)
+            .map(|(op, want)| {
+                let seen = match &op {
+                    Operation::MountVolume { volume, pod, .. } => {
+                        let had = want.is_some().then(|| mount::had(&asw, volume, pod));
+                        Seen::SetUp(want, had)
+                    }
+                    Operation::UnmountVolume { volume, pod } => {
+                        Seen::TearDown(unmount::had(&asw, volume, pod))
+                    }
+                    _ => Seen::Other,
+                };
+                (op, seen)
+            })
+            .collect()
+    }
+}
+
 impl Step {
-    fn prepare(ops: &Operations, op: &Operation) -> Result<Step, Outcome> {
-        match op {
-            Operation::MountVolume {
-                volume,
-                pod,
-                remount,
-            } => mount::prepare(ops, volume, pod, *remount).map(Step::SetUp),
-            Operation::UnmountVolume { volume, pod } => {
-                unmount::prepare(ops, volume, pod).map(Step::TearDown)
+    fn prepare(ops: &Operations, op: &Operation, seen: Seen) -> Result<Step, Outcome> {
+        match (op, seen) {
+            (
+                Operation::MountVolume {
+                    volume,
+                    pod,
+                    remount,
+                },
+                Seen::SetUp(want, had),
+            ) => mount::prepare_from(ops, volume, pod, *remount, want, || {
+                had.unwrap_or_else(|| mount::had(&ops.world().asw(), volume, pod))
+            })
+            .map(Step::SetUp),
+            (Operation::UnmountVolume { volume, pod }, Seen::TearDown(have)) => {
+                unmount::prepare_from(ops, volume, pod, have).map(Step::TearDown)
             }
             // Never queued here (`Operations::is_quick` takes only pod volumes' set-ups and
             // teardowns); said, not assumed, should that change.
-            other => Err((
+            (other, _) => Err((
                 String::new(),
                 Err(format!(
                     "{} of volume {} is not an operation of the local lane (a kubevol bug; it is retried)",

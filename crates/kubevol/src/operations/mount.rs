@@ -5,9 +5,13 @@
 //! (CSI, hostPath, content), and the local lane calls a quick plugin's set-up in place, after
 //! one commit of the intents of a whole chunk.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use kubevol_core::state::{DesiredPodVolume, PodMountState, SubPathMount, VolumeTraits};
+use kubevol_core::state::{
+    ActualState, DesiredPodVolume, DesiredState, PodMountState, SubPathMount, VolumeTraits,
+};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use tracing::instrument;
 
@@ -37,6 +41,26 @@ pub(super) struct SetUp {
 pub(super) type Effect =
     Result<(SetUpResult, Vec<SubPathMount>), (VolumeError, Option<std::path::PathBuf>)>;
 
+/// What the DSW wants of one pod's volume: the volume's plugin facts and the pod's wish.
+pub(super) type Wanted = Option<(VolumeTraits, DesiredPodVolume)>;
+
+/// What the ASW has of it: the attach's publish context, and this pod's set-up.
+pub(super) type Had = (BTreeMap<String, String>, Option<(PodMountState, PathBuf)>);
+
+pub(super) fn wanted(dsw: &DesiredState, volume: &UniqueVolumeName, pod: &PodUid) -> Wanted {
+    dsw.volume(volume)
+        .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
+}
+
+pub(super) fn had(asw: &ActualState, volume: &UniqueVolumeName, pod: &PodUid) -> Had {
+    asw.volume(volume)
+        .map(|v| {
+            let have = v.pods.get(pod).map(|m| (m.state, m.path.clone()));
+            (v.publish_context.clone(), have)
+        })
+        .unwrap_or_default()
+}
+
 /// Reads what the set-up needs from the world; an operation with nothing to do (the pod gone,
 /// no plugin) is finished at once with its outcome.
 pub(super) fn prepare(
@@ -45,11 +69,21 @@ pub(super) fn prepare(
     pod: &PodUid,
     remount: bool,
 ) -> Result<SetUp, Outcome> {
-    let want = {
-        let dsw = ops.world().dsw();
-        dsw.volume(volume)
-            .and_then(|v| v.pods.get(pod).map(|p| (v.traits.clone(), p.clone())))
-    };
+    let want = wanted(&ops.world().dsw(), volume, pod);
+    prepare_from(ops, volume, pod, remount, want, || {
+        had(&ops.world().asw(), volume, pod)
+    })
+}
+
+/// [`prepare`] from what was read of the DSW, and of the ASW when it is needed.
+pub(super) fn prepare_from(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    remount: bool,
+    want: Wanted,
+    had: impl FnOnce() -> Had,
+) -> Result<SetUp, Outcome> {
     let Some((traits, want)) = want else {
         return Err((String::new(), Ok(()), true));
     };
@@ -68,16 +102,7 @@ pub(super) fn prepare(
             true,
         ));
     };
-    // What the node has of it: the attach's publish context, and this pod's set-up.
-    let (publish_context, have) = ops
-        .world()
-        .asw()
-        .volume(volume)
-        .map(|v| {
-            let have = v.pods.get(pod).map(|m| (m.state, m.path.clone()));
-            (v.publish_context.clone(), have)
-        })
-        .unwrap_or_default();
+    let (publish_context, have) = had();
     let was_mounted = have
         .as_ref()
         .is_some_and(|(state, _)| *state == PodMountState::Mounted);

@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
-use kubevol_core::state::{MountedPodVolume, PodMountState};
+use kubevol_core::state::{ActualState, MountedPodVolume, PodMountState, VolumeTraits};
 use kubevol_core::{PodUid, UniqueVolumeName};
 use tracing::{info, instrument, warn};
 
 use super::{effected, intend, Operations, Outcome};
-use super::{pod_record_of, settle_all, settle_pod_record};
+use super::{settle_all, settle_pod_record};
 use crate::error::VolumeError;
 use crate::events::reason;
 use crate::plugins::{PluginHost, TearDownRequest, VolumePlugin};
@@ -29,17 +29,31 @@ pub(super) struct TearDown {
     pub(super) intent: Option<record::Change>,
 }
 
+/// What the ASW has of one pod's volume: the volume's plugin facts and the pod's set-up.
+pub(super) type Had = Option<(VolumeTraits, MountedPodVolume)>;
+
+pub(super) fn had(asw: &ActualState, volume: &UniqueVolumeName, pod: &PodUid) -> Had {
+    asw.volume(volume)
+        .and_then(|v| v.pods.get(pod).map(|m| (v.traits.clone(), m.clone())))
+}
+
 /// Reads what the teardown needs; one with nothing to do is finished at once.
 pub(super) fn prepare(
     ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
 ) -> Result<TearDown, Outcome> {
-    let have = {
-        let asw = ops.world().asw();
-        asw.volume(volume)
-            .and_then(|v| v.pods.get(pod).map(|m| (v.traits.clone(), m.clone())))
-    };
+    let have = had(&ops.world().asw(), volume, pod);
+    prepare_from(ops, volume, pod, have)
+}
+
+/// [`prepare`] from what was read of the ASW.
+pub(super) fn prepare_from(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    have: Had,
+) -> Result<TearDown, Outcome> {
     // Still on the node after this pod's teardown: a device unmount or a detach may be due.
     // (A pod that wants it again meanwhile was turned away by the executor, which reports it.)
     let replan = || ops.world().asw().volume(volume).is_some();
@@ -63,8 +77,13 @@ pub(super) fn prepare(
         spec: mounted.spec.clone(),
         path: mounted.path.clone(),
     };
-    let intent = pod_record_of(ops, volume, pod, Some(record::PodVolumeState::TearingDown))
-        .map(record::Change::PodVolume);
+    let intent = Some(record::Change::PodVolume(record::PodVolumeRecord::of(
+        record::PodVolumeState::TearingDown,
+        volume,
+        &traits,
+        &mounted,
+        ops.origin_of(pod),
+    )));
     Ok(TearDown {
         volume: volume.clone(),
         pod: pod.clone(),
