@@ -7,7 +7,6 @@
 //! that no pod uses.
 
 use crate::names::{PodUid, UniqueVolumeName};
-use std::collections::BTreeSet;
 
 use crate::state::{
     ActualState, ActualVolume, DesiredState, DesiredVolume, DeviceMountState, PodMountState,
@@ -131,7 +130,7 @@ pub fn plan(
     asw: &ActualState,
     teardown_allowed: bool,
     require_reported: bool,
-    only: Option<&BTreeSet<UniqueVolumeName>>,
+    only: Option<&[UniqueVolumeName]>,
 ) -> Vec<Operation> {
     let (actual, desired): (Vec<&ActualVolume>, Vec<&DesiredVolume>) = match only {
         None => (asw.volumes().collect(), dsw.volumes().collect()),
@@ -316,7 +315,7 @@ mod tests {
             PodUid("uid-b".into()),
             mounted("b", PodMountState::Mounted, 0),
         );
-        let only: BTreeSet<UniqueVolumeName> = [vol("v2"), vol("v3")].into();
+        let only = [vol("v2"), vol("v3")];
         assert_eq!(
             plan(&dsw, &asw, true, false, Some(&only)),
             vec![

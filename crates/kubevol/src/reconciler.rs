@@ -17,6 +17,9 @@ use tracing::info;
 use crate::operations::executor::NotStarted;
 use crate::operations::Operations;
 
+/// How many changed volumes are planned under one read of the states.
+const PLAN_SLICE: usize = 128;
+
 /// What the reconciler remembers between passes.
 struct Memory {
     /// When volumes whose operations back off are to be planned again.
@@ -44,16 +47,21 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant
             only.extend(volumes);
         }
     }
-    let planned = {
+    let require_reported = world.reported_in_use_required();
+    let plan_under_locks = |only: Option<&[UniqueVolumeName]>| {
         let dsw = world.dsw();
         let asw = world.asw();
-        plan(
-            &dsw,
-            &asw,
-            teardown_allowed,
-            world.reported_in_use_required(),
-            (!full).then_some(&only),
-        )
+        plan(&dsw, &asw, teardown_allowed, require_reported, only)
+    };
+    let planned = if full {
+        plan_under_locks(None)
+    } else {
+        // A slice at a time: the states' read locks are held briefly, so the populator's
+        // writes and the operations' reads queued behind them do not wait for a whole storm.
+        let only: Vec<UniqueVolumeName> = only.into_iter().collect();
+        only.chunks(PLAN_SLICE)
+            .flat_map(|slice| plan_under_locks(Some(slice)))
+            .collect()
     };
     for op in planned {
         match ops.start(op.clone(), now) {
