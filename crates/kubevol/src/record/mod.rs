@@ -352,6 +352,27 @@ pub struct Record {
     appender: Mutex<Option<Appender>>,
     /// The writer thread's queue, started by the first [`Record::commit`].
     queue: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
+    /// The writer thread, joined when the record is dropped.
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Record {
+    /// Ends the writer thread and waits for it: once the record is gone nothing of it is open
+    /// under the root, which can then be unmounted. (Dropped on the writer thread itself, the
+    /// thread ends on its own as it returns to its queue.)
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        let writer = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = writer {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+    }
 }
 
 impl Record {
@@ -398,6 +419,7 @@ impl Record {
             corrupt,
             appender: Mutex::new(Some(appender)),
             queue: OnceLock::new(),
+            writer: Mutex::new(None),
         })
     }
 
@@ -694,6 +716,32 @@ mod tests {
             "an intent and an outcome per pod, a removal and an intent"
         );
         assert_eq!(rec.load().pods.len(), 299, "the writer's view is the same");
+    }
+
+    /// The files of this process's open descriptors under `dir`.
+    fn open_under(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter(|target| target.starts_with(dir))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_dropped_record_leaves_nothing_open_under_the_root() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        let rec = Arc::new(Record::open(&root).unwrap());
+        rec.commit(Change::PodVolume(pod_record("u1", "cache")), true)
+            .await
+            .unwrap();
+        assert!(
+            !open_under(&root).is_empty(),
+            "the writer thread holds the journal open"
+        );
+        drop(rec);
+        assert_eq!(open_under(&root), Vec::<PathBuf>::new());
     }
 
     #[tokio::test]

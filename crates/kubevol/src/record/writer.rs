@@ -285,8 +285,9 @@ impl Record {
                     let spawned = std::thread::Builder::new()
                         .name("kubevol-record".into())
                         .spawn(move || write_batches(&record, journal, &rx));
-                    if let Err(e) = spawned {
-                        tracing::error!("cannot start the record writer thread: {e}");
+                    match spawned {
+                        Ok(w) => *crate::sync::lock(&self.writer) = Some(w),
+                        Err(e) => tracing::error!("cannot start the record writer thread: {e}"),
                     }
                 }
                 None => tracing::error!("the record's journal is not open"),
