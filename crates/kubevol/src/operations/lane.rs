@@ -574,7 +574,6 @@ impl Step {
                 if t.intent.is_some() {
                     record::fail_point("tear_down", "before");
                 }
-                t.begin(ops);
                 let torn = effected("tear_down", t.effect_now(ops));
                 Ran::TearDown(t, torn)
             }

@@ -96,16 +96,6 @@ pub(super) fn prepare_from(
 }
 
 impl TearDown {
-    /// Once the intent is recorded: from here on the volume may be half torn down, so a pod
-    /// that wants it again (the same UID back, as a static pod's is) is not ready until it is
-    /// set up again. (Before the intent, the executor's record of the teardown in flight says
-    /// the same.)
-    pub(super) fn begin(&self, ops: &Operations) {
-        ops.asw
-            .write()
-            .set_pod_state(&self.volume, &self.pod, PodMountState::Uncertain);
-    }
-
     /// A volume set up without subPath mounts has none to look for; one that may be half set
     /// up (uncertain, reconstructed) is checked on disk.
     fn may_have_sub_paths(&self) -> bool {
@@ -162,10 +152,7 @@ pub(super) async fn unmount_volume(
     };
     let torn = match intent {
         Err(e) => Err(e),
-        Ok(()) => {
-            t.begin(ops);
-            effected("tear_down", t.effect(ops).await)
-        }
+        Ok(()) => effected("tear_down", t.effect(ops).await),
     };
     let mut records = Vec::new();
     let (outcome, cleanup) = finish(ops, t, torn, &mut records);
@@ -207,8 +194,16 @@ pub(super) fn finish(
         Err(e) => {
             let message =
                 format!("UnmountVolume.TearDown failed for volume {outer:?} of pod {pref}: {e}");
-            // The volume stays uncertain (set at the intent): its subPath mounts may be gone
-            // already, so a pod that wants it again gets it set up again, idempotently.
+            // Once its intent was recorded the volume may be half torn down (its subPath
+            // mounts gone already): it is uncertain, so a pod that wants it again (the same
+            // UID back, as a static pod's is) gets it set up again, idempotently. (While the
+            // teardown ran, the executor's record of it in flight said the same.) An intent
+            // that could not be recorded did nothing.
+            if !matches!(e, VolumeError::Record { .. }) {
+                ops.asw
+                    .write()
+                    .set_pod_state(volume, pod, PodMountState::Uncertain);
+            }
             settle_pod_record(ops, volume, pod, outer, records);
             ops.events
                 .record(pref, true, reason::FAILED_UNMOUNT, message.clone());
