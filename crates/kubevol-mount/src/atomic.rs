@@ -225,11 +225,28 @@ fn current_payload(dir: &Dir) -> Result<Option<(String, Dir)>, MountError> {
     }
 }
 
-/// A payload on disk: path -> (content, mode, gid).
-type OnDisk = BTreeMap<String, (Vec<u8>, u32, u32)>;
+/// How the payload on disk compares with the entries to write.
+struct Compare<'e> {
+    /// The entries by path.
+    want: BTreeMap<&'e str, &'e Entry<'e>>,
+    own: Ownership,
+    /// Files on disk seen so far.
+    seen: usize,
+    /// A file on disk differs from its entry, or is not one; later files are not read.
+    differs: bool,
+}
 
-fn read_payload(dir: &Dir, prefix: &str, out: &mut OnDisk) -> Result<(), MountError> {
-    for (name, ft) in dir.entries()? {
+impl Compare<'_> {
+    fn matches(&self) -> bool {
+        !self.differs && self.seen == self.want.len()
+    }
+}
+
+/// Walks the payload directory `dir` (opened a moment ago) and compares each file with its
+/// entry, reading no file after the first difference; every entry is still looked at, so that
+/// anything but a regular file or a directory anywhere in the payload is refused.
+fn compare_payload(dir: &Dir, prefix: &str, cmp: &mut Compare<'_>) -> Result<(), MountError> {
+    for (name, ft) in dir.own_entries()? {
         let name = String::from_utf8_lossy(&name).into_owned();
         let rel = if prefix.is_empty() {
             name.clone()
@@ -245,38 +262,20 @@ fn read_payload(dir: &Dir, prefix: &str, out: &mut OnDisk) -> Result<(), MountEr
                     },
                     e => e,
                 })?;
-                read_payload(&child, &rel, out)?;
+                compare_payload(&child, &rel, cmp)?;
             }
             FileType::RegularFile => {
-                let path = dir.child_path(OsStr::new(&name));
-                let fd = match rustix::fs::openat(
-                    &dir.fd,
-                    name.as_str(),
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-                    Mode::empty(),
-                ) {
-                    Ok(fd) => fd,
-                    Err(Errno::LOOP) => {
-                        return Err(unsafe_entry(
-                            dir,
-                            &name,
-                            "is a symbolic link inside a payload directory",
-                        ))
-                    }
-                    Err(e) => return Err(io("open", &path)(e)),
-                };
-                let st = rustix::fs::fstat(&fd).map_err(io("stat", &path))?;
-                if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-                    return Err(unsafe_entry(dir, &name, "is not a regular file"));
+                cmp.seen += 1;
+                if cmp.differs {
+                    continue;
                 }
-                let mut data = Vec::with_capacity(st.st_size.max(0) as usize);
-                let mut f = std::fs::File::from(fd);
-                std::io::Read::read_to_end(&mut f, &mut data).map_err(|e| MountError::Io {
-                    op: "read",
-                    path: path.clone(),
-                    errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-                })?;
-                out.insert(rel, (data, st.st_mode & 0o7777, st.st_gid));
+                match cmp.want.get(rel.as_str()) {
+                    Some(e) => {
+                        let same = file_is(dir, &name, e, cmp.own)?;
+                        cmp.differs = !same;
+                    }
+                    None => cmp.differs = true,
+                }
             }
             FileType::Symlink => {
                 return Err(unsafe_entry(
@@ -291,15 +290,47 @@ fn read_payload(dir: &Dir, prefix: &str, out: &mut OnDisk) -> Result<(), MountEr
     Ok(())
 }
 
-fn matches(on_disk: &OnDisk, entries: &[Entry<'_>], own: Ownership) -> bool {
-    on_disk.len() == entries.len()
-        && entries.iter().all(|e| {
-            on_disk.get(e.path).is_some_and(|(data, mode, gid)| {
-                data.as_slice() == e.data
-                    && *mode == own.file_mode(e.mode)
-                    && own.gid.is_none_or(|g| g == *gid)
-            })
-        })
+/// Whether the payload file `name` has exactly the entry's content, mode and group: its size
+/// is looked at before its content is read, in one read.
+fn file_is(dir: &Dir, name: &str, e: &Entry<'_>, own: Ownership) -> Result<bool, MountError> {
+    let path = || dir.child_path(OsStr::new(name));
+    let fd = match rustix::fs::openat(
+        &dir.fd,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::LOOP) => {
+            return Err(unsafe_entry(
+                dir,
+                name,
+                "is a symbolic link inside a payload directory",
+            ))
+        }
+        Err(e) => return Err(io("open", &path())(e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(io("stat", &path()))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(unsafe_entry(dir, name, "is not a regular file"));
+    }
+    if u64::try_from(st.st_size).ok() != Some(e.data.len() as u64)
+        || st.st_mode & 0o7777 != own.file_mode(e.mode)
+        || own.gid.is_some_and(|g| g != st.st_gid)
+    {
+        return Ok(false);
+    }
+    let mut data = vec![0u8; e.data.len()];
+    let mut got = 0;
+    while got < data.len() {
+        match rustix::io::read(&fd, &mut data[got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got += n,
+            Err(Errno::INTR) => {}
+            Err(err) => return Err(io("read", &path())(err)),
+        }
+    }
+    Ok(data == e.data)
 }
 
 fn create_dirs<'d>(
@@ -491,9 +522,14 @@ pub fn write(
     let top = check_entries(entries)?;
     let current = current_payload(dir)?;
     if let Some((name, payload)) = &current {
-        let mut on_disk = OnDisk::new();
-        read_payload(payload, "", &mut on_disk)?;
-        if matches(&on_disk, entries, own) {
+        let mut cmp = Compare {
+            want: entries.iter().map(|e| (e.path, e)).collect(),
+            own,
+            seen: 0,
+            differs: false,
+        };
+        compare_payload(payload, "", &mut cmp)?;
+        if cmp.matches() {
             remove_link(dir, DATA_DIR_TMP)?;
             converge(dir, name, &top, hook)?;
             return Ok(Written::Unchanged);

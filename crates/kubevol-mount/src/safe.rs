@@ -260,7 +260,7 @@ impl Dir {
     /// The entries of a directory opened a moment ago, read from its own descriptor (no
     /// second one is opened for the reading); an entry whose type the filesystem does not say
     /// is looked at.
-    fn own_entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+    pub(crate) fn own_entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
         let mut dir = rustix::fs::RawDir::new(&self.fd, &mut buf);
         let mut out = Vec::new();

@@ -129,6 +129,48 @@ fn layout_update_and_unchanged() {
     assert_converged(dir, &Files::new());
 }
 
+/// Content of the same size, a mode, a file too many or too few on disk: each is a difference
+/// and the payload is written again; only the same files with the same content and modes are
+/// left alone.
+#[test]
+fn every_kind_of_difference_is_written_again() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let own = Ownership::default();
+    write(dir, &v1(), own).unwrap();
+    let with = |path: &'static str, data: &'static str, mode: u32| {
+        let mut f = v1();
+        f.insert(path, (data, mode));
+        f
+    };
+    let same_size = with("a", "alphA", 0o644);
+    assert_eq!(write(dir, &same_size, own).unwrap(), Written::Updated);
+    assert_converged(dir, &same_size);
+    assert_eq!(write(dir, &same_size, own).unwrap(), Written::Unchanged);
+    let mode = with("a", "alphA", 0o640);
+    assert_eq!(write(dir, &mode, own).unwrap(), Written::Updated);
+    assert_converged(dir, &mode);
+    assert_eq!(write(dir, &mode, own).unwrap(), Written::Unchanged);
+
+    let payload = dir.join(fs::read_link(dir.join("..data")).unwrap());
+    fs::write(payload.join("dir/sub/extra"), "x").unwrap();
+    assert_eq!(
+        write(dir, &mode, own).unwrap(),
+        Written::Updated,
+        "a file too many"
+    );
+    assert_converged(dir, &mode);
+    let payload = dir.join(fs::read_link(dir.join("..data")).unwrap());
+    fs::remove_file(payload.join("dir/b")).unwrap();
+    assert_eq!(
+        write(dir, &mode, own).unwrap(),
+        Written::Updated,
+        "a file too few"
+    );
+    assert_converged(dir, &mode);
+    assert_eq!(write(dir, &mode, own).unwrap(), Written::Unchanged);
+}
+
 #[test]
 fn fs_group_sets_group_and_read_bits() {
     let t = tempfile::tempdir().unwrap();
