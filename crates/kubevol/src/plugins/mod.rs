@@ -91,7 +91,7 @@ pub struct PluginHost {
     pub trust_bundles: std::sync::OnceLock<Arc<dyn TrustBundles>>,
     /// Asks the populator to process a pod again (its projected tokens are due).
     pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
-    /// The plugin directory last used, kept open.
+    /// The plugin directories last used, kept open.
     pub(crate) plugin_dirs: PluginDirCache,
 }
 
@@ -344,31 +344,39 @@ impl PluginHost {
     }
 }
 
-/// The plugin directory of the pod whose volume was set up or torn down last, kept open: a
-/// pod's volumes come one after another, and each would otherwise walk `pods/<uid>/volumes/
-/// <plugin>` again. A kept directory may have been removed since (by the pod's cleanup, or by
-/// hand); a removed directory holds nothing and takes nothing, so "not there" from a kept one
-/// is asked again of the directory at the path now (see [`PluginDir`]).
+/// The plugin directories of the pods whose volumes were set up or torn down last, kept open:
+/// a pod's volumes come one after another, and each would otherwise walk `pods/<uid>/volumes/
+/// <plugin>` again (a few are kept, as a pod's configMap, secret and projected volumes take
+/// turns). A kept directory may have been removed since (by the pod's cleanup, or by hand); a
+/// removed directory holds nothing and takes nothing, so "not there" from a kept one is asked
+/// again of the directory at the path now (see [`PluginDir`]).
 #[derive(Default)]
-pub(crate) struct PluginDirCache(std::sync::Mutex<Option<(PodUid, String, Arc<Dir>)>>);
+pub(crate) struct PluginDirCache(std::sync::Mutex<std::collections::VecDeque<KeptDir>>);
+
+type KeptDir = (PodUid, String, Arc<Dir>);
 
 impl PluginDirCache {
+    /// How many directories are kept open.
+    const KEPT: usize = 4;
+
     fn get(&self, pod: &PodUid, plugin: &str) -> Option<Arc<Dir>> {
-        match &*crate::sync::lock(&self.0) {
-            Some((p, name, dir)) if p == pod && name == plugin => Some(dir.clone()),
-            _ => None,
-        }
+        crate::sync::lock(&self.0)
+            .iter()
+            .find(|(p, name, _)| p == pod && name == plugin)
+            .map(|(_, _, dir)| dir.clone())
     }
 
     fn keep(&self, pod: &PodUid, plugin: &str, dir: Arc<Dir>) {
-        *crate::sync::lock(&self.0) = Some((pod.clone(), plugin.to_string(), dir));
+        let mut kept = crate::sync::lock(&self.0);
+        kept.retain(|(p, name, _)| !(p == pod && name == plugin));
+        if kept.len() == Self::KEPT {
+            kept.pop_back();
+        }
+        kept.push_front((pod.clone(), plugin.to_string(), dir));
     }
 
     fn forget(&self, pod: &PodUid) {
-        let mut kept = crate::sync::lock(&self.0);
-        if kept.as_ref().is_some_and(|(p, _, _)| p == pod) {
-            *kept = None;
-        }
+        crate::sync::lock(&self.0).retain(|(p, _, _)| p != pod);
     }
 }
 
