@@ -344,8 +344,9 @@ pub struct Loaded {
 /// The record under one root directory.
 pub struct Record {
     dir: PathBuf,
-    /// Each volume's latest record, as its journal line.
-    live: Mutex<Live>,
+    /// Each volume's latest record, as its journal line (shared with the writer thread, which
+    /// never holds the record itself: the record's last owner always ends and joins it).
+    live: Arc<Mutex<Live>>,
     /// What could not be read at open.
     corrupt: Vec<CorruptRecord>,
     /// The journal's open end, until the writer thread takes it.
@@ -358,8 +359,7 @@ pub struct Record {
 
 impl Drop for Record {
     /// Ends the writer thread and waits for it: once the record is gone nothing of it is open
-    /// under the root, which can then be unmounted. (Dropped on the writer thread itself, the
-    /// thread ends on its own as it returns to its queue.)
+    /// under the root, which can then be unmounted.
     fn drop(&mut self) {
         drop(self.queue.take());
         let writer = self
@@ -368,9 +368,7 @@ impl Drop for Record {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(w) = writer {
-            if w.thread().id() != std::thread::current().id() {
-                let _ = w.join();
-            }
+            let _ = w.join();
         }
     }
 }
@@ -415,7 +413,7 @@ impl Record {
         corrupt.extend(read.corrupt);
         Ok(Record {
             dir,
-            live: Mutex::new(read.live),
+            live: Arc::new(Mutex::new(read.live)),
             corrupt,
             appender: Mutex::new(Some(appender)),
             queue: OnceLock::new(),

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use kubevol_core::{PodUid, UniqueVolumeName};
 
+use super::journal::Live;
 use super::journal::{AppendError, Appender, Key, Line, LineRef};
 use super::{DeviceRecord, PodVolumeRecord, Record};
 
@@ -65,9 +66,12 @@ impl Committed {
 const MAX_BATCH: usize = 1024;
 
 /// The writer thread: takes every change queued, applies them as one batch, answers each,
-/// and repeats. It holds the record only while applying, and ends when the record is dropped.
+/// and repeats; it ends when the record, which holds the queue's sending end, is dropped. It
+/// holds the live records and the journal, never the record itself, so the record's last
+/// owner is never this thread and always waits for it to end.
 fn write_batches(
-    record: &std::sync::Weak<Record>,
+    live: &Mutex<Live>,
+    dir: &std::path::Path,
     mut journal: Appender,
     rx: &std::sync::mpsc::Receiver<Job>,
 ) {
@@ -79,16 +83,13 @@ fn write_batches(
                 Err(_) => break,
             }
         }
-        let Some(rec) = record.upgrade() else {
-            return;
-        };
         let batch: Vec<(&Change, bool)> = jobs
             .iter()
             .filter_map(|j| Some((j.change.as_ref()?, j.durable)))
             .collect();
-        let results = rec.apply(&mut journal, &batch);
-        let live = crate::sync::lock(&rec.live).len();
-        journal.maybe_compact(live, || rec.snapshot());
+        let results = apply(live, &mut journal, &batch);
+        let count = crate::sync::lock(live).len();
+        journal.maybe_compact(count, || snapshot(live));
         let mut results = results.into_iter();
         for job in jobs {
             let result = match job.change {
@@ -100,134 +101,137 @@ fn write_batches(
                     let _ = reply.send(result);
                 }
                 (None, Err(e)) => {
-                    tracing::warn!(dir = %rec.dir.display(), "cannot update the volume record: {e}")
+                    tracing::warn!(dir = %dir.display(), "cannot update the volume record: {e}")
                 }
                 (None, Ok(())) => {}
             }
         }
-        drop(rec);
     }
 }
 
-impl Record {
-    /// Applies a batch of changes in order and returns each one's result: their lines are
-    /// appended in one write, synced once if any change is `durable` (a durable change is on
-    /// disk when its result is returned). A change that would not alter a record (an unchanged
-    /// outcome, the removal of a record that is not there) writes nothing.
-    fn apply(&self, journal: &mut Appender, batch: &[(&Change, bool)]) -> Vec<std::io::Result<()>> {
-        let mut results: Vec<std::io::Result<()>> = Vec::with_capacity(batch.len());
-        // What the batch changes, in order, over the live records.
-        let mut changed: Vec<(Key, Option<Arc<[u8]>>)> = Vec::new();
-        let mut overlay: std::collections::HashMap<Key, Option<Arc<[u8]>>> = Default::default();
-        let mut buf = Vec::new();
-        let mut any_durable = false;
-        {
-            let live = crate::sync::lock(&self.live);
-            let current =
-                |key: &Key, overlay: &std::collections::HashMap<Key, Option<Arc<[u8]>>>| {
-                    match overlay.get(key) {
-                        Some(v) => v.clone(),
-                        None => live.get(key).cloned(),
-                    }
-                };
-            for &(change, durable) in batch {
-                let key = change.key();
-                let now = current(&key, &overlay);
-                let line = match change {
-                    Change::PodVolume(r) => LineRef::PodVolume(r).encode().map(Some),
-                    Change::Device(r) if r.expanded_size.is_none() => {
-                        let kept = now.as_deref().and_then(|b| match super::journal::parse(b) {
-                            Ok(Line::Device(d)) => d.expanded_size,
-                            _ => None,
-                        });
-                        let r = DeviceRecord {
-                            expanded_size: kept,
-                            ..r.clone()
-                        };
-                        LineRef::Device(&r).encode().map(Some)
-                    }
-                    Change::Device(r) => LineRef::Device(r).encode().map(Some),
-                    Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => Ok(None),
-                };
-                let line = match line {
-                    Ok(l) => l,
-                    Err(e) => {
-                        results.push(Err(e));
-                        continue;
-                    }
-                };
-                results.push(Ok(()));
-                match &line {
-                    // Unchanged: an outcome needs no write; an intent is written and synced
-                    // all the same (the caller asked for it to be on disk).
-                    Some(bytes) if !durable && now.as_ref() == Some(bytes) => continue,
-                    Some(bytes) => buf.extend_from_slice(bytes),
-                    None if now.is_none() => continue,
-                    None => {
-                        let removal = match change {
-                            Change::RemovePodVolume { pod, unique, .. } => {
-                                LineRef::RemovePodVolume { pod, unique }
-                            }
-                            Change::RemoveDevice(unique) => LineRef::RemoveDevice { unique },
-                            _ => unreachable!("only removals have no line"),
-                        };
-                        match removal.encode() {
-                            Ok(b) => buf.extend_from_slice(&b),
-                            Err(e) => {
-                                *results.last_mut().expect("pushed above") = Err(e);
-                                continue;
-                            }
+/// Applies a batch of changes in order and returns each one's result: their lines are
+/// appended in one write, synced once if any change is `durable` (a durable change is on
+/// disk when its result is returned). A change that would not alter a record (an unchanged
+/// outcome, the removal of a record that is not there) writes nothing.
+fn apply(
+    live: &Mutex<Live>,
+    journal: &mut Appender,
+    batch: &[(&Change, bool)],
+) -> Vec<std::io::Result<()>> {
+    let mut results: Vec<std::io::Result<()>> = Vec::with_capacity(batch.len());
+    // What the batch changes, in order, over the live records.
+    let mut changed: Vec<(Key, Option<Arc<[u8]>>)> = Vec::new();
+    let mut overlay: std::collections::HashMap<Key, Option<Arc<[u8]>>> = Default::default();
+    let mut buf = Vec::new();
+    let mut any_durable = false;
+    {
+        let live = crate::sync::lock(live);
+        let current =
+            |key: &Key, overlay: &std::collections::HashMap<Key, Option<Arc<[u8]>>>| match overlay
+                .get(key)
+            {
+                Some(v) => v.clone(),
+                None => live.get(key).cloned(),
+            };
+        for &(change, durable) in batch {
+            let key = change.key();
+            let now = current(&key, &overlay);
+            let line = match change {
+                Change::PodVolume(r) => LineRef::PodVolume(r).encode().map(Some),
+                Change::Device(r) if r.expanded_size.is_none() => {
+                    let kept = now.as_deref().and_then(|b| match super::journal::parse(b) {
+                        Ok(Line::Device(d)) => d.expanded_size,
+                        _ => None,
+                    });
+                    let r = DeviceRecord {
+                        expanded_size: kept,
+                        ..r.clone()
+                    };
+                    LineRef::Device(&r).encode().map(Some)
+                }
+                Change::Device(r) => LineRef::Device(r).encode().map(Some),
+                Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => Ok(None),
+            };
+            let line = match line {
+                Ok(l) => l,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            results.push(Ok(()));
+            match &line {
+                // Unchanged: an outcome needs no write; an intent is written and synced
+                // all the same (the caller asked for it to be on disk).
+                Some(bytes) if !durable && now.as_ref() == Some(bytes) => continue,
+                Some(bytes) => buf.extend_from_slice(bytes),
+                None if now.is_none() => continue,
+                None => {
+                    let removal = match change {
+                        Change::RemovePodVolume { pod, unique, .. } => {
+                            LineRef::RemovePodVolume { pod, unique }
+                        }
+                        Change::RemoveDevice(unique) => LineRef::RemoveDevice { unique },
+                        _ => unreachable!("only removals have no line"),
+                    };
+                    match removal.encode() {
+                        Ok(b) => buf.extend_from_slice(&b),
+                        Err(e) => {
+                            *results.last_mut().expect("pushed above") = Err(e);
+                            continue;
                         }
                     }
                 }
-                buf.push(b'\n');
-                any_durable |= durable;
-                overlay.insert(key.clone(), line.clone());
-                changed.push((key, line));
             }
+            buf.push(b'\n');
+            any_durable |= durable;
+            overlay.insert(key.clone(), line.clone());
+            changed.push((key, line));
         }
-        if buf.is_empty() {
+    }
+    if buf.is_empty() {
+        return results;
+    }
+    let copy = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+    let unsynced = match journal.append(&buf, changed.len(), any_durable) {
+        Ok(()) => None,
+        Err(AppendError::NotWritten(e)) => {
+            // Nothing of the batch is in the journal: no change happened.
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(copy(&e));
+            }
             return results;
         }
-        let copy = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
-        let unsynced = match journal.append(&buf, changed.len(), any_durable) {
-            Ok(()) => None,
-            Err(AppendError::NotWritten(e)) => {
-                // Nothing of the batch is in the journal: no change happened.
-                for r in results.iter_mut().filter(|r| r.is_ok()) {
-                    *r = Err(copy(&e));
-                }
-                return results;
-            }
-            Err(AppendError::NotSynced(e)) => Some(e),
+        Err(AppendError::NotSynced(e)) => Some(e),
+    };
+    // The lines are in the journal (synced or not): the live records follow them.
+    let mut live = crate::sync::lock(live);
+    for (key, line) in changed {
+        match line {
+            Some(bytes) => live.insert(key, bytes),
+            None => live.remove(&key),
         };
-        // The lines are in the journal (synced or not): the live records follow them.
-        let mut live = crate::sync::lock(&self.live);
-        for (key, line) in changed {
-            match line {
-                Some(bytes) => live.insert(key, bytes),
-                None => live.remove(&key),
-            };
-        }
-        drop(live);
-        if let Some(e) = unsynced {
-            for (r, &(_, durable)) in results.iter_mut().zip(batch) {
-                if durable && r.is_ok() {
-                    *r = Err(copy(&e));
-                }
+    }
+    drop(live);
+    if let Some(e) = unsynced {
+        for (r, &(_, durable)) in results.iter_mut().zip(batch) {
+            if durable && r.is_ok() {
+                *r = Err(copy(&e));
             }
         }
-        results
     }
+    results
+}
 
-    /// Every live record's line, in key order, for a compaction.
-    fn snapshot(&self) -> Vec<Arc<[u8]>> {
-        let live = crate::sync::lock(&self.live);
-        let mut entries: Vec<(&Key, &Arc<[u8]>)> = live.iter().collect();
-        entries.sort_by(|a, b| a.0.cmp(b.0));
-        entries.into_iter().map(|(_, v)| v.clone()).collect()
-    }
+/// Every live record's line, in key order, for a compaction.
+fn snapshot(live: &Mutex<Live>) -> Vec<Arc<[u8]>> {
+    let live = crate::sync::lock(live);
+    let mut entries: Vec<(&Key, &Arc<[u8]>)> = live.iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    entries.into_iter().map(|(_, v)| v.clone()).collect()
+}
 
+impl Record {
     /// Applies `change` on the record's writer thread, batched with the changes other
     /// operations submit meanwhile (one journal commit for all of them), and returns when it
     /// is done: for a `durable` change, when it is on disk.
@@ -279,12 +283,12 @@ impl Record {
     ) -> std::io::Result<()> {
         let queue = self.queue.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
-            let record = Arc::downgrade(self);
+            let (live, dir) = (self.live.clone(), self.dir.clone());
             match crate::sync::lock(&self.appender).take() {
                 Some(journal) => {
                     let spawned = std::thread::Builder::new()
                         .name("kubevol-record".into())
-                        .spawn(move || write_batches(&record, journal, &rx));
+                        .spawn(move || write_batches(&live, &dir, journal, &rx));
                     match spawned {
                         Ok(w) => *crate::sync::lock(&self.writer) = Some(w),
                         Err(e) => tracing::error!("cannot start the record writer thread: {e}"),
