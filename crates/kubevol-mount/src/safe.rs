@@ -241,28 +241,25 @@ impl Dir {
         }
     }
 
+    /// The entries of this directory, read through a descriptor of its own (this one may be
+    /// shared, and a reading moves its offset).
     pub(crate) fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
         let dup = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
             .map_err(io("open", &self.path))?;
-        let mut dir = rustix::fs::Dir::new(dup).map_err(io("readdir", &self.path))?;
-        let mut out = Vec::new();
-        while let Some(entry) = dir.read() {
-            let entry = entry.map_err(io("readdir", &self.path))?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            out.push((name.to_vec(), entry.file_type()));
-        }
-        Ok(out)
+        self.read_entries(&dup)
     }
 
     /// The entries of a directory opened a moment ago, read from its own descriptor (no
-    /// second one is opened for the reading); an entry whose type the filesystem does not say
-    /// is looked at.
+    /// second one is opened for the reading).
     pub(crate) fn own_entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+        self.read_entries(&self.fd)
+    }
+
+    /// Reads the entries of this directory from `fd`, open on it; an entry whose type the
+    /// filesystem does not say is looked at.
+    fn read_entries(&self, fd: &OwnedFd) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        let mut dir = rustix::fs::RawDir::new(&self.fd, &mut buf);
+        let mut dir = rustix::fs::RawDir::new(fd, &mut buf);
         let mut out = Vec::new();
         while let Some(entry) = dir.next() {
             let entry = entry.map_err(io("readdir", &self.path))?;
@@ -272,7 +269,7 @@ impl Dir {
             }
             let ft = match entry.file_type() {
                 FileType::Unknown => {
-                    let st = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                    let st = rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW)
                         .map_err(io("stat", &self.child_path(OsStr::from_bytes(name))))?;
                     FileType::from_raw_mode(st.st_mode)
                 }
