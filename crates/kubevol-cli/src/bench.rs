@@ -698,39 +698,40 @@ mod content {
             })
         }
 
-        fn shows(&self, dir: &Path) -> bool {
-            std::fs::read_to_string(dir.join("k0")).is_ok_and(|s| s == self.want)
-        }
-
         /// The seconds from `start` at which each directory showed the value, sorted.
-        fn wait(mut self, start: Instant) -> anyhow::Result<Vec<f64>> {
+        fn wait(self, start: Instant) -> anyhow::Result<Vec<f64>> {
             use rustix::fs::inotify;
-            let mut seen = Vec::with_capacity(self.dirs.len());
+            let Self {
+                inotify,
+                mut dirs,
+                want,
+            } = self;
+            let shows =
+                |dir: &Path| std::fs::read_to_string(dir.join("k0")).is_ok_and(|s| s == want);
+            let mut seen = Vec::with_capacity(dirs.len());
+            let take_all = |dirs: &mut std::collections::HashMap<i32, std::path::PathBuf>,
+                            seen: &mut Vec<f64>| {
+                dirs.retain(|_, dir| {
+                    let done = shows(dir);
+                    if done {
+                        seen.push(start.elapsed().as_secs_f64());
+                    }
+                    !done
+                })
+            };
             // A directory already written before its watch saw a rename shows it now.
-            let pending = std::mem::take(&mut self.dirs);
-            for (wd, dir) in pending {
-                if self.shows(&dir) {
-                    seen.push(start.elapsed().as_secs_f64());
-                } else {
-                    self.dirs.insert(wd, dir);
-                }
-            }
+            take_all(&mut dirs, &mut seen);
             let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 * 1024];
-            let mut events = inotify::Reader::new(&self.inotify, &mut buf);
-            while !self.dirs.is_empty() {
+            let mut events = inotify::Reader::new(&inotify, &mut buf);
+            while !dirs.is_empty() {
                 let event = events.next().context("reading inotify events")?;
-                let overflow = event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW);
-                let ready: Vec<i32> = if overflow {
+                if event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW) {
                     // Events were lost: look at every directory still waited for.
-                    self.dirs.keys().copied().collect()
+                    take_all(&mut dirs, &mut seen);
                 } else if event.file_name().is_some_and(|n| n.to_bytes() == b"..data") {
-                    vec![event.wd()]
-                } else {
-                    continue;
-                };
-                for wd in ready {
-                    if self.dirs.get(&wd).is_some_and(|dir| self.shows(dir)) {
-                        self.dirs.remove(&wd);
+                    let wd = event.wd();
+                    if dirs.get(&wd).is_some_and(|dir| shows(dir)) {
+                        dirs.remove(&wd);
                         seen.push(start.elapsed().as_secs_f64());
                     }
                 }

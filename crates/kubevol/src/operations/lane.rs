@@ -476,7 +476,7 @@ enum Step {
 /// chunk (each alone, as everywhere), not per operation, where every read waited behind a
 /// writer queued meanwhile (a populator's pod, behind a reconciler's plan).
 enum Seen {
-    SetUp(mount::Wanted, Option<mount::Had>),
+    SetUp(mount::Wanted, mount::Had),
     TearDown(unmount::Had),
     Other,
 }
@@ -500,8 +500,7 @@ impl Seen {
             .map(|(op, want)| {
                 let seen = match &op {
                     Operation::MountVolume { volume, pod, .. } => {
-                        let had = want.is_some().then(|| mount::had(&asw, volume, pod));
-                        Seen::SetUp(want, had)
+                        Seen::SetUp(want, mount::had(&asw, volume, pod))
                     }
                     Operation::UnmountVolume { volume, pod } => {
                         Seen::TearDown(unmount::had(&asw, volume, pod))
@@ -524,10 +523,7 @@ impl Step {
                     remount,
                 },
                 Seen::SetUp(want, had),
-            ) => mount::prepare_from(ops, volume, pod, *remount, want, || {
-                had.unwrap_or_else(|| mount::had(&ops.world().asw(), volume, pod))
-            })
-            .map(Step::SetUp),
+            ) => mount::prepare_from(ops, volume, pod, *remount, want, || had).map(Step::SetUp),
             (Operation::UnmountVolume { volume, pod }, Seen::TearDown(have)) => {
                 unmount::prepare_from(ops, volume, pod, have).map(Step::TearDown)
             }
@@ -548,7 +544,7 @@ impl Step {
     fn intent(&self) -> Option<&record::Change> {
         match self {
             Step::SetUp(s) => s.intent.as_ref(),
-            Step::TearDown(t) => t.intent.as_ref(),
+            Step::TearDown(t) => Some(&t.intent),
         }
     }
 
@@ -571,9 +567,7 @@ impl Step {
                 Ran::SetUp(s, result)
             }
             Step::TearDown(t) => {
-                if t.intent.is_some() {
-                    record::fail_point("tear_down", "before");
-                }
+                record::fail_point("tear_down", "before");
                 let torn = effected("tear_down", t.effect_now(ops));
                 Ran::TearDown(t, torn)
             }

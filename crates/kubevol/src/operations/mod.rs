@@ -494,21 +494,19 @@ async fn intend(
     Ok(())
 }
 
-/// A pod volume's record as the actual state holds it, in `state` (default: as the actual
-/// state says).
+/// A pod volume's record as the actual state holds it (set up, or uncertain).
 fn pod_record_of(
     ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
-    state: Option<record::PodVolumeState>,
 ) -> Option<record::PodVolumeRecord> {
     let asw = ops.world().asw();
     let v = asw.volume(volume)?;
     let m = v.pods.get(pod)?;
-    let state = state.unwrap_or(match m.state {
+    let state = match m.state {
         PodMountState::Mounted => record::PodVolumeState::SetUp,
         PodMountState::Uncertain => record::PodVolumeState::Uncertain,
-    });
+    };
     Some(record::PodVolumeRecord::of(
         state,
         volume,
@@ -543,7 +541,7 @@ fn settle_pod_record(
 ) {
     // Queued even when unchanged (a content rewrite): the writer drops an outcome that would
     // not change the record, off the runtime's threads.
-    let now = pod_record_of(ops, volume, pod, None);
+    let now = pod_record_of(ops, volume, pod);
     records.push(match now {
         Some(now) => record::Change::PodVolume(now),
         None => record::Change::RemovePodVolume {

@@ -25,8 +25,8 @@ pub(super) struct TearDown {
     plugin_name: String,
     mounted: MountedPodVolume,
     req: TearDownRequest,
-    /// The record's `TearingDown` line (none when the record has no such volume).
-    pub(super) intent: Option<record::Change>,
+    /// The record's `TearingDown` line.
+    pub(super) intent: record::Change,
 }
 
 /// What the ASW has of one pod's volume: the volume's plugin facts and the pod's set-up.
@@ -77,13 +77,13 @@ pub(super) fn prepare_from(
         spec: mounted.spec.clone(),
         path: mounted.path.clone(),
     };
-    let intent = Some(record::Change::PodVolume(record::PodVolumeRecord::of(
+    let intent = record::Change::PodVolume(record::PodVolumeRecord::of(
         record::PodVolumeState::TearingDown,
         volume,
         &traits,
         &mounted,
         ops.origin_of(pod),
-    )));
+    ));
     Ok(TearDown {
         volume: volume.clone(),
         pod: pod.clone(),
@@ -146,11 +146,7 @@ pub(super) async fn unmount_volume(
         Ok(t) => t,
         Err(done) => return done,
     };
-    let intent = match &t.intent {
-        Some(change) => intend(ops, "tear_down", change.clone()).await,
-        None => Ok(()),
-    };
-    let torn = match intent {
+    let torn = match intend(ops, "tear_down", t.intent.clone()).await {
         Err(e) => Err(e),
         Ok(()) => effected("tear_down", t.effect(ops).await),
     };

@@ -351,24 +351,26 @@ pub struct Record {
     corrupt: Vec<CorruptRecord>,
     /// The journal's open end, until the writer thread takes it.
     appender: Mutex<Option<Appender>>,
-    /// The writer thread's queue, started by the first [`Record::commit`].
-    queue: OnceLock<Mutex<std::sync::mpsc::Sender<Job>>>,
-    /// The writer thread, joined when the record is dropped.
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer thread, started by the first change queued.
+    writer: OnceLock<Writer>,
+}
+
+/// The writer thread and the sending end of its queue.
+struct Writer {
+    queue: Mutex<std::sync::mpsc::Sender<Job>>,
+    /// None when the thread could not be started (every change then fails).
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Record {
     /// Ends the writer thread and waits for it: once the record is gone nothing of it is open
     /// under the root, which can then be unmounted.
     fn drop(&mut self) {
-        drop(self.queue.take());
-        let writer = self
-            .writer
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(w) = writer {
-            let _ = w.join();
+        if let Some(Writer { queue, thread }) = self.writer.take() {
+            drop(queue);
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -416,8 +418,7 @@ impl Record {
             live: Arc::new(Mutex::new(read.live)),
             corrupt,
             appender: Mutex::new(Some(appender)),
-            queue: OnceLock::new(),
-            writer: Mutex::new(None),
+            writer: OnceLock::new(),
         })
     }
 

@@ -8,7 +8,7 @@ use kubevol_core::{PodUid, UniqueVolumeName};
 
 use super::journal::Live;
 use super::journal::{AppendError, Appender, Key, Line, LineRef};
-use super::{DeviceRecord, PodVolumeRecord, Record};
+use super::{DeviceRecord, PodVolumeRecord, Record, Writer};
 
 /// One change to the record.
 #[derive(Clone, Debug)]
@@ -281,24 +281,26 @@ impl Record {
         durable: bool,
         reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
     ) -> std::io::Result<()> {
-        let queue = self.queue.get_or_init(|| {
+        let writer = self.writer.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let (live, dir) = (self.live.clone(), self.dir.clone());
-            match crate::sync::lock(&self.appender).take() {
-                Some(journal) => {
-                    let spawned = std::thread::Builder::new()
-                        .name("kubevol-record".into())
-                        .spawn(move || write_batches(&live, &dir, journal, &rx));
-                    match spawned {
-                        Ok(w) => *crate::sync::lock(&self.writer) = Some(w),
-                        Err(e) => tracing::error!("cannot start the record writer thread: {e}"),
-                    }
+            let thread = match crate::sync::lock(&self.appender).take() {
+                Some(journal) => std::thread::Builder::new()
+                    .name("kubevol-record".into())
+                    .spawn(move || write_batches(&live, &dir, journal, &rx))
+                    .inspect_err(|e| tracing::error!("cannot start the record writer thread: {e}"))
+                    .ok(),
+                None => {
+                    tracing::error!("the record's journal is not open");
+                    None
                 }
-                None => tracing::error!("the record's journal is not open"),
+            };
+            Writer {
+                queue: Mutex::new(tx),
+                thread,
             }
-            Mutex::new(tx)
         });
-        crate::sync::lock(queue)
+        crate::sync::lock(&writer.queue)
             .send(Job {
                 change,
                 durable,
