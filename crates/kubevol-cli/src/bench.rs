@@ -114,6 +114,21 @@ fn pod(i: usize, volumes: usize) -> Pod {
     .expect("benchmark pod is valid")
 }
 
+/// What the benchmark keeps of a pod it gave to kubevol: its name and namespace, all that the
+/// waits and the removal need. The pods themselves move into kubevol, as a daemon's parsed
+/// manifests do, so no second copy of their specs is measured as kubevol's.
+fn handle(pod: &Pod) -> Pod {
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 /// The raw floor: the same syscalls kubevol needs per volume, made directly.
 fn raw_floor(dir: &Path, count: usize) -> anyhow::Result<(Duration, Duration)> {
     let m = LinuxMounter;
@@ -239,13 +254,16 @@ fn start_manager(
 
 /// Adds all pods at once and waits for each to be ready. Returns their UIDs and their ready
 /// latencies in seconds, sorted.
+/// Gives `pods` to the manager and waits for each, through its handle (see [`handle`]).
 async fn add_and_wait(
     manager: &VolumeManager,
-    pods: &Arc<Vec<Pod>>,
+    pods: Vec<Pod>,
+    handles: &Arc<Vec<Pod>>,
 ) -> anyhow::Result<(Vec<kubevol_core::PodUid>, Vec<f64>)> {
     let start = tokio::time::Instant::now();
-    let uids = manager.add_pods(pods.iter().cloned());
-    // The waiters share the benchmark's one copy of the pods.
+    let uids = manager.add_pods(pods);
+    // The waiters share the benchmark's one copy of the handles.
+    let pods = handles;
     let mut waits = Vec::new();
     for i in 0..pods.len() {
         let (m, pods) = (manager.clone(), pods.clone());
@@ -426,15 +444,16 @@ fn measure(
     let mut rss_before = 0.0;
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
-        let pods: Arc<Vec<Pod>> = Arc::new((0..n).map(|i| pod(i, args.volumes)).collect());
-        // The baseline is the idle manager beside the benchmark's own copy of its input (a
+        let input: Vec<Pod> = (0..n).map(|i| pod(i, args.volumes)).collect();
+        let pods: Arc<Vec<Pod>> = Arc::new(input.iter().map(handle).collect());
+        // The baseline is the idle manager beside its parsed input, which then moves into it (a
         // daemon parses its pods and keeps no other copy); the peak is this run's (the kernel
         // resets its high-water mark on this write).
         let _ = std::fs::write("/proc/self/clear_refs", "5");
         rss_before = status_mib("VmRSS:");
         let cpu_start = cpu_seconds();
         let start = tokio::time::Instant::now();
-        let (_, latencies) = add_and_wait(&manager, &pods).await?;
+        let (_, latencies) = add_and_wait(&manager, input, &pods).await?;
         let mount_elapsed = start.elapsed();
         let mount_cpu = cpu_seconds() - cpu_start;
 
@@ -501,10 +520,11 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let root = tmp.path().join("root");
-    let pods: Arc<Vec<Pod>> = Arc::new((0..args.pods()).map(|i| pod(i, args.volumes)).collect());
+    let input: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
+    let pods: Arc<Vec<Pod>> = Arc::new(input.iter().map(handle).collect());
     let figures = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
-        add_and_wait(&manager, &pods).await?;
+        add_and_wait(&manager, input.clone(), &pods).await?;
         // Stopped with everything mounted, as a killed daemon leaves the node.
         manager.shutdown();
         let _ = running.await;
@@ -513,7 +533,7 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let start = tokio::time::Instant::now();
         let (manager, running) = start_manager(&root, args, |_| {})?;
         let opened = start.elapsed();
-        let (_, latencies) = add_and_wait(&manager, &pods).await?;
+        let (_, latencies) = add_and_wait(&manager, input, &pods).await?;
         let ready = start.elapsed();
         let found = manager.reconstruction();
         manager.remove_pods(&pods);
@@ -758,9 +778,10 @@ mod content {
         let (lat, ready_elapsed, update_elapsed, update_lat) = runtime.block_on(async {
             let (manager, running) = start_manager(&root, args, |_| {})?;
             manager.library().upsert_objects(objects(1));
-            let pods: Arc<Vec<Pod>> = Arc::new((0..args.pods()).map(pod).collect());
+            let input: Vec<Pod> = (0..args.pods()).map(pod).collect();
+            let pods: Arc<Vec<Pod>> = Arc::new(input.iter().map(handle).collect());
             let start = tokio::time::Instant::now();
-            let (uids, latencies) = add_and_wait(&manager, &pods).await?;
+            let (uids, latencies) = add_and_wait(&manager, input, &pods).await?;
             let ready_elapsed = start.elapsed();
 
             // One ConfigMap update; every pod's configMap and projected volume must show it.

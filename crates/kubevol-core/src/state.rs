@@ -157,6 +157,11 @@ impl<V> PodMap<V> {
         match self.find(&uid) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {
+                // The first pod gets room for one, not the vector's usual four: most volumes
+                // never have a second.
+                if self.0.capacity() == 0 {
+                    self.0.reserve_exact(1);
+                }
                 self.0.insert(i, (uid, value));
                 None
             }

@@ -26,7 +26,7 @@ use crate::populator::Populator;
 use crate::reconstruct::Findings;
 use crate::source::{Library, PodSource};
 use crate::store::{pod_uid, ObjectStore};
-use crate::waiters::{Wait, WaitError};
+use crate::waiters::{Wait, WaitError, Waited};
 use crate::world::{AswWriter, MountedVolume, World};
 
 /// How the manager is set up.
@@ -432,20 +432,20 @@ impl VolumeManager {
     /// times out after the configured wait (2 min 3 s) with an error that lists the unmounted
     /// and failed-to-process volumes, each with its last error.
     pub async fn wait_for_attach_and_mount(&self, pod: &Pod) -> Result<(), WaitError> {
-        self.wait().attach_and_mount(pod).await
+        self.wait().attach_and_mount(Waited::of(pod)).await
     }
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
     pub async fn wait_for_unmount(&self, pod: &Pod) -> Result<(), WaitError> {
-        self.wait().unmount(pod).await
+        self.wait().unmount(Waited::of(pod)).await
     }
 
     /// Waits until none of `pods` has anything mounted.
     pub async fn wait_for_all_pods_unmount(&self, pods: &[Pod]) -> Result<(), WaitError> {
         let mut waits = tokio::task::JoinSet::new();
         for p in pods {
-            let (m, p) = (self.clone(), p.clone());
-            waits.spawn(async move { m.wait_for_unmount(&p).await });
+            let (m, p) = (self.clone(), Waited::of(p));
+            waits.spawn(async move { m.wait().unmount(p).await });
         }
         let mut timeouts = Vec::new();
         while let Some(r) = waits.join_next().await {

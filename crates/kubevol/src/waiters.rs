@@ -47,14 +47,38 @@ pub(crate) struct Wait<'a> {
     pub(crate) stop: watch::Receiver<bool>,
 }
 
+/// What a waiter keeps of its pod: the UID it waits on and the name its timeout names. Small,
+/// so that a wait for many pods holds no copy of their specs.
+#[derive(Clone, Debug)]
+pub(crate) struct Waited {
+    uid: PodUid,
+    name: String,
+}
+
+impl Waited {
+    pub(crate) fn of(pod: &Pod) -> Waited {
+        Waited {
+            uid: pod_uid(pod),
+            name: format!(
+                "{}/{}",
+                pod.metadata
+                    .namespace
+                    .as_deref()
+                    .unwrap_or(DEFAULT_NAMESPACE),
+                pod.metadata.name.as_deref().unwrap_or("")
+            ),
+        }
+    }
+}
+
 impl Wait<'_> {
     async fn until(
         mut self,
-        pod: &Pod,
+        pod: Waited,
         mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
         describe: impl Fn(&Sources<'_>, &PodUid) -> String,
     ) -> Result<(), WaitError> {
-        let uid = pod_uid(pod);
+        let Waited { uid, name } = pod;
         let deadline = Instant::now() + self.timeout;
         let signal = self.sources.world.pod_signal(&uid);
         loop {
@@ -71,11 +95,6 @@ impl Wait<'_> {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {
-                    let name = format!(
-                        "{}/{}",
-                        pod.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE),
-                        pod.metadata.name.as_deref().unwrap_or("")
-                    );
                     return Err(WaitError::Timeout {
                         pod: name,
                         timeout: self.timeout,
@@ -88,7 +107,7 @@ impl Wait<'_> {
     }
 
     /// Waits until every volume the pod's containers use is mounted.
-    pub(crate) async fn attach_and_mount(self, pod: &Pod) -> Result<(), WaitError> {
+    pub(crate) async fn attach_and_mount(self, pod: Waited) -> Result<(), WaitError> {
         self.until(
             pod,
             |s, uid| {
@@ -136,7 +155,7 @@ impl Wait<'_> {
     }
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
-    pub(crate) async fn unmount(self, pod: &Pod) -> Result<(), WaitError> {
+    pub(crate) async fn unmount(self, pod: Waited) -> Result<(), WaitError> {
         self.until(
             pod,
             |s, uid| Ok(!s.world.has_possibly_mounted_volumes(uid)),

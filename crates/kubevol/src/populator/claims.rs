@@ -280,7 +280,7 @@ mod tests {
         s.apply(
             objects
                 .into_iter()
-                .map(|(_, o)| crate::store::Change::Upsert(o)),
+                .map(|(_, o)| crate::store::Change::Upsert(Box::new(o))),
         );
         s
     }

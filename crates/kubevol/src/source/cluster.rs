@@ -118,7 +118,7 @@ impl PodSource for ClusterSource {
                     Ok(Event::Apply(o)) => {
                         if let Some(pod) = typed_pod(o) {
                             refs.add_pod(&pod.0);
-                            sink.apply([Change::ClusterUpsert(pod_object(pod))]);
+                            sink.apply([Change::ClusterUpsert(Box::new(pod_object(pod)))]);
                         }
                         sink.problem(None);
                     }
@@ -1113,7 +1113,7 @@ async fn watch_one<K>(
             Ok(Event::InitApply(o) | Event::Apply(o)) => {
                 listed = true;
                 seen(Some(&o));
-                sink.apply([Change::ClusterUpsert(object(o))]);
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::InitDone) => {
                 if !listed {
@@ -1150,7 +1150,7 @@ async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
             Ok(Event::Init) => listing.clear(),
             Ok(Event::InitApply(o)) => {
                 listing.insert(o.metadata.name.clone().unwrap_or_default());
-                sink.apply([Change::ClusterUpsert(object(o))]);
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::InitDone) => {
                 let gone: Vec<Change> = known
@@ -1162,7 +1162,7 @@ async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
             }
             Ok(Event::Apply(o)) => {
                 known.insert(o.metadata.name.clone().unwrap_or_default());
-                sink.apply([Change::ClusterUpsert(object(o))]);
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::Delete(o)) => {
                 known.remove(o.metadata.name.as_deref().unwrap_or_default());

@@ -51,7 +51,7 @@ impl Library {
         let uids = pods.iter().map(pod_uid).collect();
         self.apply(
             pods.into_iter()
-                .map(|p| Change::Upsert(Object::Pod(p, PodExtensions::default())))
+                .map(|p| Change::Upsert(Box::new(Object::Pod(p, PodExtensions::default()))))
                 .collect(),
         );
         uids
@@ -67,7 +67,12 @@ impl Library {
     pub fn upsert_objects(&self, objects: impl IntoIterator<Item = Object>) -> Vec<String> {
         let objects: Vec<Object> = objects.into_iter().collect();
         let problems = objects.iter().filter_map(problem_of).collect();
-        self.apply(objects.into_iter().map(Change::Upsert).collect());
+        self.apply(
+            objects
+                .into_iter()
+                .map(|o| Change::Upsert(Box::new(o)))
+                .collect(),
+        );
         problems
     }
 

@@ -398,8 +398,8 @@ impl Objects {
                 entry.skipped = objects;
                 true
             }
-            Change::Upsert(obj) => self.upsert(Origin::Api, obj, touched),
-            Change::ClusterUpsert(obj) => self.upsert(Origin::Cluster, obj, touched),
+            Change::Upsert(obj) => self.upsert(Origin::Api, *obj, touched),
+            Change::ClusterUpsert(obj) => self.upsert(Origin::Cluster, *obj, touched),
             Change::ClusterRemove(key) => {
                 let had = self
                     .defs

@@ -243,12 +243,13 @@ pub enum Change {
         /// Its objects kubevol skips.
         objects: Vec<ObjectName>,
     },
-    /// An object given through the library API, added or replaced.
-    Upsert(Object),
+    /// An object given through the library API, added or replaced (boxed: a pod is kilobytes,
+    /// and a batch of removals should not reserve that much for each).
+    Upsert(Box<Object>),
     /// A pod given through the library API, removed.
     RemovePod(PodUid),
     /// An object the API server delivered, added or replaced.
-    ClusterUpsert(Object),
+    ClusterUpsert(Box<Object>),
     /// An object the API server no longer has (or no longer lets this node read).
     ClusterRemove(ObjectKey),
     /// The API server's complete listing of this node's pods: every other pod it delivered
@@ -857,10 +858,10 @@ mod tests {
         let a = PathBuf::from("/m/a.yaml");
         load(&s, &a, one_pod("x"));
         let uid = pod_uid(&pod(None, "x"));
-        s.apply([Change::Upsert(Object::Pod(
+        s.apply([Change::Upsert(Box::new(Object::Pod(
             pod(None, "x"),
             PodExtensions::default(),
-        ))]);
+        )))]);
         assert_eq!(s.pod(&uid).unwrap().origin, Origin::Api);
         assert!(s.file_errors()[0]
             .message
