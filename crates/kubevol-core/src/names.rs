@@ -5,13 +5,15 @@
 //! shared volumes (CSI, local) use `<plugin>/<volume id>`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// The UID of a pod: the directory name under `<root>/pods/`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PodUid(pub String);
+/// The UID of a pod: the directory name under `<root>/pods/`. Shared, not copied: the
+/// states, the executor, the record and the events each hold it for every volume, and a copy is
+/// a reference count, not an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodUid(pub Arc<str>);
 
 impl PodUid {
     /// The UID as a string slice.
@@ -26,21 +28,20 @@ impl fmt::Display for PodUid {
     }
 }
 
-/// A volume's key in the desired and actual states of world.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct UniqueVolumeName(pub String);
+/// A volume's key in the desired and actual states of world. Shared, as [`PodUid`] is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UniqueVolumeName(pub Arc<str>);
 
 impl UniqueVolumeName {
     /// The kubelet's name for a volume that belongs to exactly one pod:
     /// `kubernetes.io/empty-dir/<podUID>-<volume>`.
     pub fn for_pod_volume(plugin: &str, pod: &PodUid, volume: &str) -> Self {
-        UniqueVolumeName(format!("{plugin}/{pod}-{volume}"))
+        UniqueVolumeName::from(format!("{plugin}/{pod}-{volume}"))
     }
 
     /// The kubelet's name for a volume shared between pods: `<plugin>/<volume id>`.
     pub fn for_shared_volume(plugin: &str, volume_id: &str) -> Self {
-        UniqueVolumeName(format!("{plugin}/{volume_id}"))
+        UniqueVolumeName::from(format!("{plugin}/{volume_id}"))
     }
 
     /// The name as a string slice.
@@ -54,6 +55,38 @@ impl fmt::Display for UniqueVolumeName {
         f.write_str(&self.0)
     }
 }
+
+/// Both names are written and read as plain strings.
+macro_rules! shared_name {
+    ($t:ident) => {
+        impl From<&str> for $t {
+            fn from(s: &str) -> Self {
+                $t(s.into())
+            }
+        }
+
+        impl From<String> for $t {
+            fn from(s: String) -> Self {
+                $t(s.into())
+            }
+        }
+
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d).map($t::from)
+            }
+        }
+    };
+}
+
+shared_name!(PodUid);
+shared_name!(UniqueVolumeName);
 
 /// Who a pod is: enough to name it in a message and find its directory.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -224,7 +224,7 @@ mod tests {
         PodRef {
             namespace: "default".into(),
             name: n.into(),
-            uid: PodUid(format!("uid-{n}")),
+            uid: PodUid::from(format!("uid-{n}")),
         }
     }
 

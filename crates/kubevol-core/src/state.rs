@@ -768,7 +768,7 @@ mod tests {
             .map(|(k, v)| (uid(k), v))
             .collect();
         assert_eq!(
-            m.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(),
+            m.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
             ["a", "b", "c"]
         );
         assert_eq!(m.insert(uid("b"), 20), Some(3), "replaced, not added");

@@ -604,7 +604,7 @@ mod tests {
                 extensions: Default::default(),
             });
             m.parts.asw.write().mark_pod_volume(
-                &UniqueVolumeName(format!("test/pv/{name}")),
+                &UniqueVolumeName::from(format!("test/pv/{name}")),
                 &traits,
                 uid.clone(),
                 MountedPodVolume {

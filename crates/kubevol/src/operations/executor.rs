@@ -313,7 +313,7 @@ mod tests {
             e.try_start(&a, now),
             Err(NotStarted::BackingOff(_))
         ));
-        e.retry_now(|k| k.pod.as_ref().is_some_and(|p| p.0 == "a"), now);
+        e.retry_now(|k| k.pod.as_ref().is_some_and(|p| p.as_str() == "a"), now);
         assert!(e.try_start(&a, now).is_ok(), "a may run at once");
         assert_eq!(
             e.last_error(&a).unwrap().message,

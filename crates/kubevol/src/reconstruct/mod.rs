@@ -155,7 +155,7 @@ pub(crate) fn reconstruct(
 
     // 2. The pods directory: volumes without a (readable) record.
     for pod_dir in dirs(&host.root.join("pods")) {
-        let uid = PodUid(name_of(&pod_dir));
+        let uid = PodUid::from(name_of(&pod_dir));
         let pod_ref = loaded
             .pods
             .iter()

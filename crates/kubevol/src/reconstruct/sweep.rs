@@ -35,7 +35,7 @@ pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
         let asw = s.world.asw();
         dirs(&s.host.root.join("pods"))
             .iter()
-            .map(|p| PodUid(name_of(p)))
+            .map(|p| PodUid::from(name_of(p)))
             .filter(|u| dsw.pod(u).is_none() && asw.pod_volumes(u).next().is_none())
             .collect()
     };

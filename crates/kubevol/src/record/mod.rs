@@ -544,7 +544,7 @@ fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
         let Some(uid) = pod_dir.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        let uid = PodUid(uid.to_string());
+        let uid = PodUid::from(uid);
         for file in read_dir(&pod_dir).into_iter().filter(|p| is_record(p)) {
             let line = read_json::<PodVolumeRecord>(&file).and_then(|r| {
                 if r.pod.uid != uid {
@@ -633,7 +633,7 @@ mod tests {
             },
             source: "/m/web.yaml, document 1".into(),
             volume: volume.into(),
-            unique_name: UniqueVolumeName(format!("kubernetes.io/empty-dir/{uid}-{volume}")),
+            unique_name: UniqueVolumeName::from(format!("kubernetes.io/empty-dir/{uid}-{volume}")),
             traits: TraitsRecord {
                 plugin: "kubernetes.io/empty-dir".into(),
                 attachable: false,
@@ -703,7 +703,7 @@ mod tests {
             loaded
                 .pods
                 .iter()
-                .find(|p| p.pod.uid.0 == uid)
+                .find(|p| p.pod.uid.as_str() == uid)
                 .map(|p| p.state)
         };
         assert_eq!(state("uid-0"), Some(PodVolumeState::TearingDown));
@@ -826,7 +826,7 @@ mod tests {
         let rec = Record::open(t.path()).unwrap();
         let loaded = rec.load();
         assert_eq!(loaded.pods.len(), 1);
-        assert_eq!(loaded.pods[0].pod.uid.0, "u3");
+        assert_eq!(loaded.pods[0].pod.uid.as_str(), "u3");
         assert_eq!(loaded.corrupt.len(), 2, "{:?}", loaded.corrupt);
         assert_eq!(loaded.corrupt[0].line, Some(1));
         let message = loaded.corrupt[1].to_string();

@@ -90,7 +90,7 @@ const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
 /// across restarts.
 pub fn pod_uid(pod: &Pod) -> PodUid {
     if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return PodUid(uid.to_string());
+        return PodUid::from(uid);
     }
     let ns = pod
         .metadata
@@ -98,7 +98,7 @@ pub fn pod_uid(pod: &Pod) -> PodUid {
         .as_deref()
         .unwrap_or(DEFAULT_NAMESPACE);
     let name = pod.metadata.name.as_deref().unwrap_or("");
-    PodUid(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
+    PodUid::from(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
 }
 
 /// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
@@ -115,7 +115,7 @@ pub fn normalize_pod(mut pod: Pod) -> Pod {
         pod.metadata.namespace = Some(DEFAULT_NAMESPACE.to_string());
     }
     let uid = pod_uid(&pod);
-    pod.metadata.uid = Some(uid.0);
+    pod.metadata.uid = Some(uid.0.to_string());
     pod
 }
 

@@ -141,7 +141,7 @@ pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, Volume
                 continue;
             };
             out.push((
-                UniqueVolumeName(format!("{PLUGIN_NAME}/{driver}^{handle}")),
+                UniqueVolumeName::from(format!("{PLUGIN_NAME}/{driver}^{handle}")),
                 persistent_spec("", driver, handle),
                 vol_dir.join("globalmount"),
             ));

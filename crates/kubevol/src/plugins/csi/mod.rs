@@ -137,7 +137,7 @@ impl VolumePlugin for CsiPlugin {
     fn volume_name(&self, pod: &PodRef, spec: &VolumeSpec) -> UniqueVolumeName {
         match resolve(spec, Some(pod)) {
             Ok(r) if !r.ephemeral => {
-                UniqueVolumeName(format!("{PLUGIN_NAME}/{}^{}", r.driver, r.handle))
+                UniqueVolumeName::from(format!("{PLUGIN_NAME}/{}^{}", r.driver, r.handle))
             }
             _ => UniqueVolumeName::for_pod_volume(PLUGIN_NAME, &pod.uid, &spec.volume.name),
         }
