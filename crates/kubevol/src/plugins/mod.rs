@@ -140,10 +140,23 @@ impl PluginHost {
     }
 
     /// The absolute path of a pod's volume directory.
+    /// Built in one allocation of its exact length: the actual state keeps one for every
+    /// mounted volume.
     pub fn pod_volume_path(&self, pod: &PodRef, plugin: &str, volume: &str) -> PathBuf {
-        self.root
-            .join(Self::pod_plugin_dir(pod, plugin))
-            .join(volume)
+        let plugin = escape_plugin_name(plugin);
+        let parts: [&std::ffi::OsStr; 6] = [
+            self.root.as_os_str(),
+            "pods".as_ref(),
+            pod.uid.as_str().as_ref(),
+            "volumes".as_ref(),
+            plugin.as_ref(),
+            volume.as_ref(),
+        ];
+        let mut path = PathBuf::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+        for part in parts {
+            path.push(part);
+        }
+        path
     }
 
     /// The pod's directory for `plugin`, made if missing when `create` (not found otherwise).

@@ -13,7 +13,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::hash::Hasher;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -96,8 +98,117 @@ impl Line {
     }
 }
 
-/// The live records: each key's latest line (a record, never a removal).
-pub(super) type Live = HashMap<Key, Arc<[u8]>>;
+/// Each key's latest line (a record, never a removal), as read: the journal at open, the
+/// record files of the earlier layout.
+pub(super) type Lines = HashMap<Key, Arc<[u8]>>;
+
+/// Where a live record's line lies in the journal, with a checksum of it: telling whether a
+/// new line is the same needs no copy of the old one in memory, and a read only when the
+/// checksums agree.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place {
+    at: u64,
+    len: u32,
+    sum: u64,
+}
+
+fn checksum(line: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(line);
+    h.finish()
+}
+
+impl Place {
+    /// The place of `line`, written at `at`.
+    pub(super) fn of(at: u64, line: &[u8]) -> Place {
+        Place {
+            at,
+            len: u32::try_from(line.len()).unwrap_or(u32::MAX),
+            sum: checksum(line),
+        }
+    }
+
+    /// The line here, read from `file`.
+    pub(super) fn read(&self, file: &File) -> std::io::Result<Vec<u8>> {
+        let mut line = vec![0; self.len as usize];
+        file.read_exact_at(&mut line, self.at)?;
+        Ok(line)
+    }
+
+    /// Whether the line here is `line`: the length and checksum, then the bytes.
+    pub(super) fn holds(&self, file: &File, line: &[u8]) -> bool {
+        self.len as usize == line.len()
+            && self.sum == checksum(line)
+            && self.read(file).is_ok_and(|l| l == line)
+    }
+}
+
+/// The live records of an open record: where each key's latest line lies in the journal, and
+/// the journal they lie in, open for reading. A compaction replaces both at once, so a reader
+/// that takes them together reads the lines they name even while a new journal is renamed
+/// over the old one.
+pub(super) struct Live {
+    places: HashMap<Key, Place>,
+    file: Arc<File>,
+}
+
+impl Live {
+    /// The live records at `places` in the journal at `path`.
+    pub(super) fn open(path: &Path, places: HashMap<Key, Place>) -> std::io::Result<Live> {
+        Ok(Live {
+            places,
+            file: Arc::new(File::open(path)?),
+        })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.places.len()
+    }
+
+    pub(super) fn place(&self, key: &Key) -> Option<Place> {
+        self.places.get(key).copied()
+    }
+
+    /// The journal the places are in.
+    pub(super) fn file(&self) -> Arc<File> {
+        self.file.clone()
+    }
+
+    pub(super) fn set(&mut self, key: Key, place: Option<Place>) {
+        match place {
+            Some(p) => self.places.insert(key, p),
+            None => self.places.remove(&key),
+        };
+    }
+
+    /// Every key and place, in key order.
+    pub(super) fn sorted(&self) -> Vec<(Key, Place)> {
+        let mut out: Vec<(Key, Place)> = self.places.iter().map(|(k, p)| (k.clone(), *p)).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Every live line (one read of the journal).
+    pub(super) fn lines(&self) -> std::io::Result<Vec<Vec<u8>>> {
+        let len = self.file.metadata()?.len();
+        let mut all = vec![0; usize::try_from(len).map_err(std::io::Error::other)?];
+        self.file.read_exact_at(&mut all, 0)?;
+        self.places
+            .values()
+            .map(|p| {
+                let (at, end) = (p.at as usize, p.at as usize + p.len as usize);
+                all.get(at..end)
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| std::io::Error::other("a record lies beyond the journal's end"))
+            })
+            .collect()
+    }
+
+    /// Takes the places and journal of a compaction.
+    pub(super) fn replace(&mut self, fresh: Live) {
+        *self = fresh;
+    }
+}
 
 /// Parses one line, checking the records' format version.
 pub(super) fn parse(line: &[u8]) -> Result<Line, String> {
@@ -118,7 +229,9 @@ pub(super) fn parse(line: &[u8]) -> Result<Line, String> {
 
 /// The journal as read.
 pub(super) struct Read {
-    pub live: Live,
+    pub live: Lines,
+    /// Where each live line read from the journal begins in it.
+    pub at: HashMap<Key, u64>,
     pub corrupt: Vec<CorruptRecord>,
     /// Lines in the file.
     pub lines: usize,
@@ -127,7 +240,7 @@ pub(super) struct Read {
 }
 
 /// Reads the journal at `path` on top of `live` (the records of the earlier layout).
-pub(super) fn read(path: &Path, mut live: Live) -> std::io::Result<Read> {
+pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -142,7 +255,11 @@ pub(super) fn read(path: &Path, mut live: Live) -> std::io::Result<Read> {
     }
     let mut bad: Vec<(usize, String)> = Vec::new();
     let mut last_good = 0;
+    let mut at = HashMap::new();
+    let mut next = 0u64;
     for (i, piece) in pieces.iter().enumerate() {
+        let start = next;
+        next += piece.len() as u64 + 1;
         if piece.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
@@ -152,7 +269,9 @@ pub(super) fn read(path: &Path, mut live: Live) -> std::io::Result<Read> {
                 let key = line.key();
                 if line.is_removal() {
                     live.remove(&key);
+                    at.remove(&key);
                 } else {
+                    at.insert(key.clone(), start);
                     live.insert(key, Arc::from(*piece));
                 }
             }
@@ -178,6 +297,7 @@ pub(super) fn read(path: &Path, mut live: Live) -> std::io::Result<Read> {
     needs_compaction |= lines > 2 * live.len() + COMPACT_SLACK;
     Ok(Read {
         live,
+        at,
         corrupt,
         lines,
         needs_compaction,
@@ -185,17 +305,23 @@ pub(super) fn read(path: &Path, mut live: Live) -> std::io::Result<Read> {
 }
 
 /// Writes `live` as a new journal in `dir`, synced, and renames it into place (keeping the
-/// journal as it was as `journal.corrupt` when `keep_old`).
-pub(super) fn compact<'a>(
+/// journal as it was as `journal.corrupt` when `keep_old`). Returns where each line lies in it.
+pub(super) fn compact<L: AsRef<[u8]>>(
     dir: &Path,
-    live: impl Iterator<Item = &'a Arc<[u8]>>,
+    live: impl Iterator<Item = std::io::Result<(Key, L)>>,
     keep_old: bool,
-) -> std::io::Result<()> {
+) -> std::io::Result<HashMap<Key, Place>> {
     let new = dir.join(JOURNAL_NEW);
     let mut out = BufWriter::new(File::create(&new)?);
-    for line in live {
+    let mut places = HashMap::new();
+    let mut at = 0u64;
+    for entry in live {
+        let (key, line) = entry?;
+        let line = line.as_ref();
         out.write_all(line)?;
         out.write_all(b"\n")?;
+        places.insert(key, Place::of(at, line));
+        at += line.len() as u64 + 1;
     }
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
@@ -205,7 +331,8 @@ pub(super) fn compact<'a>(
         std::fs::copy(&journal, dir.join(JOURNAL_CORRUPT))?;
     }
     std::fs::rename(&new, &journal)?;
-    sync_dir(dir)
+    sync_dir(dir)?;
+    Ok(places)
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -251,6 +378,11 @@ impl Appender {
 
     /// Appends `buf` (`lines` whole lines) in one write, synced when `durable`. A write that
     /// fails is cut off again, so the next one starts on a line of its own.
+    /// Where the next append begins.
+    pub(super) fn end(&self) -> u64 {
+        self.len
+    }
+
     pub(super) fn append(
         &mut self,
         buf: &[u8],
@@ -269,29 +401,39 @@ impl Appender {
         Ok(())
     }
 
-    /// Compacts the journal if its lines outgrow twice the `live` records; `snapshot` gives
-    /// them (taken only then).
-    pub(super) fn maybe_compact(&mut self, live: usize, snapshot: impl FnOnce() -> Vec<Arc<[u8]>>) {
-        if self.lines <= 2 * live + COMPACT_SLACK {
-            return;
-        }
-        let records = snapshot();
-        let reopened = compact(&self.dir, records.iter(), false)
-            .and_then(|()| Appender::open(&self.dir, records.len()));
-        match reopened {
-            Ok(fresh) => {
+    /// Compacts the journal if its lines outgrow twice the `live` records: writes them to a
+    /// new journal (read from the old one, in key order), and has `live` and this appender
+    /// follow it. A compaction that fails leaves the old journal as it was, still appended to,
+    /// and is tried again after as many lines again.
+    pub(super) fn maybe_compact(&mut self, live: &std::sync::Mutex<Live>) {
+        let (entries, old) = {
+            let live = crate::sync::lock(live);
+            if self.lines <= 2 * live.len() + COMPACT_SLACK {
+                return;
+            }
+            (live.sorted(), live.file())
+        };
+        let count = entries.len();
+        let lines = entries
+            .into_iter()
+            .map(|(key, place)| Ok((key, place.read(&old)?)));
+        let fresh = compact(&self.dir, lines, false).and_then(|places| {
+            let appender = Appender::open(&self.dir, count)?;
+            Ok((Live::open(&self.dir.join(JOURNAL), places)?, appender))
+        });
+        match fresh {
+            Ok((fresh, appender)) => {
                 info!(
-                    records = records.len(),
-                    dropped = self.lines - records.len(),
+                    records = count,
+                    dropped = self.lines - count,
                     "record journal compacted"
                 );
-                *self = fresh;
+                crate::sync::lock(live).replace(fresh);
+                *self = appender;
             }
             Err(e) => {
-                // The old journal is intact and still appended to; try again after as many
-                // lines again.
                 warn!(dir = %self.dir.display(), "cannot compact the record journal: {e}");
-                self.lines = live;
+                self.lines = count;
             }
         }
     }

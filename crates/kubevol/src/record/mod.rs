@@ -36,7 +36,7 @@ mod writer;
 
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
-use journal::{Appender, Live};
+use journal::{Appender, Lines, Live, Place};
 use writer::Job;
 pub use writer::{Change, Committed};
 
@@ -344,8 +344,8 @@ pub struct Loaded {
 /// The record under one root directory.
 pub struct Record {
     dir: PathBuf,
-    /// Each volume's latest record, as its journal line (shared with the writer thread, which
-    /// never holds the record itself: the record's last owner always ends and joins it).
+    /// Where each volume's latest record lies in the journal (shared with the writer thread,
+    /// which never holds the record itself: the record's last owner always ends and joins it).
     live: Arc<Mutex<Live>>,
     /// What could not be read at open.
     corrupt: Vec<CorruptRecord>,
@@ -386,12 +386,12 @@ impl Record {
         let legacy = read_legacy(&dir, true);
         let read = journal::read(&dir.join(JOURNAL), legacy.live)?;
         let mut lines = read.lines;
-        if read.needs_compaction || !legacy.files.is_empty() {
+        let places = if read.needs_compaction || !legacy.files.is_empty() {
             let mut entries: Vec<(&journal::Key, &Arc<[u8]>)> = read.live.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
-            journal::compact(
+            let places = journal::compact(
                 &dir,
-                entries.into_iter().map(|(_, v)| v),
+                entries.into_iter().map(|(k, v)| Ok((k.clone(), v))),
                 !read.corrupt.is_empty(),
             )?;
             lines = read.live.len();
@@ -409,13 +409,21 @@ impl Record {
             }
             let _ = std::fs::remove_dir(dir.join("pods"));
             let _ = std::fs::remove_dir(dir.join("volumes"));
-        }
+            places
+        } else {
+            // Every live line was read from the journal as it is.
+            read.live
+                .iter()
+                .filter_map(|(k, line)| Some((k.clone(), Place::of(*read.at.get(k)?, line))))
+                .collect()
+        };
         let appender = Appender::open(&dir, lines)?;
+        let live = Live::open(&dir.join(JOURNAL), places)?;
         let mut corrupt = legacy.corrupt;
         corrupt.extend(read.corrupt);
         Ok(Record {
             dir,
-            live: Arc::new(Mutex::new(read.live)),
+            live: Arc::new(Mutex::new(live)),
             corrupt,
             appender: Mutex::new(Some(appender)),
             writer: OnceLock::new(),
@@ -430,7 +438,7 @@ impl Record {
         let read = journal::read(&dir.join(JOURNAL), legacy.live)?;
         let mut corrupt = legacy.corrupt;
         corrupt.extend(read.corrupt);
-        Ok(loaded(&read.live, corrupt))
+        Ok(loaded(read.live.values().map(|l| &l[..]), corrupt))
     }
 
     /// The record's directory.
@@ -462,9 +470,17 @@ impl Record {
 
     /// The last node-wide record written for a volume, if it is still there.
     pub fn device(&self, unique: &UniqueVolumeName) -> Option<DeviceRecord> {
-        let line = crate::sync::lock(&self.live)
-            .get(&journal::Key::Device(unique.clone()))
-            .cloned()?;
+        let (place, file) = {
+            let live = crate::sync::lock(&self.live);
+            (
+                live.place(&journal::Key::Device(unique.clone()))?,
+                live.file(),
+            )
+        };
+        let line = place
+            .read(&file)
+            .inspect_err(|e| tracing::warn!(dir = %self.dir.display(), "cannot read the record of {unique}: {e}"))
+            .ok()?;
         match journal::parse(&line) {
             Ok(journal::Line::Device(d)) => Some(d),
             _ => None,
@@ -474,17 +490,31 @@ impl Record {
     /// Every record, as read at open and written since. Unreadable ones found at open are
     /// returned as [`CorruptRecord`]s.
     pub fn load(&self) -> Loaded {
-        loaded(&crate::sync::lock(&self.live), self.corrupt.clone())
+        let lines = crate::sync::lock(&self.live).lines();
+        match lines {
+            Ok(lines) => loaded(lines.iter().map(|l| &l[..]), self.corrupt.clone()),
+            Err(e) => {
+                let mut corrupt = self.corrupt.clone();
+                corrupt.push(CorruptRecord {
+                    path: self.journal(),
+                    line: None,
+                    pod: None,
+                    volume: None,
+                    error: format!("cannot read the journal: {e}"),
+                });
+                loaded(std::iter::empty(), corrupt)
+            }
+        }
     }
 }
 
 /// The records of `live`, sorted by pod and volume.
-fn loaded(live: &Live, corrupt: Vec<CorruptRecord>) -> Loaded {
+fn loaded<'a>(live: impl Iterator<Item = &'a [u8]>, corrupt: Vec<CorruptRecord>) -> Loaded {
     let mut out = Loaded {
         corrupt,
         ..Loaded::default()
     };
-    for line in live.values() {
+    for line in live {
         match journal::parse(line) {
             Ok(journal::Line::PodVolume(r)) => out.pods.push(r),
             Ok(journal::Line::Device(d)) => out.devices.push(d),
@@ -501,7 +531,7 @@ fn loaded(live: &Live, corrupt: Vec<CorruptRecord>) -> Loaded {
 
 /// The records of the earlier layout (a JSON file per volume).
 struct Legacy {
-    live: Live,
+    live: Lines,
     corrupt: Vec<CorruptRecord>,
     /// The files read.
     files: Vec<PathBuf>,
@@ -512,7 +542,7 @@ struct Legacy {
 /// effect never started.
 fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
     let mut out = Legacy {
-        live: Live::new(),
+        live: Lines::new(),
         corrupt: Vec::new(),
         files: Vec::new(),
     };
@@ -894,6 +924,10 @@ mod tests {
         rec.commit(Change::PodVolume(pod_record("other", "v")), false)
             .await
             .unwrap();
+        let device = UniqueVolumeName::from("kubernetes.io/csi/loop^pv1");
+        rec.commit(Change::Device(device_record(&device)), false)
+            .await
+            .unwrap();
         let mut r = pod_record("u1", "cache");
         let rounds = journal::COMPACT_SLACK + 100;
         for i in 0..rounds {
@@ -907,19 +941,50 @@ mod tests {
                 .unwrap();
         }
         let lines = journal_lines(t.path()).len();
-        assert!(lines < 200, "{lines} lines for 2 records: compacted");
+        assert!(lines < 200, "{lines} lines for 3 records: compacted");
+        assert_eq!(
+            rec.device(&device).unwrap().expanded_size,
+            Some(1 << 30),
+            "a node-wide record is read from where the compaction put it"
+        );
+
+        // The running record follows its lines into the compacted journal.
+        let last = rec.load();
+        assert_eq!(last.pods.len(), 2);
+        let u1 = last
+            .pods
+            .iter()
+            .find(|p| p.pod.uid.as_str() == "u1")
+            .unwrap();
+        assert_eq!(u1.state, r.state, "the latest line is the live one");
+        rec.commit(Change::PodVolume(r.clone()), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            journal_lines(t.path()).len(),
+            lines,
+            "an unchanged outcome is seen as unchanged in the new journal: nothing written"
+        );
+        r.state = PodVolumeState::TearingDown;
+        rec.commit(Change::PodVolume(r.clone()), false)
+            .await
+            .unwrap();
+        assert_eq!(journal_lines(t.path()).len(), lines + 1);
+        let u1 = rec
+            .load()
+            .pods
+            .into_iter()
+            .find(|p| p.pod.uid.as_str() == "u1");
+        assert_eq!(u1.unwrap().state, PodVolumeState::TearingDown);
+
         drop(rec);
         let loaded = Record::read(t.path()).unwrap();
         assert_eq!(loaded.pods.len(), 2);
         assert!(!t.path().join(RECORD_DIR).join("journal.new").exists());
     }
 
-    #[tokio::test]
-    async fn device_records_keep_attach_stage_and_size() {
-        let t = tempfile::tempdir().unwrap();
-        let rec = Arc::new(Record::open(t.path()).unwrap());
-        let name = UniqueVolumeName("kubernetes.io/csi/loop^pv1".into());
-        let d = DeviceRecord {
+    fn device_record(name: &UniqueVolumeName) -> DeviceRecord {
+        DeviceRecord {
             version: VERSION,
             unique_name: name.clone(),
             traits: TraitsRecord {
@@ -933,7 +998,15 @@ mod tests {
             publish_context: [("devicePath".to_string(), "/dev/loop3".to_string())].into(),
             expanded_size: Some(1 << 30),
             spec: pod_record("u", "v").spec,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn device_records_keep_attach_stage_and_size() {
+        let t = tempfile::tempdir().unwrap();
+        let rec = Arc::new(Record::open(t.path()).unwrap());
+        let name = UniqueVolumeName::from("kubernetes.io/csi/loop^pv1");
+        let d = device_record(&name);
         rec.commit(Change::Device(d.clone()), true).await.unwrap();
         assert_eq!(rec.device(&name).unwrap().expanded_size, Some(1 << 30));
         let loaded = Record::read(t.path()).unwrap();

@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use kubevol_core::{PodUid, UniqueVolumeName};
 
-use super::journal::Live;
-use super::journal::{AppendError, Appender, Key, Line, LineRef};
+use super::journal::{AppendError, Appender, Key, Line, LineRef, Live, Place};
 use super::{DeviceRecord, PodVolumeRecord, Record, Writer};
 
 /// One change to the record.
@@ -88,8 +87,7 @@ fn write_batches(
             .filter_map(|j| Some((j.change.as_ref()?, j.durable)))
             .collect();
         let results = apply(live, &mut journal, &batch);
-        let count = crate::sync::lock(live).len();
-        journal.maybe_compact(count, || snapshot(live));
+        journal.maybe_compact(live);
         let mut results = results.into_iter();
         for job in jobs {
             let result = match job.change {
@@ -120,29 +118,28 @@ fn apply(
 ) -> Vec<std::io::Result<()>> {
     let mut results: Vec<std::io::Result<()>> = Vec::with_capacity(batch.len());
     // What the batch changes, in order, over the live records.
-    let mut changed: Vec<(Key, Option<Arc<[u8]>>)> = Vec::new();
+    let mut changed: Vec<(Key, Option<Written>)> = Vec::new();
     let mut overlay: std::collections::HashMap<Key, Option<Arc<[u8]>>> = Default::default();
     let mut buf = Vec::new();
     let mut any_durable = false;
     {
         let live = crate::sync::lock(live);
-        let current =
-            |key: &Key, overlay: &std::collections::HashMap<Key, Option<Arc<[u8]>>>| match overlay
-                .get(key)
-            {
-                Some(v) => v.clone(),
-                None => live.get(key).cloned(),
-            };
+        let file = live.file();
         for &(change, durable) in batch {
             let key = change.key();
-            let now = current(&key, &overlay);
+            let now = match overlay.get(&key) {
+                Some(line) => Now::Line(line.clone()),
+                None => Now::At(live.place(&key)),
+            };
             let line = match change {
                 Change::PodVolume(r) => LineRef::PodVolume(r).encode().map(Some),
                 Change::Device(r) if r.expanded_size.is_none() => {
-                    let kept = now.as_deref().and_then(|b| match super::journal::parse(b) {
-                        Ok(Line::Device(d)) => d.expanded_size,
-                        _ => None,
-                    });
+                    let kept = now
+                        .bytes(&file)
+                        .and_then(|b| match super::journal::parse(&b) {
+                            Ok(Line::Device(d)) => d.expanded_size,
+                            _ => None,
+                        });
                     let r = DeviceRecord {
                         expanded_size: kept,
                         ..r.clone()
@@ -160,10 +157,11 @@ fn apply(
                 }
             };
             results.push(Ok(()));
+            let begins = buf.len();
             match &line {
                 // Unchanged: an outcome needs no write; an intent is written and synced
                 // all the same (the caller asked for it to be on disk).
-                Some(bytes) if !durable && now.as_ref() == Some(bytes) => continue,
+                Some(bytes) if !durable && now.is(&file, bytes) => continue,
                 Some(bytes) => buf.extend_from_slice(bytes),
                 None if now.is_none() => continue,
                 None => {
@@ -186,13 +184,14 @@ fn apply(
             buf.push(b'\n');
             any_durable |= durable;
             overlay.insert(key.clone(), line.clone());
-            changed.push((key, line));
+            changed.push((key, line.map(|l| (begins, l))));
         }
     }
     if buf.is_empty() {
         return results;
     }
     let copy = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+    let start = journal.end();
     let unsynced = match journal.append(&buf, changed.len(), any_durable) {
         Ok(()) => None,
         Err(AppendError::NotWritten(e)) => {
@@ -205,12 +204,18 @@ fn apply(
         Err(AppendError::NotSynced(e)) => Some(e),
     };
     // The lines are in the journal (synced or not): the live records follow them.
+    let places: Vec<(Key, Option<Place>)> = changed
+        .into_iter()
+        .map(|(key, line)| {
+            (
+                key,
+                line.map(|(begins, l)| Place::of(start + begins as u64, &l)),
+            )
+        })
+        .collect();
     let mut live = crate::sync::lock(live);
-    for (key, line) in changed {
-        match line {
-            Some(bytes) => live.insert(key, bytes),
-            None => live.remove(&key),
-        };
+    for (key, place) in places {
+        live.set(key, place);
     }
     drop(live);
     if let Some(e) = unsynced {
@@ -223,12 +228,36 @@ fn apply(
     results
 }
 
-/// Every live record's line, in key order, for a compaction.
-fn snapshot(live: &Mutex<Live>) -> Vec<Arc<[u8]>> {
-    let live = crate::sync::lock(live);
-    let mut entries: Vec<(&Key, &Arc<[u8]>)> = live.iter().collect();
-    entries.sort_by(|a, b| a.0.cmp(b.0));
-    entries.into_iter().map(|(_, v)| v.clone()).collect()
+/// A line of a batch: where it begins in the batch's buffer, and its bytes.
+type Written = (usize, Arc<[u8]>);
+
+/// A key's line as a batch sees it: written earlier in the batch, or live in the journal (or
+/// none).
+enum Now {
+    Line(Option<Arc<[u8]>>),
+    At(Option<Place>),
+}
+
+impl Now {
+    fn is_none(&self) -> bool {
+        matches!(self, Now::Line(None) | Now::At(None))
+    }
+
+    /// Whether the line is `line`.
+    fn is(&self, journal: &std::fs::File, line: &[u8]) -> bool {
+        match self {
+            Now::Line(l) => l.as_deref() == Some(line),
+            Now::At(p) => p.is_some_and(|p| p.holds(journal, line)),
+        }
+    }
+
+    /// The line's bytes.
+    fn bytes(&self, journal: &std::fs::File) -> Option<Vec<u8>> {
+        match self {
+            Now::Line(l) => l.as_deref().map(<[u8]>::to_vec),
+            Now::At(p) => p.and_then(|p| p.read(journal).ok()),
+        }
+    }
 }
 
 impl Record {
