@@ -88,13 +88,77 @@ macro_rules! shared_name {
 shared_name!(PodUid);
 shared_name!(UniqueVolumeName);
 
+/// A string held by many (a pod's namespace and name, kept with each of its volumes in both
+/// states): a copy is a reference count. Reads as a `&str`.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SharedStr(Arc<str>);
+
+impl SharedStr {
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SharedStr {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SharedStr {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for SharedStr {
+    fn as_ref(&self) -> &std::path::Path {
+        self.0.as_ref().as_ref()
+    }
+}
+
+impl std::borrow::Borrow<str> for SharedStr {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for SharedStr {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for SharedStr {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl fmt::Debug for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for SharedStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+shared_name!(SharedStr);
+
 /// Who a pod is: enough to name it in a message and find its directory.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PodRef {
     /// The pod's namespace.
-    pub namespace: String,
+    pub namespace: SharedStr,
     /// The pod's name.
-    pub name: String,
+    pub name: SharedStr,
     /// The pod's UID.
     pub uid: PodUid,
 }

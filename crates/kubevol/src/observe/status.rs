@@ -198,8 +198,8 @@ impl Sources<'_> {
         if let Some(r) = self.world.rejected().get(uid) {
             if self.world.dsw().pod(uid).is_none() {
                 return Some(PodStatus {
-                    namespace: r.pod_ref.namespace.clone(),
-                    name: r.pod_ref.name.clone(),
+                    namespace: r.pod_ref.namespace.to_string(),
+                    name: r.pod_ref.name.to_string(),
                     uid: uid.to_string(),
                     source: r.origin.to_string(),
                     phase: PodPhase::Rejected,
@@ -312,8 +312,8 @@ impl Sources<'_> {
         };
         volumes.sort_by(|a, b| a.name.cmp(&b.name));
         Some(PodStatus {
-            namespace: pod_ref.namespace.clone(),
-            name: pod_ref.name.clone(),
+            namespace: pod_ref.namespace.to_string(),
+            name: pod_ref.name.to_string(),
             uid: uid.to_string(),
             source: self
                 .store

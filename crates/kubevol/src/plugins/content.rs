@@ -293,11 +293,11 @@ async fn fetch_tokens(
         .unwrap_or_else(|| "default".into());
     for (index, source) in sources {
         let spec = TokenSpec {
-            namespace: req.pod_ref.namespace.clone(),
+            namespace: req.pod_ref.namespace.to_string(),
             service_account: service_account.clone(),
             audience: source.audience.clone().filter(|a| !a.is_empty()),
             expiration_seconds: source.expiration_seconds.unwrap_or(3600),
-            pod_name: req.pod_ref.name.clone(),
+            pod_name: req.pod_ref.name.to_string(),
             pod_uid: req.pod_ref.uid.to_string(),
         };
         match host.tokens.get(spec).await {

@@ -50,9 +50,10 @@ pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
         namespace: pod
             .metadata
             .namespace
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
-        name: pod.metadata.name.clone().unwrap_or_default(),
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE)
+            .into(),
+        name: pod.metadata.name.as_deref().unwrap_or_default().into(),
         uid: uid.clone(),
     }
 }

@@ -83,7 +83,7 @@ pub struct Leftover {
 fn unknown_pod(uid: &PodUid) -> PodRef {
     PodRef {
         namespace: "(unknown)".into(),
-        name: uid.to_string(),
+        name: uid.as_str().into(),
         uid: uid.clone(),
     }
 }

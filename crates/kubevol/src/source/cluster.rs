@@ -317,7 +317,7 @@ impl EventPoster {
                     }
                 }
             }
-            let ns = ev.pod.namespace.clone();
+            let ns = ev.pod.namespace.to_string();
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
@@ -331,7 +331,7 @@ impl EventPoster {
                 involved_object: k8s_openapi::api::core::v1::ObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("Pod".into()),
-                    name: Some(ev.pod.name.clone()),
+                    name: Some(ev.pod.name.to_string()),
                     namespace: Some(ns.clone()),
                     uid: Some(uid.clone()),
                     ..Default::default()

@@ -429,8 +429,8 @@ async fn publish_volume(
     }
     let mut context: HashMap<String, String> = r.attributes.clone().into_iter().collect();
     if pol.pod_info_on_mount {
-        context.insert(POD_NAME_KEY.into(), pod.name.clone());
-        context.insert(POD_NAMESPACE_KEY.into(), pod.namespace.clone());
+        context.insert(POD_NAME_KEY.into(), pod.name.to_string());
+        context.insert(POD_NAMESPACE_KEY.into(), pod.namespace.to_string());
         context.insert(POD_UID_KEY.into(), pod.uid.to_string());
         context.insert(SERVICE_ACCOUNT_KEY.into(), service_account(&req.pod));
         context.insert(EPHEMERAL_KEY.into(), r.ephemeral.to_string());

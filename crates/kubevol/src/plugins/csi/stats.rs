@@ -118,7 +118,7 @@ pub(crate) async fn stats_loop(
                 .filter_map(|m| {
                     let claim = m.spec.volume.persistent_volume_claim.as_ref()?;
                     Some((
-                        m.pod_ref.namespace.clone(),
+                        m.pod_ref.namespace.to_string(),
                         claim.claim_name.clone(),
                         m.spec.clone(),
                         m.path.clone(),

@@ -151,7 +151,7 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
         capacity: None,
         stage_secret: None,
         publish_secret: src.node_publish_secret_ref.as_ref().map(|r| SecretRef {
-            namespace: pod.namespace.clone(),
+            namespace: pod.namespace.to_string(),
             name: r.name.clone(),
         }),
         controller_secret: None,
