@@ -153,12 +153,12 @@ pub(super) struct Live {
 }
 
 impl Live {
-    /// The live records at `places` in the journal at `path`.
-    pub(super) fn open(path: &Path, places: HashMap<Key, Place>) -> std::io::Result<Live> {
-        Ok(Live {
+    /// The live records at `places` in the journal `file`.
+    pub(super) fn new(places: HashMap<Key, Place>, file: File) -> Live {
+        Live {
             places,
-            file: Arc::new(File::open(path)?),
-        })
+            file: Arc::new(file),
+        }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -202,11 +202,6 @@ impl Live {
                     .ok_or_else(|| std::io::Error::other("a record lies beyond the journal's end"))
             })
             .collect()
-    }
-
-    /// Takes the places and journal of a compaction.
-    pub(super) fn replace(&mut self, fresh: Live) {
-        *self = fresh;
     }
 }
 
@@ -304,15 +299,37 @@ pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
     })
 }
 
+/// A journal just written by [`compact`], open to append to and to read: everything that can
+/// fail is done before it takes the journal's name, so that the writer never goes on appending
+/// to a journal that has been replaced.
+pub(super) struct Compacted {
+    /// Where each line lies in it.
+    pub places: HashMap<Key, Place>,
+    /// Its end, to append to.
+    pub append: Appender,
+    /// It, to read the lines at `places` from.
+    pub read: File,
+}
+
 /// Writes `live` as a new journal in `dir`, synced, and renames it into place (keeping the
-/// journal as it was as `journal.corrupt` when `keep_old`). Returns where each line lies in it.
+/// journal as it was as `journal.corrupt` when `keep_old`).
 pub(super) fn compact<L: AsRef<[u8]>>(
     dir: &Path,
     live: impl Iterator<Item = std::io::Result<(Key, L)>>,
     keep_old: bool,
-) -> std::io::Result<HashMap<Key, Place>> {
+) -> std::io::Result<Compacted> {
     let new = dir.join(JOURNAL_NEW);
-    let mut out = BufWriter::new(File::create(&new)?);
+    // A compaction cut short left nothing the journal needs.
+    match std::fs::remove_file(&new) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create_new(true)
+        .open(&new)?;
+    let mut out = BufWriter::new(file);
     let mut places = HashMap::new();
     let mut at = 0u64;
     for entry in live {
@@ -325,14 +342,29 @@ pub(super) fn compact<L: AsRef<[u8]>>(
     }
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
-    drop(file);
+    let read = file.try_clone()?;
+    let mut append = Appender {
+        dir: dir.to_path_buf(),
+        file,
+        len: at,
+        lines: places.len(),
+        dir_unsynced: false,
+    };
     let journal = dir.join(JOURNAL);
     if keep_old && journal.exists() {
         std::fs::copy(&journal, dir.join(JOURNAL_CORRUPT))?;
     }
     std::fs::rename(&new, &journal)?;
-    sync_dir(dir)?;
-    Ok(places)
+    // The new journal has the name now, whatever happens next: it is the one appended to.
+    if let Err(e) = sync_dir(dir) {
+        warn!(dir = %dir.display(), "cannot sync the record's directory after a compaction (tried again before the next intent): {e}");
+        append.dir_unsynced = true;
+    }
+    Ok(Compacted {
+        places,
+        append,
+        read,
+    })
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -353,6 +385,9 @@ pub(super) struct Appender {
     file: File,
     len: u64,
     lines: usize,
+    /// The journal took its name in a rename whose directory sync failed: the next durable
+    /// append syncs the directory first (its lines are not durable until the name is).
+    dir_unsynced: bool,
 }
 
 impl Appender {
@@ -373,16 +408,17 @@ impl Appender {
             file,
             len,
             lines,
+            dir_unsynced: false,
         })
     }
 
-    /// Appends `buf` (`lines` whole lines) in one write, synced when `durable`. A write that
-    /// fails is cut off again, so the next one starts on a line of its own.
     /// Where the next append begins.
     pub(super) fn end(&self) -> u64 {
         self.len
     }
 
+    /// Appends `buf` (`lines` whole lines) in one write, synced when `durable`. A write that
+    /// fails is cut off again, so the next one starts on a line of its own.
     pub(super) fn append(
         &mut self,
         buf: &[u8],
@@ -396,6 +432,10 @@ impl Appender {
         self.len += buf.len() as u64;
         self.lines += lines;
         if durable {
+            if self.dir_unsynced {
+                sync_dir(&self.dir).map_err(AppendError::NotSynced)?;
+                self.dir_unsynced = false;
+            }
             self.file.sync_data().map_err(AppendError::NotSynced)?;
         }
         Ok(())
@@ -417,19 +457,19 @@ impl Appender {
         let lines = entries
             .into_iter()
             .map(|(key, place)| Ok((key, place.read(&old)?)));
-        let fresh = compact(&self.dir, lines, false).and_then(|places| {
-            let appender = Appender::open(&self.dir, count)?;
-            Ok((Live::open(&self.dir.join(JOURNAL), places)?, appender))
-        });
-        match fresh {
-            Ok((fresh, appender)) => {
+        match compact(&self.dir, lines, false) {
+            Ok(Compacted {
+                places,
+                append,
+                read,
+            }) => {
                 info!(
                     records = count,
                     dropped = self.lines - count,
                     "record journal compacted"
                 );
-                crate::sync::lock(live).replace(fresh);
-                *self = appender;
+                *crate::sync::lock(live) = Live::new(places, read);
+                *self = append;
             }
             Err(e) => {
                 warn!(dir = %self.dir.display(), "cannot compact the record journal: {e}");

@@ -385,16 +385,14 @@ impl Record {
         journal::remove_partial(&dir);
         let legacy = read_legacy(&dir, true);
         let read = journal::read(&dir.join(JOURNAL), legacy.live)?;
-        let mut lines = read.lines;
-        let places = if read.needs_compaction || !legacy.files.is_empty() {
+        let (appender, live) = if read.needs_compaction || !legacy.files.is_empty() {
             let mut entries: Vec<(&journal::Key, &Arc<[u8]>)> = read.live.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
-            let places = journal::compact(
+            let compacted = journal::compact(
                 &dir,
                 entries.into_iter().map(|(k, v)| Ok((k.clone(), v))),
                 !read.corrupt.is_empty(),
             )?;
-            lines = read.live.len();
             if !legacy.files.is_empty() {
                 tracing::info!(
                     records = legacy.files.len(),
@@ -409,16 +407,21 @@ impl Record {
             }
             let _ = std::fs::remove_dir(dir.join("pods"));
             let _ = std::fs::remove_dir(dir.join("volumes"));
-            places
+            (
+                compacted.append,
+                Live::new(compacted.places, compacted.read),
+            )
         } else {
             // Every live line was read from the journal as it is.
-            read.live
+            let places = read
+                .live
                 .iter()
                 .filter_map(|(k, line)| Some((k.clone(), Place::of(*read.at.get(k)?, line))))
-                .collect()
+                .collect();
+            let appender = Appender::open(&dir, read.lines)?;
+            let journal = std::fs::File::open(dir.join(JOURNAL))?;
+            (appender, Live::new(places, journal))
         };
-        let appender = Appender::open(&dir, lines)?;
-        let live = Live::open(&dir.join(JOURNAL), places)?;
         let mut corrupt = legacy.corrupt;
         corrupt.extend(read.corrupt);
         Ok(Record {
