@@ -98,6 +98,20 @@ impl SharedStr {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The one shared copy of a name known when kubevol is built (a plugin's name): the first
+    /// call allocates it, every later one is a reference count.
+    pub fn interned(name: &'static str) -> SharedStr {
+        static NAMES: std::sync::Mutex<Vec<(&'static str, SharedStr)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, s)) = names.iter().find(|(n, _)| *n == name) {
+            return s.clone();
+        }
+        let s = SharedStr::from(name);
+        names.push((name, s.clone()));
+        s
+    }
 }
 
 impl std::ops::Deref for SharedStr {

@@ -110,8 +110,9 @@ pub struct PodExtensions {
 /// Static facts about a volume, decided by its plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeTraits {
-    /// The plugin's name, e.g. `kubernetes.io/empty-dir`.
-    pub plugin: String,
+    /// The plugin's name, e.g. `kubernetes.io/empty-dir` (one string for all its volumes: see
+    /// [`SharedStr::interned`](crate::names::SharedStr::interned)).
+    pub plugin: crate::names::SharedStr,
     /// Whether the volume must be attached to the node before use.
     pub attachable: bool,
     /// Whether the volume is mounted once per node (staged) before per-pod set-up.

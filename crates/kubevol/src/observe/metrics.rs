@@ -306,12 +306,12 @@ impl Metrics {
         let mut totals: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
         for v in world.dsw().volumes() {
             *totals
-                .entry((v.traits.plugin.clone(), "desired_state_of_world"))
+                .entry((v.traits.plugin.to_string(), "desired_state_of_world"))
                 .or_default() += v.pods.len() as i64;
         }
         for v in world.asw().volumes() {
             *totals
-                .entry((v.traits.plugin.clone(), "actual_state_of_world"))
+                .entry((v.traits.plugin.to_string(), "actual_state_of_world"))
                 .or_default() += v.pods.len() as i64;
         }
         self.render(&totals)

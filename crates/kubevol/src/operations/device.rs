@@ -1,5 +1,6 @@
 //! The node-wide steps of a volume: attach, mount device (stage) and their inverses.
 
+use kubevol_core::names::SharedStr;
 use std::sync::Arc;
 
 use kubevol_core::reconcile::Operation;
@@ -19,7 +20,7 @@ use crate::record;
 pub(super) async fn device_operation(
     ops: &Arc<Operations>,
     op: &Operation,
-) -> (String, Result<(), String>) {
+) -> (SharedStr, Result<(), String>) {
     let volume = &op.key().volume;
     let wanted = ops.wanted_device(volume);
     let (traits, spec, publish_context) = {
@@ -33,10 +34,10 @@ pub(super) async fn device_operation(
             (wanted, Some(v)) => match (v.spec.clone(), wanted) {
                 (Some(s), _) => (v.traits.clone(), s, publish_context),
                 (None, Some((t, s))) => (t, s, publish_context),
-                (None, None) => return (String::new(), Ok(())),
+                (None, None) => return (SharedStr::default(), Ok(())),
             },
             (Some((t, s)), None) => (t, s, publish_context),
-            (None, None) => return (String::new(), Ok(())),
+            (None, None) => return (SharedStr::default(), Ok(())),
         }
     };
     let Some(plugin) = ops.plugins.by_name(&traits.plugin) else {

@@ -530,7 +530,7 @@ impl Step {
             // Never queued here (`Operations::is_quick` takes only pod volumes' set-ups and
             // teardowns); said, not assumed, should that change.
             (other, _) => Err((
-                String::new(),
+                kubevol_core::names::SharedStr::default(),
                 Err(format!(
                     "{} of volume {} is not an operation of the local lane (a kubevol bug; it is retried)",
                     other.metric_name(),

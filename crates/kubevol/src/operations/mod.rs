@@ -12,6 +12,7 @@ mod slots;
 mod subpath;
 mod unmount;
 
+use kubevol_core::names::SharedStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ use unmount::unmount_volume;
 /// How an operation ended: its plugin's name (for metrics), the result (an error names pod,
 /// volume and what to do), and whether the reconciler must plan again now (a follow-up may be
 /// due, or a backoff is to be scheduled).
-type Outcome = (String, Result<(), String>, bool);
+type Outcome = (SharedStr, Result<(), String>, bool);
 
 /// What operations need, handed to each: the executor's bookkeeping, the slots, the plugins
 /// and the host they work on, the actual state's writer, and where outcomes are reported.

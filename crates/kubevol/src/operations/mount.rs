@@ -5,6 +5,7 @@
 //! (CSI, hostPath, content), and the local lane calls a quick plugin's set-up in place, after
 //! one commit of the intents of a whole chunk.
 
+use kubevol_core::names::SharedStr;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub(super) fn prepare_from(
     had: impl FnOnce() -> Had,
 ) -> Result<SetUp, Outcome> {
     let Some((traits, want)) = want else {
-        return Err((String::new(), Ok(()), true));
+        return Err((SharedStr::default(), Ok(()), true));
     };
     if remount && ops.store.pod(pod).is_none() {
         // The pod has left its source and is about to be torn down: its content is not

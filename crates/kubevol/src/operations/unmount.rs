@@ -4,6 +4,7 @@
 //! As for set-up, the steps are shared by an operation task (which awaits the plugin) and the
 //! local lane (which calls a quick plugin's teardown in place).
 
+use kubevol_core::names::SharedStr;
 use std::sync::Arc;
 
 use kubevol_core::state::{ActualState, MountedPodVolume, PodMountState, VolumeTraits};
@@ -22,7 +23,7 @@ pub(super) struct TearDown {
     pub(super) volume: UniqueVolumeName,
     pub(super) pod: PodUid,
     pub(super) plugin: Arc<dyn VolumePlugin>,
-    plugin_name: String,
+    plugin_name: SharedStr,
     mounted: MountedPodVolume,
     req: TearDownRequest,
     /// The record's `TearingDown` line.
@@ -58,7 +59,7 @@ pub(super) fn prepare_from(
     // (A pod that wants it again meanwhile was turned away by the executor, which reports it.)
     let replan = || ops.world().asw().volume(volume).is_some();
     let Some((traits, mounted)) = have else {
-        return Err((String::new(), Ok(()), replan()));
+        return Err((SharedStr::default(), Ok(()), replan()));
     };
     let Some(plugin) = ops.plugins.by_name(&traits.plugin) else {
         return Err((

@@ -635,7 +635,7 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// driver's CSIDriver object).
     fn traits(&self, _host: &PluginHost, _spec: &VolumeSpec) -> VolumeTraits {
         VolumeTraits {
-            plugin: self.name().to_string(),
+            plugin: kubevol_core::names::SharedStr::interned(self.name()),
             attachable: false,
             device_mountable: false,
         }

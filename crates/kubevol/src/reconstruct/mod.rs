@@ -231,7 +231,7 @@ pub(crate) fn reconstruct(
             continue;
         }
         let traits = VolumeTraits {
-            plugin: crate::plugins::csi::PLUGIN_NAME.to_string(),
+            plugin: kubevol_core::names::SharedStr::interned(crate::plugins::csi::PLUGIN_NAME),
             attachable: false,
             device_mountable: true,
         };

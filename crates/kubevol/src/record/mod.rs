@@ -143,7 +143,7 @@ impl SpecRecord {
 #[serde(rename_all = "camelCase")]
 pub struct TraitsRecord {
     /// The plugin.
-    pub plugin: String,
+    pub plugin: kubevol_core::names::SharedStr,
     /// Attachable.
     #[serde(default)]
     pub attachable: bool,

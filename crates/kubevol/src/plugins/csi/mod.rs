@@ -86,7 +86,7 @@ impl VolumePlugin for CsiPlugin {
                 .map(|r| policy(host, &r.driver).attach_required)
                 .unwrap_or(true);
         VolumeTraits {
-            plugin: PLUGIN_NAME.to_string(),
+            plugin: kubevol_core::names::SharedStr::interned(PLUGIN_NAME),
             attachable: attach_required,
             device_mountable: persistent,
         }
