@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod, Volume};
 
-use crate::names::{PodRef, PodUid, UniqueVolumeName};
+use crate::names::{PodRef, PodUid, SharedStr, UniqueVolumeName};
 
 /// A pod's `spec.volumes[]` entry, read in place in the pod it belongs to (one copy of the pod,
 /// not one more of each of its volumes: a `Volume` value is about 3.2 KB, nearly all of it the
@@ -252,7 +252,7 @@ pub struct DesiredPodVolume {
     /// The whole pod, for plugins that read its labels, limits or security context.
     pub pod: Arc<Pod>,
     /// The volume's name in the pod's spec.
-    pub outer_volume_name: String,
+    pub outer_volume_name: SharedStr,
     /// The volume as the pod declares it.
     pub spec: Arc<VolumeSpec>,
     /// Bumped when the volume's content must be written again (a remount).
@@ -278,7 +278,7 @@ pub struct DesiredPod {
     /// The pod.
     pub pod_ref: PodRef,
     /// Outer volume name → unique name, for every volume that was processed.
-    pub volumes: BTreeMap<String, UniqueVolumeName>,
+    pub volumes: BTreeMap<SharedStr, UniqueVolumeName>,
     /// Outer volume name → why it could not be processed (unsupported type, bad reference).
     pub failed_to_process: BTreeMap<String, ProcessFailure>,
 }
@@ -442,7 +442,7 @@ pub struct MountedPodVolume {
     /// The pod.
     pub pod_ref: PodRef,
     /// The volume's name in the pod's spec.
-    pub outer_volume_name: String,
+    pub outer_volume_name: SharedStr,
     /// The spec it was set up from (teardown needs the same facts).
     pub spec: Arc<VolumeSpec>,
     /// How far set-up got.

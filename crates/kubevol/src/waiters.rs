@@ -166,7 +166,7 @@ impl Wait<'_> {
                     .pod_volumes(uid)
                     .map(|(n, m)| match s.executor.last_error_for(n, uid) {
                         Some(e) => format!("{} ({})", m.outer_volume_name, e.message),
-                        None => m.outer_volume_name.clone(),
+                        None => m.outer_volume_name.to_string(),
                     })
                     .collect();
                 format!("still mounted volumes=[{}]", names.join(", "))

@@ -268,7 +268,7 @@ impl World {
             .filter(|(_, m)| m.state == PodMountState::Mounted)
             .map(|(_, m)| {
                 (
-                    m.outer_volume_name.clone(),
+                    m.outer_volume_name.to_string(),
                     MountedVolume {
                         path: m.path.clone(),
                         read_only: m.read_only,

@@ -234,7 +234,7 @@ impl Sources<'_> {
                 all_mounted &= state == VolumePhase::Mounted;
                 any_failed |= state != VolumePhase::Mounted && err.is_some();
                 volumes.push(VolumeStatus {
-                    name: outer.clone(),
+                    name: outer.to_string(),
                     type_: self.volume_type(&plugin),
                     unique_name: Some(unique.to_string()),
                     state,
@@ -294,7 +294,7 @@ impl Sources<'_> {
                 pod_ref = Some(m.pod_ref.clone());
                 let err = self.executor.last_error_for(unique, uid);
                 volumes.push(VolumeStatus {
-                    name: m.outer_volume_name.clone(),
+                    name: m.outer_volume_name.to_string(),
                     type_: self.volume_type(
                         &asw.volume(unique)
                             .map(|v| v.traits.plugin.clone())

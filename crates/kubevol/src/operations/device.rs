@@ -176,7 +176,7 @@ pub(super) async fn device_operation(
                 .map(|v| {
                     v.pods
                         .values()
-                        .map(|p| (p.pod_ref.clone(), p.outer_volume_name.clone()))
+                        .map(|p| (p.pod_ref.clone(), p.outer_volume_name.to_string()))
                         .collect()
                 })
                 .unwrap_or_default();

@@ -547,7 +547,7 @@ fn settle_pod_record(
         Some(now) => record::Change::PodVolume(now),
         None => record::Change::RemovePodVolume {
             pod: pod.clone(),
-            volume: outer.to_string(),
+            volume: outer.into(),
             unique: volume.clone(),
         },
     });

@@ -28,7 +28,7 @@ fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, Vol
     let mut out = Vec::new();
     for (_, c) in all_containers(&want.pod) {
         for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
-            if m.name != want.outer_volume_name {
+            if want.outer_volume_name != m.name.as_str() {
                 continue;
             }
             let sub_path = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::names::escape_plugin_name;
+use kubevol_core::names::SharedStr;
 use kubevol_core::projection::NodeAllocatable;
 use kubevol_core::state::{VolumeSpec, VolumeTraits};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
@@ -543,7 +544,7 @@ pub struct SetUpRequest {
     /// The whole pod.
     pub pod: Arc<Pod>,
     /// The volume's name in the pod's spec.
-    pub outer_volume_name: String,
+    pub outer_volume_name: SharedStr,
     /// The volume.
     pub spec: Arc<VolumeSpec>,
 }
@@ -565,7 +566,7 @@ pub struct TearDownRequest {
     /// The pod.
     pub pod_ref: PodRef,
     /// The volume's name in the pod's spec.
-    pub outer_volume_name: String,
+    pub outer_volume_name: SharedStr,
     /// The volume.
     pub spec: Arc<VolumeSpec>,
     /// Where set-up put it.

@@ -631,7 +631,7 @@ impl Populator {
                 pod_volume: DesiredPodVolume {
                     pod_ref: pref.clone(),
                     pod: pod.clone(),
-                    outer_volume_name: v.name.clone(),
+                    outer_volume_name: v.name.as_str().into(),
                     spec,
                     content_generation,
                 },

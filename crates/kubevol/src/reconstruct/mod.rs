@@ -207,7 +207,7 @@ pub(crate) fn reconstruct(
                     uid.clone(),
                     MountedPodVolume {
                         pod_ref: pod_ref.clone(),
-                        outer_volume_name: name.clone(),
+                        outer_volume_name: name.as_str().into(),
                         spec: Arc::new(spec),
                         state: PodMountState::Uncertain,
                         path,

@@ -186,7 +186,7 @@ pub struct PodVolumeRecord {
     #[serde(default)]
     pub source: String,
     /// The volume's name in the pod's spec.
-    pub volume: String,
+    pub volume: kubevol_core::names::SharedStr,
     /// The volume's key in the states of world.
     pub unique_name: UniqueVolumeName,
     /// Its plugin's facts.

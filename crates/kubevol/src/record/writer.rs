@@ -19,7 +19,7 @@ pub enum Change {
         /// The pod.
         pod: PodUid,
         /// The pod's name for the volume.
-        volume: String,
+        volume: kubevol_core::names::SharedStr,
         /// The volume.
         unique: UniqueVolumeName,
     },
