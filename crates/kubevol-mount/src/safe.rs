@@ -46,6 +46,20 @@ pub(crate) const DIR_FLAGS: OFlags = OFlags::DIRECTORY
     .union(OFlags::CLOEXEC)
     .union(OFlags::RDONLY);
 
+/// Whether the process's umask takes bits from `mode` (a directory made with it must then be
+/// given its mode after mkdir). The umask is read once, from `/proc/self/status`: kubevol never
+/// changes it, and a node agent that embeds kubevol and changes it later gets its pod
+/// directories with the bits its new umask leaves (unknown, it is assumed to take some).
+fn umask_takes_from(mode: u32) -> bool {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let umask = UMASK.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let value = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(value.trim(), 8).ok()
+    });
+    umask.is_none_or(|u| u & mode & 0o7777 != 0)
+}
+
 fn components(rel: &Path) -> Result<Vec<&OsStr>, MountError> {
     let mut out = Vec::new();
     for c in rel.components() {
@@ -215,11 +229,31 @@ impl Dir {
     pub fn make_child(&self, name: &OsStr, mode: u32) -> Result<(Dir, bool), MountError> {
         let created = self.make_dir(name, mode)?;
         let dir = self.open_child(name)?;
-        if created {
-            rustix::fs::fchmod(&dir.fd, Mode::from_raw_mode(mode))
-                .map_err(io("chmod", &dir.path))?;
+        if created && umask_takes_from(mode) {
+            dir.chmod(mode)?;
         }
         Ok((dir, created))
+    }
+
+    /// Makes the directories `names`, each in the one before, below this one where missing,
+    /// each it makes with `mode` exactly, never through a link. The last is opened only when
+    /// the umask took from its mode. Says whether the last was made. (A pod's plugin directory
+    /// ahead of its volumes: `<uid>/volumes/<plugin>` below `pods`, six calls where nothing
+    /// was there.)
+    pub fn make_dirs(&self, names: &[&OsStr], mode: u32) -> Result<bool, MountError> {
+        let Some((last, parents)) = names.split_last() else {
+            return Ok(false);
+        };
+        let mut cur: Option<Dir> = None;
+        for name in parents {
+            cur = Some(cur.as_ref().unwrap_or(self).make_child(name, mode)?.0);
+        }
+        let parent = cur.as_ref().unwrap_or(self);
+        let made = parent.make_dir(last, mode)?;
+        if made && umask_takes_from(mode) {
+            parent.open_child(last)?.chmod(mode)?;
+        }
+        Ok(made)
     }
 
     /// Sets this directory's permission bits.
@@ -501,6 +535,39 @@ impl Dir {
         }
     }
 
+    /// [`Dir::remove_empty_tree`] for a tree expected to be the one chain of directories
+    /// `along` below `name` (a gone pod's directory that held one plugin's volumes:
+    /// `<uid>/volumes/<plugin>`): the chain is removed bottom up, one rmdir each, without
+    /// reading a directory; anything else there takes the whole walk, which reports it.
+    pub fn remove_empty_tree_along(&self, name: &str, along: &[&str]) -> Result<(), MountError> {
+        let Some((next, rest)) = along.split_first() else {
+            return self.remove_empty_tree(name);
+        };
+        let child = match self.open_child_same_mount(OsStr::new(name)) {
+            Ok(c) => c,
+            Err(e) if e.is_not_found() => return Ok(()),
+            // Not a plain directory of this mount, or not to be opened: the walk says why.
+            Err(_) => return self.remove_empty_tree(name),
+        };
+        match child.remove_empty_tree_along(next, rest) {
+            Ok(()) => {}
+            Err(MountError::Leftover { .. } | MountError::NestedMount { .. }) => {
+                return self.remove_empty_tree(name)
+            }
+            Err(e) => return Err(e),
+        }
+        drop(child);
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            // More than the chain: the walk removes what is empty and reports the rest.
+            Err(Errno::NOTEMPTY | Errno::EXIST) => self.remove_empty_tree(name),
+            Err(Errno::BUSY) => Err(MountError::NestedMount {
+                path: self.child_path(OsStr::new(name)),
+            }),
+            Err(e) => Err(io("rmdir", &self.child_path(OsStr::new(name)))(e)),
+        }
+    }
+
     /// Removes the directory `name` and the empty directories below it with rmdir only: it never
     /// unlinks a file and never enters a mount point. Anything else found is reported as
     /// [`MountError::Leftover`] (or [`MountError::NestedMount`]) and left in place.
@@ -760,5 +827,103 @@ mod tests {
             );
         }
         assert!(outside.path().exists());
+    }
+
+    #[test]
+    fn make_dirs_makes_a_chain_with_exact_modes_and_never_follows_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        let chain = |names: &[&'static str]| -> Vec<&'static OsStr> {
+            names.iter().map(|n| OsStr::new(*n)).collect()
+        };
+        assert!(root
+            .make_dirs(&chain(&["pod", "volumes", "p"]), 0o750)
+            .unwrap());
+        for d in ["pod", "pod/volumes", "pod/volumes/p"] {
+            let mode = std::fs::metadata(t.path().join(d))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o7777, 0o750, "{d}");
+        }
+        // Made again: nothing new; a sibling below existing parents is made.
+        assert!(!root
+            .make_dirs(&chain(&["pod", "volumes", "p"]), 0o750)
+            .unwrap());
+        assert!(root
+            .make_dirs(&chain(&["pod", "volumes", "q"]), 0o777)
+            .unwrap());
+        let mode = std::fs::metadata(t.path().join("pod/volumes/q"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o777, "exact, whatever the umask");
+        // A link anywhere in the chain is refused, and nothing is made through it.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("pod/link")).unwrap();
+        for names in [&["pod", "link", "x"][..], &["pod", "link"][..]] {
+            let r = root.make_dirs(&chain(names), 0o750);
+            assert!(
+                matches!(r, Err(MountError::Symlink { .. }) | Ok(false)),
+                "{names:?}: {r:?}"
+            );
+        }
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+        for bad in [&["pod", ".."][..], &["a/b"][..]] {
+            assert!(
+                matches!(
+                    root.make_dirs(&chain(bad), 0o750),
+                    Err(MountError::NotRelative { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn remove_empty_tree_along_takes_the_chain_and_walks_what_else_is_there() {
+        let t = tempfile::tempdir().unwrap();
+        let root = Dir::open(t.path()).unwrap();
+        // Just the chain.
+        std::fs::create_dir_all(t.path().join("pod/volumes/p")).unwrap();
+        root.remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap();
+        assert!(!t.path().join("pod").exists());
+        // Gone already, or the chain only in part: nothing to say.
+        root.remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap();
+        std::fs::create_dir_all(t.path().join("pod/volumes")).unwrap();
+        root.remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap();
+        assert!(!t.path().join("pod").exists());
+        // Empty directories beside the chain go too; a file anywhere is kept and reported, and
+        // so is the way to it.
+        std::fs::create_dir_all(t.path().join("pod/volumes/p")).unwrap();
+        std::fs::create_dir_all(t.path().join("pod/volumes/q/r")).unwrap();
+        std::fs::create_dir_all(t.path().join("pod/volume-subpaths/v")).unwrap();
+        std::fs::write(t.path().join("pod/volumes/q/r/data"), b"x").unwrap();
+        let err = root
+            .remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap_err();
+        assert!(matches!(err, MountError::Leftover { .. }), "{err}");
+        assert!(t.path().join("pod/volumes/q/r/data").exists());
+        assert!(!t.path().join("pod/volumes/p").exists());
+        assert!(!t.path().join("pod/volume-subpaths").exists());
+        std::fs::remove_file(t.path().join("pod/volumes/q/r/data")).unwrap();
+        root.remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap();
+        assert!(!t.path().join("pod").exists());
+        // A link where the chain goes is not followed: it is a leftover, and what it points
+        // at is untouched.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(outside.path().join("p")).unwrap();
+        std::fs::create_dir_all(t.path().join("pod")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), t.path().join("pod/volumes")).unwrap();
+        let err = root
+            .remove_empty_tree_along("pod", &["volumes", "p"])
+            .unwrap_err();
+        assert!(matches!(err, MountError::Leftover { .. }), "{err}");
+        assert!(outside.path().join("p").exists());
+        assert!(t.path().join("pod/volumes").symlink_metadata().is_ok());
     }
 }

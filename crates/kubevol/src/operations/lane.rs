@@ -30,6 +30,7 @@ use kubevol_core::reconcile::Operation;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use kubevol_core::names::SharedStr;
 use kubevol_core::{PodRef, PodUid};
 use tokio::sync::mpsc;
 
@@ -591,7 +592,8 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
             return;
         };
         let mut records = Vec::new();
-        let mut gone: Vec<PodUid> = Vec::new();
+        // Pods with nothing left, and the plugin of their last volume.
+        let mut gone: Vec<(PodUid, SharedStr)> = Vec::new();
         let mut concluded = Vec::with_capacity(batch.len());
         for (op, started, ran) in batch {
             let outcome = guarded(|| match ran {
@@ -604,7 +606,7 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
                     let pod = t.pod.clone();
                     let (outcome, idle) = unmount::finish(&ops, t, torn, &mut records);
                     if idle {
-                        gone.push(pod);
+                        gone.push((pod, outcome.0.clone()));
                     }
                     outcome
                 }
@@ -614,13 +616,13 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
         }
         settle_all(&ops, records);
         if !gone.is_empty() {
-            gone.sort_unstable();
-            gone.dedup();
+            gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            gone.dedup_by(|a, b| a.0 == b.0);
             let host = ops.host.clone();
             let removed = tokio::task::spawn_blocking(move || {
                 gone.into_iter()
-                    .map(|pod| {
-                        let r = unmount::remove_pod_dir(&host, &pod);
+                    .map(|(pod, plugin)| {
+                        let r = host.remove_pod_dir(&pod, Some(&plugin));
                         (pod, r)
                     })
                     .collect::<Vec<_>>()

@@ -15,7 +15,7 @@ use super::{effected, intend, Operations, Outcome};
 use super::{settle_all, settle_pod_record};
 use crate::error::VolumeError;
 use crate::events::reason;
-use crate::plugins::{PluginHost, TearDownRequest, VolumePlugin};
+use crate::plugins::{TearDownRequest, VolumePlugin};
 use crate::record;
 
 /// A teardown ready to run.
@@ -157,7 +157,9 @@ pub(super) async fn unmount_volume(
     if cleanup {
         let host = ops.host.clone();
         let uid = pod.clone();
-        let removed = tokio::task::spawn_blocking(move || remove_pod_dir(&host, &uid)).await;
+        let plugin = outcome.0.clone();
+        let removed =
+            tokio::task::spawn_blocking(move || host.remove_pod_dir(&uid, Some(&plugin))).await;
         match removed {
             Ok(removed) => pod_dir_removed(ops, pod, removed),
             Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
@@ -207,17 +209,6 @@ pub(super) fn finish(
             ((t.plugin_name, Err(message), replan()), false)
         }
     }
-}
-
-/// Removes a gone pod's directory: rmdir only, never crossing a mount point, so a failed
-/// unmount can never lose a volume's data.
-pub(super) fn remove_pod_dir(
-    host: &PluginHost,
-    pod: &PodUid,
-) -> Result<(), kubevol_mount::MountError> {
-    host.forget_plugin_dirs(pod);
-    let pods = host.root_dir.open_beneath(std::path::Path::new("pods"))?;
-    pods.remove_empty_tree(pod.as_str())
 }
 
 /// What follows the removal of a pod's directory.

@@ -203,14 +203,58 @@ impl PluginHost {
 
     /// Makes `pods/<uid>/volumes/<plugin>` (0750) if missing, ahead of the pod's volumes.
     pub(crate) fn make_plugin_dir(&self, pod: &PodRef, plugin: &str) -> Result<(), MountError> {
-        self.root_dir
-            .create_dir_all(&Self::pod_plugin_dir(pod, plugin), 0o750)
+        let plugin = escape_plugin_name(plugin);
+        let names: [&OsStr; 3] = [
+            pod.uid.as_str().as_ref(),
+            "volumes".as_ref(),
+            plugin.as_str().as_ref(),
+        ];
+        self.in_pods_dir(true, |pods| pods.make_dirs(&names, 0o750))
             .map(drop)
     }
 
-    /// Forgets the pod's plugin directory kept open: its directory is about to be removed.
-    pub(crate) fn forget_plugin_dirs(&self, pod: &PodUid) {
+    /// Removes a gone pod's directory with rmdir only, never crossing a mount point, so a
+    /// failed unmount can never lose a volume's data. `plugin`, the plugin of its last volume,
+    /// says where its volumes were (`volumes/<plugin>`): that chain goes without reading a
+    /// directory, and anything else there is looked for (and reported if not empty).
+    pub(crate) fn remove_pod_dir(
+        &self,
+        pod: &PodUid,
+        plugin: Option<&str>,
+    ) -> Result<(), MountError> {
         self.plugin_dirs.forget(pod);
+        let plugin = plugin.map(escape_plugin_name);
+        let along: Vec<&str> = match &plugin {
+            Some(p) => vec!["volumes", p],
+            None => Vec::new(),
+        };
+        self.in_pods_dir(false, |pods| {
+            pods.remove_empty_tree_along(pod.as_str(), &along)
+        })
+    }
+
+    /// `f` on `<root>/pods`, kept open from one call to the next (made first when `create`);
+    /// again on the directory at that path now when the kept one says "not there" (it was
+    /// removed or replaced since: `f` must change nothing before it fails so).
+    fn in_pods_dir<T>(
+        &self,
+        create: bool,
+        f: impl Fn(&Dir) -> Result<T, MountError>,
+    ) -> Result<T, MountError> {
+        let kept = crate::sync::lock(&self.plugin_dirs.pods).clone();
+        if let Some(pods) = &kept {
+            match f(pods) {
+                Err(e) if e.is_not_found() => {}
+                r => return r,
+            }
+        }
+        let pods = Arc::new(if create {
+            self.root_dir.create_dir_all(Path::new("pods"), 0o750)?.0
+        } else {
+            self.root_dir.open_beneath(Path::new("pods"))?
+        });
+        *crate::sync::lock(&self.plugin_dirs.pods) = Some(pods.clone());
+        f(&pods)
     }
 
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
@@ -365,7 +409,11 @@ impl PluginHost {
 /// removed directory holds nothing and takes nothing, so "not there" from a kept one is asked
 /// again of the directory at the path now (see [`PluginDir`]).
 #[derive(Default)]
-pub(crate) struct PluginDirCache(std::sync::Mutex<std::collections::VecDeque<KeptDir>>);
+pub(crate) struct PluginDirCache {
+    kept: std::sync::Mutex<std::collections::VecDeque<KeptDir>>,
+    /// `<root>/pods`, which every pod's directory is made in and removed from.
+    pods: std::sync::Mutex<Option<Arc<Dir>>>,
+}
 
 type KeptDir = (PodUid, String, Arc<Dir>);
 
@@ -374,14 +422,14 @@ impl PluginDirCache {
     const KEPT: usize = 4;
 
     fn get(&self, pod: &PodUid, plugin: &str) -> Option<Arc<Dir>> {
-        crate::sync::lock(&self.0)
+        crate::sync::lock(&self.kept)
             .iter()
             .find(|(p, name, _)| p == pod && name == plugin)
             .map(|(_, _, dir)| dir.clone())
     }
 
     fn keep(&self, pod: &PodUid, plugin: &str, dir: Arc<Dir>) {
-        let mut kept = crate::sync::lock(&self.0);
+        let mut kept = crate::sync::lock(&self.kept);
         kept.retain(|(p, name, _)| !(p == pod && name == plugin));
         if kept.len() == Self::KEPT {
             kept.pop_back();
@@ -390,7 +438,7 @@ impl PluginDirCache {
     }
 
     fn forget(&self, pod: &PodUid) {
-        crate::sync::lock(&self.0).retain(|(p, _, _)| p != pod);
+        crate::sync::lock(&self.kept).retain(|(p, _, _)| p != pod);
     }
 }
 

@@ -3,7 +3,6 @@
 //! is reported, not deleted.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,18 +40,10 @@ pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
     };
     let host = s.host.clone();
     let results = tokio::task::spawn_blocking(move || {
-        let pods = match host.root_dir.open_beneath(Path::new("pods")) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!("orphan sweep skipped: cannot open the pods directory: {e}");
-                return Vec::new();
-            }
-        };
         candidates
             .into_iter()
             .map(|uid| {
-                host.forget_plugin_dirs(&uid);
-                let r = pods.remove_empty_tree(uid.as_str());
+                let r = host.remove_pod_dir(&uid, None);
                 (uid, r)
             })
             .collect::<Vec<_>>()
