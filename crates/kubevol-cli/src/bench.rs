@@ -402,8 +402,11 @@ impl Figures {
             self.kv_unmount / self.fl_unmount
         );
         println!(
-            "CPU seconds: kubevol set-up {:.2}, tear-down {:.2}; raw floor set-up and tear-down {:.2}",
-            self.mount_cpu, self.unmount_cpu, self.floor_cpu
+            "CPU seconds: kubevol set-up {:.3}, tear-down {:.3}; raw floor set-up and tear-down {:.3} (kubevol/floor {:.2})",
+            self.mount_cpu,
+            self.unmount_cpu,
+            self.floor_cpu,
+            (self.mount_cpu + self.unmount_cpu) / self.floor_cpu
         );
         match self.idle_percent() {
             Some(p) => println!(

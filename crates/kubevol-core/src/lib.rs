@@ -7,6 +7,7 @@
 
 pub mod affinity;
 pub mod backoff;
+pub mod collections;
 pub mod names;
 pub mod projection;
 pub mod quantity;

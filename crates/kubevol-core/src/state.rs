@@ -518,7 +518,7 @@ pub struct ActualState {
     by_pod: BTreeMap<PodUid, std::collections::BTreeSet<UniqueVolumeName>>,
     /// Pod → how many of its volumes are [`PodMountState::Mounted`], so that "is the pod
     /// ready?" is answered without a look at each volume until the count says it may be.
-    mounted_by_pod: std::collections::HashMap<PodUid, usize>,
+    mounted_by_pod: crate::collections::HashMap<PodUid, usize>,
 }
 
 impl ActualState {

@@ -6,7 +6,9 @@
 //! else gets `&World` and can only read. No lock here is ever held across an `.await`: every
 //! read or write is a short critical section on plain values.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use kubevol_core::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};

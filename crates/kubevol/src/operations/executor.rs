@@ -10,7 +10,9 @@
 //! operation finishes, and `finish` says so: the caller must plan again then, or the work the
 //! planner asked for would wait for the next resync.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use kubevol_core::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::SystemTime;
 

@@ -22,7 +22,7 @@
 //! goes to a new thread. The hung call's thread finishes that one operation if it ever returns,
 //! and ends.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
@@ -30,6 +30,7 @@ use kubevol_core::reconcile::Operation;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use kubevol_core::collections::HashMap;
 use kubevol_core::names::SharedStr;
 use kubevol_core::{PodRef, PodUid};
 use tokio::sync::mpsc;
@@ -56,7 +57,7 @@ const TURN: usize = 8;
 
 /// The most operations run before they are handed to the finisher together (their keys
 /// released, their pods' waiters woken once, their record lines queued at once).
-const HAND_OVER: usize = 16;
+const HAND_OVER: usize = 64;
 
 /// Items waiting in groups, served in turns: each group in the order it first queued, a few
 /// items per turn.
@@ -69,7 +70,7 @@ impl<G, T> Default for Turns<G, T> {
     fn default() -> Self {
         Turns {
             order: VecDeque::new(),
-            queued: HashMap::new(),
+            queued: HashMap::default(),
         }
     }
 }

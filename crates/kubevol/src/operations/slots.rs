@@ -4,7 +4,9 @@
 //! at once instead of after all of its operations. Pods with a few volumes each are served
 //! exactly in order, so a burst of them becomes ready pod by pod.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use kubevol_core::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
@@ -98,7 +100,7 @@ impl<G: Eq + Hash + Clone> Slots<G> {
                 free: n,
                 share: (n / 4).max(1),
                 next_ticket: 0,
-                groups: HashMap::new(),
+                groups: HashMap::default(),
                 line: BTreeMap::new(),
             })),
         }

@@ -7,7 +7,9 @@
 
 pub mod claims;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use kubevol_core::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -103,8 +105,8 @@ impl Populator {
             executor,
             content_generation: 0,
             refreshes,
-            seen: HashMap::new(),
-            readers: HashMap::new(),
+            seen: HashMap::default(),
+            readers: HashMap::default(),
             due: BTreeSet::new(),
             full_pass_due: true,
         }

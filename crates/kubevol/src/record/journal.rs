@@ -11,9 +11,8 @@
 //! Records of the earlier layout (a JSON file per volume) are read too and moved into the
 //! journal.
 
-use std::collections::HashMap;
+use kubevol_core::collections::HashMap;
 use std::fs::File;
-use std::hash::Hasher;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -74,9 +73,18 @@ pub(super) enum LineRef<'a> {
 impl LineRef<'_> {
     /// The line's bytes, without its newline.
     pub(super) fn encode(&self) -> std::io::Result<Arc<[u8]>> {
-        Ok(serde_json::to_vec(self)
-            .map_err(std::io::Error::other)?
-            .into())
+        let mut buf = Vec::new();
+        self.encode_into(&mut buf)?;
+        Ok(buf.into())
+    }
+
+    /// Appends the line's bytes, without its newline, to `buf` (nothing on an error).
+    pub(super) fn encode_into(&self, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        let begins = buf.len();
+        serde_json::to_writer(&mut *buf, self).map_err(|e| {
+            buf.truncate(begins);
+            std::io::Error::other(e)
+        })
     }
 }
 
@@ -112,10 +120,11 @@ pub(super) struct Place {
     sum: u64,
 }
 
+/// A checksum of a line, to tell lines apart without reading them (equal sums are confirmed
+/// by reading the line): fast, and the same for the same bytes for as long as the process runs.
 fn checksum(line: &[u8]) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    h.write(line);
-    h.finish()
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::default().hash_one(line)
 }
 
 impl Place {
@@ -181,10 +190,10 @@ impl Live {
         };
     }
 
-    /// Every key and place, in key order.
-    pub(super) fn sorted(&self) -> Vec<(Key, Place)> {
+    /// Every key and place, in the order of the journal.
+    pub(super) fn in_journal_order(&self) -> Vec<(Key, Place)> {
         let mut out: Vec<(Key, Place)> = self.places.iter().map(|(k, p)| (k.clone(), *p)).collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_unstable_by_key(|(_, p)| p.at);
         out
     }
 
@@ -250,7 +259,7 @@ pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
     }
     let mut bad: Vec<(usize, String)> = Vec::new();
     let mut last_good = 0;
-    let mut at = HashMap::new();
+    let mut at = HashMap::default();
     let mut next = 0u64;
     for (i, piece) in pieces.iter().enumerate() {
         let start = next;
@@ -330,7 +339,7 @@ pub(super) fn compact<L: AsRef<[u8]>>(
         .create_new(true)
         .open(&new)?;
     let mut out = BufWriter::new(file);
-    let mut places = HashMap::new();
+    let mut places = HashMap::default();
     let mut at = 0u64;
     for entry in live {
         let (key, line) = entry?;
@@ -451,12 +460,14 @@ impl Appender {
             if self.lines <= 2 * live.len() + COMPACT_SLACK {
                 return;
             }
-            (live.sorted(), live.file())
+            (live.in_journal_order(), live.file())
         };
         let count = entries.len();
-        let lines = entries
-            .into_iter()
-            .map(|(key, place)| Ok((key, place.read(&old)?)));
+        let mut window = Window::new(&old);
+        let lines = entries.into_iter().map(|(key, place)| {
+            let line = window.line(place)?.to_vec();
+            Ok((key, line))
+        });
         match compact(&self.dir, lines, false) {
             Ok(Compacted {
                 places,
@@ -479,7 +490,91 @@ impl Appender {
     }
 }
 
+/// Reads lines of a journal in the order they lie in it, through a window of a few hundred
+/// kilobytes: one read for many lines, and no more memory than the window, whatever the
+/// journal's size.
+struct Window<'a> {
+    file: &'a File,
+    buf: Vec<u8>,
+    /// Where `buf` begins in the file.
+    at: u64,
+}
+
+impl<'a> Window<'a> {
+    const SIZE: usize = 256 << 10;
+
+    fn new(file: &'a File) -> Self {
+        Window {
+            file,
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// The line at `place`, read with the ones after it if it is not in the window.
+    fn line(&mut self, place: Place) -> std::io::Result<&[u8]> {
+        let len = place.len as usize;
+        let inside = place.at >= self.at && (place.at - self.at) as usize + len <= self.buf.len();
+        if !inside {
+            self.buf.resize(Self::SIZE.max(len), 0);
+            let mut got = 0;
+            while got < len {
+                match self
+                    .file
+                    .read_at(&mut self.buf[got..], place.at + got as u64)?
+                {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            self.buf.truncate(got);
+            self.at = place.at;
+            if got < len {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "a record lies beyond the journal's end",
+                ));
+            }
+        }
+        let from = (place.at - self.at) as usize;
+        Ok(&self.buf[from..from + len])
+    }
+}
+
 /// Removes a compaction cut short by a crash (the journal it would have replaced is whole).
 pub(super) fn remove_partial(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(JOURNAL_NEW));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Place, Window};
+    use std::io::Write;
+
+    /// Lines of every size, a few longer than the window among them, read in the journal's
+    /// order (some skipped, as dead lines are) are the bytes written, and a place beyond the
+    /// end is an error, not a short line.
+    #[test]
+    fn the_window_reads_each_line_whole_wherever_it_lies() {
+        let mut file = tempfile::tempfile().unwrap();
+        let mut places = Vec::new();
+        let mut at = 0u64;
+        for i in 0..3000usize {
+            let len = match i % 500 {
+                7 => Window::SIZE * 2 + 13,
+                _ => 1 + (i * 37) % 900,
+            };
+            let line: Vec<u8> = (0..len).map(|j| b'a' + ((i + j) % 26) as u8).collect();
+            file.write_all(&line).unwrap();
+            file.write_all(b"\n").unwrap();
+            places.push((Place::of(at, &line), line));
+            at += len as u64 + 1;
+        }
+        let mut window = Window::new(&file);
+        for (place, line) in places.iter().filter(|(p, _)| p.at % 3 != 0) {
+            assert_eq!(window.line(*place).unwrap(), &line[..], "at {}", place.at);
+        }
+        let beyond = Place::of(at - 5, b"0123456789");
+        assert!(window.line(beyond).is_err());
+    }
 }

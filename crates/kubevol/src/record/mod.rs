@@ -545,7 +545,7 @@ struct Legacy {
 /// effect never started.
 fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
     let mut out = Legacy {
-        live: Lines::new(),
+        live: Lines::default(),
         corrupt: Vec::new(),
         files: Vec::new(),
     };

@@ -2,6 +2,7 @@
 //! as batches (one write, and one `fdatasync` when the batch holds an intent), so a storm pays
 //! one journal commit per batch and no runtime thread waits on the disk.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use kubevol_core::{PodUid, UniqueVolumeName};
@@ -117,74 +118,81 @@ fn apply(
     batch: &[(&Change, bool)],
 ) -> Vec<std::io::Result<()>> {
     let mut results: Vec<std::io::Result<()>> = Vec::with_capacity(batch.len());
-    // What the batch changes, in order, over the live records.
-    let mut changed: Vec<(Key, Option<Written>)> = Vec::new();
-    let mut overlay: std::collections::HashMap<Key, Option<Arc<[u8]>>> = Default::default();
-    let mut buf = Vec::new();
+    // What the batch changes, in order, over the live records: each key's line, where it
+    // lies in `buf` (none: removed).
+    let mut changed: Vec<(Key, Option<Range<usize>>)> = Vec::new();
+    let mut overlay: kubevol_core::collections::HashMap<Key, Option<Range<usize>>> =
+        Default::default();
+    // The batch's lines, each encoded in place (about 600 bytes a pod volume's record).
+    let mut buf = Vec::with_capacity(batch.len() * 640);
     let mut any_durable = false;
     {
         let live = crate::sync::lock(live);
         let file = live.file();
         for &(change, durable) in batch {
             let key = change.key();
+            let begins = buf.len();
             let now = match overlay.get(&key) {
-                Some(line) => Now::Line(line.clone()),
+                Some(line) => Now::Batch(line.clone()),
                 None => Now::At(live.place(&key)),
             };
-            let line = match change {
-                Change::PodVolume(r) => LineRef::PodVolume(r).encode().map(Some),
+            let encoded = match change {
+                Change::PodVolume(r) => LineRef::PodVolume(r).encode_into(&mut buf).map(|()| true),
                 Change::Device(r) if r.expanded_size.is_none() => {
-                    let kept = now
-                        .bytes(&file)
-                        .and_then(|b| match super::journal::parse(&b) {
-                            Ok(Line::Device(d)) => d.expanded_size,
-                            _ => None,
-                        });
+                    let kept =
+                        now.bytes(&file, &buf)
+                            .and_then(|b| match super::journal::parse(&b) {
+                                Ok(Line::Device(d)) => d.expanded_size,
+                                _ => None,
+                            });
                     let r = DeviceRecord {
                         expanded_size: kept,
                         ..r.clone()
                     };
-                    LineRef::Device(&r).encode().map(Some)
+                    LineRef::Device(&r).encode_into(&mut buf).map(|()| true)
                 }
-                Change::Device(r) => LineRef::Device(r).encode().map(Some),
-                Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => Ok(None),
+                Change::Device(r) => LineRef::Device(r).encode_into(&mut buf).map(|()| true),
+                Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => Ok(false),
             };
-            let line = match line {
-                Ok(l) => l,
+            let record = match encoded {
+                Ok(record) => record,
                 Err(e) => {
+                    buf.truncate(begins);
                     results.push(Err(e));
                     continue;
                 }
             };
             results.push(Ok(()));
-            let begins = buf.len();
-            match &line {
+            if record {
                 // Unchanged: an outcome needs no write; an intent is written and synced
                 // all the same (the caller asked for it to be on disk).
-                Some(bytes) if !durable && now.is(&file, bytes) => continue,
-                Some(bytes) => buf.extend_from_slice(bytes),
-                None if now.is_none() => continue,
-                None => {
-                    let removal = match change {
-                        Change::RemovePodVolume { pod, unique, .. } => {
-                            LineRef::RemovePodVolume { pod, unique }
-                        }
-                        Change::RemoveDevice(unique) => LineRef::RemoveDevice { unique },
-                        _ => unreachable!("only removals have no line"),
-                    };
-                    match removal.encode() {
-                        Ok(b) => buf.extend_from_slice(&b),
-                        Err(e) => {
-                            *results.last_mut().expect("pushed above") = Err(e);
-                            continue;
-                        }
+                let (before, line) = buf.split_at(begins);
+                if !durable && now.is(&file, before, line) {
+                    buf.truncate(begins);
+                    continue;
+                }
+            } else {
+                if now.is_none() {
+                    continue;
+                }
+                let removal = match change {
+                    Change::RemovePodVolume { pod, unique, .. } => {
+                        LineRef::RemovePodVolume { pod, unique }
                     }
+                    Change::RemoveDevice(unique) => LineRef::RemoveDevice { unique },
+                    _ => unreachable!("only removals have no line"),
+                };
+                if let Err(e) = removal.encode_into(&mut buf) {
+                    buf.truncate(begins);
+                    *results.last_mut().expect("pushed above") = Err(e);
+                    continue;
                 }
             }
+            let line = record.then_some(begins..buf.len());
             buf.push(b'\n');
             any_durable |= durable;
             overlay.insert(key.clone(), line.clone());
-            changed.push((key, line.map(|l| (begins, l))));
+            changed.push((key, line));
         }
     }
     if buf.is_empty() {
@@ -207,10 +215,8 @@ fn apply(
     let places: Vec<(Key, Option<Place>)> = changed
         .into_iter()
         .map(|(key, line)| {
-            (
-                key,
-                line.map(|(begins, l)| Place::of(start + begins as u64, &l)),
-            )
+            let place = line.map(|r| Place::of(start + r.start as u64, &buf[r]));
+            (key, place)
         })
         .collect();
     let mut live = crate::sync::lock(live);
@@ -228,33 +234,30 @@ fn apply(
     results
 }
 
-/// A line of a batch: where it begins in the batch's buffer, and its bytes.
-type Written = (usize, Arc<[u8]>);
-
-/// A key's line as a batch sees it: written earlier in the batch, or live in the journal (or
-/// none).
+/// A key's line as a batch sees it: written earlier in the batch (where it lies in the batch's
+/// buffer), or live in the journal (or none).
 enum Now {
-    Line(Option<Arc<[u8]>>),
+    Batch(Option<Range<usize>>),
     At(Option<Place>),
 }
 
 impl Now {
     fn is_none(&self) -> bool {
-        matches!(self, Now::Line(None) | Now::At(None))
+        matches!(self, Now::Batch(None) | Now::At(None))
     }
 
-    /// Whether the line is `line`.
-    fn is(&self, journal: &std::fs::File, line: &[u8]) -> bool {
+    /// Whether the line is `line` (`batch`: the batch's lines before it).
+    fn is(&self, journal: &std::fs::File, batch: &[u8], line: &[u8]) -> bool {
         match self {
-            Now::Line(l) => l.as_deref() == Some(line),
+            Now::Batch(r) => r.clone().is_some_and(|r| &batch[r] == line),
             Now::At(p) => p.is_some_and(|p| p.holds(journal, line)),
         }
     }
 
     /// The line's bytes.
-    fn bytes(&self, journal: &std::fs::File) -> Option<Vec<u8>> {
+    fn bytes(&self, journal: &std::fs::File, batch: &[u8]) -> Option<Vec<u8>> {
         match self {
-            Now::Line(l) => l.as_deref().map(<[u8]>::to_vec),
+            Now::Batch(r) => r.clone().map(|r| batch[r].to_vec()),
             Now::At(p) => p.and_then(|p| p.read(journal).ok()),
         }
     }

@@ -6,7 +6,9 @@
 //! the object in effect as it is.
 
 use kubevol_core::state::PodExtensions;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use kubevol_core::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
