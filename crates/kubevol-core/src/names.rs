@@ -185,8 +185,22 @@ impl fmt::Display for PodRef {
 
 /// The directory name a plugin's volumes live under in a pod directory: the kubelet escapes the
 /// `/` of the plugin name as `~` (`kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`).
-pub fn escape_plugin_name(plugin: &str) -> String {
-    plugin.replace('/', "~")
+pub fn escape_plugin_name(plugin: &str) -> std::borrow::Cow<'static, str> {
+    // The built-in plugins' names, spelled out: every volume's path is made from one.
+    const BUILT_IN: [(&str, &str); 8] = [
+        ("kubernetes.io/empty-dir", "kubernetes.io~empty-dir"),
+        ("kubernetes.io/host-path", "kubernetes.io~host-path"),
+        ("kubernetes.io/configmap", "kubernetes.io~configmap"),
+        ("kubernetes.io/secret", "kubernetes.io~secret"),
+        ("kubernetes.io/downward-api", "kubernetes.io~downward-api"),
+        ("kubernetes.io/projected", "kubernetes.io~projected"),
+        ("kubernetes.io/local-volume", "kubernetes.io~local-volume"),
+        ("kubernetes.io/csi", "kubernetes.io~csi"),
+    ];
+    match BUILT_IN.iter().find(|(name, _)| *name == plugin) {
+        Some((_, escaped)) => std::borrow::Cow::Borrowed(escaped),
+        None => std::borrow::Cow::Owned(plugin.replace('/', "~")),
+    }
 }
 
 #[cfg(test)]
@@ -204,6 +218,19 @@ mod tests {
 
     #[test]
     fn plugin_directory_escapes_slash() {
+        for plugin in [
+            "kubernetes.io/empty-dir",
+            "kubernetes.io/host-path",
+            "kubernetes.io/configmap",
+            "kubernetes.io/secret",
+            "kubernetes.io/downward-api",
+            "kubernetes.io/projected",
+            "kubernetes.io/local-volume",
+            "kubernetes.io/csi",
+            "example.com/some/plugin",
+        ] {
+            assert_eq!(escape_plugin_name(plugin), plugin.replace('/', "~"));
+        }
         assert_eq!(
             escape_plugin_name("kubernetes.io/host-path"),
             "kubernetes.io~host-path"

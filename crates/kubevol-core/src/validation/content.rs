@@ -523,7 +523,7 @@ fn projection_kinds(p: &k8s_openapi::api::core::v1::VolumeProjection) -> Vec<&'s
 /// names (a resourceFieldRef must name one of them).
 pub(crate) fn validate_content_source(
     v: &Volume,
-    path: &str,
+    path: &dyn std::fmt::Display,
     containers: &BTreeSet<&str>,
     errs: &mut Vec<FieldError>,
 ) {

@@ -2,6 +2,7 @@
 //! [`EVENTS_PER_POD`]) and served by the status API. Repeats of the same event are folded into
 //! one with a count, as the API server's event correlator does.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -37,9 +38,9 @@ pub struct Event {
     pub uid: PodUid,
     /// `Normal` or `Warning`.
     #[serde(rename = "type")]
-    pub type_: String,
+    pub type_: Cow<'static, str>,
     /// The kubelet's reason.
-    pub reason: String,
+    pub reason: Cow<'static, str>,
     /// What happened.
     pub message: String,
     /// How many times it happened.
@@ -58,7 +59,7 @@ pub struct PodEvent {
     /// `Warning` rather than `Normal`.
     pub warning: bool,
     /// The reason.
-    pub reason: String,
+    pub reason: &'static str,
     /// The message.
     pub message: String,
 }
@@ -85,12 +86,12 @@ impl EventRecorder {
     }
 
     /// Records an event; `warning` selects the type.
-    pub fn record(&self, pod: &PodRef, warning: bool, reason: &str, message: String) {
+    pub fn record(&self, pod: &PodRef, warning: bool, reason: &'static str, message: String) {
         if let Some(sink) = self.sink.get() {
             let _ = sink.try_send(PodEvent {
                 pod: pod.clone(),
                 warning,
-                reason: reason.to_string(),
+                reason,
                 message: message.clone(),
             });
         }
@@ -113,11 +114,15 @@ impl EventRecorder {
         if q.len() == EVENTS_PER_POD {
             q.pop_front();
         }
+        let mut name = String::with_capacity(pod.namespace.len() + 1 + pod.name.len());
+        name.push_str(&pod.namespace);
+        name.push('/');
+        name.push_str(&pod.name);
         q.push_back(Event {
-            pod: pod.to_string(),
+            pod: name,
             uid: pod.uid.clone(),
-            type_: if warning { "Warning" } else { "Normal" }.into(),
-            reason: reason.into(),
+            type_: Cow::Borrowed(if warning { "Warning" } else { "Normal" }),
+            reason: Cow::Borrowed(reason),
             message,
             count: 1,
             first_timestamp: now,

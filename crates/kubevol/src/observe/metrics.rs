@@ -106,11 +106,17 @@ fn operation_histogram() -> Histogram {
     Histogram::new(OPERATION_BUCKETS)
 }
 
+/// A series of `storage_operation_duration_seconds`: plugin, operation, success.
+type OperationSeries = (String, &'static str, bool);
+
 /// The metrics.
 pub struct Metrics {
     registry: Registry,
     total_volumes: Family<TotalVolumesLabels, Gauge>,
     operation_duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    /// The histograms of `operation_duration` observed so far, by plugin, operation and
+    /// outcome: a few, found without building (and hashing) a label set for every operation.
+    operation_series: Mutex<Vec<(OperationSeries, Histogram)>>,
     pod_ready: Histogram,
     csi_operations: Family<CsiOperationLabels, Histogram, fn() -> Histogram>,
     volume_stats: [Family<VolumeStatsLabels, Gauge>; 7],
@@ -219,6 +225,7 @@ impl Default for Metrics {
             reconstruction_problems,
             total_volumes,
             operation_duration,
+            operation_series: Mutex::default(),
             pod_ready,
             csi_operations,
             volume_stats,
@@ -247,14 +254,27 @@ impl Metrics {
         success: bool,
         seconds: f64,
     ) {
-        self.operation_duration
-            .get_or_create(&OperationLabels {
-                volume_plugin: plugin.to_string(),
-                operation_name: operation,
-                status: if success { "success" } else { "fail-unknown" },
-                migrated: "false",
-            })
-            .observe(seconds);
+        let mut series = crate::sync::lock(&self.operation_series);
+        let found = series
+            .iter()
+            .find(|((p, o, s), _)| *o == operation && *s == success && p == plugin);
+        let histogram = match found {
+            Some((_, h)) => h,
+            None => {
+                let h = self
+                    .operation_duration
+                    .get_or_create(&OperationLabels {
+                        volume_plugin: plugin.to_string(),
+                        operation_name: operation,
+                        status: if success { "success" } else { "fail-unknown" },
+                        migrated: "false",
+                    })
+                    .clone();
+                series.push(((plugin.to_string(), operation, success), h));
+                &series.last().expect("pushed").1
+            }
+        };
+        histogram.observe(seconds);
     }
 
     /// Records how long a pod waited for its volumes.

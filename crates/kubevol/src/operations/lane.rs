@@ -358,6 +358,7 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
 fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
     let mut prepared = Vec::with_capacity(chunk.len());
     let mut ended = Vec::new();
+    let mut intents = Vec::with_capacity(chunk.len());
     for (op, seen) in Seen::of(ops, chunk) {
         let started = Instant::now();
         let mut records = Vec::new();
@@ -365,9 +366,11 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
             .unwrap_or_else(|panic| Err(panicked(ops, &op, &panic, &mut records)));
         match step {
             Ok(step) => {
-                let committed = step
-                    .intent()
-                    .map(|change| ops.host.record.queue_durable(change.clone()));
+                let intent = step.intent().cloned();
+                let committed = intent.is_some().then(|| Err(not_queued()));
+                if let Some(change) = intent {
+                    intents.push((prepared.len(), change));
+                }
                 prepared.push(Queued {
                     op,
                     step,
@@ -375,6 +378,20 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
                 });
             }
             Err(done) => ended.push((op, started, Ran::Ended(done, records))),
+        }
+    }
+    // The chunk's intents go to the record together: one wake-up of its writer, one commit.
+    let (at, changes): (Vec<usize>, Vec<record::Change>) = intents.into_iter().unzip();
+    match ops.host.record.queue_durable_all(changes) {
+        Ok(committed) => {
+            for (i, c) in at.into_iter().zip(committed) {
+                prepared[i].committed = Some(Ok(c));
+            }
+        }
+        Err(e) => {
+            for i in at {
+                prepared[i].committed = Some(Err(std::io::Error::new(e.kind(), e.to_string())));
+            }
         }
     }
     // What the chunk's first set-ups can do before their intents are recorded runs on the
@@ -640,6 +657,11 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
         }
         conclude(&ops, concluded);
     }
+}
+
+/// An intent not queued yet (replaced once the chunk's intents are queued).
+fn not_queued() -> std::io::Error {
+    std::io::Error::other("the intent was not queued for the record")
 }
 
 /// Runs `f`, turning a panic into its message.

@@ -524,11 +524,9 @@ fn settle(ops: &Operations, change: record::Change) {
     ops.host.record.submit(change);
 }
 
-/// Queues outcomes collected by [`settle_pod_record`], in order.
+/// Queues outcomes collected by [`settle_pod_record`], in order, together.
 fn settle_all(ops: &Operations, records: Vec<record::Change>) {
-    for change in records {
-        settle(ops, change);
-    }
+    ops.host.record.submit_all(records);
 }
 
 /// Collects a pod volume's outcome for the record, as the actual state now holds it: queued

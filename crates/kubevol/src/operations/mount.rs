@@ -220,11 +220,14 @@ pub(super) fn finish(
 ) -> Outcome {
     // The event is for a first set-up, not for a content rewrite or a re-check.
     let announce = !s.was_mounted && !s.remount;
-    let outcome = set_up_outcome(ops, &s.volume, &s.pod, announce, &s.traits, &s.want, result);
-    settle_pod_record(ops, &s.volume, &s.pod, &s.want.outer_volume_name, records);
-    outcome
+    set_up_outcome(
+        ops, &s.volume, &s.pod, announce, &s.traits, &s.want, result, records,
+    )
 }
 
+/// The outcome of a set-up in the actual state and the events; its record line is added to
+/// `records`.
+#[allow(clippy::too_many_arguments)]
 fn set_up_outcome(
     ops: &Operations,
     volume: &UniqueVolumeName,
@@ -233,23 +236,31 @@ fn set_up_outcome(
     traits: &VolumeTraits,
     want: &DesiredPodVolume,
     result: Effect,
+    records: &mut Vec<record::Change>,
 ) -> Outcome {
     let pref = &want.pod_ref;
     let traits = traits.clone();
     match result {
         Ok((done, subs)) => {
-            ops.asw.write().mark_pod_volume(
+            let mounted = as_mounted(
+                want,
+                PodMountState::Mounted,
+                done.path,
+                done.read_only,
+                subs,
+            );
+            // The record says what the actual state is about to hold (the executor keeps
+            // every other operation of this key away until the line is queued).
+            records.push(record::Change::PodVolume(record::PodVolumeRecord::of(
+                record::PodVolumeState::SetUp,
                 volume,
                 &traits,
-                pod.clone(),
-                as_mounted(
-                    want,
-                    PodMountState::Mounted,
-                    done.path,
-                    done.read_only,
-                    subs,
-                ),
-            );
+                &mounted,
+                ops.origin_of(pod),
+            )));
+            ops.asw
+                .write()
+                .mark_pod_volume(volume, &traits, pod.clone(), mounted);
             if announce {
                 ops.events.record(
                     pref,
@@ -284,6 +295,7 @@ fn set_up_outcome(
                     as_mounted(want, PodMountState::Uncertain, path, false, Vec::new()),
                 );
             }
+            settle_pod_record(ops, volume, pod, &want.outer_volume_name, records);
             ops.events
                 .record(pref, true, reason::FAILED_MOUNT, message.clone());
             (traits.plugin, Err(message), true)

@@ -185,7 +185,13 @@ pub(super) fn finish(
         Ok(()) => {
             info!(pod = %pref, volume = %outer, "UnmountVolume.TearDown succeeded");
             ops.asw.write().mark_pod_unmounted(volume, pod);
-            settle_pod_record(ops, volume, pod, outer, records);
+            // Nothing of this pod's use of the volume is left (the executor keeps every
+            // other operation of this key away until the line is queued).
+            records.push(record::Change::RemovePodVolume {
+                pod: pod.clone(),
+                volume: outer.clone(),
+                unique: volume.clone(),
+            });
             let idle = ops.world().dsw().pod(pod).is_none()
                 && ops.world().asw().pod_volumes(pod).next().is_none();
             ((t.plugin_name, Ok(()), replan()), idle)

@@ -60,7 +60,7 @@ fn pod_device_link(pod: &PodUid, pv: &str) -> PathBuf {
     Path::new("pods")
         .join(pod.as_str())
         .join("volumeDevices")
-        .join(escape_plugin_name(PLUGIN_NAME))
+        .join(escape_plugin_name(PLUGIN_NAME).as_ref())
         .join(pv)
 }
 

@@ -134,10 +134,12 @@ pub(crate) struct Filesystem {
 impl PluginHost {
     /// `pods/<uid>/volumes/<escaped plugin>` relative to the root.
     pub fn pod_plugin_dir(pod: &PodRef, plugin: &str) -> PathBuf {
-        Path::new("pods")
-            .join(pod.uid.as_str())
-            .join("volumes")
-            .join(escape_plugin_name(plugin))
+        let plugin = escape_plugin_name(plugin);
+        let mut path = String::with_capacity(14 + pod.uid.as_str().len() + plugin.len());
+        for part in ["pods/", pod.uid.as_str(), "/volumes/", &plugin] {
+            path.push_str(part);
+        }
+        PathBuf::from(path)
     }
 
     /// The absolute path of a pod's volume directory.
@@ -145,6 +147,7 @@ impl PluginHost {
     /// mounted volume.
     pub fn pod_volume_path(&self, pod: &PodRef, plugin: &str, volume: &str) -> PathBuf {
         let plugin = escape_plugin_name(plugin);
+        let plugin: &str = &plugin;
         let parts: [&std::ffi::OsStr; 6] = [
             self.root.as_os_str(),
             "pods".as_ref(),
@@ -207,7 +210,7 @@ impl PluginHost {
         let names: [&OsStr; 3] = [
             pod.uid.as_str().as_ref(),
             "volumes".as_ref(),
-            plugin.as_str().as_ref(),
+            OsStr::new(plugin.as_ref()),
         ];
         self.in_pods_dir(true, |pods| pods.make_dirs(&names, 0o750))
             .map(drop)

@@ -81,10 +81,14 @@ impl LineRef<'_> {
     /// Appends the line's bytes, without its newline, to `buf` (nothing on an error).
     pub(super) fn encode_into(&self, buf: &mut Vec<u8>) -> std::io::Result<()> {
         let begins = buf.len();
-        serde_json::to_writer(&mut *buf, self).map_err(|e| {
+        let written = match self {
+            LineRef::PodVolume(r) => super::encode::pod_volume_line(buf, r),
+            _ => serde_json::to_writer(&mut *buf, self).map_err(std::io::Error::other),
+        };
+        if written.is_err() {
             buf.truncate(begins);
-            std::io::Error::other(e)
-        })
+        }
+        written
     }
 }
 

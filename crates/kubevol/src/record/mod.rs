@@ -30,6 +30,7 @@ use kubevol_core::state::{
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use serde::{Deserialize, Serialize};
 
+mod encode;
 mod fail;
 mod journal;
 mod writer;
@@ -38,7 +39,7 @@ pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
 use journal::{Appender, Lines, Live, Place};
 use writer::Job;
-pub use writer::{Change, Committed};
+pub use writer::{Answers, Change, Committed};
 
 /// The record's directory under the root.
 pub const RECORD_DIR: &str = "volume-record";

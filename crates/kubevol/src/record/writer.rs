@@ -42,22 +42,95 @@ impl Change {
     }
 }
 
-/// A change waiting for the writer thread.
-pub(super) struct Job {
-    /// The change; none for [`Record::flush`]'s marker.
-    change: Option<Change>,
-    durable: bool,
-    /// Who waits for the result; without one, a failure is logged.
-    reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
+/// What the writer thread is sent: one change, or many queued together (never split between
+/// two batches, so they cost one wake-up of the writer and share one journal commit).
+pub(super) enum Job {
+    One {
+        /// The change; none for [`Record::flush`]'s marker.
+        change: Option<Change>,
+        durable: bool,
+        /// Who waits for the result; without one, a failure is logged.
+        reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
+    },
+    Many {
+        changes: Vec<Change>,
+        durable: bool,
+        /// Who waits for the results; without one, failures are logged.
+        reply: Option<Answering>,
+    },
 }
 
-/// A durable change queued by [`Record::queue_durable`].
-pub struct Committed(tokio::sync::oneshot::Receiver<std::io::Result<()>>);
+impl Job {
+    fn len(&self) -> usize {
+        match self {
+            Job::One { .. } => 1,
+            Job::Many { changes, .. } => changes.len(),
+        }
+    }
+}
+
+/// The results of changes queued together by [`Record::queue_durable_all`], for a thread
+/// outside the async runtime: one wait for all of them, each read by its index.
+#[derive(Default)]
+pub struct Answers {
+    results: Mutex<Option<Vec<std::io::Result<()>>>>,
+    done: std::sync::Condvar,
+}
+
+impl Answers {
+    fn answer(&self, results: Vec<std::io::Result<()>>) {
+        *crate::sync::lock(&self.results) = Some(results);
+        self.done.notify_all();
+    }
+}
+
+/// The writer's end of an [`Answers`]: answers once, and if it is dropped unanswered (the
+/// writer thread stopped first) every change fails with "stopped".
+pub(super) struct Answering {
+    answers: Arc<Answers>,
+    count: usize,
+}
+
+impl Answering {
+    fn answer(mut self, results: Vec<std::io::Result<()>>) {
+        self.answers.answer(results);
+        self.count = 0;
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if self.count > 0 {
+            self.answers
+                .answer((0..self.count).map(|_| Err(stopped())).collect());
+        }
+    }
+}
+
+/// A durable change queued by [`Record::queue_durable_all`].
+pub struct Committed {
+    answers: Arc<Answers>,
+    index: usize,
+}
 
 impl Committed {
     /// Blocks until the change is on disk, or says why it is not. Not on the async runtime.
     pub fn wait(self) -> std::io::Result<()> {
-        self.0.blocking_recv().unwrap_or_else(|_| Err(stopped()))
+        let mut results = crate::sync::lock(&self.answers.results);
+        loop {
+            if let Some(results) = results.as_ref() {
+                return match results.get(self.index) {
+                    Some(Ok(())) => Ok(()),
+                    Some(Err(e)) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                    None => Err(stopped()),
+                };
+            }
+            results = self
+                .answers
+                .done
+                .wait(results)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 }
 
@@ -76,33 +149,58 @@ fn write_batches(
     rx: &std::sync::mpsc::Receiver<Job>,
 ) {
     while let Ok(first) = rx.recv() {
+        let mut queued = first.len();
         let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
+        while queued < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) => {
+                    queued += job.len();
+                    jobs.push(job);
+                }
                 Err(_) => break,
             }
         }
         let batch: Vec<(&Change, bool)> = jobs
             .iter()
-            .filter_map(|j| Some((j.change.as_ref()?, j.durable)))
+            .flat_map(|j| match j {
+                Job::One {
+                    change, durable, ..
+                } => change.iter().map(|c| (c, *durable)).collect::<Vec<_>>(),
+                Job::Many {
+                    changes, durable, ..
+                } => changes.iter().map(|c| (c, *durable)).collect(),
+            })
             .collect();
         let results = apply(live, &mut journal, &batch);
+        drop(batch);
         journal.maybe_compact(live);
         let mut results = results.into_iter();
+        let failed = |e: std::io::Error| tracing::warn!(dir = %dir.display(), "cannot update the volume record: {e}");
         for job in jobs {
-            let result = match job.change {
-                Some(_) => results.next().unwrap_or(Ok(())),
-                None => Ok(()),
-            };
-            match (job.reply, result) {
-                (Some(reply), result) => {
-                    let _ = reply.send(result);
+            match job {
+                Job::One { change, reply, .. } => {
+                    let result = match change {
+                        Some(_) => results.next().unwrap_or(Ok(())),
+                        None => Ok(()),
+                    };
+                    match (reply, result) {
+                        (Some(reply), result) => {
+                            let _ = reply.send(result);
+                        }
+                        (None, Err(e)) => failed(e),
+                        (None, Ok(())) => {}
+                    }
                 }
-                (None, Err(e)) => {
-                    tracing::warn!(dir = %dir.display(), "cannot update the volume record: {e}")
+                Job::Many { changes, reply, .. } => {
+                    let mine: Vec<std::io::Result<()>> = changes
+                        .iter()
+                        .map(|_| results.next().unwrap_or(Ok(())))
+                        .collect();
+                    match reply {
+                        Some(reply) => reply.answer(mine),
+                        None => mine.into_iter().filter_map(Result::err).for_each(failed),
+                    }
                 }
-                (None, Ok(())) => {}
             }
         }
     }
@@ -272,11 +370,29 @@ impl Record {
         done.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// Queues `change` to be written durably, for a thread outside the async runtime: the
-    /// caller goes on (queueing more, which the writer takes as one batch: one write, one
-    /// `fdatasync`) and waits for it with [`Committed::wait`] before its side effect.
-    pub fn queue_durable(self: &Arc<Self>, change: Change) -> std::io::Result<Committed> {
-        self.queue_answered(change, true).map(Committed)
+    /// Queues `changes` to be written durably, together (one wake-up of the writer, one
+    /// journal commit), for a thread outside the async runtime: the caller goes on and waits
+    /// for each with [`Committed::wait`] before its side effect.
+    pub fn queue_durable_all(
+        self: &Arc<Self>,
+        changes: Vec<Change>,
+    ) -> std::io::Result<Vec<Committed>> {
+        let answers = Arc::new(Answers::default());
+        let count = changes.len();
+        self.send(Job::Many {
+            changes,
+            durable: true,
+            reply: Some(Answering {
+                answers: answers.clone(),
+                count,
+            }),
+        })?;
+        Ok((0..count)
+            .map(|index| Committed {
+                answers: answers.clone(),
+                index,
+            })
+            .collect())
     }
 
     /// Queues `change` with a channel its result is sent on.
@@ -307,12 +423,36 @@ impl Record {
         }
     }
 
+    /// [`Record::submit`] for many changes at once (one wake-up of the writer).
+    pub fn submit_all(self: &Arc<Self>, changes: Vec<Change>) {
+        if changes.is_empty() {
+            return;
+        }
+        let sent = self.send(Job::Many {
+            changes,
+            durable: false,
+            reply: None,
+        });
+        if let Err(e) = sent {
+            tracing::warn!(dir = %self.dir.display(), "cannot update the volume record: {e}");
+        }
+    }
+
     fn enqueue(
         self: &Arc<Self>,
         change: Option<Change>,
         durable: bool,
         reply: Option<tokio::sync::oneshot::Sender<std::io::Result<()>>>,
     ) -> std::io::Result<()> {
+        self.send(Job::One {
+            change,
+            durable,
+            reply,
+        })
+    }
+
+    /// Sends `job` to the writer thread, started by the first.
+    fn send(self: &Arc<Self>, job: Job) -> std::io::Result<()> {
         let writer = self.writer.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel::<Job>();
             let (live, dir) = (self.live.clone(), self.dir.clone());
@@ -333,11 +473,7 @@ impl Record {
             }
         });
         crate::sync::lock(&writer.queue)
-            .send(Job {
-                change,
-                durable,
-                reply,
-            })
+            .send(job)
             .map_err(|_| stopped())
     }
 }

@@ -294,7 +294,7 @@ impl EventPoster {
             let key = (
                 uid.clone(),
                 ev.warning,
-                ev.reason.clone(),
+                ev.reason.to_string(),
                 ev.message.clone(),
             );
             let api = |ns: &str| Api::<CoreEvent>::namespaced(client.clone(), ns);
@@ -336,7 +336,7 @@ impl EventPoster {
                     uid: Some(uid.clone()),
                     ..Default::default()
                 },
-                reason: Some(ev.reason.clone()),
+                reason: Some(ev.reason.to_string()),
                 message: Some(ev.message.clone()),
                 type_: Some(if ev.warning { "Warning" } else { "Normal" }.into()),
                 count: Some(1),

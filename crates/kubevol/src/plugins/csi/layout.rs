@@ -45,7 +45,7 @@ pub(super) fn publish(r: &Resolved, pod: &PodUid) -> (PathBuf, PathBuf) {
         let d = Path::new("pods")
             .join(pod.as_str())
             .join("volumes")
-            .join(escape_plugin_name(PLUGIN_NAME))
+            .join(escape_plugin_name(PLUGIN_NAME).as_ref())
             .join(&r.spec_name);
         (d.join("mount"), d)
     }
@@ -55,7 +55,7 @@ pub(super) fn pod_device_link(r: &Resolved, pod: &PodUid) -> PathBuf {
     Path::new("pods")
         .join(pod.as_str())
         .join("volumeDevices")
-        .join(escape_plugin_name(PLUGIN_NAME))
+        .join(escape_plugin_name(PLUGIN_NAME).as_ref())
         .join(&r.spec_name)
 }
 
