@@ -133,7 +133,15 @@ pub fn plan(
     only: Option<&[UniqueVolumeName]>,
 ) -> Vec<Operation> {
     let (actual, desired): (Vec<&ActualVolume>, Vec<&DesiredVolume>) = match only {
-        None => (asw.volumes().collect(), dsw.volumes().collect()),
+        // Every volume, by name: a full pass plans in the same order whatever the states'
+        // maps hold.
+        None => {
+            let mut actual: Vec<&ActualVolume> = asw.volumes().collect();
+            let mut desired: Vec<&DesiredVolume> = dsw.volumes().collect();
+            actual.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            desired.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            (actual, desired)
+        }
         Some(names) => (
             names.iter().filter_map(|n| asw.volume(n)).collect(),
             names.iter().filter_map(|n| dsw.volume(n)).collect(),

@@ -311,7 +311,10 @@ pub struct PodVolumeWish {
 /// The desired state of world.
 #[derive(Clone, Debug, Default)]
 pub struct DesiredState {
-    volumes: BTreeMap<UniqueVolumeName, DesiredVolume>,
+    /// By unique name: a hash map, as every operation looks its volume up several times, and
+    /// the names share long prefixes (`kubernetes.io/empty-dir/<pod uid>-`) that a sorted
+    /// map compares again at every level.
+    volumes: crate::collections::HashMap<UniqueVolumeName, DesiredVolume>,
     pods: BTreeMap<PodUid, DesiredPod>,
 }
 
@@ -390,7 +393,7 @@ impl DesiredState {
         }
     }
 
-    /// Every desired volume.
+    /// Every desired volume, in no particular order.
     pub fn volumes(&self) -> impl Iterator<Item = &DesiredVolume> {
         self.volumes.values()
     }
@@ -513,7 +516,8 @@ pub struct ReconstructedDevice {
 /// The actual state of world.
 #[derive(Clone, Debug, Default)]
 pub struct ActualState {
-    volumes: BTreeMap<UniqueVolumeName, ActualVolume>,
+    /// By unique name (a hash map, as the desired state's).
+    volumes: crate::collections::HashMap<UniqueVolumeName, ActualVolume>,
     /// Pod → the volumes it has on the node, so per-pod questions never scan every volume.
     by_pod: BTreeMap<PodUid, std::collections::BTreeSet<UniqueVolumeName>>,
     /// Pod → how many of its volumes are [`PodMountState::Mounted`], so that "is the pod
@@ -707,7 +711,7 @@ impl ActualState {
         }
     }
 
-    /// Every volume on the node.
+    /// Every volume on the node, in no particular order.
     pub fn volumes(&self) -> impl Iterator<Item = &ActualVolume> {
         self.volumes.values()
     }

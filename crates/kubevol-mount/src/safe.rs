@@ -60,6 +60,25 @@ fn umask_takes_from(mode: u32) -> bool {
     umask.is_none_or(|u| u & mode & 0o7777 != 0)
 }
 
+/// How many names a relative path has (`.` components skipped), without building the list of
+/// them; none for a path that is absolute or has `..`.
+fn count_names(rel: &Path) -> Option<usize> {
+    let mut names = 0;
+    for c in rel.components() {
+        match c {
+            Component::Normal(_) => names += 1,
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(names)
+}
+
+/// Whether `name` is one name (a single normal component, `./` allowed).
+fn is_one_name(name: &Path) -> bool {
+    count_names(name) == Some(1)
+}
+
 fn components(rel: &Path) -> Result<Vec<&OsStr>, MountError> {
     let mut out = Vec::new();
     for c in rel.components() {
@@ -141,9 +160,14 @@ impl Dir {
     /// every component. One openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) call where the kernel
     /// has it; otherwise an O_NOFOLLOW walk, one component at a time.
     pub fn open_beneath(&self, rel: &Path) -> Result<Dir, MountError> {
-        let names = components(rel)?;
-        if names.is_empty() {
-            return self.reopen();
+        match count_names(rel) {
+            None => {
+                return Err(MountError::NotRelative {
+                    path: rel.to_path_buf(),
+                })
+            }
+            Some(0) => return self.reopen(),
+            Some(_) => {}
         }
         let path = self.path.join(rel);
         let resolve =
@@ -155,7 +179,7 @@ impl Dir {
             }
             Err(e) => return Err(io("open", &path)(e)),
         }
-        self.walk(&names)
+        self.walk(&components(rel)?)
     }
 
     fn reopen(&self) -> Result<Dir, MountError> {
@@ -212,7 +236,7 @@ impl Dir {
     /// opening it: for a directory that a filesystem is mounted on at once (whose root then has
     /// the mode). Says whether it was made (false: something is there already, of any type).
     pub fn make_dir(&self, name: &OsStr, mode: u32) -> Result<bool, MountError> {
-        if components(Path::new(name))?.len() != 1 || name == "." {
+        if !is_one_name(Path::new(name)) || name == "." {
             return Err(MountError::NotRelative {
                 path: PathBuf::from(name),
             });
@@ -510,18 +534,24 @@ impl Dir {
 
     /// [`Dir::remove_dir_all_one_fs`], saying whether `name` was there to remove.
     pub fn remove_dir_all_one_fs_found(&self, name: &str) -> Result<bool, MountError> {
-        let path = self.child_path(OsStr::new(name));
-        if components(Path::new(name))?.len() != 1 {
-            return Err(MountError::NotRelative { path });
+        if !is_one_name(Path::new(name)) {
+            return Err(MountError::NotRelative {
+                path: self.child_path(OsStr::new(name)),
+            });
         }
         // An empty directory (a volume just unmounted) goes with one rmdir, which never removes
         // a mount point (EBUSY) or anything but a directory; anything else takes the walk.
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) => return Ok(true),
             Err(Errno::NOENT) => return Ok(false),
-            Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
+            Err(Errno::BUSY) => {
+                return Err(MountError::NestedMount {
+                    path: self.child_path(OsStr::new(name)),
+                })
+            }
             Err(_) => {}
         }
+        let path = self.child_path(OsStr::new(name));
         let Some(child) = self.open_child_if_exists(name)? else {
             return Ok(false);
         };

@@ -58,7 +58,9 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant
     } else {
         // A slice at a time: the states' read locks are held briefly, so the populator's
         // writes and the operations' reads queued behind them do not wait for a whole storm.
-        let only: Vec<UniqueVolumeName> = only.into_iter().collect();
+        // By name: a pod's volumes are planned (and queued) together.
+        let mut only: Vec<UniqueVolumeName> = only.into_iter().collect();
+        only.sort_unstable();
         only.chunks(PLAN_SLICE)
             .flat_map(|slice| plan_under_locks(Some(slice)))
             .collect()

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kubevol_core::collections::HashMap;
+use kubevol_core::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -72,8 +72,8 @@ pub struct World {
 /// that anything may have (`all`).
 #[derive(Default)]
 pub struct Dirty {
-    /// The volumes.
-    pub volumes: BTreeSet<UniqueVolumeName>,
+    /// The volumes (a hash set: each finished operation adds one; the reconciler sorts them).
+    pub volumes: HashSet<UniqueVolumeName>,
     /// Every volume.
     pub all: bool,
 }
@@ -104,7 +104,7 @@ impl World {
             states_synced: AtomicBool::new(false),
             require_reported: AtomicBool::new(false),
             dirty: Mutex::new(Dirty {
-                volumes: BTreeSet::new(),
+                volumes: HashSet::default(),
                 all: true,
             }),
         });

@@ -157,6 +157,15 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// The operations run so far, for the finisher; room is made for as many next (an
+    /// operation's outcome is hundreds of bytes: growing the batch one doubling at a time
+    /// copied them again and again).
+    fn take_batch(&mut self) -> Vec<(Operation, Instant, Ran)> {
+        std::mem::replace(&mut self.batch, Vec::with_capacity(HAND_OVER))
+    }
+}
+
 struct Shared {
     state: Mutex<State>,
     /// Wakes the worker when work is queued.
@@ -175,7 +184,7 @@ impl Shared {
     /// Hands the operations run so far to the finisher.
     fn hand_over(&self) {
         let mut st = self.lock();
-        let batch = std::mem::take(&mut st.batch);
+        let batch = st.take_batch();
         self.send(&st, batch);
     }
 
@@ -323,7 +332,7 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
                 }
                 if st.prepared.is_empty() {
                     // Nothing prepared is left: what ran is handed over before the worker waits.
-                    let batch = std::mem::take(&mut st.batch);
+                    let batch = st.take_batch();
                     shared.send(&st, batch);
                 }
                 let mut chunk = Vec::new();
@@ -356,7 +365,7 @@ fn work(shared: &Shared, ops: &Weak<Operations>, me: u64) {
 /// Prepares a chunk from the world as it is now, and queues its intents. One with nothing to
 /// do ends here.
 fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
-    let mut prepared = Vec::with_capacity(chunk.len());
+    let mut steps = Vec::with_capacity(chunk.len());
     let mut ended = Vec::new();
     let mut intents = Vec::with_capacity(chunk.len());
     for (op, seen) in Seen::of(ops, chunk) {
@@ -367,33 +376,34 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
         match step {
             Ok(step) => {
                 let intent = step.intent().cloned();
-                let committed = intent.is_some().then(|| Err(not_queued()));
-                if let Some(change) = intent {
-                    intents.push((prepared.len(), change));
-                }
-                prepared.push(Queued {
-                    op,
-                    step,
-                    committed,
-                });
+                let recorded = intent.is_some();
+                intents.extend(intent);
+                steps.push((op, step, recorded));
             }
             Err(done) => ended.push((op, started, Ran::Ended(done, records))),
         }
     }
     // The chunk's intents go to the record together: one wake-up of its writer, one commit.
-    let (at, changes): (Vec<usize>, Vec<record::Change>) = intents.into_iter().unzip();
-    match ops.host.record.queue_durable_all(changes) {
-        Ok(committed) => {
-            for (i, c) in at.into_iter().zip(committed) {
-                prepared[i].committed = Some(Ok(c));
+    let mut committed = match ops.host.record.queue_durable_all(intents) {
+        Ok(committed) => Ok(committed.into_iter()),
+        Err(e) => Err(e),
+    };
+    let prepared: Vec<Queued> = steps
+        .into_iter()
+        .map(|(op, step, recorded)| {
+            let committed = recorded.then(|| match &mut committed {
+                Ok(each) => each.next().ok_or_else(|| {
+                    std::io::Error::other("the record answered fewer intents than were queued")
+                }),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            });
+            Queued {
+                op,
+                step,
+                committed,
             }
-        }
-        Err(e) => {
-            for i in at {
-                prepared[i].committed = Some(Err(std::io::Error::new(e.kind(), e.to_string())));
-            }
-        }
-    }
+        })
+        .collect();
     // What the chunk's first set-ups can do before their intents are recorded runs on the
     // blocking pool meanwhile, on the other core, instead of on the lane.
     let mut ahead: Vec<(Arc<dyn VolumePlugin>, PodRef)> = Vec::new();
@@ -416,6 +426,9 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
                 }
             }
         });
+    }
+    if st.prepared.capacity() == 0 {
+        st.prepared.reserve(AHEAD + CHUNK);
     }
     st.prepared.extend(prepared);
     st.batch.extend(ended);
@@ -657,11 +670,6 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
         }
         conclude(&ops, concluded);
     }
-}
-
-/// An intent not queued yet (replaced once the chunk's intents are queued).
-fn not_queued() -> std::io::Error {
-    std::io::Error::other("the intent was not queued for the record")
 }
 
 /// Runs `f`, turning a panic into its message.

@@ -193,10 +193,9 @@ impl Operations {
     }
 
     /// Where a pod came from, for messages.
-    fn origin_of(&self, uid: &PodUid) -> String {
+    fn origin_of(&self, uid: &PodUid) -> SharedStr {
         self.store
-            .pod(uid)
-            .map(|p| p.origin.to_string())
+            .pod_source(uid)
             .unwrap_or_else(|| "source removed".into())
     }
 }
@@ -279,7 +278,7 @@ fn stalled_message(ops: &Operations, op: &Operation) -> String {
 /// and the reconciler woken if something is due now.
 fn conclude(ops: &Operations, done: Vec<(Operation, Instant, Outcome)>) {
     let mut wake = false;
-    let mut pods: Vec<PodUid> = Vec::new();
+    let mut pods: Vec<PodUid> = Vec::with_capacity(done.len());
     let now = Instant::now();
     for (op, started, (plugin, outcome, replan)) in done {
         ops.metrics.observe_operation(

@@ -144,7 +144,7 @@ mod tests {
                 name: format!("name{text}").as_str().into(),
                 uid: PodUid::from(format!("uid-{text}").as_str()),
             },
-            source: format!("/etc/kubevol/{text}.yaml (document 1)"),
+            source: format!("/etc/kubevol/{text}.yaml (document 1)").into(),
             volume: format!("vol{text}").as_str().into(),
             unique_name: UniqueVolumeName::from(format!("kubernetes.io/empty-dir/uid-{text}")),
             traits: TraitsRecord {

@@ -185,7 +185,7 @@ pub struct PodVolumeRecord {
     pub pod: PodRef,
     /// Where the pod came from (manifest file and document), for messages.
     #[serde(default)]
-    pub source: String,
+    pub source: kubevol_core::names::SharedStr,
     /// The volume's name in the pod's spec.
     pub volume: kubevol_core::names::SharedStr,
     /// The volume's key in the states of world.
@@ -211,7 +211,7 @@ impl PodVolumeRecord {
         unique_name: &UniqueVolumeName,
         traits: &VolumeTraits,
         m: &MountedPodVolume,
-        source: String,
+        source: kubevol_core::names::SharedStr,
     ) -> Self {
         PodVolumeRecord {
             version: VERSION,

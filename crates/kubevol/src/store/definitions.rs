@@ -235,6 +235,9 @@ impl Objects {
                         && (Arc::ptr_eq(&s.extensions, e) || *s.extensions == **e) =>
                 {
                     let moved = s.origin != origin;
+                    if moved {
+                        s.source = origin.to_string().as_str().into();
+                    }
                     s.origin = origin;
                     moved
                 }
@@ -244,6 +247,7 @@ impl Objects {
                         StoredPod {
                             pod: p.clone(),
                             extensions: e.clone(),
+                            source: origin.to_string().as_str().into(),
                             origin,
                         },
                     );

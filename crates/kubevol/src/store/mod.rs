@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kubevol_core::names::SharedStr;
 use kubevol_core::projection::ObjectKind;
 use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
@@ -148,6 +149,8 @@ pub struct StoredPod {
     pub extensions: Arc<PodExtensions>,
     /// Its origin.
     pub origin: Origin,
+    /// Its origin spelled out, once (every record line of its volumes names it).
+    pub source: SharedStr,
 }
 
 /// A referenced object and where it came from.
@@ -441,6 +444,11 @@ impl ObjectStore {
     /// One pod.
     pub fn pod(&self, uid: &PodUid) -> Option<StoredPod> {
         self.read().pods.get(uid).cloned()
+    }
+
+    /// Where a pod came from, spelled out (`…/app.yaml (document 1)`, `library API`).
+    pub fn pod_source(&self, uid: &PodUid) -> Option<SharedStr> {
+        self.read().pods.get(uid).map(|p| p.source.clone())
     }
 
     /// A ConfigMap by namespace and name.
