@@ -36,7 +36,12 @@ impl UniqueVolumeName {
     /// The kubelet's name for a volume that belongs to exactly one pod:
     /// `kubernetes.io/empty-dir/<podUID>-<volume>`.
     pub fn for_pod_volume(plugin: &str, pod: &PodUid, volume: &str) -> Self {
-        UniqueVolumeName::from(format!("{plugin}/{pod}-{volume}"))
+        let pod = pod.as_str();
+        let mut name = String::with_capacity(plugin.len() + pod.len() + volume.len() + 2);
+        for part in [plugin, "/", pod, "-", volume] {
+            name.push_str(part);
+        }
+        UniqueVolumeName::from(name.as_str())
     }
 
     /// The kubelet's name for a volume shared between pods: `<plugin>/<volume id>`.

@@ -374,8 +374,7 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
         let step = guarded(|| Step::prepare(ops, &op, seen))
             .unwrap_or_else(|panic| Err(panicked(ops, &op, &panic, &mut records)));
         match step {
-            Ok(step) => {
-                let intent = step.intent().cloned();
+            Ok((step, intent)) => {
                 let recorded = intent.is_some();
                 intents.extend(intent);
                 steps.push((op, step, recorded));
@@ -463,12 +462,13 @@ fn run_one(shared: &Shared, ops: &Operations, me: u64) -> bool {
         committed,
     } = q;
     let started = Instant::now();
+    let recorded = committed.is_some();
     let committed = match committed {
         None => Ok(()),
         Some(c) => c.and_then(record::Committed::wait),
     };
     let ran = match committed {
-        Ok(()) => guarded(|| step.run(ops)),
+        Ok(()) => guarded(|| step.run(ops, recorded)),
         Err(source) => Ok(step.not_recorded(VolumeError::Record {
             dir: ops.host.record.dir().to_path_buf(),
             source,
@@ -546,7 +546,12 @@ impl Seen {
 }
 
 impl Step {
-    fn prepare(ops: &Operations, op: &Operation, seen: Seen) -> Result<Step, Outcome> {
+    /// The step, and its intent to record before its side effect.
+    fn prepare(
+        ops: &Operations,
+        op: &Operation,
+        seen: Seen,
+    ) -> Result<(Step, Option<record::Change>), Outcome> {
         match (op, seen) {
             (
                 Operation::MountVolume {
@@ -555,9 +560,11 @@ impl Step {
                     remount,
                 },
                 Seen::SetUp(want, had),
-            ) => mount::prepare_from(ops, volume, pod, *remount, want, || had).map(Step::SetUp),
+            ) => mount::prepare_from(ops, volume, pod, *remount, want, || had)
+                .map(|(s, intent)| (Step::SetUp(s), intent)),
             (Operation::UnmountVolume { volume, pod }, Seen::TearDown(have)) => {
-                unmount::prepare_from(ops, volume, pod, have).map(Step::TearDown)
+                unmount::prepare_from(ops, volume, pod, have)
+                    .map(|(t, intent)| (Step::TearDown(t), Some(intent)))
             }
             // Never queued here (`Operations::is_quick` takes only pod volumes' set-ups and
             // teardowns); said, not assumed, should that change.
@@ -573,13 +580,6 @@ impl Step {
         }
     }
 
-    fn intent(&self) -> Option<&record::Change> {
-        match self {
-            Step::SetUp(s) => s.intent.as_ref(),
-            Step::TearDown(t) => Some(&t.intent),
-        }
-    }
-
     /// Its intent could not be recorded: nothing was done.
     fn not_recorded(self, e: VolumeError) -> Ran {
         match self {
@@ -588,11 +588,11 @@ impl Step {
         }
     }
 
-    /// Its intent recorded: the side effect.
-    fn run(self, ops: &Operations) -> Ran {
+    /// Its intent (if it has one: `recorded`) on disk: the side effect.
+    fn run(self, ops: &Operations, recorded: bool) -> Ran {
         match self {
             Step::SetUp(s) => {
-                if s.intent.is_some() {
+                if recorded {
                     record::fail_point("set_up", "before");
                 }
                 let result = effected("set_up", s.effect_now(ops));

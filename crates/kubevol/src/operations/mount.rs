@@ -23,7 +23,8 @@ use crate::events::reason;
 use crate::plugins::{SetUpRequest, SetUpResult, VolumePlugin};
 use crate::record;
 
-/// A set-up ready to run: what the plugin is asked, and the intent to record before.
+/// A set-up ready to run: what the plugin is asked (its intent to record before comes beside
+/// it, from [`prepare`]).
 pub(super) struct SetUp {
     pub(super) volume: UniqueVolumeName,
     pub(super) pod: PodUid,
@@ -31,8 +32,6 @@ pub(super) struct SetUp {
     traits: VolumeTraits,
     want: DesiredPodVolume,
     pub(super) req: SetUpRequest,
-    /// None for a content rewrite of a volume already set up: it adds nothing to the node.
-    pub(super) intent: Option<record::Change>,
     was_mounted: bool,
     remount: bool,
 }
@@ -62,6 +61,10 @@ pub(super) fn had(asw: &ActualState, volume: &UniqueVolumeName, pod: &PodUid) ->
         .unwrap_or_default()
 }
 
+/// A set-up ready to run, and the intent to record before its side effect (none for a content
+/// rewrite of a volume already set up: it adds nothing to the node).
+pub(super) type Prepared = (SetUp, Option<record::Change>);
+
 /// Reads what the set-up needs from the world; an operation with nothing to do (the pod gone,
 /// no plugin) is finished at once with its outcome.
 pub(super) fn prepare(
@@ -69,7 +72,7 @@ pub(super) fn prepare(
     volume: &UniqueVolumeName,
     pod: &PodUid,
     remount: bool,
-) -> Result<SetUp, Outcome> {
+) -> Result<Prepared, Outcome> {
     let want = wanted(&ops.world().dsw(), volume, pod);
     prepare_from(ops, volume, pod, remount, want, || {
         had(&ops.world().asw(), volume, pod)
@@ -84,7 +87,7 @@ pub(super) fn prepare_from(
     remount: bool,
     want: Wanted,
     had: impl FnOnce() -> Had,
-) -> Result<SetUp, Outcome> {
+) -> Result<Prepared, Outcome> {
     let Some((traits, want)) = want else {
         return Err((SharedStr::default(), Ok(()), true));
     };
@@ -129,17 +132,19 @@ pub(super) fn prepare_from(
             ops.origin_of(pod),
         ))
     });
-    Ok(SetUp {
-        volume: volume.clone(),
-        pod: pod.clone(),
-        plugin,
-        traits,
-        want,
-        req,
+    Ok((
+        SetUp {
+            volume: volume.clone(),
+            pod: pod.clone(),
+            plugin,
+            traits,
+            want,
+            req,
+            was_mounted,
+            remount,
+        },
         intent,
-        was_mounted,
-        remount,
-    })
+    ))
 }
 
 impl SetUp {
@@ -190,12 +195,12 @@ pub(super) async fn mount_volume(
     pod: &PodUid,
     remount: bool,
 ) -> Outcome {
-    let s = match prepare(ops, volume, pod, remount) {
-        Ok(s) => s,
+    let (s, intent) = match prepare(ops, volume, pod, remount) {
+        Ok(prepared) => prepared,
         Err(done) => return done,
     };
-    let intent = match &s.intent {
-        Some(change) => intend(ops, "set_up", change.clone()).await,
+    let intent = match intent {
+        Some(change) => intend(ops, "set_up", change).await,
         None => Ok(()),
     };
     // The volume first, then its subPath mounts: if those fail the volume is set up but the

@@ -26,8 +26,6 @@ pub(super) struct TearDown {
     plugin_name: SharedStr,
     mounted: MountedPodVolume,
     req: TearDownRequest,
-    /// The record's `TearingDown` line.
-    pub(super) intent: record::Change,
 }
 
 /// What the ASW has of one pod's volume: the volume's plugin facts and the pod's set-up.
@@ -38,12 +36,15 @@ pub(super) fn had(asw: &ActualState, volume: &UniqueVolumeName, pod: &PodUid) ->
         .and_then(|v| v.pods.get(pod).map(|m| (v.traits.clone(), m.clone())))
 }
 
+/// A teardown ready to run, and its intent, the record's `TearingDown` line.
+pub(super) type Prepared = (TearDown, record::Change);
+
 /// Reads what the teardown needs; one with nothing to do is finished at once.
 pub(super) fn prepare(
     ops: &Operations,
     volume: &UniqueVolumeName,
     pod: &PodUid,
-) -> Result<TearDown, Outcome> {
+) -> Result<Prepared, Outcome> {
     let have = had(&ops.world().asw(), volume, pod);
     prepare_from(ops, volume, pod, have)
 }
@@ -54,7 +55,7 @@ pub(super) fn prepare_from(
     volume: &UniqueVolumeName,
     pod: &PodUid,
     have: Had,
-) -> Result<TearDown, Outcome> {
+) -> Result<Prepared, Outcome> {
     // Still on the node after this pod's teardown: a device unmount or a detach may be due.
     // (A pod that wants it again meanwhile was turned away by the executor, which reports it.)
     let replan = || ops.world().asw().volume(volume).is_some();
@@ -85,15 +86,17 @@ pub(super) fn prepare_from(
         &mounted,
         ops.origin_of(pod),
     ));
-    Ok(TearDown {
-        volume: volume.clone(),
-        pod: pod.clone(),
-        plugin,
-        plugin_name: traits.plugin,
-        mounted,
-        req,
+    Ok((
+        TearDown {
+            volume: volume.clone(),
+            pod: pod.clone(),
+            plugin,
+            plugin_name: traits.plugin,
+            mounted,
+            req,
+        },
         intent,
-    })
+    ))
 }
 
 impl TearDown {
@@ -143,11 +146,11 @@ pub(super) async fn unmount_volume(
     volume: &UniqueVolumeName,
     pod: &PodUid,
 ) -> Outcome {
-    let t = match prepare(ops, volume, pod) {
-        Ok(t) => t,
+    let (t, intent) = match prepare(ops, volume, pod) {
+        Ok(prepared) => prepared,
         Err(done) => return done,
     };
-    let torn = match intend(ops, "tear_down", t.intent.clone()).await {
+    let torn = match intend(ops, "tear_down", intent).await {
         Err(e) => Err(e),
         Ok(()) => effected("tear_down", t.effect(ops).await),
     };
