@@ -223,26 +223,17 @@ pub(super) fn finish(
     result: Effect,
     records: &mut Vec<record::Change>,
 ) -> Outcome {
+    let SetUp {
+        volume,
+        pod,
+        traits,
+        want,
+        was_mounted,
+        remount,
+        ..
+    } = &s;
     // The event is for a first set-up, not for a content rewrite or a re-check.
-    let announce = !s.was_mounted && !s.remount;
-    set_up_outcome(
-        ops, &s.volume, &s.pod, announce, &s.traits, &s.want, result, records,
-    )
-}
-
-/// The outcome of a set-up in the actual state and the events; its record line is added to
-/// `records`.
-#[allow(clippy::too_many_arguments)]
-fn set_up_outcome(
-    ops: &Operations,
-    volume: &UniqueVolumeName,
-    pod: &PodUid,
-    announce: bool,
-    traits: &VolumeTraits,
-    want: &DesiredPodVolume,
-    result: Effect,
-    records: &mut Vec<record::Change>,
-) -> Outcome {
+    let announce = !was_mounted && !remount;
     let pref = &want.pod_ref;
     let traits = traits.clone();
     match result {
