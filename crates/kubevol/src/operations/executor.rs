@@ -113,7 +113,36 @@ impl Executor {
     /// from starting was turned away meanwhile (it may start now: plan again).
     #[must_use = "a key turned away while this one ran waits for a new plan"]
     pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
+        self.lock().finish(self.policy, key, outcome, now)
+    }
+
+    /// [`Executor::finish`] for many keys under one lock (a batch of operations that ended
+    /// together); whether any kept a key from starting.
+    #[must_use = "a key turned away while these ran waits for a new plan"]
+    pub fn finish_all(
+        &self,
+        ended: impl IntoIterator<Item = (OperationKey, Result<(), String>)>,
+        now: Instant,
+    ) -> bool {
         let mut s = self.lock();
+        let mut blocked = false;
+        for (key, outcome) in ended {
+            blocked |= s.finish(self.policy, &key, outcome, now);
+        }
+        blocked
+    }
+}
+
+impl State {
+    /// [`Executor::finish`], under the executor's lock.
+    fn finish(
+        &mut self,
+        policy: BackoffPolicy,
+        key: &OperationKey,
+        outcome: Result<(), String>,
+        now: Instant,
+    ) -> bool {
+        let s = self;
         s.running.remove(key);
         s.teardowns.remove(key);
         let mut blocked = false;
@@ -143,7 +172,7 @@ impl Executor {
             }
             Err(message) => {
                 let prev = s.backoff.get(key).copied();
-                let b = Backoff::fail(prev, self.policy, std_instant(now));
+                let b = Backoff::fail(prev, policy, std_instant(now));
                 let retry_at = now + b.delay;
                 s.backoff.insert(key.clone(), b);
                 s.errors.insert(
@@ -159,7 +188,9 @@ impl Executor {
         }
         blocked
     }
+}
 
+impl Executor {
     /// Notes that the operation started for `key` tears something down: until it finishes,
     /// a pod that wants the volume again is not ready (see [`Executor::tearing_down`]).
     pub fn mark_teardown(&self, key: &OperationKey) {
@@ -394,5 +425,34 @@ mod tests {
             "another volume's key"
         );
         assert!(e.finish(&a, Err("boom".into()), now), "failed or not");
+    }
+
+    /// Keys released together are released as one at a time would be: each free again, each
+    /// failure backing off, and a key turned away meanwhile reported.
+    #[tokio::test(start_paused = true)]
+    async fn keys_finished_together_are_released_as_one_by_one() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        for k in [key("v", Some("a")), key("w", Some("b"))] {
+            e.try_start(&k, now).unwrap();
+        }
+        assert!(!e.finish_all(
+            [
+                (key("v", Some("a")), Ok(())),
+                (key("w", Some("b")), Err("boom".into())),
+            ],
+            now
+        ));
+        assert!(e.try_start(&key("v", Some("a")), now).is_ok());
+        assert!(matches!(
+            e.try_start(&key("w", Some("b")), now),
+            Err(NotStarted::BackingOff(_))
+        ));
+        assert_eq!(
+            e.try_start(&key("v", Some("a")), now),
+            Err(NotStarted::Busy),
+            "turned away"
+        );
+        assert!(e.finish_all([(key("v", Some("a")), Ok(()))], now));
     }
 }

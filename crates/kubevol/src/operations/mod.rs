@@ -279,27 +279,34 @@ fn stalled_message(ops: &Operations, op: &Operation) -> String {
 fn conclude(ops: &Operations, done: Vec<(Operation, Instant, Outcome)>) {
     let mut wake = false;
     let mut pods: Vec<PodUid> = Vec::with_capacity(done.len());
+    let mut ended = Vec::with_capacity(done.len());
     let now = Instant::now();
-    for (op, started, (plugin, outcome, replan)) in done {
+    for (op, started, (plugin, outcome, replan)) in &done {
         ops.metrics.observe_operation(
-            &plugin,
+            plugin,
             op.metric_name(),
             outcome.is_ok(),
             started.elapsed().as_secs_f64(),
         );
-        let failed = outcome.is_err();
-        let blocked = ops.executor.finish(&op.key(), outcome, now);
-        // Its volume's actual state (or its backoff) changed: the next pass plans it again.
-        ops.world().touch([op.volume()]);
-        operation_pods(ops, &op, &mut pods);
+        operation_pods(ops, op, &mut pods);
         // Re-planning the whole world after every operation would be quadratic: a pass is
-        // needed only when the operation failed (a backoff to schedule), may have enabled a
+        // needed only when an operation failed (a backoff to schedule), may have enabled a
         // follow-up (`replan`: the volume is still on the node after an unmount, or a
         // volume-wide operation finished), or kept a key the planner asked for from starting
-        // (`blocked`: the pod's wish changed while this operation ran, e.g. a ConfigMap edited
+        // (`blocked`, below: the pod's wish changed while it ran, e.g. a ConfigMap edited
         // during a content rewrite).
-        wake |= failed || replan || blocked;
+        wake |= outcome.is_err() || *replan;
     }
+    // The keys, released together (one lock for the batch), and only then their volumes
+    // marked: a pass between the two finds them free, or does not look at them yet.
+    let volumes: Vec<UniqueVolumeName> =
+        done.iter().map(|(op, _, _)| op.volume().clone()).collect();
+    for (op, _, (_, outcome, _)) in done {
+        ended.push((op.key(), outcome));
+    }
+    wake |= ops.executor.finish_all(ended, now);
+    // Their volumes' actual states (or backoffs) changed: the next pass plans them again.
+    ops.world().touch(&volumes);
     pods.sort_unstable();
     pods.dedup();
     for p in &pods {
