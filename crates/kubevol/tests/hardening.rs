@@ -193,6 +193,9 @@ mount_test! {
         let root = TestRoot::new();
         runtime().block_on(async {
             let m = manager(root.path(), |c| c.operation_timeout = std::time::Duration::from_secs(1));
+            // The hung mount is planted once the manager has looked at the root: found at its
+            // start, it would be an orphan of an earlier run, unmounted before the pod came.
+            wait_until_synced(&m).await;
             let stuck = pod_with_volumes("stuck", json!([{"name": "data", "emptyDir": {"medium": "Memory"}}]));
             let uid = kubevol::pod_uid(&stuck);
             let dir = m

@@ -140,6 +140,22 @@ pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
     m
 }
 
+/// Waits until the manager has reconstructed what it found at start and made its first full
+/// pass: a test that plants something under the root after this is not mistaken for what an
+/// earlier run left behind.
+pub async fn wait_until_synced(m: &VolumeManager) {
+    let mut rx = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !m.reconciler_states_synced() {
+        if tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_err()
+        {
+            panic!("the manager's states are not synced within 60s");
+        }
+    }
+}
+
 /// A pod from JSON.
 pub fn pod(v: serde_json::Value) -> Pod {
     serde_json::from_value(v).expect("test pod parses")
