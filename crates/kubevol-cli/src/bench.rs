@@ -174,8 +174,19 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// of the disk filesystem (ext4 slows down after many removals); or, with `--on-disk`, a
 /// temporary directory on the disk, where every fsync of the durable record is real.
 struct BenchRoot {
-    dir: tempfile::TempDir,
+    /// None once released.
+    dir: Option<tempfile::TempDir>,
     on_disk: bool,
+}
+
+impl Drop for BenchRoot {
+    /// A run that ends early (an error) unmounts its tmpfs, so that the directory under it,
+    /// now empty, is removed too.
+    fn drop(&mut self) {
+        if let (Some(dir), false) = (&self.dir, self.on_disk) {
+            let _ = LinuxMounter.unmount(dir.path());
+        }
+    }
 }
 
 impl BenchRoot {
@@ -189,11 +200,17 @@ impl BenchRoot {
         let floor_dir = dir.path().join("floor");
         std::fs::create_dir(&floor_dir)?;
         let on_disk = args.on_disk;
-        Ok((BenchRoot { dir, on_disk }, floor_dir))
+        Ok((
+            BenchRoot {
+                dir: Some(dir),
+                on_disk,
+            },
+            floor_dir,
+        ))
     }
 
     fn path(&self) -> &Path {
-        self.dir.path()
+        self.dir.as_ref().expect("not released yet").path()
     }
 
     /// What the root is, for the report.
@@ -206,31 +223,34 @@ impl BenchRoot {
             .ok()
             .and_then(|t| {
                 t.into_iter()
-                    .filter(|m| self.dir.path().starts_with(&m.mount_point))
+                    .filter(|m| self.path().starts_with(&m.mount_point))
                     .max_by_key(|m| m.mount_point.as_os_str().len())
             })
             .map(|m| m.fs_type)
             .unwrap_or_else(|| "unknown".into());
         format!(
             "{} on the disk ({fs}, every fsync is real)",
-            self.dir.path().display()
+            self.path().display()
         )
     }
 
     /// Removes the root: unmounts its tmpfs, or on disk removes the directory, which is only
     /// done when nothing is mounted under it any more (a removal never crosses a mount).
-    fn release(self) -> anyhow::Result<()> {
+    fn release(mut self) -> anyhow::Result<()> {
+        let Some(dir) = self.dir.take() else {
+            return Ok(());
+        };
         if !self.on_disk {
-            LinuxMounter.unmount(self.dir.path())?;
+            LinuxMounter.unmount(dir.path())?;
             return Ok(());
         }
         let left = LinuxMounter
             .mount_table()?
             .into_iter()
-            .filter(|m| m.mount_point.starts_with(self.dir.path()))
+            .filter(|m| m.mount_point.starts_with(dir.path()))
             .count();
         if left > 0 {
-            let kept = self.dir.keep();
+            let kept = dir.keep();
             anyhow::bail!(
                 "{left} mounts are left under {}; the directory is kept",
                 kept.display()
@@ -946,14 +966,14 @@ mod csi {
 
     pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let n = args.pods();
-        let (tmp, _) = BenchRoot::new(args)?;
-        let base = tmp.path();
         let binary = std::env::current_exe()?.with_file_name("kubevol-csi-loop");
         anyhow::ensure!(
             binary.exists(),
             "{} is missing: build it with cargo build --release --bin kubevol-csi-loop",
             binary.display()
         );
+        let (tmp, _) = BenchRoot::new(args)?;
+        let base = tmp.path();
         let root = base.join("root");
         let socket = base.join("csi/csi.sock");
         let log = base.join("csi/calls.json");
