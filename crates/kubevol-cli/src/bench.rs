@@ -197,16 +197,14 @@ impl BenchRoot {
                 .mount("tmpfs", dir.path(), "tmpfs", &MountOptions::default())
                 .context("mount the benchmark's tmpfs root")?;
         }
-        let floor_dir = dir.path().join("floor");
+        // Owned by the root from here: an error below unmounts it.
+        let root = BenchRoot {
+            dir: Some(dir),
+            on_disk: args.on_disk,
+        };
+        let floor_dir = root.path().join("floor");
         std::fs::create_dir(&floor_dir)?;
-        let on_disk = args.on_disk;
-        Ok((
-            BenchRoot {
-                dir: Some(dir),
-                on_disk,
-            },
-            floor_dir,
-        ))
+        Ok((root, floor_dir))
     }
 
     fn path(&self) -> &Path {

@@ -220,16 +220,18 @@ impl Dir {
         let Some((last, parents)) = names.split_last() else {
             return Ok((self.reopen()?, false));
         };
+        let parent = self.make_parents(parents, parent_mode)?;
+        parent.as_ref().unwrap_or(self).make_child(last, mode)
+    }
+
+    /// Makes (or opens) each of `names` in the one before, from this one, with `mode` where it
+    /// makes one; the last, opened (none when `names` is empty: this one).
+    fn make_parents(&self, names: &[&OsStr], mode: u32) -> Result<Option<Dir>, MountError> {
         let mut cur: Option<Dir> = None;
-        for name in parents {
-            cur = Some(
-                cur.as_ref()
-                    .unwrap_or(self)
-                    .make_child(name, parent_mode)?
-                    .0,
-            );
+        for name in names {
+            cur = Some(cur.as_ref().unwrap_or(self).make_child(name, mode)?.0);
         }
-        cur.as_ref().unwrap_or(self).make_child(last, mode)
+        Ok(cur)
     }
 
     /// Makes the directory `name` in this one with `mode` less the process's umask, without
@@ -268,16 +270,13 @@ impl Dir {
         let Some((last, parents)) = names.split_last() else {
             return Ok(false);
         };
-        let mut cur: Option<Dir> = None;
-        for name in parents {
-            cur = Some(cur.as_ref().unwrap_or(self).make_child(name, mode)?.0);
+        let parent = self.make_parents(parents, mode)?;
+        let parent = parent.as_ref().unwrap_or(self);
+        if umask_takes_from(mode) {
+            // Its mode is set after the mkdir, on the directory opened.
+            return parent.make_child(last, mode).map(|(_, made)| made);
         }
-        let parent = cur.as_ref().unwrap_or(self);
-        let made = parent.make_dir(last, mode)?;
-        if made && umask_takes_from(mode) {
-            parent.open_child(last)?.chmod(mode)?;
-        }
-        Ok(made)
+        parent.make_dir(last, mode)
     }
 
     /// Sets this directory's permission bits.

@@ -154,14 +154,29 @@ async fn a_plugin_directory_made_again_behind_kubevols_back_is_the_one_used() {
 }
 
 /// The pods directory is kept open from one pod to the next; removed behind kubevol's back,
-/// the next pod's directory is made, and removed, at the path, not in the removed one.
+/// the next pod's directory is made, and removed, at the path, not in the removed one — also
+/// when it is replaced while a pod is set up, and that pod's teardown is the next thing done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
     let m = start(t.path(), fake.clone());
     let pods = m.config().root_dir.join("pods");
-    for (i, how) in ["removed", "removed and made again"].iter().enumerate() {
+    let wait_gone = |dir: std::path::PathBuf, how: &'static str| {
+        let mut changes = m.subscribe();
+        async move {
+            while dir.exists() {
+                tokio::time::timeout(Duration::from_secs(30), changes.changed())
+                    .await
+                    .unwrap_or_else(|_| panic!("pods directory {how}: the pod's directory stays"))
+                    .unwrap();
+            }
+        }
+    };
+    for (i, how) in ["removed", "removed and made again", "replaced under a pod"]
+        .into_iter()
+        .enumerate()
+    {
         let p = pod(&format!("p{i}"));
         let uid = kubevol::pod_uid(&p);
         m.add_pod(p.clone());
@@ -171,16 +186,16 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
         let volume = pods.join(format!("{uid}/volumes/kubernetes.io~empty-dir/m"));
         assert!(fake.is_mounted(&volume), "{how}");
         assert!(volume.is_dir(), "{how}");
+        if i == 2 {
+            std::fs::remove_dir_all(&pods).unwrap();
+            std::fs::create_dir_all(&volume).unwrap();
+        }
         m.remove_pod(&p);
         m.wait_for_unmount(&p).await.unwrap();
-        let mut changes = m.subscribe();
-        while pods.join(uid.as_str()).exists() {
-            tokio::time::timeout(Duration::from_secs(30), changes.changed())
-                .await
-                .unwrap_or_else(|_| panic!("pods directory {how}: the pod's directory stays"))
-                .unwrap();
+        wait_gone(pods.join(uid.as_str()), how).await;
+        if i < 2 {
+            std::fs::remove_dir(&pods).unwrap();
         }
-        std::fs::remove_dir(&pods).unwrap();
         if i == 1 {
             std::fs::create_dir(&pods).unwrap();
         }

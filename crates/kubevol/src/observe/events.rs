@@ -114,12 +114,8 @@ impl EventRecorder {
         if q.len() == EVENTS_PER_POD {
             q.pop_front();
         }
-        let mut name = String::with_capacity(pod.namespace.len() + 1 + pod.name.len());
-        name.push_str(&pod.namespace);
-        name.push('/');
-        name.push_str(&pod.name);
         q.push_back(Event {
-            pod: name,
+            pod: pod.to_string(),
             uid: pod.uid.clone(),
             type_: Cow::Borrowed(if warning { "Warning" } else { "Normal" }),
             reason: Cow::Borrowed(reason),

@@ -255,26 +255,23 @@ impl Metrics {
         seconds: f64,
     ) {
         let mut series = crate::sync::lock(&self.operation_series);
-        let found = series
+        let at = series
             .iter()
-            .find(|((p, o, s), _)| *o == operation && *s == success && p == plugin);
-        let histogram = match found {
-            Some((_, h)) => h,
-            None => {
-                let h = self
-                    .operation_duration
-                    .get_or_create(&OperationLabels {
-                        volume_plugin: plugin.to_string(),
-                        operation_name: operation,
-                        status: if success { "success" } else { "fail-unknown" },
-                        migrated: "false",
-                    })
-                    .clone();
-                series.push(((plugin.to_string(), operation, success), h));
-                &series.last().expect("pushed").1
-            }
-        };
-        histogram.observe(seconds);
+            .position(|((p, o, s), _)| *o == operation && *s == success && p == plugin);
+        let at = at.unwrap_or_else(|| {
+            let histogram = self
+                .operation_duration
+                .get_or_create(&OperationLabels {
+                    volume_plugin: plugin.to_string(),
+                    operation_name: operation,
+                    status: if success { "success" } else { "fail-unknown" },
+                    migrated: "false",
+                })
+                .clone();
+            series.push(((plugin.to_string(), operation, success), histogram));
+            series.len() - 1
+        });
+        series[at].1.observe(seconds);
     }
 
     /// Records how long a pod waited for its volumes.

@@ -383,10 +383,11 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
         }
     }
     // The chunk's intents go to the record together: one wake-up of its writer, one commit.
-    let mut committed = match ops.host.record.queue_durable_all(intents) {
-        Ok(committed) => Ok(committed.into_iter()),
-        Err(e) => Err(e),
-    };
+    let mut committed = ops
+        .host
+        .record
+        .queue_durable_all(intents)
+        .map(Vec::into_iter);
     let prepared: Vec<Queued> = steps
         .into_iter()
         .map(|(op, step, recorded)| {
@@ -394,7 +395,7 @@ fn queue(shared: &Shared, ops: &Operations, chunk: Vec<Operation>) {
                 Ok(each) => each.next().ok_or_else(|| {
                     std::io::Error::other("the record answered fewer intents than were queued")
                 }),
-                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                Err(e) => Err(record::copy_error(e)),
             });
             Queued {
                 op,
@@ -651,12 +652,7 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
             gone.dedup_by(|a, b| a.0 == b.0);
             let host = ops.host.clone();
             let removed = tokio::task::spawn_blocking(move || {
-                gone.into_iter()
-                    .map(|(pod, plugin)| {
-                        let r = host.remove_pod_dir(&pod, Some(&plugin));
-                        (pod, r)
-                    })
-                    .collect::<Vec<_>>()
+                host.remove_pod_dirs(gone.into_iter().map(|(pod, plugin)| (pod, Some(plugin))))
             })
             .await;
             match removed {

@@ -279,31 +279,29 @@ fn stalled_message(ops: &Operations, op: &Operation) -> String {
 fn conclude(ops: &Operations, done: Vec<(Operation, Instant, Outcome)>) {
     let mut wake = false;
     let mut pods: Vec<PodUid> = Vec::with_capacity(done.len());
+    let mut volumes: Vec<UniqueVolumeName> = Vec::with_capacity(done.len());
     let mut ended = Vec::with_capacity(done.len());
     let now = Instant::now();
-    for (op, started, (plugin, outcome, replan)) in &done {
+    for (op, started, (plugin, outcome, replan)) in done {
         ops.metrics.observe_operation(
-            plugin,
+            &plugin,
             op.metric_name(),
             outcome.is_ok(),
             started.elapsed().as_secs_f64(),
         );
-        operation_pods(ops, op, &mut pods);
+        operation_pods(ops, &op, &mut pods);
         // Re-planning the whole world after every operation would be quadratic: a pass is
         // needed only when an operation failed (a backoff to schedule), may have enabled a
         // follow-up (`replan`: the volume is still on the node after an unmount, or a
         // volume-wide operation finished), or kept a key the planner asked for from starting
         // (`blocked`, below: the pod's wish changed while it ran, e.g. a ConfigMap edited
         // during a content rewrite).
-        wake |= outcome.is_err() || *replan;
+        wake |= outcome.is_err() || replan;
+        volumes.push(op.volume().clone());
+        ended.push((op.key(), outcome));
     }
     // The keys, released together (one lock for the batch), and only then their volumes
     // marked: a pass between the two finds them free, or does not look at them yet.
-    let volumes: Vec<UniqueVolumeName> =
-        done.iter().map(|(op, _, _)| op.volume().clone()).collect();
-    for (op, _, (_, outcome, _)) in done {
-        ended.push((op.key(), outcome));
-    }
     wake |= ops.executor.finish_all(ended, now);
     // Their volumes' actual states (or backoffs) changed: the next pass plans them again.
     ops.world().touch(&volumes);

@@ -159,12 +159,14 @@ pub(super) async fn unmount_volume(
     settle_all(ops, records);
     if cleanup {
         let host = ops.host.clone();
-        let uid = pod.clone();
-        let plugin = outcome.0.clone();
-        let removed =
-            tokio::task::spawn_blocking(move || host.remove_pod_dir(&uid, Some(&plugin))).await;
+        let gone = [(pod.clone(), Some(outcome.0.clone()))];
+        let removed = tokio::task::spawn_blocking(move || host.remove_pod_dirs(gone)).await;
         match removed {
-            Ok(removed) => pod_dir_removed(ops, pod, removed),
+            Ok(removed) => {
+                for (pod, r) in removed {
+                    pod_dir_removed(ops, &pod, r);
+                }
+            }
             Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
         }
     }

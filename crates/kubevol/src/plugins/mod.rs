@@ -205,6 +205,8 @@ impl PluginHost {
     }
 
     /// Makes `pods/<uid>/volumes/<plugin>` (0750) if missing, ahead of the pod's volumes.
+    /// `pods` is kept open from one pod to the next; one removed since says "not there" to
+    /// the mkdir, and the directory at the path now is made and kept instead.
     pub(crate) fn make_plugin_dir(&self, pod: &PodRef, plugin: &str) -> Result<(), MountError> {
         let plugin = escape_plugin_name(plugin);
         let names: [&OsStr; 3] = [
@@ -212,52 +214,51 @@ impl PluginHost {
             "volumes".as_ref(),
             OsStr::new(plugin.as_ref()),
         ];
-        self.in_pods_dir(true, |pods| pods.make_dirs(&names, 0o750))
-            .map(drop)
-    }
-
-    /// Removes a gone pod's directory with rmdir only, never crossing a mount point, so a
-    /// failed unmount can never lose a volume's data. `plugin`, the plugin of its last volume,
-    /// says where its volumes were (`volumes/<plugin>`): that chain goes without reading a
-    /// directory, and anything else there is looked for (and reported if not empty).
-    pub(crate) fn remove_pod_dir(
-        &self,
-        pod: &PodUid,
-        plugin: Option<&str>,
-    ) -> Result<(), MountError> {
-        self.plugin_dirs.forget(pod);
-        let plugin = plugin.map(escape_plugin_name);
-        let along: Vec<&str> = match &plugin {
-            Some(p) => vec!["volumes", p],
-            None => Vec::new(),
-        };
-        self.in_pods_dir(false, |pods| {
-            pods.remove_empty_tree_along(pod.as_str(), &along)
-        })
-    }
-
-    /// `f` on `<root>/pods`, kept open from one call to the next (made first when `create`);
-    /// again on the directory at that path now when the kept one says "not there" (it was
-    /// removed or replaced since: `f` must change nothing before it fails so).
-    fn in_pods_dir<T>(
-        &self,
-        create: bool,
-        f: impl Fn(&Dir) -> Result<T, MountError>,
-    ) -> Result<T, MountError> {
+        let make = |pods: &Dir| pods.make_dirs(&names, 0o750);
         let kept = crate::sync::lock(&self.plugin_dirs.pods).clone();
         if let Some(pods) = &kept {
-            match f(pods) {
+            match make(pods) {
                 Err(e) if e.is_not_found() => {}
-                r => return r,
+                r => return r.map(drop),
             }
         }
-        let pods = Arc::new(if create {
-            self.root_dir.create_dir_all(Path::new("pods"), 0o750)?.0
-        } else {
-            self.root_dir.open_beneath(Path::new("pods"))?
-        });
+        let pods = Arc::new(self.root_dir.create_dir_all(Path::new("pods"), 0o750)?.0);
         *crate::sync::lock(&self.plugin_dirs.pods) = Some(pods.clone());
-        f(&pods)
+        make(&pods).map(drop)
+    }
+
+    /// Removes gone pods' directories with rmdir only, never crossing a mount point, so a
+    /// failed unmount can never lose a volume's data. With a pod comes the plugin of its last
+    /// volume, which says where its volumes were (`volumes/<plugin>`): that chain goes without
+    /// reading a directory, and anything else there is looked for (and reported if not empty).
+    /// `pods` is opened once for them all, at its path now: a descriptor kept from before,
+    /// of a directory removed since, would find nothing to remove and say it is done.
+    pub(crate) fn remove_pod_dirs(
+        &self,
+        gone: impl IntoIterator<Item = (PodUid, Option<SharedStr>)>,
+    ) -> Vec<(PodUid, Result<(), MountError>)> {
+        let open = || self.root_dir.open_beneath(Path::new("pods"));
+        let pods = open();
+        gone.into_iter()
+            .map(|(pod, plugin)| {
+                self.plugin_dirs.forget(&pod);
+                let plugin = plugin.map(|p| escape_plugin_name(&p));
+                let chain;
+                let along: &[&str] = match &plugin {
+                    Some(p) => {
+                        chain = ["volumes", p.as_ref()];
+                        &chain
+                    }
+                    None => &[],
+                };
+                let removed = match &pods {
+                    Ok(pods) => pods.remove_empty_tree_along(pod.as_str(), along),
+                    // Each is told why.
+                    Err(_) => open().and_then(|p| p.remove_empty_tree_along(pod.as_str(), along)),
+                };
+                (pod, removed)
+            })
+            .collect()
     }
 
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
@@ -414,7 +415,7 @@ impl PluginHost {
 #[derive(Default)]
 pub(crate) struct PluginDirCache {
     kept: std::sync::Mutex<std::collections::VecDeque<KeptDir>>,
-    /// `<root>/pods`, which every pod's directory is made in and removed from.
+    /// `<root>/pods`, which every pod's directory is made in.
     pods: std::sync::Mutex<Option<Arc<Dir>>>,
 }
 

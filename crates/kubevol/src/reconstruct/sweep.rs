@@ -40,13 +40,7 @@ pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
     };
     let host = s.host.clone();
     let results = tokio::task::spawn_blocking(move || {
-        candidates
-            .into_iter()
-            .map(|uid| {
-                let r = host.remove_pod_dir(&uid, None);
-                (uid, r)
-            })
-            .collect::<Vec<_>>()
+        host.remove_pod_dirs(candidates.into_iter().map(|uid| (uid, None)))
     })
     .await
     .unwrap_or_default();

@@ -38,6 +38,7 @@ mod writer;
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
 use journal::{Appender, Lines, Live, Place};
+pub(crate) use writer::copy_error;
 use writer::Job;
 pub use writer::{Answers, Change, Committed};
 

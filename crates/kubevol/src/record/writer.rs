@@ -61,10 +61,15 @@ pub(super) enum Job {
 }
 
 impl Job {
-    fn len(&self) -> usize {
+    /// Its changes (none for a flush's marker), and whether they are durable.
+    fn changes(&self) -> (&[Change], bool) {
         match self {
-            Job::One { .. } => 1,
-            Job::Many { changes, .. } => changes.len(),
+            Job::One {
+                change, durable, ..
+            } => (change.as_slice(), *durable),
+            Job::Many {
+                changes, durable, ..
+            } => (changes, *durable),
         }
     }
 }
@@ -121,7 +126,7 @@ impl Committed {
             if let Some(results) = results.as_ref() {
                 return match results.get(self.index) {
                     Some(Ok(())) => Ok(()),
-                    Some(Err(e)) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                    Some(Err(e)) => Err(copy_error(e)),
                     None => Err(stopped()),
                 };
             }
@@ -149,12 +154,12 @@ fn write_batches(
     rx: &std::sync::mpsc::Receiver<Job>,
 ) {
     while let Ok(first) = rx.recv() {
-        let mut queued = first.len();
+        let mut queued = first.changes().0.len();
         let mut jobs = vec![first];
         while queued < MAX_BATCH {
             match rx.try_recv() {
                 Ok(job) => {
-                    queued += job.len();
+                    queued += job.changes().0.len();
                     jobs.push(job);
                 }
                 Err(_) => break,
@@ -162,17 +167,12 @@ fn write_batches(
         }
         let batch: Vec<(&Change, bool)> = jobs
             .iter()
-            .flat_map(|j| match j {
-                Job::One {
-                    change, durable, ..
-                } => change.iter().map(|c| (c, *durable)).collect::<Vec<_>>(),
-                Job::Many {
-                    changes, durable, ..
-                } => changes.iter().map(|c| (c, *durable)).collect(),
+            .flat_map(|j| {
+                let (changes, durable) = j.changes();
+                changes.iter().map(move |c| (c, durable))
             })
             .collect();
         let results = apply(live, &mut journal, &batch);
-        drop(batch);
         journal.maybe_compact(live);
         let mut results = results.into_iter();
         let failed = |e: std::io::Error| tracing::warn!(dir = %dir.display(), "cannot update the volume record: {e}");
@@ -296,14 +296,13 @@ fn apply(
     if buf.is_empty() {
         return results;
     }
-    let copy = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
     let start = journal.end();
     let unsynced = match journal.append(&buf, changed.len(), any_durable) {
         Ok(()) => None,
         Err(AppendError::NotWritten(e)) => {
             // Nothing of the batch is in the journal: no change happened.
             for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(copy(&e));
+                *r = Err(copy_error(&e));
             }
             return results;
         }
@@ -325,7 +324,7 @@ fn apply(
     if let Some(e) = unsynced {
         for (r, &(_, durable)) in results.iter_mut().zip(batch) {
             if durable && r.is_ok() {
-                *r = Err(copy(&e));
+                *r = Err(copy_error(&e));
             }
         }
     }
@@ -476,6 +475,12 @@ impl Record {
             .send(job)
             .map_err(|_| stopped())
     }
+}
+
+/// The same error again (an `io::Error` is not `Clone`): its kind and message, for each of the
+/// changes one failure stopped.
+pub(crate) fn copy_error(e: &std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), e.to_string())
 }
 
 fn stopped() -> std::io::Error {

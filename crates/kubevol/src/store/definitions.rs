@@ -234,23 +234,11 @@ impl Objects {
                     if (Arc::ptr_eq(&s.pod, p) || *s.pod == **p)
                         && (Arc::ptr_eq(&s.extensions, e) || *s.extensions == **e) =>
                 {
-                    let moved = s.origin != origin;
-                    if moved {
-                        s.source = origin.to_string().as_str().into();
-                    }
-                    s.origin = origin;
-                    moved
+                    s.move_to(origin)
                 }
                 _ => {
-                    self.pods.insert(
-                        k.clone(),
-                        StoredPod {
-                            pod: p.clone(),
-                            extensions: e.clone(),
-                            source: origin.to_string().as_str().into(),
-                            origin,
-                        },
-                    );
+                    self.pods
+                        .insert(k.clone(), StoredPod::new(p.clone(), e.clone(), origin));
                     true
                 }
             },

@@ -153,6 +153,27 @@ pub struct StoredPod {
     pub source: SharedStr,
 }
 
+impl StoredPod {
+    pub(crate) fn new(pod: Arc<Pod>, extensions: Arc<PodExtensions>, origin: Origin) -> Self {
+        StoredPod {
+            pod,
+            extensions,
+            source: origin.to_string().as_str().into(),
+            origin,
+        }
+    }
+
+    /// Takes `origin` as its origin (its spelling with it); whether it moved.
+    pub(crate) fn move_to(&mut self, origin: Origin) -> bool {
+        if self.origin == origin {
+            return false;
+        }
+        self.source = origin.to_string().as_str().into();
+        self.origin = origin;
+        true
+    }
+}
+
 /// A referenced object and where it came from.
 #[derive(Clone, Debug)]
 pub struct Stored<T> {
