@@ -369,6 +369,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             f.rss_per_volume_kib()
         );
     }
+    // How the CPU per volume grows with the node's mounts, against the row of 1,000 pods (the
+    // issue's reference size) or the first.
+    let per_volume = |f: &Figures| (f.mount_cpu + f.unmount_cpu) / f.total as f64;
+    if let Some(base) = all.iter().find(|f| f.pods == 1000).or(all.first()) {
+        for f in all.iter().filter(|f| f.pods > base.pods) {
+            println!(
+                "CPU per volume at {} pods: {:.2} times that at {} pods",
+                f.pods,
+                per_volume(f) / per_volume(base),
+                base.pods
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -417,6 +430,12 @@ impl Figures {
             percentile(lat, 0.5) * 1e3,
             percentile(lat, 0.99) * 1e3,
             lat.last().copied().unwrap_or(0.0) * 1e3
+        );
+        let floor_all = total as f64 / self.fl_mount;
+        println!(
+            "  p99 is {:.2} times the floor's time for all {total} set-ups ({:.1} ms)",
+            percentile(lat, 0.99) / floor_all,
+            floor_all * 1e3
         );
         println!("throughput (volumes/s)        kubevol    raw floor   ratio");
         println!(
