@@ -153,15 +153,7 @@ mount_test! {
             assert_ne!(fs::read_link(config.join("..data")).unwrap(), data_before);
             assert_eq!(fs::read_link(secret.join("..data")).unwrap(), secret_before, "the unchanged secret was not rewritten");
             assert_eq!(fs::read_to_string(&subs[0].path).unwrap(), "level=info", "a subPath keeps the file it was made from, as in the kubelet");
-            // The writer removes the old payload just after the swap that made the new
-            // content visible.
-            for _ in 0..500 {
-                if payload_dirs(&config) == 1 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert_eq!(payload_dirs(&config), 1, "the old payload is gone");
+            wait_for_one_payload(&m, &config, "the configMap's old payload").await;
 
             // Live update of the Secret, on its tmpfs and in the projected volume.
             write_manifest(&manifests, "objects.yaml", &OBJECTS.replace("level=info", "level=debug").replace("s3cret", "rotated"));
@@ -205,6 +197,30 @@ fn payload_dirs(dir: &Path) -> usize {
             )
         })
         .count()
+}
+
+/// Waits until the content volume at `dir` holds one payload. The writer removes the old one
+/// just after the swap that makes the new content visible, within the same operation, whose
+/// end is announced to status watchers: each announcement is a moment to look again.
+async fn wait_for_one_payload(m: &kubevol::VolumeManager, dir: &Path, what: &str) {
+    let mut changes = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        changes.borrow_and_update();
+        let count = payload_dirs(dir);
+        if count == 1 {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
+            panic!(
+                "{what} is not removed: {count} payloads in {}",
+                dir.display()
+            );
+        }
+    }
 }
 
 mount_test! {
@@ -542,7 +558,7 @@ mount_test! {
             // Once it fits again, the update lands.
             write_manifest(&manifests, "secret.yaml", &secret("fits"));
             wait_for_file(&dir.join("value"), "fits", "secret update after a full disk").await;
-            assert_eq!(payload_dirs(&dir), 1);
+            wait_for_one_payload(&m, &dir, "the payload before the update").await;
         });
     }
 }
