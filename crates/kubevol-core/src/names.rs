@@ -36,12 +36,8 @@ impl UniqueVolumeName {
     /// The kubelet's name for a volume that belongs to exactly one pod:
     /// `kubernetes.io/empty-dir/<podUID>-<volume>`.
     pub fn for_pod_volume(plugin: &str, pod: &PodUid, volume: &str) -> Self {
-        let pod = pod.as_str();
-        let mut name = String::with_capacity(plugin.len() + pod.len() + volume.len() + 2);
-        for part in [plugin, "/", pod, "-", volume] {
-            name.push_str(part);
-        }
-        UniqueVolumeName::from(name.as_str())
+        // One allocation of the exact length (every pod volume's name is made here).
+        UniqueVolumeName::from([plugin, "/", pod.as_str(), "-", volume].concat().as_str())
     }
 
     /// The kubelet's name for a volume shared between pods: `<plugin>/<volume id>`.
@@ -188,21 +184,26 @@ impl fmt::Display for PodRef {
     }
 }
 
+/// The built-in plugins' names and their directories, spelled out: every volume's path is made
+/// from one, and these need no new string each time.
+const BUILT_IN_PLUGIN_DIRS: [(&str, &str); 8] = [
+    ("kubernetes.io/empty-dir", "kubernetes.io~empty-dir"),
+    ("kubernetes.io/host-path", "kubernetes.io~host-path"),
+    ("kubernetes.io/configmap", "kubernetes.io~configmap"),
+    ("kubernetes.io/secret", "kubernetes.io~secret"),
+    ("kubernetes.io/downward-api", "kubernetes.io~downward-api"),
+    ("kubernetes.io/projected", "kubernetes.io~projected"),
+    ("kubernetes.io/local-volume", "kubernetes.io~local-volume"),
+    ("kubernetes.io/csi", "kubernetes.io~csi"),
+];
+
 /// The directory name a plugin's volumes live under in a pod directory: the kubelet escapes the
 /// `/` of the plugin name as `~` (`kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`).
 pub fn escape_plugin_name(plugin: &str) -> std::borrow::Cow<'static, str> {
-    // The built-in plugins' names, spelled out: every volume's path is made from one.
-    const BUILT_IN: [(&str, &str); 8] = [
-        ("kubernetes.io/empty-dir", "kubernetes.io~empty-dir"),
-        ("kubernetes.io/host-path", "kubernetes.io~host-path"),
-        ("kubernetes.io/configmap", "kubernetes.io~configmap"),
-        ("kubernetes.io/secret", "kubernetes.io~secret"),
-        ("kubernetes.io/downward-api", "kubernetes.io~downward-api"),
-        ("kubernetes.io/projected", "kubernetes.io~projected"),
-        ("kubernetes.io/local-volume", "kubernetes.io~local-volume"),
-        ("kubernetes.io/csi", "kubernetes.io~csi"),
-    ];
-    match BUILT_IN.iter().find(|(name, _)| *name == plugin) {
+    match BUILT_IN_PLUGIN_DIRS
+        .iter()
+        .find(|(name, _)| *name == plugin)
+    {
         Some((_, escaped)) => std::borrow::Cow::Borrowed(escaped),
         None => std::borrow::Cow::Owned(plugin.replace('/', "~")),
     }
@@ -223,22 +224,16 @@ mod tests {
 
     #[test]
     fn plugin_directory_escapes_slash() {
-        for plugin in [
-            "kubernetes.io/empty-dir",
-            "kubernetes.io/host-path",
-            "kubernetes.io/configmap",
-            "kubernetes.io/secret",
-            "kubernetes.io/downward-api",
-            "kubernetes.io/projected",
-            "kubernetes.io/local-volume",
-            "kubernetes.io/csi",
-            "example.com/some/plugin",
-        ] {
-            assert_eq!(escape_plugin_name(plugin), plugin.replace('/', "~"));
+        for (plugin, dir) in BUILT_IN_PLUGIN_DIRS {
+            assert_eq!(dir, plugin.replace('/', "~"), "{plugin}");
+            assert!(matches!(
+                escape_plugin_name(plugin),
+                std::borrow::Cow::Borrowed(d) if d == dir
+            ));
         }
         assert_eq!(
-            escape_plugin_name("kubernetes.io/host-path"),
-            "kubernetes.io~host-path"
+            escape_plugin_name("example.com/some/plugin"),
+            "example.com~some~plugin"
         );
     }
 }

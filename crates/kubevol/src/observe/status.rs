@@ -315,11 +315,7 @@ impl Sources<'_> {
             namespace: pod_ref.namespace.to_string(),
             name: pod_ref.name.to_string(),
             uid: uid.to_string(),
-            source: self
-                .store
-                .pod(uid)
-                .map(|p| p.origin.to_string())
-                .unwrap_or_else(|| "source removed".into()),
+            source: self.store.pod_source(uid).to_string(),
             phase,
             errors: Vec::new(),
             volumes,

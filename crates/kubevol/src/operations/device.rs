@@ -192,7 +192,10 @@ pub(super) async fn device_operation(
                 users
                     .iter()
                     .map(|(p, outer)| {
-                        format!("volume {outer:?} of pod {p} ({})", ops.origin_of(&p.uid))
+                        format!(
+                            "volume {outer:?} of pod {p} ({})",
+                            ops.store.pod_source(&p.uid)
+                        )
                     })
                     .collect::<Vec<_>>()
                     .join(", ")

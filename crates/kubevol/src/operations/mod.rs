@@ -191,13 +191,6 @@ impl Operations {
         let p = v.pods.values().next()?;
         Some((v.traits.clone(), p.spec.clone()))
     }
-
-    /// Where a pod came from, for messages.
-    fn origin_of(&self, uid: &PodUid) -> SharedStr {
-        self.store
-            .pod_source(uid)
-            .unwrap_or_else(|| "source removed".into())
-    }
 }
 
 async fn run_operation(ops: Arc<Operations>, op: Operation) {
@@ -452,7 +445,10 @@ fn describe(ops: &Operations, op: &Operation) -> String {
             .map(|m| (m.outer_volume_name.clone(), m.pod_ref.clone()))
     });
     match known {
-        Some((outer, pref)) => format!("volume {outer:?} of pod {pref} ({})", ops.origin_of(pod)),
+        Some((outer, pref)) => format!(
+            "volume {outer:?} of pod {pref} ({})",
+            ops.store.pod_source(pod)
+        ),
         None => format!("volume {} of pod {pod}", key.volume),
     }
 }
@@ -517,7 +513,7 @@ fn pod_record_of(
         volume,
         &v.traits,
         m,
-        ops.origin_of(pod),
+        ops.store.pod_source(pod),
     ))
 }
 

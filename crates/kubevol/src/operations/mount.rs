@@ -129,7 +129,7 @@ pub(super) fn prepare_from(
             volume,
             &traits,
             &m,
-            ops.origin_of(pod),
+            ops.store.pod_source(pod),
         ))
     });
     Ok((
@@ -252,7 +252,7 @@ pub(super) fn finish(
                 volume,
                 &traits,
                 &mounted,
-                ops.origin_of(pod),
+                ops.store.pod_source(pod),
             )));
             ops.asw
                 .write()
@@ -277,7 +277,7 @@ pub(super) fn finish(
             let message = format!(
                 "MountVolume.SetUp failed for volume {:?} of pod {pref} ({}): {e}",
                 want.outer_volume_name,
-                ops.origin_of(pod)
+                ops.store.pod_source(pod)
             );
             if set_up_path.is_some() || e.class() == ErrorClass::Uncertain {
                 let path = set_up_path.unwrap_or_else(|| {

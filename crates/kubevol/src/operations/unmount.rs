@@ -84,7 +84,7 @@ pub(super) fn prepare_from(
         volume,
         &traits,
         &mounted,
-        ops.origin_of(pod),
+        ops.store.pod_source(pod),
     ));
     Ok((
         TearDown {

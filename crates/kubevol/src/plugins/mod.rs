@@ -134,12 +134,15 @@ pub(crate) struct Filesystem {
 impl PluginHost {
     /// `pods/<uid>/volumes/<escaped plugin>` relative to the root.
     pub fn pod_plugin_dir(pod: &PodRef, plugin: &str) -> PathBuf {
-        let plugin = escape_plugin_name(plugin);
-        let mut path = String::with_capacity(14 + pod.uid.as_str().len() + plugin.len());
-        for part in ["pods/", pod.uid.as_str(), "/volumes/", &plugin] {
-            path.push_str(part);
-        }
-        PathBuf::from(path)
+        PathBuf::from(
+            [
+                "pods",
+                pod.uid.as_str(),
+                "volumes",
+                &escape_plugin_name(plugin),
+            ]
+            .join("/"),
+        )
     }
 
     /// The absolute path of a pod's volume directory.
@@ -860,5 +863,24 @@ impl PluginRegistry {
             .filter(|p| p.serves_persistent())
             .map(|p| p.source_field())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every standard plugin's directory name is one spelled out ahead (no string is made for
+    /// it at each volume's path), and it is the kubelet's escaping of the plugin's name.
+    #[test]
+    fn every_standard_plugin_has_its_directory_name_ready() {
+        let registry = PluginRegistry::standard();
+        for plugin in &registry.plugins {
+            let name = plugin.name();
+            match escape_plugin_name(name) {
+                std::borrow::Cow::Borrowed(dir) => assert_eq!(dir, name.replace('/', "~")),
+                std::borrow::Cow::Owned(_) => panic!("{name}: not among the built-in names"),
+            }
+        }
     }
 }

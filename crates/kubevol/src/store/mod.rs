@@ -467,9 +467,13 @@ impl ObjectStore {
         self.read().pods.get(uid).cloned()
     }
 
-    /// Where a pod came from, spelled out (`…/app.yaml (document 1)`, `library API`).
-    pub fn pod_source(&self, uid: &PodUid) -> Option<SharedStr> {
-        self.read().pods.get(uid).map(|p| p.source.clone())
+    /// Where a pod came from, spelled out for messages (`…/app.yaml (document 1)`, `library
+    /// API`): `source removed` once its source no longer has it.
+    pub fn pod_source(&self, uid: &PodUid) -> SharedStr {
+        match self.read().pods.get(uid) {
+            Some(p) => p.source.clone(),
+            None => "source removed".into(),
+        }
     }
 
     /// A ConfigMap by namespace and name.
