@@ -650,3 +650,58 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
     assert_eq!(registered["metadata"]["name"], serde_json::json!(node));
     rt.block_on(cluster.clean_up());
 }
+
+/// The benchmark runs end to end on a small node: each size prints its figures against the
+/// floor measured in the same run (p99 against the floor's time for all set-ups, CPU as a
+/// ratio), then the cost curve and each larger size's CPU per volume against the first; its
+/// root goes with it.
+#[test]
+fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = in_namespace(&[
+        "bench",
+        "--scale",
+        "4,8",
+        "--volumes",
+        "2",
+        "--idle-seconds",
+        "0",
+    ])
+    .env("TMPDIR", tmp.path())
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "4 pods x 2 Memory emptyDir volumes = 8 tmpfs mounts",
+        "times the floor's time for all 8 set-ups",
+        "8 pods x 2 Memory emptyDir volumes = 16 tmpfs mounts",
+        "times the floor's time for all 16 set-ups",
+        "the cost curve",
+    ] {
+        assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
+    }
+    let ratios: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("(kubevol/floor ")?.1.strip_suffix(')'))
+        .map(|r| r.parse().unwrap())
+        .collect();
+    assert_eq!(ratios.len(), 2, "{stdout}");
+    assert!(
+        ratios.iter().all(|r| r.is_finite() && *r > 0.0),
+        "{ratios:?}"
+    );
+    let curve = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CPU per volume at 8 pods: "))
+        .unwrap_or_else(|| panic!("no CPU per volume against the first size:\n{stdout}"));
+    let (ratio, base) = curve.split_once(" times that at ").unwrap();
+    assert!(ratio.parse::<f64>().unwrap() > 0.0, "{curve}");
+    assert_eq!(base, "4 pods");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
