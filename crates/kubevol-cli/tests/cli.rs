@@ -97,12 +97,26 @@ fn require_root() {
     );
 }
 
+/// Runs `c`, which must succeed (else its exit, output and errors are shown); its output and
+/// its errors.
+fn succeeds(c: &mut Command) -> (String, String) {
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
 #[test]
 fn run_once_prints_what_was_mounted_where() {
     require_root();
     let root = tempfile::tempdir().unwrap();
     let root_s = root.path().to_str().unwrap();
-    let out = with_loop_driver(
+    let (stdout, stderr) = succeeds(&mut with_loop_driver(
         root_s,
         &[
             "run",
@@ -114,16 +128,7 @@ fn run_once_prints_what_was_mounted_where() {
             "--node-name",
             "demo",
         ],
-    )
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ));
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(
         lines[0].starts_with("NAMESPACE/POD") && lines[0].contains("PATH OR ERROR"),
@@ -135,7 +140,6 @@ fn run_once_prints_what_was_mounted_where() {
             .find(|l| l.starts_with(pod) && l.split_whitespace().nth(1) == Some(vol))
             .copied()
     };
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let cache = row("default/web", "cache")
         .unwrap_or_else(|| panic!("no cache row in\n{stdout}\n{stderr}"));
     assert!(
@@ -230,17 +234,12 @@ fn json_logs_are_one_json_object_per_line() {
 }
 
 fn status(server: &str, extra: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .args(["status", "--server", server])
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    succeeds(
+        Command::new(BIN)
+            .args(["status", "--server", server])
+            .args(extra),
+    )
+    .0
 }
 
 #[test]
@@ -606,7 +605,7 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("ok.yaml"), OK_POD).unwrap();
     let kubeconfig = cluster.node_kubeconfig(root.path());
-    let out = in_namespace(&[
+    let (stdout, _) = succeeds(&mut in_namespace(&[
         "run",
         "--once",
         "--kubeconfig",
@@ -618,15 +617,7 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         "--register-node",
         "--root-dir",
         root.path().join("root").to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ]));
     for volume in ["data", "cfg"] {
         assert!(
             stdout
@@ -659,23 +650,17 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
 fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
-    let out = in_namespace(&[
-        "bench",
-        "--scale",
-        "4,8",
-        "--volumes",
-        "2",
-        "--idle-seconds",
-        "0",
-    ])
-    .env("TMPDIR", tmp.path())
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, _) = succeeds(
+        in_namespace(&[
+            "bench",
+            "--scale",
+            "4,8",
+            "--volumes",
+            "2",
+            "--idle-seconds",
+            "0",
+        ])
+        .env("TMPDIR", tmp.path()),
     );
     for want in [
         "4 pods x 2 Memory emptyDir volumes = 8 tmpfs mounts",
