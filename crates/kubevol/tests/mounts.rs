@@ -731,8 +731,7 @@ mount_test! {
             m.library().upsert_objects(vec![kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
                 "metadata": {"name": "later", "namespace": "default"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})).unwrap())]);
-            let before = error_of(&m.pod_status(&uid).unwrap(), "data");
-            wait_for_status(&m, &p, 20, |s| { let e = error_of(s, "data"); !e.is_empty() && e != before }).await;
+            wait_for_status(&m, &p, 20, |s| error_of(s, "data").contains("PersistentVolumeClaim default/later is not bound")).await;
 
             // A PersistentVolume whose claimRef names the claim binds it.
             m.library().upsert_objects(vec![kubevol::store::Object::PersistentVolume(serde_json::from_value(json!({
