@@ -234,7 +234,7 @@ mount_test! {
                 {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
             ]));
             let uid = m.add_pod(p.clone());
-            let s = wait_for_status(&m, &p, 10, |s| {
+            let s = wait_for_status(&m, &p, 20, |s| {
                 s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2
                     && s.volumes.iter().any(|v| v.name == "opt" && v.state == kubevol::status::VolumePhase::Mounted)
             })
@@ -250,7 +250,7 @@ mount_test! {
             let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata": {"name": "later", "namespace": "default"}, "data": {"k": "v"}})).unwrap();
             let problems = m.library().upsert_objects([kubevol::store::Object::ConfigMap(cm)]);
             assert!(problems.is_empty());
-            wait_for_status(&m, &p, 5, |s| s.volumes.iter().any(|v| v.name == "cfg" && v.state == kubevol::status::VolumePhase::Mounted)).await;
+            wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.name == "cfg" && v.state == kubevol::status::VolumePhase::Mounted)).await;
             assert_eq!(fs::read_to_string(m.mounted_volumes_for_pod(&uid)["cfg"].path.join("k")).unwrap(), "v");
 
             // An invalid Secret is reported, and a pod using it fails with the reason.
@@ -259,7 +259,7 @@ mount_test! {
             assert!(problems[0].contains("Secret default/bad is invalid") && problems[0].contains("data[..x]: Invalid value: \"..x\": must not start with '..'"), "{problems:?}");
             let p2 = pod_with_volumes("uses-bad", json!([{"name": "s", "secret": {"secretName": "bad"}}]));
             m.add_pod(p2.clone());
-            let s = wait_for_status(&m, &p2, 10, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let s = wait_for_status(&m, &p2, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("secret default/bad is invalid: library API: data[..x]"), "{e}");
             m.remove_pod(&p);
@@ -281,7 +281,7 @@ mount_test! {
             let m = manager(root.path(), |c| c.backoff.initial = Duration::from_secs(30));
             let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let p = common::pod(json!({"metadata": {"name": "app", "namespace": "default"}, "spec": {"containers": []}}));
-            let s = wait_for_status(&m, &p, 10, |s| s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
             let file = manifests.canonicalize().unwrap().join("creds.yaml");
             for v in &s.volumes {
                 // Not "not found": the Secret is there, in a file that does not load; an
@@ -293,7 +293,7 @@ mount_test! {
             }
             // Fixing the file mounts both at once, not after the 30 s backoff.
             write_manifest(&manifests, "creds.yaml", &secret("aHVudGVyMg=="));
-            wait_for_status(&m, &p, 10, |s| s.phase == PodPhase::Ready).await;
+            wait_for_status(&m, &p, 20, |s| s.phase == PodPhase::Ready).await;
             let uid = kubevol::pod_uid(&p);
             let vols = m.mounted_volumes_for_pod(&uid);
             for name in ["creds", "maybe"] {
@@ -324,7 +324,7 @@ mount_test! {
             fs::remove_file(vol.join("..data")).unwrap();
             std::os::unix::fs::symlink(&outside, vol.join("..data")).unwrap();
             m.library().upsert_objects([cm("two")]);
-            let s = wait_for_status(&m, &p, 10, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("..data: points to") && e.contains("kubevol reads, writes and removes nothing through it: remove it"), "{e}");
             assert_eq!(fs::read_to_string(outside.join("canary")).unwrap(), "keep");
@@ -376,7 +376,7 @@ mount_test! {
                              "volumes": [{"name": "h", "hostPath": {"path": host, "type": "Directory"}}]},
                 }));
                 m.add_pod(p.clone());
-                let s = wait_for_status(&m, &p, 10, |s| s.volumes[0].retry.last_error.is_some()).await;
+                let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
                 let e = s.volumes[0].retry.last_error.clone().unwrap();
                 assert!(e.contains("leads outside the volume"), "{mount}: {e}");
                 assert!(e.contains("container \"c\", volumeMounts[0]: subPath"), "{e}");
