@@ -281,9 +281,11 @@ impl VolumeManager {
         self.parts.host.tokens.set_issuer(issuer);
     }
 
-    /// Sends every pod event to `sink` too, besides the status API (in cluster mode,
+    /// Sends every warning about a pod to `sink` too, besides the status API (in cluster mode,
     /// [`EventPoster`](crate::source::cluster::EventPoster) posts them to the API server). A
-    /// sink that falls behind loses events rather than slowing the volume manager.
+    /// successful set-up, the one normal event, stays in the status API and the log, as the
+    /// kubelet no longer posts it. A sink that falls behind loses events rather than slowing
+    /// the volume manager.
     pub fn set_event_sink(
         &self,
         sink: tokio::sync::mpsc::Sender<crate::observe::events::PodEvent>,

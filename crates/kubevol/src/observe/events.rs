@@ -80,14 +80,18 @@ fn now_secs() -> u64 {
 }
 
 impl EventRecorder {
-    /// Sends every event to `sink` too (once; later calls are ignored).
+    /// Sends every warning to `sink` too (once; later calls are ignored).
     pub fn set_sink(&self, sink: tokio::sync::mpsc::Sender<PodEvent>) {
         let _ = self.sink.set(sink);
     }
 
-    /// Records an event; `warning` selects the type.
+    /// Records an event; `warning` selects the type. Only a warning goes to the sink: a
+    /// volume's successful set-up (the one normal event) is kept here and logged, not posted,
+    /// as the kubelet has done since Kubernetes 1.11 (kubernetes/kubernetes#63339): every pod
+    /// has volumes, and a node of short-lived pods would fill the API server's events, and the
+    /// sink's queue ahead of the failures, with them.
     pub fn record(&self, pod: &PodRef, warning: bool, reason: &'static str, message: String) {
-        if let Some(sink) = self.sink.get() {
+        if let Some(sink) = self.sink.get().filter(|_| warning) {
             let _ = sink.try_send(PodEvent {
                 pod: pod.clone(),
                 warning,
@@ -175,5 +179,31 @@ mod tests {
             );
         }
         assert_eq!(r.for_pod(&pod.uid).len(), EVENTS_PER_POD);
+    }
+
+    /// The sink gets the warnings; a successful set-up is kept in memory only.
+    #[test]
+    fn only_warnings_go_to_the_sink() {
+        let r = EventRecorder::default();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        r.set_sink(tx);
+        let pod = PodRef {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: PodUid("u".into()),
+        };
+        r.record(&pod, false, reason::SUCCESSFUL_MOUNT_VOLUME, "ok".into());
+        r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
+        let sent = rx.try_recv().expect("the warning is sent");
+        assert_eq!(
+            (sent.reason, sent.message.as_str()),
+            (reason::FAILED_MOUNT, "boom")
+        );
+        assert!(rx.try_recv().is_err(), "nothing else is sent");
+        let kept: Vec<_> = r.for_pod(&pod.uid).into_iter().map(|e| e.reason).collect();
+        assert_eq!(
+            kept,
+            [reason::SUCCESSFUL_MOUNT_VOLUME, reason::FAILED_MOUNT]
+        );
     }
 }
