@@ -17,6 +17,8 @@ use axum::http::Uri;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -162,13 +164,16 @@ impl TestCluster {
     }
 
     /// Closes the node's connections and refuses new ones, until [`TestCluster::restore`].
-    pub fn cut(&self) {
-        self.relay.open.send_replace(false);
+    /// Once it returns, nothing more reaches the node: a change made after the cut is never
+    /// delivered on a connection from before it, however late that connection's task runs.
+    pub async fn cut(&self) {
+        let _no_write_in_flight = self.relay.gate.writing.write().await;
+        self.relay.gate.open.send_replace(false);
     }
 
     /// Lets the node reach the server again.
     pub fn restore(&self) {
-        self.relay.open.send_replace(true);
+        self.relay.gate.open.send_replace(true);
     }
 
     /// Creates `obj` (with its `apiVersion` and `kind`) as the administrator; a namespaced
@@ -391,8 +396,32 @@ async fn whoami(client: &kube::Client) -> String {
 /// A TCP relay between the node's clients and the server, which can be cut.
 struct Relay {
     addr: std::net::SocketAddr,
-    open: Arc<watch::Sender<bool>>,
+    gate: Arc<Gate>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Whether the relay is open, and the lock every forwarded chunk is written under: a cut
+/// takes it exclusively, so it waits for a write in flight and no write starts after it.
+struct Gate {
+    open: watch::Sender<bool>,
+    writing: tokio::sync::RwLock<()>,
+}
+
+impl Gate {
+    /// Copies `from` to `to`, chunk by chunk, while the relay is open.
+    async fn pipe(&self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let _writing = self.writing.read().await;
+            if !*self.open.borrow() || to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 impl Relay {
@@ -413,28 +442,40 @@ impl Relay {
             .await
             .expect("a relay port");
         let addr = listener.local_addr().expect("the relay's address");
-        let open = Arc::new(watch::channel(true).0);
-        let state = open.clone();
+        let gate = Arc::new(Gate {
+            open: watch::channel(true).0,
+            writing: tokio::sync::RwLock::new(()),
+        });
+        let state = gate.clone();
         let task = tokio::spawn(async move {
-            while let Ok((mut from, _)) = listener.accept().await {
-                let mut rx = state.subscribe();
+            while let Ok((from, _)) = listener.accept().await {
+                let mut rx = state.open.subscribe();
                 if !*rx.borrow_and_update() {
                     // Cut: the connection is closed at once.
                     continue;
                 }
                 let target = target.clone();
+                let gate = state.clone();
                 tokio::spawn(async move {
-                    let Ok(mut to) = TcpStream::connect(&target).await else {
+                    let Ok(to) = TcpStream::connect(&target).await else {
                         return;
                     };
+                    let ((from_read, from_write), (to_read, to_write)) =
+                        (from.into_split(), to.into_split());
+                    // Both directions end, and both sockets close, at the cut.
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut from, &mut to) => {}
+                        _ = async {
+                            tokio::join!(
+                                gate.pipe(from_read, to_write),
+                                gate.pipe(to_read, from_write)
+                            )
+                        } => {}
                         _ = rx.wait_for(|open| !*open) => {}
                     }
                 });
             }
         });
-        Relay { addr, open, task }
+        Relay { addr, gate, task }
     }
 
     /// `config` pointed at the relay, still verifying the server's certificate by its name.

@@ -159,7 +159,7 @@ mount_test! {
             let gone_uid = kubevol::pod_uid(&gone);
 
             // The node loses the server; meanwhile a pod is deleted.
-            cluster.cut();
+            cluster.cut().await;
             cluster.delete("v1", "pods", "gone", Some(0)).await;
             // The in-process server forgets its history too: the watch cannot resume and must
             // list again.

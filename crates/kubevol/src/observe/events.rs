@@ -156,14 +156,18 @@ impl EventRecorder {
 mod tests {
     use super::*;
 
-    #[test]
-    fn repeats_fold_and_old_events_fall_off() {
-        let r = EventRecorder::default();
-        let pod = PodRef {
+    fn pod() -> PodRef {
+        PodRef {
             namespace: "default".into(),
             name: "p".into(),
             uid: PodUid("u".into()),
-        };
+        }
+    }
+
+    #[test]
+    fn repeats_fold_and_old_events_fall_off() {
+        let r = EventRecorder::default();
+        let pod = pod();
         r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
         r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
         let ev = r.for_pod(&pod.uid);
@@ -187,11 +191,7 @@ mod tests {
         let r = EventRecorder::default();
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
         r.set_sink(tx);
-        let pod = PodRef {
-            namespace: "default".into(),
-            name: "p".into(),
-            uid: PodUid("u".into()),
-        };
+        let pod = pod();
         r.record(&pod, false, reason::SUCCESSFUL_MOUNT_VOLUME, "ok".into());
         r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
         let sent = rx.try_recv().expect("the warning is sent");
