@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{
     LocalVolumeSource, PersistentVolume, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec,
     Volume,
 };
-use kubevol_core::names::escape_plugin_name;
 use kubevol_core::state::{PodVolumeRef, VolumeSpec};
 use kubevol_core::{PodRef, PodUid, UniqueVolumeName};
 use kubevol_mount::safe::Dir;
@@ -57,11 +56,7 @@ fn global_map_dir(pv: &str) -> PathBuf {
 
 /// The link to a block volume's device for one pod, relative to the root.
 fn pod_device_link(pod: &PodUid, pv: &str) -> PathBuf {
-    Path::new("pods")
-        .join(pod.as_str())
-        .join("volumeDevices")
-        .join(escape_plugin_name(PLUGIN_NAME).as_ref())
-        .join(pv)
+    PluginHost::pod_plugin_path(pod, "volumeDevices", PLUGIN_NAME).join(pv)
 }
 
 /// Whether the pod's claim volume is read-only (`persistentVolumeClaim.readOnly`).

@@ -134,15 +134,13 @@ pub(crate) struct Filesystem {
 impl PluginHost {
     /// `pods/<uid>/volumes/<escaped plugin>` relative to the root.
     pub fn pod_plugin_dir(pod: &PodRef, plugin: &str) -> PathBuf {
-        PathBuf::from(
-            [
-                "pods",
-                pod.uid.as_str(),
-                "volumes",
-                &escape_plugin_name(plugin),
-            ]
-            .join("/"),
-        )
+        Self::pod_plugin_path(&pod.uid, "volumes", plugin)
+    }
+
+    /// `pods/<uid>/<kind>/<escaped plugin>` relative to the root: `kind` is `volumes` (where
+    /// a pod's filesystem volumes are) or `volumeDevices` (where its block volumes' links are).
+    pub(crate) fn pod_plugin_path(pod: &PodUid, kind: &str, plugin: &str) -> PathBuf {
+        PathBuf::from(["pods", pod.as_str(), kind, &escape_plugin_name(plugin)].join("/"))
     }
 
     /// The absolute path of a pod's volume directory.

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kubevol_core::names::escape_plugin_name;
 use kubevol_core::state::{PodVolumeRef, VolumeSpec};
 use kubevol_core::{PodUid, UniqueVolumeName};
 
@@ -42,21 +41,13 @@ pub(super) fn publish(r: &Resolved, pod: &PodUid) -> (PathBuf, PathBuf) {
             d.join(&r.spec_name).join("data"),
         )
     } else {
-        let d = Path::new("pods")
-            .join(pod.as_str())
-            .join("volumes")
-            .join(escape_plugin_name(PLUGIN_NAME).as_ref())
-            .join(&r.spec_name);
+        let d = PluginHost::pod_plugin_path(pod, "volumes", PLUGIN_NAME).join(&r.spec_name);
         (d.join("mount"), d)
     }
 }
 
 pub(super) fn pod_device_link(r: &Resolved, pod: &PodUid) -> PathBuf {
-    Path::new("pods")
-        .join(pod.as_str())
-        .join("volumeDevices")
-        .join(escape_plugin_name(PLUGIN_NAME).as_ref())
-        .join(&r.spec_name)
+    PluginHost::pod_plugin_path(pod, "volumeDevices", PLUGIN_NAME).join(&r.spec_name)
 }
 
 pub(super) const VOL_DATA: &str = "vol_data.json";
