@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use kubevol_mount::{LinuxMounter, Mounter, Unmounted};
 use rustix::mount::{MountFlags, MountPropagationFlags};
@@ -44,12 +45,45 @@ pub fn attach(file: &Path) -> Result<String, String> {
     run("losetup", &["--find", "--show", &file.to_string_lossy()])
 }
 
-/// Detaches every loop device backed by `file`.
+/// How long a detached loop device may stay bound while someone else still has it open.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Detaches every loop device backed by `file`, and returns once the kernel has let them go. A
+/// device open elsewhere at the detach (udev probing a device attached a moment ago, say) is
+/// only marked to be freed at its last close; until then it is still bound to `file`, and a
+/// volume must not look attached once its unpublish has succeeded.
 pub fn detach(file: &Path) -> Result<(), String> {
-    for dev in loops_of(file)? {
-        run("losetup", &["--detach", &dev])?;
+    let devices = loops_of(file)?;
+    for dev in &devices {
+        run("losetup", &["--detach", dev])?;
     }
-    Ok(())
+    // Bound while its `loop` directory is in sysfs; the kernel tells no one when it goes.
+    let bound = |dev: &&String| {
+        let name = dev.rsplit('/').next().unwrap_or(dev);
+        Path::new("/sys/block")
+            .join(name)
+            .join("loop/backing_file")
+            .exists()
+    };
+    let deadline = Instant::now() + DETACH_TIMEOUT;
+    loop {
+        let left: Vec<&String> = devices.iter().filter(bound).collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} is still bound to {} {}s after its detach: something else holds it open",
+                file.display(),
+                left.iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                DETACH_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// The filesystem type on a device, if it has one.
