@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 mod loop_driver;
 use loop_driver::free_port;
@@ -287,14 +288,25 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     assert_eq!(json["pods"].as_array().unwrap().len(), 4);
 
     let get = |path: &str| http_get(port, path);
-    let metrics = get("/metrics");
-    assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5"), "{metrics}");
-    assert!(metrics.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1"), "{metrics}");
-    assert!(metrics.contains("storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3"), "{metrics}");
-    assert!(
-        metrics.contains("kubevol_pod_volumes_ready_duration_seconds_count 4"),
-        "{metrics}"
-    );
+    // An operation's duration is observed as its batch concludes, a moment after its success
+    // is logged: the metrics are read until they hold it (or for 20 s).
+    let wanted = [
+        "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5",
+        "volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1",
+        "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3",
+        "kubevol_pod_volumes_ready_duration_seconds_count 4",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let metrics = get("/metrics");
+        if wanted.iter().all(|w| metrics.contains(w)) || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for w in wanted {
+        assert!(metrics.contains(w), "{w}\n{metrics}");
+    }
     assert!(
         get("/readyz").starts_with("HTTP/1.0 200") || get("/readyz").starts_with("HTTP/1.1 200")
     );
@@ -331,17 +343,17 @@ fn http_get(port: u16, path: &str) -> String {
 /// Polls `GET path` until `cond` holds for the answer, for at most a minute (a readiness probe,
 /// as a kubelet's would be; the daemon's own logs cannot be read in these tests).
 fn until_http(port: u16, path: &str, cond: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let answer = http_get(port, path);
         if cond(&answer) {
             return answer;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "GET {path} never satisfied the condition; last answer: {answer}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

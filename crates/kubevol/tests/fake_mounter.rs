@@ -83,13 +83,27 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     m.wait_for_unmount(&p).await.unwrap();
     assert!(!fake.is_mounted(&target));
     assert!(!target.exists());
-    let text = m.metrics_text();
+    // The unmount's duration is observed as its batch concludes, a moment after the volume is
+    // marked unmounted; the announcement that follows wakes this.
+    let mut changes = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        changes.borrow_and_update();
+        let text = m.metrics_text();
+        if text.contains(r#"operation_name="volume_unmount",status="success""#)
+            || tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+        {
+            break text;
+        }
+    };
     assert!(
-        text.contains(r#"operation_name="volume_mount",status="fail-unknown""#),
+        text.contains(r#"operation_name="volume_unmount",status="success""#),
         "{text}"
     );
     assert!(
-        text.contains(r#"operation_name="volume_unmount",status="success""#),
+        text.contains(r#"operation_name="volume_mount",status="fail-unknown""#),
         "{text}"
     );
     m.shutdown();
