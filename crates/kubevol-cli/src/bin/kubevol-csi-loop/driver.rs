@@ -522,7 +522,7 @@ impl Controller for Svc {
         let image = self.image(&r.volume_id);
         self.call("ControllerUnpublishVolume", &r.volume_id, "", move || {
             if image.exists() {
-                sys::detach(&image).map_err(internal)?;
+                sys::detach_freed(&image).map_err(internal)?;
             }
             Ok(ControllerUnpublishVolumeResponse {})
         })

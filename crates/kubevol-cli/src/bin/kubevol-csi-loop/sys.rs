@@ -45,18 +45,28 @@ pub fn attach(file: &Path) -> Result<String, String> {
     run("losetup", &["--find", "--show", &file.to_string_lossy()])
 }
 
-/// How long a detached loop device may stay bound while someone else still has it open.
-const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Detaches every loop device backed by `file`, and returns once the kernel has let them go. A
-/// device open elsewhere at the detach (udev probing a device attached a moment ago, say) is
-/// only marked to be freed at its last close; until then it is still bound to `file`, and a
-/// volume must not look attached once its unpublish has succeeded.
-pub fn detach(file: &Path) -> Result<(), String> {
+/// Detaches every loop device backed by `file`. A device still in use (mounted, or open
+/// elsewhere) is only marked to be freed at its last close: this returns at once, and the
+/// device goes with its last user (the cleanup of `--detach-all`, with mounts that vanish
+/// with their namespace afterwards).
+pub fn detach(file: &Path) -> Result<Vec<String>, String> {
     let devices = loops_of(file)?;
     for dev in &devices {
         run("losetup", &["--detach", dev])?;
     }
+    Ok(devices)
+}
+
+/// How long a detached loop device may stay bound while something else still holds it.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Detaches every loop device backed by `file`, and returns once the kernel has freed them:
+/// a volume must not look attached once its unpublish has succeeded, and a device open
+/// elsewhere at the detach (udev probing a device attached a moment ago, say) stays bound to
+/// `file` until its last close. Still bound after [`DETACH_TIMEOUT`], it is an error (the
+/// caller retries).
+pub fn detach_freed(file: &Path) -> Result<(), String> {
+    let devices = detach(file)?;
     // Bound while its `loop` directory is in sysfs; the kernel tells no one when it goes.
     let bound = |dev: &&String| {
         let name = dev.rsplit('/').next().unwrap_or(dev);
