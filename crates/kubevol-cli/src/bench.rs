@@ -425,16 +425,17 @@ impl Figures {
         println!("root: {}", self.root);
         println!();
         println!("pod volume-ready latency (all pods added at once):");
+        let p99 = percentile(lat, 0.99);
         println!(
             "  p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms",
             percentile(lat, 0.5) * 1e3,
-            percentile(lat, 0.99) * 1e3,
+            p99 * 1e3,
             lat.last().copied().unwrap_or(0.0) * 1e3
         );
         let floor_all = total as f64 / self.fl_mount;
         println!(
             "  p99 is {:.2} times the floor's time for all {total} set-ups ({:.1} ms)",
-            percentile(lat, 0.99) / floor_all,
+            p99 / floor_all,
             floor_all * 1e3
         );
         println!("throughput (volumes/s)        kubevol    raw floor   ratio");

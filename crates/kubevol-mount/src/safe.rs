@@ -60,18 +60,20 @@ fn umask_takes_from(mode: u32) -> bool {
     umask.is_none_or(|u| u & mode & 0o7777 != 0)
 }
 
-/// How many names a relative path has (`.` components skipped), without building the list of
-/// them; none for a path that is absolute or has `..`.
+/// The names of a relative path (`.` components skipped), each `None` where the path is
+/// absolute or has `..`.
+fn names(rel: &Path) -> impl Iterator<Item = Option<&OsStr>> {
+    rel.components().filter_map(|c| match c {
+        Component::Normal(n) => Some(Some(n)),
+        Component::CurDir => None,
+        _ => Some(None),
+    })
+}
+
+/// How many names a relative path has, without building the list of them; none for a path
+/// that is absolute or has `..`.
 fn count_names(rel: &Path) -> Option<usize> {
-    let mut names = 0;
-    for c in rel.components() {
-        match c {
-            Component::Normal(_) => names += 1,
-            Component::CurDir => {}
-            _ => return None,
-        }
-    }
-    Some(names)
+    names(rel).try_fold(0, |count, name| name.map(|_| count + 1))
 }
 
 /// Whether `name` is one name (a single normal component, `./` allowed).
@@ -80,19 +82,11 @@ fn is_one_name(name: &Path) -> bool {
 }
 
 fn components(rel: &Path) -> Result<Vec<&OsStr>, MountError> {
-    let mut out = Vec::new();
-    for c in rel.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            _ => {
-                return Err(MountError::NotRelative {
-                    path: rel.to_path_buf(),
-                })
-            }
-        }
-    }
-    Ok(out)
+    names(rel)
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| MountError::NotRelative {
+            path: rel.to_path_buf(),
+        })
 }
 
 /// Whether `path` (relative to `dir`) is the root of a mount. Uses statx's mount-root attribute
@@ -533,24 +527,20 @@ impl Dir {
 
     /// [`Dir::remove_dir_all_one_fs`], saying whether `name` was there to remove.
     pub fn remove_dir_all_one_fs_found(&self, name: &str) -> Result<bool, MountError> {
+        // Spelled out only where it is needed: the common case needs no path.
+        let path = || self.child_path(OsStr::new(name));
         if !is_one_name(Path::new(name)) {
-            return Err(MountError::NotRelative {
-                path: self.child_path(OsStr::new(name)),
-            });
+            return Err(MountError::NotRelative { path: path() });
         }
         // An empty directory (a volume just unmounted) goes with one rmdir, which never removes
         // a mount point (EBUSY) or anything but a directory; anything else takes the walk.
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) => return Ok(true),
             Err(Errno::NOENT) => return Ok(false),
-            Err(Errno::BUSY) => {
-                return Err(MountError::NestedMount {
-                    path: self.child_path(OsStr::new(name)),
-                })
-            }
+            Err(Errno::BUSY) => return Err(MountError::NestedMount { path: path() }),
             Err(_) => {}
         }
-        let path = self.child_path(OsStr::new(name));
+        let path = path();
         let Some(child) = self.open_child_if_exists(name)? else {
             return Ok(false);
         };

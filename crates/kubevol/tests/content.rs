@@ -203,24 +203,8 @@ fn payload_dirs(dir: &Path) -> usize {
 /// just after the swap that makes the new content visible, within the same operation, whose
 /// end is announced to status watchers: each announcement is a moment to look again.
 async fn wait_for_one_payload(m: &kubevol::VolumeManager, dir: &Path, what: &str) {
-    let mut changes = m.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        changes.borrow_and_update();
-        let count = payload_dirs(dir);
-        if count == 1 {
-            return;
-        }
-        if tokio::time::timeout_at(deadline, changes.changed())
-            .await
-            .is_err()
-        {
-            panic!(
-                "{what} is not removed: {count} payloads in {}",
-                dir.display()
-            );
-        }
-    }
+    let what = format!("{what} removed from {} (one payload left)", dir.display());
+    until_announced(m, 30, &what, || payload_dirs(dir) == 1).await;
 }
 
 mount_test! {

@@ -8,6 +8,9 @@ use kubevol::{Config, VolumeManager};
 use kubevol_mount::fake::{FakeOp, MountCall};
 use kubevol_mount::FakeMounter;
 
+mod common;
+use common::until_announced;
+
 fn pod(name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
@@ -85,23 +88,12 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     assert!(!target.exists());
     // The unmount's duration is observed as its batch concludes, a moment after the volume is
     // marked unmounted; the announcement that follows wakes this.
-    let mut changes = m.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        changes.borrow_and_update();
-        let text = m.metrics_text();
-        if text.contains(r#"operation_name="volume_unmount",status="success""#)
-            || tokio::time::timeout_at(deadline, changes.changed())
-                .await
-                .is_err()
-        {
-            break text;
-        }
-    };
-    assert!(
-        text.contains(r#"operation_name="volume_unmount",status="success""#),
-        "{text}"
-    );
+    let unmounted = r#"operation_name="volume_unmount",status="success""#;
+    until_announced(&m, 20, "the unmount's metric", || {
+        m.metrics_text().contains(unmounted)
+    })
+    .await;
+    let text = m.metrics_text();
     assert!(
         text.contains(r#"operation_name="volume_mount",status="fail-unknown""#),
         "{text}"
@@ -139,14 +131,8 @@ async fn a_plugin_directory_made_again_behind_kubevols_back_is_the_one_used() {
         rustix_errno_busy(),
         u32::MAX,
     );
-    let mut changes = m.subscribe();
     m.add_pod(p.clone());
-    while !fake.is_mounted(&dir.join("m")) {
-        tokio::time::timeout(Duration::from_secs(30), changes.changed())
-            .await
-            .expect("m is never set up")
-            .unwrap();
-    }
+    until_announced(&m, 30, "m set up", || fake.is_mounted(&dir.join("m"))).await;
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::create_dir(&dir).unwrap();
     fake.clear_failures();
@@ -176,17 +162,6 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
     let fake = Arc::new(FakeMounter::new());
     let m = start(t.path(), fake.clone());
     let pods = m.config().root_dir.join("pods");
-    let wait_gone = |dir: std::path::PathBuf, how: &'static str| {
-        let mut changes = m.subscribe();
-        async move {
-            while dir.exists() {
-                tokio::time::timeout(Duration::from_secs(30), changes.changed())
-                    .await
-                    .unwrap_or_else(|_| panic!("pods directory {how}: the pod's directory stays"))
-                    .unwrap();
-            }
-        }
-    };
     for (i, how) in ["removed", "removed and made again", "replaced under a pod"]
         .into_iter()
         .enumerate()
@@ -206,7 +181,9 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
         }
         m.remove_pod(&p);
         m.wait_for_unmount(&p).await.unwrap();
-        wait_gone(pods.join(uid.as_str()), how).await;
+        let dir = pods.join(uid.as_str());
+        let what = format!("pods directory {how}: the pod's directory removed");
+        until_announced(&m, 30, &what, || !dir.exists()).await;
         if i < 2 {
             std::fs::remove_dir(&pods).unwrap();
         }
@@ -349,22 +326,17 @@ async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
     }))
     .unwrap();
     let uid = m.add_pod(p.clone());
-    let mut rx = m.subscribe();
-    let errors = loop {
-        let s = m.pod_status(&uid);
-        let errors: Vec<String> = s
+    let mut errors: Vec<String> = Vec::new();
+    until_announced(&m, 20, "both volumes refused", || {
+        errors = m
+            .pod_status(&uid)
             .iter()
             .flat_map(|s| &s.volumes)
             .filter_map(|v| v.retry.last_error.clone())
             .collect();
-        if errors.len() == 2 {
-            break errors;
-        }
-        tokio::time::timeout(Duration::from_secs(20), rx.changed())
-            .await
-            .expect("both volumes refused")
-            .unwrap();
-    };
+        errors.len() == 2
+    })
+    .await;
     assert!(
         errors[0]
             .contains("PersistentVolume nfs-pv is a nfs volume, a type kubevol does not mount yet"),

@@ -195,7 +195,7 @@ mount_test! {
             let m = manager(root.path(), |c| c.operation_timeout = std::time::Duration::from_secs(1));
             // The hung mount is planted once the manager has looked at the root: found at its
             // start, it would be an orphan of an earlier run, unmounted before the pod came.
-            wait_until_synced(&m).await;
+            until_announced(&m, 60, "the manager's first full pass", || m.reconciler_states_synced()).await;
             let stuck = pod_with_volumes("stuck", json!([{"name": "data", "emptyDir": {"medium": "Memory"}}]));
             let uid = kubevol::pod_uid(&stuck);
             let dir = m

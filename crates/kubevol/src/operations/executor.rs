@@ -108,16 +108,10 @@ impl Executor {
         Ok(())
     }
 
-    /// Releases `key` with the operation's outcome: success clears its backoff and error, failure
-    /// doubles its backoff and records the message. Returns whether a key this operation kept
-    /// from starting was turned away meanwhile (it may start now: plan again).
-    #[must_use = "a key turned away while this one ran waits for a new plan"]
-    pub fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
-        self.lock().finish(self.policy, key, outcome, now)
-    }
-
-    /// [`Executor::finish`] for many keys under one lock (a batch of operations that ended
-    /// together); whether any kept a key from starting.
+    /// Releases each key with its operation's outcome, under one lock (a batch of operations
+    /// that ended together): success clears its backoff and error, failure doubles its backoff
+    /// and records the message. Returns whether a key one of them kept from starting was
+    /// turned away meanwhile (it may start now: plan again).
     #[must_use = "a key turned away while these ran waits for a new plan"]
     pub fn finish_all(
         &self,
@@ -131,66 +125,7 @@ impl Executor {
         }
         blocked
     }
-}
 
-impl State {
-    /// [`Executor::finish`], under the executor's lock.
-    fn finish(
-        &mut self,
-        policy: BackoffPolicy,
-        key: &OperationKey,
-        outcome: Result<(), String>,
-        now: Instant,
-    ) -> bool {
-        let s = self;
-        s.running.remove(key);
-        s.teardowns.remove(key);
-        let mut blocked = false;
-        if let Some(waiting) = s.turned_away.get_mut(&key.volume) {
-            // The same key, or any key of the volume when one of the two is volume-wide.
-            waiting.retain(|pod| {
-                let conflicts = key.pod.is_none() || pod.is_none() || *pod == key.pod;
-                blocked |= conflicts;
-                !conflicts
-            });
-            if waiting.is_empty() {
-                s.turned_away.remove(&key.volume);
-            }
-        }
-        if key.pod.is_none() {
-            s.volume_wide.remove(&key.volume);
-        } else if let Some(n) = s.pod_ops.get_mut(&key.volume) {
-            *n -= 1;
-            if *n == 0 {
-                s.pod_ops.remove(&key.volume);
-            }
-        }
-        match outcome {
-            Ok(()) => {
-                s.backoff.remove(key);
-                s.errors.remove(key);
-            }
-            Err(message) => {
-                let prev = s.backoff.get(key).copied();
-                let b = Backoff::fail(prev, policy, std_instant(now));
-                let retry_at = now + b.delay;
-                s.backoff.insert(key.clone(), b);
-                s.errors.insert(
-                    key.clone(),
-                    LastError {
-                        message,
-                        at: SystemTime::now(),
-                        retry_at,
-                        failures: b.failures,
-                    },
-                );
-            }
-        }
-        blocked
-    }
-}
-
-impl Executor {
     /// Notes that the operation started for `key` tears something down: until it finishes,
     /// a pod that wants the volume again is not ready (see [`Executor::tearing_down`]).
     pub fn mark_teardown(&self, key: &OperationKey) {
@@ -264,6 +199,71 @@ impl Executor {
         let mut s = self.lock();
         s.errors.retain(|k, _| keep(k));
         s.backoff.retain(|k, _| keep(k));
+    }
+}
+
+impl State {
+    /// One key of [`Executor::finish_all`], under the executor's lock.
+    fn finish(
+        &mut self,
+        policy: BackoffPolicy,
+        key: &OperationKey,
+        outcome: Result<(), String>,
+        now: Instant,
+    ) -> bool {
+        self.running.remove(key);
+        self.teardowns.remove(key);
+        let mut blocked = false;
+        if let Some(waiting) = self.turned_away.get_mut(&key.volume) {
+            // The same key, or any key of the volume when one of the two is volume-wide.
+            waiting.retain(|pod| {
+                let conflicts = key.pod.is_none() || pod.is_none() || *pod == key.pod;
+                blocked |= conflicts;
+                !conflicts
+            });
+            if waiting.is_empty() {
+                self.turned_away.remove(&key.volume);
+            }
+        }
+        if key.pod.is_none() {
+            self.volume_wide.remove(&key.volume);
+        } else if let Some(n) = self.pod_ops.get_mut(&key.volume) {
+            *n -= 1;
+            if *n == 0 {
+                self.pod_ops.remove(&key.volume);
+            }
+        }
+        match outcome {
+            Ok(()) => {
+                self.backoff.remove(key);
+                self.errors.remove(key);
+            }
+            Err(message) => {
+                let prev = self.backoff.get(key).copied();
+                let b = Backoff::fail(prev, policy, std_instant(now));
+                let retry_at = now + b.delay;
+                self.backoff.insert(key.clone(), b);
+                self.errors.insert(
+                    key.clone(),
+                    LastError {
+                        message,
+                        at: SystemTime::now(),
+                        retry_at,
+                        failures: b.failures,
+                    },
+                );
+            }
+        }
+        blocked
+    }
+}
+
+#[cfg(test)]
+impl Executor {
+    /// One key released alone.
+    #[must_use]
+    fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
+        self.finish_all([(key.clone(), outcome)], now)
     }
 }
 

@@ -650,19 +650,7 @@ async fn finisher(ops: Weak<Operations>, mut jobs: mpsc::UnboundedReceiver<Job>)
         if !gone.is_empty() {
             gone.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             gone.dedup_by(|a, b| a.0 == b.0);
-            let host = ops.host.clone();
-            let removed = tokio::task::spawn_blocking(move || {
-                host.remove_pod_dirs(gone.into_iter().map(|(pod, plugin)| (pod, Some(plugin))))
-            })
-            .await;
-            match removed {
-                Ok(removed) => {
-                    for (pod, r) in removed {
-                        unmount::pod_dir_removed(&ops, &pod, r);
-                    }
-                }
-                Err(e) => tracing::warn!("pod directory cleanup task failed: {e}"),
-            }
+            unmount::remove_pod_dirs(&ops, gone).await;
         }
         conclude(&ops, concluded);
     }

@@ -158,19 +158,28 @@ pub(super) async fn unmount_volume(
     let (outcome, cleanup) = finish(ops, t, torn, &mut records);
     settle_all(ops, records);
     if cleanup {
-        let host = ops.host.clone();
-        let gone = [(pod.clone(), Some(outcome.0.clone()))];
-        let removed = tokio::task::spawn_blocking(move || host.remove_pod_dirs(gone)).await;
-        match removed {
-            Ok(removed) => {
-                for (pod, r) in removed {
-                    pod_dir_removed(ops, &pod, r);
-                }
-            }
-            Err(e) => warn!(pod = %pod, "pod directory cleanup task failed: {e}"),
-        }
+        remove_pod_dirs(ops, vec![(pod.clone(), outcome.0.clone())]).await;
     }
     outcome
+}
+
+/// Removes the directories of pods whose last volume is torn down (with the plugin of that
+/// volume: see [`PluginHost::remove_pod_dirs`](crate::plugins::PluginHost::remove_pod_dirs)),
+/// on the blocking pool, and forgets what kubevol kept of each pod removed.
+pub(super) async fn remove_pod_dirs(ops: &Operations, gone: Vec<(PodUid, SharedStr)>) {
+    let host = ops.host.clone();
+    let removed = tokio::task::spawn_blocking(move || {
+        host.remove_pod_dirs(gone.into_iter().map(|(pod, plugin)| (pod, Some(plugin))))
+    })
+    .await;
+    match removed {
+        Ok(removed) => {
+            for (pod, r) in removed {
+                pod_dir_removed(ops, &pod, r);
+            }
+        }
+        Err(e) => warn!("pod directory cleanup task failed: {e}"),
+    }
 }
 
 /// The outcome of a teardown in the actual state and the events, its record line added to
@@ -223,11 +232,7 @@ pub(super) fn finish(
 }
 
 /// What follows the removal of a pod's directory.
-pub(super) fn pod_dir_removed(
-    ops: &Operations,
-    pod: &PodUid,
-    removed: Result<(), kubevol_mount::MountError>,
-) {
+fn pod_dir_removed(ops: &Operations, pod: &PodUid, removed: Result<(), kubevol_mount::MountError>) {
     match removed {
         // Gone already: the orphan sweep may have removed it first.
         Err(e) if e.is_not_found() => {}

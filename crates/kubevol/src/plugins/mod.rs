@@ -244,14 +244,8 @@ impl PluginHost {
             .map(|(pod, plugin)| {
                 self.plugin_dirs.forget(&pod);
                 let plugin = plugin.map(|p| escape_plugin_name(&p));
-                let chain;
-                let along: &[&str] = match &plugin {
-                    Some(p) => {
-                        chain = ["volumes", p.as_ref()];
-                        &chain
-                    }
-                    None => &[],
-                };
+                let chain = plugin.as_deref().map(|p| ["volumes", p]);
+                let along = chain.as_ref().map_or(&[][..], |c| &c[..]);
                 let removed = match &pods {
                     Ok(pods) => pods.remove_empty_tree_along(pod.as_str(), along),
                     // Each is told why.

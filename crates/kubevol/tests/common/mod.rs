@@ -140,18 +140,25 @@ pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
     m
 }
 
-/// Waits until the manager has reconstructed what it found at start and made its first full
-/// pass: a test that plants something under the root after this is not mistaken for what an
-/// earlier run left behind.
-pub async fn wait_until_synced(m: &VolumeManager) {
-    let mut rx = m.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !m.reconciler_states_synced() {
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
-            panic!("the manager's states are not synced within 60s");
+/// Waits until `cond` holds, looking again at each change the manager announces (a state
+/// changed, an operation concluded); panics after `secs` seconds, naming `what`.
+pub async fn until_announced(
+    m: &VolumeManager,
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
+    let mut changes = m.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        changes.borrow_and_update();
+        if cond() {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("{what}: the manager stopped first"),
+            Err(_) => panic!("{what}: not within {secs}s"),
         }
     }
 }

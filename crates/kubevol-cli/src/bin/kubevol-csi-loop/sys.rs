@@ -77,18 +77,17 @@ pub fn detach_freed(file: &Path) -> Result<(), String> {
     };
     let deadline = Instant::now() + DETACH_TIMEOUT;
     loop {
-        let left: Vec<&String> = devices.iter().filter(bound).collect();
+        let left: Vec<&str> = devices.iter().filter(bound).map(String::as_str).collect();
         if left.is_empty() {
             return Ok(());
         }
         if Instant::now() >= deadline {
+            let left = left.join(" ");
             return Err(format!(
-                "{} is still bound to {} {}s after its detach: something else holds it open",
+                "{} is still bound to {left} {}s after its detach: something else holds it open \
+                 (`fuser -vm {left}` shows what; it is freed at its last close, and the call is \
+                 retried)",
                 file.display(),
-                left.iter()
-                    .map(|d| d.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
                 DETACH_TIMEOUT.as_secs()
             ));
         }
