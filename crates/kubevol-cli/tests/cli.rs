@@ -702,3 +702,65 @@ fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
     assert_eq!(base, "4 pods");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// The benchmark's other figures run end to end on a small node too: a restart finds every
+/// volume it left mounted in the record and reconstructs it without a problem, content volumes
+/// are ready and updated against their floor, and a root on the disk is named as such; none
+/// leaves its root behind.
+#[test]
+fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = |mode: &str| {
+        succeeds(
+            in_namespace(&[
+                "bench",
+                "--pods",
+                "8",
+                "--volumes",
+                "2",
+                "--idle-seconds",
+                "0",
+                mode,
+            ])
+            .env("TMPDIR", tmp.path()),
+        )
+        .0
+    };
+    // "(raw floor X ms, ratio R)": the ratios a content run prints.
+    let floor_ratios = |out: &str| -> Vec<f64> {
+        out.lines()
+            .filter_map(|l| l.split_once(", ratio ")?.1.strip_suffix(')')?.parse().ok())
+            .collect()
+    };
+
+    let restart = bench("--restart");
+    assert!(
+        restart.contains("start to first reconcile: ")
+            && restart.contains("16 pod volumes, 0 problems")
+            && restart.contains("start to every pod ready again: "),
+        "{restart}"
+    );
+
+    let content = bench("--content");
+    assert!(
+        content.contains(
+            "8 pods x (configMap 10 keys, secret 3 keys, projected 14 files) = 24 volumes"
+        ) && content.contains("ConfigMap update, 16 volumes rewritten"),
+        "{content}"
+    );
+    let ratios = floor_ratios(&content);
+    assert_eq!(
+        ratios.len(),
+        2,
+        "ready and update against the floor: {content}"
+    );
+    assert!(ratios.iter().all(|r| *r > 0.0), "{content}");
+
+    let on_disk = bench("--on-disk");
+    assert!(
+        on_disk.contains(" on the disk (") && on_disk.contains("(kubevol/floor "),
+        "{on_disk}"
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
