@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// The UID of a pod: the directory name under `<root>/pods/`. Shared, not copied: the
 /// states, the executor, the record and the events each hold it for every volume, and a copy is
 /// a reference count, not an allocation.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialOrd, Ord)]
 pub struct PodUid(pub Arc<str>);
 
 impl PodUid {
@@ -29,7 +29,7 @@ impl fmt::Display for PodUid {
 }
 
 /// A volume's key in the desired and actual states of world. Shared, as [`PodUid`] is.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, PartialOrd, Ord)]
 pub struct UniqueVolumeName(pub Arc<str>);
 
 impl UniqueVolumeName {
@@ -56,6 +56,32 @@ impl fmt::Display for UniqueVolumeName {
         f.write_str(&self.0)
     }
 }
+
+/// Equal when they share the one string, else when their strings are equal; hashed as their
+/// string. A key is nearly always compared with a copy of itself (the states, the executor and
+/// the record each hold copies of one name), which is then one pointer comparison instead of a
+/// comparison of a hundred bytes.
+macro_rules! equal_when_shared {
+    ($t:ident) => {
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
+
+        impl Eq for $t {}
+
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state)
+            }
+        }
+    };
+}
+
+equal_when_shared!(PodUid);
+equal_when_shared!(UniqueVolumeName);
+equal_when_shared!(SharedStr);
 
 /// Both names are written and read as plain strings.
 macro_rules! shared_name {
@@ -91,7 +117,7 @@ shared_name!(UniqueVolumeName);
 
 /// A string held by many (a pod's namespace and name, kept with each of its volumes in both
 /// states): a copy is a reference count. Reads as a `&str`.
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Default, PartialOrd, Ord)]
 pub struct SharedStr(Arc<str>);
 
 impl SharedStr {
@@ -212,6 +238,29 @@ pub fn escape_plugin_name(plugin: &str) -> std::borrow::Cow<'static, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_equal_by_their_strings_whether_shared_or_not() {
+        use std::hash::BuildHasher;
+        let hasher = std::collections::hash_map::RandomState::new();
+        let a = UniqueVolumeName::from("kubernetes.io/empty-dir/uid-v0");
+        let shared = a.clone();
+        let copied = UniqueVolumeName::from(a.as_str());
+        let other = UniqueVolumeName::from("kubernetes.io/empty-dir/uid-v1");
+        assert!(Arc::ptr_eq(&a.0, &shared.0) && !Arc::ptr_eq(&a.0, &copied.0));
+        assert_eq!(a, shared);
+        assert_eq!(a, copied);
+        assert_ne!(a, other);
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&copied));
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(a.as_str()));
+        let (p, q) = (PodUid::from("u"), PodUid::from("u"));
+        assert_eq!(p, q);
+        assert_ne!(p, PodUid::from("w"));
+        let (s, t) = (SharedStr::from("n"), SharedStr::from("n"));
+        assert_eq!(s, t);
+        assert_eq!(hasher.hash_one(&s), hasher.hash_one("n"));
+        assert_ne!(s, SharedStr::from("m"));
+    }
 
     #[test]
     fn pod_volume_name_matches_kubelet_spelling() {

@@ -442,22 +442,19 @@ impl VolumeManager {
         self.wait().unmount(Waited::of(pod)).await
     }
 
-    /// Waits until none of `pods` has anything mounted.
+    /// Waits until none of `pods` has anything mounted. The pods share one deadline and are
+    /// waited for in turn: a pod whose volumes went while an earlier one was waited for costs
+    /// one look, not a task and a timer of its own (a node's teardown storm is thousands).
     pub async fn wait_for_all_pods_unmount(&self, pods: &[Pod]) -> Result<(), WaitError> {
-        let mut waits = tokio::task::JoinSet::new();
-        for p in pods {
-            let (m, p) = (self.clone(), Waited::of(p));
-            waits.spawn(async move { m.wait().unmount(p).await });
-        }
+        let deadline = tokio::time::Instant::now() + self.parts.config.wait_timeout;
         let mut timeouts = Vec::new();
-        while let Some(r) = waits.join_next().await {
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err(WaitError::Timeout { detail, pod, .. })) => {
+        for p in pods {
+            match self.wait().unmount_by(Waited::of(p), deadline).await {
+                Ok(()) => {}
+                Err(WaitError::Timeout { detail, pod, .. }) => {
                     timeouts.push(format!("{pod}: {detail}"))
                 }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(WaitError::Stopped),
+                Err(e) => return Err(e),
             }
         }
         if timeouts.is_empty() {

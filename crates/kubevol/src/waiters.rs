@@ -75,11 +75,11 @@ impl Wait<'_> {
     async fn until(
         mut self,
         pod: Waited,
+        deadline: Instant,
         mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
         describe: impl Fn(&Sources<'_>, &PodUid) -> String,
     ) -> Result<(), WaitError> {
         let Waited { uid, name } = pod;
-        let deadline = Instant::now() + self.timeout;
         let signal = self.sources.world.pod_signal(&uid);
         loop {
             // Register for the next signal before checking, so a change in between is not lost.
@@ -108,8 +108,10 @@ impl Wait<'_> {
 
     /// Waits until every volume the pod's containers use is mounted.
     pub(crate) async fn attach_and_mount(self, pod: Waited) -> Result<(), WaitError> {
+        let deadline = Instant::now() + self.timeout;
         self.until(
             pod,
+            deadline,
             |s, uid| {
                 if s.world.pod_ready(uid, |k| s.executor.tearing_down(k)) {
                     return Ok(true);
@@ -156,8 +158,15 @@ impl Wait<'_> {
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
     pub(crate) async fn unmount(self, pod: Waited) -> Result<(), WaitError> {
+        let deadline = Instant::now() + self.timeout;
+        self.unmount_by(pod, deadline).await
+    }
+
+    /// [`Wait::unmount`] until `deadline`, shared by a wait for many pods.
+    pub(crate) async fn unmount_by(self, pod: Waited, deadline: Instant) -> Result<(), WaitError> {
         self.until(
             pod,
+            deadline,
             |s, uid| Ok(!s.world.has_possibly_mounted_volumes(uid)),
             |s, uid| {
                 let names: Vec<String> = s

@@ -26,16 +26,31 @@ fn start(root: &std::path::Path, fake: Arc<FakeMounter>) -> VolumeManager {
     start_with_sources(root, fake, &[]).0
 }
 
+/// A running manager whose waits time out after `wait`.
+fn start_waiting(root: &std::path::Path, fake: Arc<FakeMounter>, wait: Duration) -> VolumeManager {
+    start_configured(root, fake, &[], |c| c.wait_timeout = wait).0
+}
+
 /// A running manager whose pod sources are registered before it starts, as a daemon does.
 fn start_with_sources(
     root: &std::path::Path,
     fake: Arc<FakeMounter>,
     sources: &[&'static str],
 ) -> (VolumeManager, Vec<kubevol::source::Sink>) {
+    start_configured(root, fake, sources, |_| {})
+}
+
+fn start_configured(
+    root: &std::path::Path,
+    fake: Arc<FakeMounter>,
+    sources: &[&'static str],
+    tweak: impl FnOnce(&mut Config),
+) -> (VolumeManager, Vec<kubevol::source::Sink>) {
     let mut c = Config::new(root, "n");
     c.backoff.initial = Duration::from_millis(5);
     c.backoff.max = Duration::from_millis(20);
     c.wait_timeout = Duration::from_secs(20);
+    tweak(&mut c);
     let m = VolumeManager::new(c, fake).unwrap();
     let sinks = sources.iter().map(|s| m.store().sink(s)).collect();
     let r = m.clone();
@@ -191,6 +206,54 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
             std::fs::create_dir(&pods).unwrap();
         }
     }
+    m.shutdown();
+}
+
+/// A wait for many pods' teardown: the pods whose volumes go are done, and a timeout names each
+/// pod still holding a volume, with the volume and its last error (once, whatever the number of
+/// pods waited for); once the volume goes, the same wait succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let m = start_waiting(t.path(), fake.clone(), Duration::from_millis(1500));
+    let pods: Vec<Pod> = ["first", "stuck", "last"].into_iter().map(pod).collect();
+    for p in &pods {
+        m.add_pod(p.clone());
+        m.wait_for_attach_and_mount(p).await.unwrap();
+    }
+    let target = |p: &Pod| {
+        m.config().root_dir.join(format!(
+            "pods/{}/volumes/kubernetes.io~empty-dir/m",
+            kubevol::pod_uid(p)
+        ))
+    };
+    fake.fail(
+        FakeOp::Unmount,
+        Some(&target(&pods[1])),
+        rustix_errno_busy(),
+        u32::MAX,
+    );
+    m.remove_pods(&pods);
+    let err = m
+        .wait_for_all_pods_unmount(&pods)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("timed out after 1.5s waiting for volumes of pod 1 of 3 pods: default/stuck: still mounted volumes=[m (UnmountVolume.TearDown failed for volume \"m\""),
+        "{err}"
+    );
+    assert_eq!(err.matches("still mounted").count(), 1, "{err}");
+    assert!(!err.contains("first") && !err.contains("last"), "{err}");
+    assert!(!fake.is_mounted(&target(&pods[0])) && !fake.is_mounted(&target(&pods[2])));
+    assert!(fake.is_mounted(&target(&pods[1])));
+
+    fake.clear_failures();
+    m.wait_for_all_pods_unmount(&pods)
+        .await
+        .expect("torn down once the unmount works");
+    assert!(!fake.is_mounted(&target(&pods[1])));
     m.shutdown();
 }
 
