@@ -5,10 +5,13 @@
 //! it strings: the pod, the unique name, the path, the source); serde_json looks at every byte
 //! of every key and value for characters to escape, one at a time, and that was the record
 //! writer's largest cost. Here the keys are constants, and a value is copied whole once a
-//! check that the compiler vectorizes finds nothing in it to escape. The spec (the Kubernetes
-//! `Volume` and PersistentVolume) is still serde_json's.
+//! check that the compiler vectorizes finds nothing in it to escape. The spec is written here
+//! too when it is an emptyDir (the commonest volume, and the one of every storm of short-lived
+//! pods); every other spec, and a PersistentVolume, is serde_json's.
 
 use std::io;
+
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
 
 use super::{PodVolumeRecord, PodVolumeState};
 
@@ -74,9 +77,115 @@ pub(super) fn pod_volume_line(buf: &mut Vec<u8>, r: &PodVolumeRecord) -> io::Res
         serde_json::to_writer(&mut *buf, sub_paths).map_err(io::Error::other)?;
     }
     buf.extend_from_slice(b",\"spec\":");
-    serde_json::to_writer(&mut *buf, spec).map_err(io::Error::other)?;
+    if !empty_dir_spec(buf, spec) {
+        serde_json::to_writer(&mut *buf, spec).map_err(io::Error::other)?;
+    }
     buf.extend_from_slice(b"}}");
     Ok(())
+}
+
+/// Appends `spec` as serde_json writes it when it is an emptyDir volume and nothing else (its
+/// fields in the order the API types write them: the source, then the name); false, with
+/// nothing appended, for any other spec.
+fn empty_dir_spec(buf: &mut Vec<u8>, spec: &super::SpecRecord) -> bool {
+    let super::SpecRecord {
+        volume,
+        persistent_volume,
+        block,
+    } = spec;
+    // Every field, so that a source added to the API types cannot be missed here.
+    let Volume {
+        aws_elastic_block_store,
+        azure_disk,
+        azure_file,
+        cephfs,
+        cinder,
+        config_map,
+        csi,
+        downward_api,
+        empty_dir,
+        ephemeral,
+        fc,
+        flex_volume,
+        flocker,
+        gce_persistent_disk,
+        git_repo,
+        glusterfs,
+        host_path,
+        image,
+        iscsi,
+        name,
+        nfs,
+        persistent_volume_claim,
+        photon_persistent_disk,
+        portworx_volume,
+        projected,
+        quobyte,
+        rbd,
+        scale_io,
+        secret,
+        storageos,
+        vsphere_volume,
+    } = &**volume;
+    let Some(EmptyDirVolumeSource { medium, size_limit }) = empty_dir else {
+        return false;
+    };
+    let others = [
+        aws_elastic_block_store.is_some(),
+        azure_disk.is_some(),
+        azure_file.is_some(),
+        cephfs.is_some(),
+        cinder.is_some(),
+        config_map.is_some(),
+        csi.is_some(),
+        downward_api.is_some(),
+        ephemeral.is_some(),
+        fc.is_some(),
+        flex_volume.is_some(),
+        flocker.is_some(),
+        gce_persistent_disk.is_some(),
+        git_repo.is_some(),
+        glusterfs.is_some(),
+        host_path.is_some(),
+        image.is_some(),
+        iscsi.is_some(),
+        nfs.is_some(),
+        persistent_volume_claim.is_some(),
+        photon_persistent_disk.is_some(),
+        portworx_volume.is_some(),
+        projected.is_some(),
+        quobyte.is_some(),
+        rbd.is_some(),
+        scale_io.is_some(),
+        secret.is_some(),
+        storageos.is_some(),
+        vsphere_volume.is_some(),
+        persistent_volume.is_some(),
+    ];
+    if others.contains(&true) {
+        return false;
+    }
+    buf.extend_from_slice(b"{\"volume\":{\"emptyDir\":{");
+    let mut first = true;
+    for (key, value) in [
+        (b"\"medium\":".as_slice(), medium.as_deref()),
+        (b"\"sizeLimit\":", size_limit.as_ref().map(|q| q.0.as_str())),
+    ] {
+        if let Some(value) = value {
+            if !first {
+                buf.push(b',');
+            }
+            first = false;
+            buf.extend_from_slice(key);
+            string(buf, value);
+        }
+    }
+    buf.extend_from_slice(b"},\"name\":");
+    string(buf, name);
+    buf.extend_from_slice(b"},\"block\":");
+    boolean(buf, *block);
+    buf.push(b'}');
+    true
 }
 
 /// A JSON string: copied whole when nothing in it needs escaping (no control character, quote
@@ -131,11 +240,18 @@ mod tests {
     use super::*;
 
     fn record(text: &str, state: PodVolumeState) -> PodVolumeRecord {
-        let volume: Volume = serde_json::from_value(serde_json::json!({
-            "name": "v",
-            "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"},
-        }))
-        .unwrap();
+        record_of(
+            text,
+            state,
+            serde_json::json!({
+                "name": "v",
+                "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"},
+            }),
+        )
+    }
+
+    fn record_of(text: &str, state: PodVolumeState, volume: serde_json::Value) -> PodVolumeRecord {
+        let volume: Volume = serde_json::from_value(volume).unwrap();
         PodVolumeRecord {
             version: 1,
             state,
@@ -220,6 +336,53 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    /// An emptyDir spec is serde_json's too, with or without its medium and size, whatever its
+    /// name holds, as a raw block volume; a spec with another source beside it, or of another
+    /// kind, or with a PersistentVolume, is left to serde_json.
+    #[test]
+    fn a_spec_is_the_one_serde_json_writes() {
+        let names = ["v", "with \"quotes\"", "ünï\tcode", ""];
+        let sources = [
+            serde_json::json!({"emptyDir": {}}),
+            serde_json::json!({"emptyDir": {"medium": "Memory"}}),
+            serde_json::json!({"emptyDir": {"sizeLimit": "1Mi"}}),
+            serde_json::json!({"emptyDir": {"medium": "HugePages-2Mi", "sizeLimit": "2Mi"}}),
+            serde_json::json!({"emptyDir": {"medium": "\\odd\u{1}"}}),
+            serde_json::json!({"emptyDir": {}, "configMap": {"name": "both"}}),
+            serde_json::json!({"emptyDir": {}, "vsphereVolume": {"volumePath": "/p"}}),
+            serde_json::json!({"emptyDir": {}, "awsElasticBlockStore": {"volumeID": "a"}}),
+            serde_json::json!({"hostPath": {"path": "/data"}}),
+            serde_json::json!({"projected": {"sources": []}}),
+        ];
+        let mut written_here = 0;
+        for (i, source) in sources.iter().enumerate() {
+            for (j, name) in names.iter().enumerate() {
+                let mut volume = source.clone();
+                volume["name"] = (*name).into();
+                let mut r = record_of(name, PodVolumeState::SetUp, volume);
+                r.spec.block = (i + j) % 2 == 0;
+                if (i + j) % 3 == 0 {
+                    r.spec.persistent_volume = Some(Arc::new(
+                        serde_json::from_value::<PersistentVolume>(serde_json::json!({
+                            "metadata": {"name": "pv"},
+                            "spec": {"local": {"path": "/data"}},
+                        }))
+                        .unwrap(),
+                    ));
+                }
+                let mut buf = Vec::new();
+                written_here += usize::from(empty_dir_spec(&mut buf, &r.spec));
+                assert_eq!(
+                    String::from_utf8_lossy(&fast_line(&r)),
+                    String::from_utf8_lossy(&serde_line(&r)),
+                    "{source} named {name:?}"
+                );
+            }
+        }
+        // The five emptyDir-only sources, less those with a PersistentVolume.
+        assert_eq!(written_here, 13);
     }
 
     /// A path that is not UTF-8 is refused as serde_json refuses it, and nothing of the line
