@@ -764,3 +764,46 @@ fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
     );
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// The benchmark's CSI mode (the loop driver as a child, a PersistentVolume per pod) and its
+/// cluster mode (the in-process API server) end to end on a small node: each prints its
+/// figures, and nothing is left behind — no temporary root, and no loop device still bound to
+/// a file of the run's.
+#[test]
+fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = |mode: &str| {
+        succeeds(
+            in_namespace(&["bench", "--pods", "8", "--idle-seconds", "0", mode])
+                .env("TMPDIR", tmp.path()),
+        )
+        .0
+    };
+
+    let csi = bench("--csi");
+    assert!(
+        csi.contains(
+            "8 pods, one after another, each with its own PersistentVolume of loop.csi.kubevol.io"
+        ) && csi.contains("(ratio floor/kubevol ")
+            && csi.contains("tear-down of all 8 pods at once"),
+        "{csi}"
+    );
+    let bound: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .filter_map(|d| std::fs::read_to_string(d.ok()?.path().join("loop/backing_file")).ok())
+        .filter(|file| file.starts_with(&*tmp.path().to_string_lossy()))
+        .collect();
+    assert!(bound.is_empty(), "loop devices left bound: {bound:?}");
+
+    let cluster = bench("--cluster");
+    assert!(
+        cluster.contains(
+            "8 pods x (Memory emptyDir, secret, projected service account volume) created at once"
+        ) && cluster.contains("all 8 pods ready ")
+            && cluster.contains("all torn down ")
+            && cluster.contains("API requests by the node while the pods came: "),
+        "{cluster}"
+    );
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
