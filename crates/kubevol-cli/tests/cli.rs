@@ -6,6 +6,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../../kubevol/tests/common/mod.rs"]
+mod common;
 mod loop_driver;
 use loop_driver::free_port;
 
@@ -789,11 +791,7 @@ fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
             && csi.contains("tear-down of all 8 pods at once"),
         "{csi}"
     );
-    let bound: Vec<String> = std::fs::read_dir("/sys/block")
-        .unwrap()
-        .filter_map(|d| std::fs::read_to_string(d.ok()?.path().join("loop/backing_file")).ok())
-        .filter(|file| file.starts_with(&*tmp.path().to_string_lossy()))
-        .collect();
+    let bound = common::loop_devices_below(tmp.path());
     assert!(bound.is_empty(), "loop devices left bound: {bound:?}");
 
     let cluster = bench("--cluster");

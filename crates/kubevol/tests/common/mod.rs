@@ -31,11 +31,19 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
         "{test} mounts for real and must run as root (inside its own private mount namespace)"
     );
     let exe = std::env::current_exe().expect("test binary path");
+    // The test's temporary files (its roots, a CSI driver's images) go below a directory of
+    // its own, so that what it leaves behind can be told from anyone else's. Its name is short:
+    // a unix socket's path (a CSI driver's registration, deep below a root) has 107 bytes.
+    let tmp = tempfile::Builder::new()
+        .prefix("k")
+        .tempdir()
+        .expect("tempdir");
     let out = std::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private"])
         .arg(exe)
         .args([test, "--exact", "--nocapture", "--test-threads", "1"])
         .env(INSIDE, test)
+        .env("TMPDIR", tmp.path())
         .output()
         .expect("run unshare(1): install util-linux");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -44,6 +52,37 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
         out.status.success() && stdout.contains("1 passed"),
         "{test} failed inside its mount namespace:\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
+    // With the namespace gone its mounts are, and a loop device detached lazily is freed at its
+    // last close, a moment later.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let bound = loop_devices_below(tmp.path());
+        if bound.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{test} left loop devices bound to its files: {bound:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The loop devices whose backing file lies below `dir`, with their files.
+pub fn loop_devices_below(dir: &Path) -> Vec<(String, String)> {
+    let Ok(devices) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    devices
+        .filter_map(|d| {
+            let d = d.ok()?;
+            let file = std::fs::read_to_string(d.path().join("loop/backing_file")).ok()?;
+            let file = file.trim_end().to_string();
+            Path::new(&file)
+                .starts_with(dir)
+                .then(|| (d.file_name().to_string_lossy().into_owned(), file))
+        })
+        .collect()
 }
 
 /// Declares a test that runs inside its own private mount namespace.
