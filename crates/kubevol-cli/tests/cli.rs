@@ -656,6 +656,15 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
     rt.block_on(cluster.clean_up());
 }
 
+/// `kubevol bench ARGS --idle-seconds 0` in a private namespace, its temporary roots under
+/// `tmp`: what it printed.
+fn bench(tmp: &Path, args: &[&str]) -> String {
+    let mut all = vec!["bench"];
+    all.extend(args);
+    all.extend(["--idle-seconds", "0"]);
+    succeeds(in_namespace(&all).env("TMPDIR", tmp)).0
+}
+
 /// The benchmark runs end to end on a small node: each size prints its figures against the
 /// floor measured in the same run (p99 against the floor's time for all set-ups, CPU as a
 /// ratio), then the cost curve and each larger size's CPU per volume against the first; its
@@ -664,18 +673,7 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
 fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
-    let (stdout, _) = succeeds(
-        in_namespace(&[
-            "bench",
-            "--scale",
-            "4,8",
-            "--volumes",
-            "2",
-            "--idle-seconds",
-            "0",
-        ])
-        .env("TMPDIR", tmp.path()),
-    );
+    let stdout = bench(tmp.path(), &["--scale", "4,8", "--volumes", "2"]);
     for want in [
         "4 pods x 2 Memory emptyDir volumes = 8 tmpfs mounts",
         "times the floor's time for all 8 set-ups",
@@ -713,22 +711,7 @@ fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
 fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
-    let bench = |mode: &str| {
-        succeeds(
-            in_namespace(&[
-                "bench",
-                "--pods",
-                "8",
-                "--volumes",
-                "2",
-                "--idle-seconds",
-                "0",
-                mode,
-            ])
-            .env("TMPDIR", tmp.path()),
-        )
-        .0
-    };
+    let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", "--volumes", "2", mode]);
     // "(raw floor X ms, ratio R)": the ratios a content run prints.
     let floor_ratios = |out: &str| -> Vec<f64> {
         out.lines()
@@ -775,13 +758,7 @@ fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
 fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
     require_root();
     let tmp = tempfile::tempdir().unwrap();
-    let bench = |mode: &str| {
-        succeeds(
-            in_namespace(&["bench", "--pods", "8", "--idle-seconds", "0", mode])
-                .env("TMPDIR", tmp.path()),
-        )
-        .0
-    };
+    let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", mode]);
 
     let csi = bench("--csi");
     assert!(
