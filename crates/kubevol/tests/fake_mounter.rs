@@ -235,6 +235,26 @@ async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
         u32::MAX,
     );
     m.remove_pods(&pods);
+    // The wait below is given the state it is about: the others gone, the stuck one failed.
+    let stuck = kubevol::pod_uid(&pods[1]);
+    until_announced(
+        &m,
+        30,
+        "the others torn down and the stuck one failed",
+        || {
+            !fake.is_mounted(&target(&pods[0]))
+                && !fake.is_mounted(&target(&pods[2]))
+                && m.pod_status(&stuck).is_some_and(|s| {
+                    s.volumes.iter().any(|v| {
+                        v.retry
+                            .last_error
+                            .as_deref()
+                            .is_some_and(|e| e.contains("busy"))
+                    })
+                })
+        },
+    )
+    .await;
     let err = m
         .wait_for_all_pods_unmount(&pods)
         .await
