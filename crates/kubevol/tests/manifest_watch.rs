@@ -125,7 +125,7 @@ fn stored(store: &ObjectStore, name: &str) -> Option<kubevol::store::StoredPod> 
 }
 
 fn origin_file(p: &kubevol::store::StoredPod) -> std::path::PathBuf {
-    match &p.origin {
+    match p.origin() {
         kubevol::store::Origin::File { path, .. } => path.clone(),
         other => panic!("from a file, not {other}"),
     }

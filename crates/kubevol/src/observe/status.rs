@@ -403,7 +403,7 @@ impl Sources<'_> {
                     "{}/{} (node {node}, {})",
                     p.pod.metadata.namespace.as_deref().unwrap_or_default(),
                     p.pod.metadata.name.as_deref().unwrap_or_default(),
-                    p.origin
+                    p.origin()
                 )
             })
             .collect();

@@ -508,7 +508,7 @@ impl Populator {
         if !errors.is_empty() {
             let message = format!(
                 "{}: pod {pref} rejected, nothing was created for it; fix these fields: {}",
-                stored.origin,
+                stored.origin(),
                 errors.join("; ")
             );
             self.events
@@ -517,7 +517,7 @@ impl Populator {
                 uid.clone(),
                 Rejected {
                     pod_ref: pref,
-                    origin: stored.origin.clone(),
+                    origin: stored.origin().clone(),
                     errors,
                 },
             );
@@ -544,7 +544,7 @@ impl Populator {
                     ProcessFailure {
                         message: format!(
                             "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (its watch has not listed it yet)",
-                            stored.origin, v.name
+                            stored.origin(), v.name
                         ),
                         unsupported: false,
                         waiting: true,
@@ -555,7 +555,8 @@ impl Populator {
             let mut fail = |why: String, unsupported: bool| {
                 let message = format!(
                     "{}: volume {:?} of pod {pref}: {why}",
-                    stored.origin, v.name
+                    stored.origin(),
+                    v.name
                 );
                 self.events
                     .record(&pref, true, reason::FAILED_MOUNT, message.clone());
@@ -589,7 +590,7 @@ impl Populator {
                     reason::UNKNOWN_FIELD,
                     format!(
                         "{}: volume {:?} of pod {pref}: unknown field {field:?}: kubevol's API types do not have it, so it is ignored",
-                        stored.origin, v.name
+                        stored.origin(), v.name
                     ),
                 );
             }

@@ -147,10 +147,10 @@ pub struct StoredPod {
     pub pod: Arc<Pod>,
     /// What its manifest says of its volumes beyond the API types.
     pub extensions: Arc<PodExtensions>,
-    /// Its origin.
-    pub origin: Origin,
+    /// Its origin (read with [`StoredPod::origin`]; changed only with its spelling).
+    origin: Origin,
     /// Its origin spelled out, once (every record line of its volumes names it).
-    pub source: SharedStr,
+    source: SharedStr,
 }
 
 impl StoredPod {
@@ -161,6 +161,16 @@ impl StoredPod {
             source: origin.to_string().as_str().into(),
             origin,
         }
+    }
+
+    /// Where it came from: a manifest file and document, a cluster, the library API.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Its origin spelled out, as every record line of its volumes names it.
+    pub fn source(&self) -> &SharedStr {
+        &self.source
     }
 
     /// Takes `origin` as its origin (its spelling with it); whether it moved.
@@ -754,7 +764,7 @@ mod tests {
     fn pods_seen(s: &ObjectStore) -> Vec<(PodUid, Origin, Arc<Pod>)> {
         s.pods()
             .into_iter()
-            .map(|(u, p)| (u, p.origin, p.pod))
+            .map(|(u, p)| (u, p.origin().clone(), p.pod))
             .collect()
     }
 
@@ -895,13 +905,13 @@ mod tests {
             pod(None, "x"),
             PodExtensions::default(),
         )))]);
-        assert_eq!(s.pod(&uid).unwrap().origin, Origin::Api);
+        assert_eq!(*s.pod(&uid).unwrap().origin(), Origin::Api);
         assert!(s.file_errors()[0]
             .message
             .contains("the library API's definition wins"));
         s.apply([Change::RemovePod(uid.clone())]);
         assert!(
-            matches!(s.pod(&uid).unwrap().origin, Origin::File { .. }),
+            matches!(s.pod(&uid).unwrap().origin(), Origin::File { .. }),
             "the file's definition is back"
         );
     }
