@@ -228,13 +228,29 @@ pub(super) fn secrets(
 }
 
 pub(super) fn driver_for(host: &PluginHost, name: &str) -> Result<Arc<Driver>, VolumeError> {
-    host.csi.get(name).ok_or_else(|| {
-        not_ready(format!(
-            "CSI driver {name} is not registered: start it with a registration socket in {}/{} or run kubevol with --csi-driver {name}=unix:///path/to/csi.sock",
-            host.root.display(),
-            crate::csi::registration::REGISTRY_DIR
-        ))
-    })
+    host.csi
+        .get(name)
+        .ok_or_else(|| not_ready(not_registered(&host.root, name)))
+}
+
+/// Why a driver is not there, and how to register it; also when the registration directory is
+/// so deep that the socket a registrar makes there (`<driver>-reg.sock`) cannot be bound.
+fn not_registered(root: &std::path::Path, name: &str) -> String {
+    let dir = root.join(crate::csi::registration::REGISTRY_DIR);
+    let mut message = format!(
+        "CSI driver {name} is not registered: start it with a registration socket in {} or run kubevol with --csi-driver {name}=unix:///path/to/csi.sock",
+        dir.display()
+    );
+    // A unix socket's path has 108 bytes, its terminating NUL among them.
+    let socket = dir.join(format!("{name}-reg.sock"));
+    let len = socket.as_os_str().len();
+    if len > 107 {
+        message.push_str(&format!(
+            " (a socket there, {}, would have a path of {len} bytes, longer than the 107 a unix socket's path can have: give kubevol a shorter --root-dir)",
+            socket.display()
+        ));
+    }
+    message
 }
 
 /// The CSIDriver object's settings, with the API's defaults when there is none.
@@ -259,5 +275,34 @@ pub(super) fn policy(host: &PluginHost, driver: &str) -> DriverPolicy {
             .as_ref()
             .and_then(|s| s.fs_group_policy.clone())
             .unwrap_or_else(|| "ReadWriteOnceWithFSType".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The message says where to register; when the directory is too deep for a registrar's
+    /// socket, it says so and what to change.
+    #[test]
+    fn an_unregistered_driver_is_named_with_where_to_register_it() {
+        let short = super::not_registered(Path::new("/var/lib/kubevol"), "loop.csi.kubevol.io");
+        assert_eq!(
+            short,
+            "CSI driver loop.csi.kubevol.io is not registered: start it with a registration socket in /var/lib/kubevol/plugins_registry or run kubevol with --csi-driver loop.csi.kubevol.io=unix:///path/to/csi.sock"
+        );
+        // 61 bytes of root leave the socket 107: still bindable.
+        let root = format!("/{}", "r".repeat(60));
+        assert!(
+            !super::not_registered(Path::new(&root), "loop.csi.kubevol.io").contains("shorter")
+        );
+        let root = format!("/{}", "r".repeat(61));
+        let deep = super::not_registered(Path::new(&root), "loop.csi.kubevol.io");
+        assert!(
+            deep.ends_with(&format!(
+                " (a socket there, {root}/plugins_registry/loop.csi.kubevol.io-reg.sock, would have a path of 108 bytes, longer than the 107 a unix socket's path can have: give kubevol a shorter --root-dir)"
+            )),
+            "{deep}"
+        );
     }
 }
