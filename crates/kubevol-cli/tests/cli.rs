@@ -291,24 +291,16 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
 
     let get = |path: &str| http_get(port, path);
     // An operation's duration is observed as its batch concludes, a moment after its success
-    // is logged: the metrics are read until they hold it (or for 20 s).
+    // is logged: the metrics are read until they hold it.
     let wanted = [
         "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5",
         "volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1",
         "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3",
         "kubevol_pod_volumes_ready_duration_seconds_count 4",
     ];
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let metrics = loop {
-        let metrics = get("/metrics");
-        if wanted.iter().all(|w| metrics.contains(w)) || Instant::now() > deadline {
-            break metrics;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    for w in wanted {
-        assert!(metrics.contains(w), "{w}\n{metrics}");
-    }
+    until_http(port, "/metrics", |metrics| {
+        wanted.iter().all(|w| metrics.contains(w))
+    });
     assert!(
         get("/readyz").starts_with("HTTP/1.0 200") || get("/readyz").starts_with("HTTP/1.1 200")
     );
@@ -768,8 +760,7 @@ fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
             && csi.contains("tear-down of all 8 pods at once"),
         "{csi}"
     );
-    let bound = common::loop_devices_below(tmp.path());
-    assert!(bound.is_empty(), "loop devices left bound: {bound:?}");
+    common::no_loop_devices_left(tmp.path(), "bench --csi");
 
     let cluster = bench("--cluster");
     assert!(

@@ -9,7 +9,7 @@ use kubevol_mount::fake::{FakeOp, MountCall};
 use kubevol_mount::FakeMounter;
 
 mod common;
-use common::until_announced;
+use common::{until_announced, wait_for_status};
 
 fn pod(name: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -26,11 +26,6 @@ fn start(root: &std::path::Path, fake: Arc<FakeMounter>) -> VolumeManager {
     start_with_sources(root, fake, &[]).0
 }
 
-/// A running manager whose waits time out after `wait`.
-fn start_waiting(root: &std::path::Path, fake: Arc<FakeMounter>, wait: Duration) -> VolumeManager {
-    start_configured(root, fake, &[], |c| c.wait_timeout = wait).0
-}
-
 /// A running manager whose pod sources are registered before it starts, as a daemon does.
 fn start_with_sources(
     root: &std::path::Path,
@@ -40,6 +35,7 @@ fn start_with_sources(
     start_configured(root, fake, sources, |_| {})
 }
 
+/// [`start_with_sources`], with the test's own settings over the fast backoff.
 fn start_configured(
     root: &std::path::Path,
     fake: Arc<FakeMounter>,
@@ -216,7 +212,10 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
 async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start_waiting(t.path(), fake.clone(), Duration::from_millis(1500));
+    let m = start_configured(t.path(), fake.clone(), &[], |c| {
+        c.wait_timeout = Duration::from_millis(1500)
+    })
+    .0;
     let pods: Vec<Pod> = ["first", "stuck", "last"].into_iter().map(pod).collect();
     for p in &pods {
         m.add_pod(p.clone());
@@ -235,25 +234,19 @@ async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
         u32::MAX,
     );
     m.remove_pods(&pods);
-    // The wait below is given the state it is about: the others gone, the stuck one failed.
-    let stuck = kubevol::pod_uid(&pods[1]);
-    until_announced(
-        &m,
-        30,
-        "the others torn down and the stuck one failed",
-        || {
-            !fake.is_mounted(&target(&pods[0]))
-                && !fake.is_mounted(&target(&pods[2]))
-                && m.pod_status(&stuck).is_some_and(|s| {
-                    s.volumes.iter().any(|v| {
-                        v.retry
-                            .last_error
-                            .as_deref()
-                            .is_some_and(|e| e.contains("busy"))
-                    })
-                })
-        },
-    )
+    // The wait below is given the state it is about: the stuck one failed, the others gone.
+    wait_for_status(&m, &pods[1], 30, |s| {
+        s.volumes.iter().any(|v| {
+            v.retry
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("busy"))
+        })
+    })
+    .await;
+    until_announced(&m, 30, "the other pods torn down", || {
+        !fake.is_mounted(&target(&pods[0])) && !fake.is_mounted(&target(&pods[2]))
+    })
     .await;
     let err = m
         .wait_for_all_pods_unmount(&pods)

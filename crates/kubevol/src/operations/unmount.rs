@@ -168,6 +168,8 @@ pub(super) async fn unmount_volume(
 /// on the blocking pool, and forgets what kubevol kept of each pod removed.
 pub(super) async fn remove_pod_dirs(ops: &Operations, gone: Vec<(PodUid, SharedStr)>) {
     let host = ops.host.clone();
+    // Named if the removal fails as a whole.
+    let pods: Vec<PodUid> = gone.iter().map(|(pod, _)| pod.clone()).collect();
     let removed = tokio::task::spawn_blocking(move || {
         host.remove_pod_dirs(gone.into_iter().map(|(pod, plugin)| (pod, Some(plugin))))
     })
@@ -178,7 +180,11 @@ pub(super) async fn remove_pod_dirs(ops: &Operations, gone: Vec<(PodUid, SharedS
                 pod_dir_removed(ops, &pod, r);
             }
         }
-        Err(e) => warn!("pod directory cleanup task failed: {e}"),
+        Err(e) => warn!(
+            pods = ?pods.iter().map(PodUid::as_str).collect::<Vec<_>>(),
+            dir = %ops.host.root.join("pods").display(),
+            "the removal of these pods' directories failed ({e}): the orphan sweep removes them"
+        ),
     }
 }
 

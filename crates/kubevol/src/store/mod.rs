@@ -482,7 +482,7 @@ impl ObjectStore {
     pub fn pod_source(&self, uid: &PodUid) -> SharedStr {
         match self.read().pods.get(uid) {
             Some(p) => p.source.clone(),
-            None => "source removed".into(),
+            None => SharedStr::interned("source removed"),
         }
     }
 

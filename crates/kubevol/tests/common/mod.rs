@@ -52,24 +52,30 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
         out.status.success() && stdout.contains("1 passed"),
         "{test} failed inside its mount namespace:\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
-    // With the namespace gone its mounts are, and a loop device detached lazily is freed at its
-    // last close, a moment later.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // With the namespace gone its mounts are.
+    no_loop_devices_left(tmp.path(), test);
+}
+
+/// Panics, naming `what` and the devices, unless every loop device bound to a file below `dir`
+/// is freed within 20 s (one detached lazily goes at its last close, a moment after its
+/// detach; the kernel announces it only to a netlink listener, so sysfs is looked at again).
+pub fn no_loop_devices_left(dir: &Path, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let bound = loop_devices_below(tmp.path());
+        let bound = loop_devices_below(dir);
         if bound.is_empty() {
-            break;
+            return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{test} left loop devices bound to its files: {bound:?}"
+            "{what} left loop devices bound to its files: {bound:?}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// The loop devices whose backing file lies below `dir`, with their files.
-pub fn loop_devices_below(dir: &Path) -> Vec<(String, String)> {
+fn loop_devices_below(dir: &Path) -> Vec<(String, String)> {
     let Ok(devices) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };
@@ -187,17 +193,29 @@ pub async fn until_announced(
     what: &str,
     mut cond: impl FnMut() -> bool,
 ) {
+    if let Err(why) = announced(m, secs, || cond().then_some(())).await {
+        panic!("{what}: {why}");
+    }
+}
+
+/// What `probe` finds, looking again at each change the manager announces; why not, after
+/// `secs` seconds or when the manager stops first.
+async fn announced<T>(
+    m: &VolumeManager,
+    secs: u64,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Result<T, String> {
     let mut changes = m.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
         changes.borrow_and_update();
-        if cond() {
-            return;
+        if let Some(found) = probe() {
+            return Ok(found);
         }
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => panic!("{what}: the manager stopped first"),
-            Err(_) => panic!("{what}: not within {secs}s"),
+            Ok(Err(_)) => return Err("the manager stopped first".into()),
+            Err(_) => return Err(format!("not reached within {secs}s")),
         }
     }
 }
@@ -231,23 +249,13 @@ pub async fn wait_for_status(
     cond: impl Fn(&PodStatus) -> bool,
 ) -> PodStatus {
     let uid = kubevol::pod_uid(pod);
-    let mut rx = m.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        rx.borrow_and_update();
-        let s = m.pod_status(&uid);
-        if let Some(s) = &s {
-            if cond(s) {
-                return s.clone();
-            }
-        }
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
-            panic!("condition not reached within {secs}s; last status: {s:#?}");
-        }
-    }
+    let mut last = None;
+    let found = announced(m, secs, || {
+        last = m.pod_status(&uid);
+        last.as_ref().filter(|s| cond(s)).cloned()
+    })
+    .await;
+    found.unwrap_or_else(|why| panic!("condition {why}; last status: {last:#?}"))
 }
 
 /// Whether a pod's status is final for a first attempt: ready, rejected, or every volume tried.

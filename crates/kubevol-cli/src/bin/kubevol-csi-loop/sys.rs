@@ -67,7 +67,9 @@ const DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// caller retries).
 pub fn detach_freed(file: &Path) -> Result<(), String> {
     let devices = detach(file)?;
-    // Bound while its `loop` directory is in sysfs; the kernel tells no one when it goes.
+    // Bound while its `loop` directory is in sysfs. The kernel's change uevent at the free
+    // would need a netlink listener in the driver: sysfs is looked at every 10 ms instead, for
+    // the few milliseconds an unpublish waits.
     let bound = |dev: &&String| {
         let name = dev.rsplit('/').next().unwrap_or(dev);
         Path::new("/sys/block")
