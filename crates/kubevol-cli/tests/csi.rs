@@ -613,21 +613,39 @@ mount_test! {
     }
 }
 
-/// Creates in the cluster a claim of `name` on the loop driver and its PersistentVolume, bound
-/// to each other in the test's namespace (no controller binds them here), the CSIDriver, and a
-/// pod bound to the node that uses the claim.
+/// Creates in the cluster a claim of `name` on the loop driver and its PersistentVolume (named
+/// for the test, [`TestCluster::scoped`], with the volume handle `name`), bound to each other
+/// in the test's namespace (the test plays the PV controller: the claim's status says Bound),
+/// the CSIDriver, and a pod bound to the node that uses the claim. The CSIDriver's name is
+/// the cluster's one for the driver: hold [`TestCluster::exclusive`] on it.
 async fn create_claim_pod(
     cluster: &kubevol_testserver::TestCluster,
     name: &str,
     attach: bool,
 ) -> Pod {
+    let pv_name = cluster.scoped(name);
     let mut volume = pv(name, "16Mi", "Filesystem");
+    volume["metadata"]["name"] = json!(pv_name);
     volume["spec"]["claimRef"]["namespace"] = json!(cluster.namespace());
-    for o in [csi_driver(attach), volume, pvc(name, "Filesystem")] {
-        cluster.create(o).await;
+    let mut claim = pvc(name, "Filesystem");
+    claim["spec"]["volumeName"] = json!(pv_name);
+    // A CSIDriver's attachRequired cannot change: one a test before left is made anew.
+    if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
+        cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
     }
+    cluster.create(csi_driver(attach)).await;
+    cluster.create(volume).await;
+    let mut claim = cluster.create(claim).await;
+    claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
+    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
+    claims
+        .replace_status(name, &Default::default(), &serde_json::from_value(claim).unwrap())
+        .await
+        .unwrap();
     let mut pod = serde_json::to_value(claim_pod("app", name)).unwrap();
     pod["spec"]["nodeName"] = json!(cluster.node_name());
+    pod["spec"]["automountServiceAccountToken"] = json!(false);
     serde_json::from_value(cluster.create(pod).await).unwrap()
 }
 
@@ -652,15 +670,16 @@ async fn without_node(cluster: &kubevol_testserver::TestCluster) {
     }
 }
 
-mount_test! {
+cluster_test! {
     /// As a node of a cluster, a CSI volume is listed in the Node's status.volumesInUse before
     /// it is staged (staging waits for the report) and dropped only after it is unstaged; the
     /// Node's other fields are left as they are.
-    fn a_cluster_node_reports_its_volumes_in_use_before_staging_and_after_unstaging() {
+    fn a_cluster_node_reports_its_volumes_in_use_before_staging_and_after_unstaging(backend) {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start("test-node").await;
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(DRIVER);
             let name = cluster.node_name().to_string();
             without_node(&cluster).await;
             let pod = create_claim_pod(&cluster, "data", false).await;
@@ -729,19 +748,20 @@ mount_test! {
     }
 }
 
-mount_test! {
+cluster_test! {
     /// As a node of a cluster, an attachable CSI volume is attached by the attach/detach
     /// controller, not by kubevol: kubevol waits until the volume is in the Node's
     /// status.volumesAttached and its VolumeAttachment is attached, stages it with the
     /// VolumeAttachment's attachmentMetadata, and never calls the controller service itself.
     /// (The test plays the controller and the external attacher.)
-    fn a_cluster_node_waits_for_the_attach_detach_controller() {
+    fn a_cluster_node_waits_for_the_attach_detach_controller(backend) {
         use kubevol_csi::v1::controller_client::ControllerClient;
         use kubevol_csi::v1::*;
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start("test-node").await;
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(DRIVER);
             let name = cluster.node_name().to_string();
             without_node(&cluster).await;
             cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
@@ -781,7 +801,7 @@ mount_test! {
                 format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
             };
             let made = cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
-                "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": "att"}}})).await;
+                "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": cluster.scoped("att")}}})).await;
             // The external attacher's status, through the status subresource.
             let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> = kube::Api::all(cluster.admin_client());
             let mut made: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(made).unwrap();

@@ -1,13 +1,18 @@
-//! The cluster a cluster-mode test runs against: this crate's in-process server, or a real
-//! cluster when `KUBEVOL_TEST_KUBECONFIG` names an administrator's kubeconfig and
-//! `KUBEVOL_TEST_NODE_KUBECONFIG` a node's (a client certificate or token of
+//! The cluster a cluster-mode test runs against ([`Backend`]): this crate's in-process
+//! server, or a real control plane — the kube-apiserver, kube-controller-manager and etcd that
+//! `tools/k8s/control-plane.sh up DIR` builds and starts, named by `KUBEVOL_TEST_CLUSTER=DIR`
+//! (or any cluster, when `KUBEVOL_TEST_KUBECONFIG` names an administrator's kubeconfig and
+//! `KUBEVOL_TEST_NODE_KUBECONFIG` a node's: a client certificate or token of
 //! `system:node:<name>`, group `system:nodes`).
 //!
 //! A test speaks to either through the same requests: the administrator's objects go through
 //! the API (create, replace, delete, get), and the node's clients reach the server through a
 //! TCP relay that [`TestCluster::cut`] closes, so an outage looks the same against both. On a
-//! real cluster every test gets a namespace of its own, and what it created is deleted by
-//! [`TestCluster::clean_up`]. What only the in-process server can do (forget its history,
+//! real cluster every test gets a namespace of its own and, on the project's control plane, a
+//! node of its own (a client certificate minted for `<name>-<random>`), so tests run in
+//! parallel; what it created is deleted by [`TestCluster::clean_up`], and names that are
+//! cluster-wide by nature (a CSI driver's) are held one test at a time
+//! ([`TestCluster::exclusive`]). What only the in-process server can do (forget its history,
 //! delay the authorizer, cap token lifetimes, stop serving an API) is reached through
 //! [`TestCluster::server`], which is `None` against a real cluster.
 
@@ -22,6 +27,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use sha2::Digest;
+
 use crate::store::{Resource, RESOURCES};
 use crate::{TestServer, ADMIN_TOKEN};
 
@@ -29,6 +36,32 @@ use crate::{TestServer, ADMIN_TOKEN};
 pub const ADMIN_KUBECONFIG_ENV: &str = "KUBEVOL_TEST_KUBECONFIG";
 /// The environment variable naming a node's kubeconfig of the same cluster.
 pub const NODE_KUBECONFIG_ENV: &str = "KUBEVOL_TEST_NODE_KUBECONFIG";
+/// The environment variable naming the directory of a control plane that
+/// `tools/k8s/control-plane.sh up` started (the README's test command starts one).
+pub const CONTROL_PLANE_ENV: &str = "KUBEVOL_TEST_CLUSTER";
+
+/// Which API server a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// This crate's in-process server.
+    InProcess,
+    /// A real kube-apiserver: the project's control plane ([`CONTROL_PLANE_ENV`]) or the
+    /// cluster of [`ADMIN_KUBECONFIG_ENV`] and [`NODE_KUBECONFIG_ENV`].
+    Real,
+}
+
+impl Backend {
+    /// The real cluster if the environment names one, else the in-process server.
+    pub fn from_env() -> Backend {
+        if std::env::var_os(CONTROL_PLANE_ENV).is_some()
+            || std::env::var_os(ADMIN_KUBECONFIG_ENV).is_some()
+        {
+            Backend::Real
+        } else {
+            Backend::InProcess
+        }
+    }
+}
 
 /// A cluster to test against.
 pub struct TestCluster {
@@ -43,26 +76,64 @@ pub struct TestCluster {
     relay: Relay,
     /// Cluster-scoped objects this test created, deleted by `clean_up` on a real cluster.
     created: Mutex<Vec<(&'static Resource, String)>>,
+    /// The project's control plane's directory, when this is it.
+    control_plane: Option<std::path::PathBuf>,
 }
 
 impl TestCluster {
-    /// The in-process server with node `node` (its name is the test's choice), or the real
-    /// cluster the environment names (its node's name is the identity of the node kubeconfig).
+    /// The cluster the environment names ([`Backend::from_env`]), with node `node`.
     pub async fn start(node: &str) -> TestCluster {
+        Self::start_on(Backend::from_env(), node).await
+    }
+
+    /// The in-process server with node `node` (its name is the test's choice), or the real
+    /// cluster the environment names: on the project's control plane the node is
+    /// `<node>-<random>`, a node of this test's own; on another cluster it is the identity of
+    /// the node kubeconfig. Panics, saying how to get one, when [`Backend::Real`] is asked
+    /// for and the environment names no cluster: a test is never skipped silently.
+    pub async fn start_on(backend: Backend, node: &str) -> TestCluster {
+        if backend == Backend::InProcess {
+            return Self::in_process(node).await;
+        }
+        if let Some(dir) = std::env::var_os(CONTROL_PLANE_ENV) {
+            return Self::control_plane(dir.into(), node).await;
+        }
         match (
             std::env::var_os(ADMIN_KUBECONFIG_ENV),
             std::env::var_os(NODE_KUBECONFIG_ENV),
         ) {
             (Some(admin), Some(node_file)) => {
-                Self::real(admin.into(), node_file.into()).await
+                Self::real(admin.into(), node_file.into(), None).await
             }
             (Some(_), None) | (None, Some(_)) => panic!(
                 "set both {ADMIN_KUBECONFIG_ENV} (an administrator's kubeconfig) and {NODE_KUBECONFIG_ENV} (a node's) to test against a real cluster, or neither"
             ),
-            (None, None) => Self::in_process(node).await,
+            (None, None) => panic!(
+                "this test runs against a real kube-apiserver and none is named: run the README's test command (./test.sh builds and starts one), or start one with `tools/k8s/control-plane.sh up DIR` and set {CONTROL_PLANE_ENV}=DIR"
+            ),
         }
     }
 
+    /// A node of this test's own on the project's control plane in `dir`.
+    async fn control_plane(dir: std::path::PathBuf, node: &str) -> TestCluster {
+        let name = format!("{node}-{}", unique_suffix());
+        let script = dir.join("control-plane.sh");
+        let out = tokio::process::Command::new(&script)
+            .arg("node")
+            .arg(&dir)
+            .arg(&name)
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "{} node {name} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let kubeconfig = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Self::real(dir.join("admin.kubeconfig"), kubeconfig.into(), Some(dir)).await
+    }
     async fn in_process(node: &str) -> TestCluster {
         let server = TestServer::start()
             .await
@@ -79,10 +150,15 @@ impl TestCluster {
             relay,
             server: Some(server),
             created: Mutex::default(),
+            control_plane: None,
         }
     }
 
-    async fn real(admin: std::path::PathBuf, node: std::path::PathBuf) -> TestCluster {
+    async fn real(
+        admin: std::path::PathBuf,
+        node: std::path::PathBuf,
+        control_plane: Option<std::path::PathBuf>,
+    ) -> TestCluster {
         let read = |p: &std::path::Path| {
             std::fs::read_to_string(p)
                 .unwrap_or_else(|e| panic!("reading kubeconfig {}: {e}", p.display()))
@@ -94,10 +170,7 @@ impl TestCluster {
             &kube::Client::try_from(config.clone()).expect("a client of the node's kubeconfig"),
         )
         .await;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let namespace = format!("kubevol-test-{}-{nanos}", std::process::id());
+        let namespace = format!("kubevol-test-{}", unique_suffix());
         let relay = Relay::start(&config.cluster_url).await;
         let cluster = TestCluster {
             admin,
@@ -108,13 +181,67 @@ impl TestCluster {
             relay,
             server: None,
             created: Mutex::default(),
+            control_plane,
         };
         cluster
             .create(
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
             )
             .await;
+        // The ServiceAccount admission refuses a pod until its namespace's `default` account
+        // exists, which the controller manager makes a moment after the namespace.
+        let accounts: Api<DynamicObject> = Api::namespaced_with(
+            cluster.admin.clone(),
+            &cluster.namespace,
+            &api_resource(resource_of("v1", "serviceaccounts")),
+        );
+        eventually(
+            &format!("the ServiceAccount default of namespace {}", cluster.namespace),
+            60,
+            || {
+                let accounts = accounts.clone();
+                async move { matches!(accounts.get_opt("default").await, Ok(Some(_))) }
+            },
+        )
+        .await;
         cluster
+    }
+
+    /// Holds `name` (a cluster-wide name that tests share by nature, a CSI driver's) for this
+    /// test until the guard is dropped: on a real cluster, one test at a time across every
+    /// test process (a lock file of the control plane, or of the temporary directory);
+    /// against the in-process server, each test has its own names and nothing is held.
+    pub fn exclusive(&self, name: &str) -> Option<std::fs::File> {
+        if self.server.is_some() {
+            return None;
+        }
+        let dir = self
+            .control_plane
+            .clone()
+            .unwrap_or_else(std::env::temp_dir)
+            .join("locks");
+        std::fs::create_dir_all(&dir).expect("the lock directory");
+        let path = dir.join(name.replace('/', "_"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("opening lock {}: {e}", path.display()));
+        file.lock()
+            .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
+        Some(file)
+    }
+
+    /// A name for a cluster-scoped object of this test (a PersistentVolume's): `name` itself
+    /// against the in-process server, `<name>-<namespace>` on a real cluster, where other
+    /// tests run beside this one.
+    pub fn scoped(&self, name: &str) -> String {
+        if self.server.is_some() {
+            name.to_string()
+        } else {
+            format!("{name}-{}", self.namespace)
+        }
     }
 
     /// The in-process server, for what only it can do; `None` against a real cluster.
@@ -287,6 +414,17 @@ impl TestCluster {
                     .await;
             }
         }
+        if self.control_plane.is_some() {
+            // The node is this test's own: its Node and CSINode go too.
+            for (gv, plural) in [("v1", "nodes"), ("storage.k8s.io/v1", "csinodes")] {
+                let _ = Api::<DynamicObject>::all_with(
+                    self.admin.clone(),
+                    &api_resource(resource_of(gv, plural)),
+                )
+                .delete(&self.node_name, &Default::default())
+                .await;
+            }
+        }
         let created = std::mem::take(&mut *self.created.lock().unwrap_or_else(|e| e.into_inner()));
         for (res, name) in created.into_iter().rev() {
             let _ = Api::<DynamicObject>::all_with(self.admin.clone(), &api_resource(res))
@@ -340,6 +478,19 @@ pub async fn eventually<F: std::future::Future<Output = bool>>(
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Eight hexadecimal digits that no other test of this run has (the process, the clock and a
+/// counter).
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mix = nanos ^ (u128::from(std::process::id()) << 64) ^ (u128::from(n) << 96);
+    let hash = sha2::Sha256::digest(mix.to_le_bytes());
+    hash[..4].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Namespaces, which only the real cluster needs (the in-process server has no such check).

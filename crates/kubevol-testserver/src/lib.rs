@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::authz::User;
-pub use crate::cluster::TestCluster;
+pub use crate::cluster::{Backend, TestCluster};
 use crate::store::{ApiError, Key, Store};
 
 /// The administrator's bearer token.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use kubevol::source::ClusterSource;
 use kubevol::VolumeManager;
-use kubevol_testserver::TestCluster;
+use kubevol_testserver::{Backend, TestCluster};
 use serde_json::{json, Value};
 
 /// The node's name against the in-process server (a real cluster's is its node kubeconfig's).
@@ -37,7 +37,7 @@ fn bound_pod(name: &str, node: &str, volumes: Value) -> Value {
         .map(|v| json!({"name": v["name"], "mountPath": format!("/mnt/{}", v["name"].as_str().unwrap())}))
         .collect();
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-           "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": mounts}], "volumes": volumes}})
+           "spec": {"nodeName": node, "automountServiceAccountToken": false, "containers": [{"name": "c", "image": "busybox", "volumeMounts": mounts}], "volumes": volumes}})
 }
 
 /// The typed pod of a stored one (its UID is the server's).
@@ -61,11 +61,11 @@ async fn until(m: &VolumeManager, secs: u64, what: &str, mut cond: impl FnMut() 
     }
 }
 
-mount_test! {
-    fn pods_bound_to_the_node_come_and_go_and_their_config_maps_update() {
+cluster_test! {
+    fn pods_bound_to_the_node_come_and_go_and_their_config_maps_update(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
             cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"level": "info"}})).await;
             let m = cluster_manager(root.path(), &cluster);
@@ -97,11 +97,11 @@ mount_test! {
     }
 }
 
-mount_test! {
-    fn an_object_the_authorizer_does_not_yet_relate_to_the_node_is_waited_for_not_failed() {
+cluster_test! {
+    fn an_object_the_authorizer_does_not_yet_relate_to_the_node_is_waited_for_not_failed(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node_name = cluster.node_name().to_string();
             // The authorizer learns a new pod's references only when the test says so (a real
             // server's lag is its own): reads of its Secret are refused until then.
@@ -141,12 +141,12 @@ mount_test! {
     }
 }
 
-mount_test! {
-    fn an_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile() {
+cluster_test! {
+    fn an_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile(backend) {
         let root = TestRoot::new();
         let outage = std::env::var("KUBEVOL_TEST_OUTAGE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
             let m = cluster_manager(root.path(), &cluster);
             let keep = typed(&cluster.create(bound_pod("keep", &node, json!([{"name": "mem", "emptyDir": {"medium": "Memory"}}]))).await);
@@ -185,8 +185,17 @@ mount_test! {
 }
 
 #[tokio::test]
-async fn the_node_identity_has_the_node_authorizers_rights_and_no_more() {
-    let cluster = TestCluster::start(NODE).await;
+async fn the_node_identity_has_the_node_authorizers_rights_and_no_more_in_process() {
+    the_node_identity_has_the_node_authorizers_rights_and_no_more(Backend::InProcess).await;
+}
+
+#[tokio::test]
+async fn the_node_identity_has_the_node_authorizers_rights_and_no_more_real_cluster() {
+    the_node_identity_has_the_node_authorizers_rights_and_no_more(Backend::Real).await;
+}
+
+async fn the_node_identity_has_the_node_authorizers_rights_and_no_more(backend: Backend) {
+    let cluster = TestCluster::start_on(backend, NODE).await;
     let node_name = cluster.node_name().to_string();
     cluster
         .create(bound_pod("mine", &node_name, json!([])))
@@ -250,11 +259,11 @@ fn claims(token: &str) -> Value {
     serde_json::from_slice(&out).expect("JSON claims")
 }
 
-mount_test! {
-    fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed() {
+cluster_test! {
+    fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
             // The in-process server grants 10 s whatever is asked: the token is renewed after
             // 8 s. A real server grants the 10 minutes asked: renewed after 8.
@@ -311,11 +320,11 @@ mount_test! {
     }
 }
 
-mount_test! {
-    fn events_reach_the_api_server_folded_and_rate_limited() {
+cluster_test! {
+    fn events_reach_the_api_server_folded_and_rate_limited(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
             let m = manager(root.path(), |c| c.node_name = node.clone());
             m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(cluster.node_client(), &node).0);
@@ -382,11 +391,11 @@ const CERTS: [&str; 4] = [
     include_str!("certs/d.pem"),
 ];
 
-mount_test! {
-    fn cluster_trust_bundles_are_projected_by_name_or_signer_and_their_absence_is_explained() {
+cluster_test! {
+    fn cluster_trust_bundles_are_projected_by_name_or_signer_and_their_absence_is_explained(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
             let [a, b, c, d] = CERTS;
             let m = manager(root.path(), |c| c.node_name = node.clone());
@@ -439,15 +448,15 @@ mount_test! {
     }
 }
 
-mount_test! {
+cluster_test! {
     /// A PersistentVolume's nodeAffinity is checked against the labels of the node's Node
     /// object: a pod waits (Failed, saying which label is missing) until the Node has it.
-    fn a_volumes_node_affinity_follows_the_node_objects_labels() {
+    fn a_volumes_node_affinity_follows_the_node_objects_labels(backend) {
         let root = TestRoot::new();
         let data = root.path().join("data");
         std::fs::create_dir(&data).unwrap();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
             if cluster.get("v1", "nodes", &node).await.is_none() {
                 cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
@@ -484,17 +493,13 @@ mount_test! {
 
 mount_test! {
     /// Fields newer than kubevol's API types reach it from the API server as from a manifest:
-    /// `emptyDir.mode` is honoured, any other unknown field of a volume is a warning.
+    /// `emptyDir.mode` is honoured, any other unknown field of a volume is a warning. (Only
+    /// the in-process server can serve them: a real server prunes what its own version does
+    /// not know.)
     fn volume_fields_newer_than_the_api_types_are_kept_from_the_api_server() {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
-            if cluster.is_real() {
-                // A real server prunes the fields its own version does not know.
-                eprintln!("skipped against a real cluster: its server keeps only the fields of its own version");
-                cluster.clean_up().await;
-                return;
-            }
+            let cluster = TestCluster::start_on(Backend::InProcess, NODE).await;
             let node = cluster.node_name().to_string();
             let m = cluster_manager(root.path(), &cluster);
             let p = typed(&cluster.create(bound_pod("app", &node, json!([

@@ -28,11 +28,11 @@ async fn condition(cluster: &TestCluster, pod: &str) -> Option<Value> {
         .cloned()
 }
 
-mount_test! {
-    fn the_example_node_agent_gates_pods_on_their_volumes() {
+cluster_test! {
+    fn the_example_node_agent_gates_pods_on_their_volumes(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
-            let cluster = TestCluster::start(NODE).await;
+            let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
             if cluster.get("v1", "nodes", &node).await.is_none() {
                 cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;

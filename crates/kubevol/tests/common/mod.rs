@@ -103,6 +103,40 @@ macro_rules! mount_test {
     };
 }
 
+/// Declares a cluster-mode test that runs twice, each time inside its own private mount
+/// namespace: `<name>::in_process` against the project's in-process API server, and
+/// `<name>::real_cluster` against a real kube-apiserver (the control plane the README's test
+/// command starts; without one it fails and says how to get one). The body is given the
+/// [`kubevol_testserver::Backend`] to start its cluster on.
+#[macro_export]
+macro_rules! cluster_test {
+    ($(#[$meta:meta])* fn $name:ident($backend:ident) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($backend: kubevol_testserver::Backend) $body
+
+            #[test]
+            fn in_process() {
+                $crate::common::in_private_mount_ns(
+                    concat!(stringify!($name), "::in_process"),
+                    || body(kubevol_testserver::Backend::InProcess),
+                );
+            }
+
+            #[test]
+            fn real_cluster() {
+                $crate::common::in_private_mount_ns(
+                    concat!(stringify!($name), "::real_cluster"),
+                    || body(kubevol_testserver::Backend::Real),
+                );
+            }
+        }
+    };
+}
+
 /// A temporary directory that unmounts everything below it before it is removed.
 pub struct TestRoot {
     dir: Option<tempfile::TempDir>,
