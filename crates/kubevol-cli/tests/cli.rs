@@ -589,10 +589,22 @@ fn run_once_and_status_say_what_the_sources_hold_that_is_not_mounted() {
 }
 
 #[test]
-fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them() {
+fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them_in_process() {
+    run_once_as_a_cluster_node(kubevol_testserver::Backend::InProcess);
+}
+
+/// Against a real server the pod also has the `kube-api-access` volume its ServiceAccount
+/// admission adds: a token, the cluster's root CA and the namespace.
+#[test]
+fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them_real_cluster()
+{
+    run_once_as_a_cluster_node(kubevol_testserver::Backend::Real);
+}
+
+fn run_once_as_a_cluster_node(backend: kubevol_testserver::Backend) {
     require_root();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cluster = rt.block_on(kubevol_testserver::TestCluster::start("node-1"));
+    let cluster = rt.block_on(kubevol_testserver::TestCluster::start_on(backend, "node-1"));
     let (node, ns) = (
         cluster.node_name().to_string(),
         cluster.namespace().to_string(),
@@ -624,7 +636,11 @@ fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside
         "--root-dir",
         root.path().join("root").to_str().unwrap(),
     ]));
-    for volume in ["data", "cfg"] {
+    let mut volumes = vec!["data", "cfg"];
+    if cluster.is_real() {
+        volumes.push("kube-api-access-");
+    }
+    for volume in volumes {
         assert!(
             stdout
                 .lines()

@@ -16,6 +16,7 @@
 //! delay the authorizer, cap token lifetimes, stop serving an API) is reached through
 //! [`TestCluster::server`], which is `None` against a real cluster.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use axum::http::Uri;
@@ -78,6 +79,21 @@ pub struct TestCluster {
     created: Mutex<Vec<(&'static Resource, String)>>,
     /// The project's control plane's directory, when this is it.
     control_plane: Option<std::path::PathBuf>,
+    /// Whether the test makes requests a node is refused on purpose.
+    refusals_expected: std::sync::atomic::AtomicBool,
+}
+
+/// One request of the node, as the API server's audit log has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRequest {
+    /// `get`, `list`, `watch`, `create`, `patch`, ...
+    pub verb: String,
+    /// The resource, with its subresource (`nodes/status`).
+    pub resource: String,
+    /// The namespace and name asked for, `ns/name` (either may be empty).
+    pub object: String,
+    /// The answer's status code.
+    pub code: u16,
 }
 
 impl TestCluster {
@@ -151,6 +167,7 @@ impl TestCluster {
             server: Some(server),
             created: Mutex::default(),
             control_plane: None,
+            refusals_expected: Default::default(),
         }
     }
 
@@ -182,6 +199,7 @@ impl TestCluster {
             server: None,
             created: Mutex::default(),
             control_plane,
+            refusals_expected: Default::default(),
         };
         cluster
             .create(
@@ -196,7 +214,10 @@ impl TestCluster {
             &api_resource(resource_of("v1", "serviceaccounts")),
         );
         eventually(
-            &format!("the ServiceAccount default of namespace {}", cluster.namespace),
+            &format!(
+                "the ServiceAccount default of namespace {}",
+                cluster.namespace
+            ),
             60,
             || {
                 let accounts = accounts.clone();
@@ -392,11 +413,85 @@ impl TestCluster {
         }
     }
 
+    /// The requests the node has made so far, counted by verb and resource (`list
+    /// secrets`, `patch nodes/status`): from the in-process server's count, or from the
+    /// project's control plane's audit log; `None` on another cluster.
+    pub fn node_requests(&self) -> Option<BTreeMap<String, u64>> {
+        if let Some(server) = &self.server {
+            return Some(server.node_requests());
+        }
+        let mut counts = BTreeMap::new();
+        for r in self.audited()? {
+            *counts
+                .entry(format!("{} {}", r.verb, r.resource))
+                .or_default() += 1;
+        }
+        Some(counts)
+    }
+
+    /// Every request of this test's node in the project's control plane's audit log, in
+    /// order; `None` without one.
+    pub fn audited(&self) -> Option<Vec<NodeRequest>> {
+        let dir = self.control_plane.as_ref()?;
+        let user = format!("system:node:{}", self.node_name);
+        let log = std::fs::read_to_string(dir.join("audit.log")).unwrap_or_default();
+        let requests = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["user"]["username"] == json!(user))
+            .map(|e| {
+                let o = &e["objectRef"];
+                let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                let mut resource = text(&o["resource"]);
+                if let Some(sub) = o["subresource"].as_str() {
+                    resource = format!("{resource}/{sub}");
+                }
+                NodeRequest {
+                    verb: text(&e["verb"]),
+                    resource,
+                    object: format!("{}/{}", text(&o["namespace"]), text(&o["name"])),
+                    code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+                }
+            })
+            .collect();
+        Some(requests)
+    }
+
+    /// Says that this test makes requests a node is refused on purpose, so that
+    /// [`TestCluster::clean_up`] does not hold them against kubevol.
+    pub fn expect_refusals(&self) {
+        self.refusals_expected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Removes what the test made on a real cluster: its namespace (pods first, at once: no
-    /// kubelet finishes them) and the cluster-scoped objects it created.
+    /// kubelet finishes them) and the cluster-scoped objects it created. On the project's
+    /// control plane it first checks the audit log: every request the node made was allowed,
+    /// but for reads of Secrets and ConfigMaps in the moment before the Node authorizer learns
+    /// that a new pod references them (unless [`TestCluster::expect_refusals`]).
     pub async fn clean_up(self) {
         if self.server.is_some() {
             return;
+        }
+        if !self
+            .refusals_expected
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let refused: Vec<NodeRequest> = self
+                .audited()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r.code == 401 || r.code == 403)
+                .filter(|r| {
+                    !(["get", "list", "watch"].contains(&r.verb.as_str())
+                        && ["secrets", "configmaps"].contains(&r.resource.as_str()))
+                })
+                .collect();
+            assert!(
+                refused.is_empty(),
+                "the API server refused requests of node {}: {refused:#?}",
+                self.node_name
+            );
         }
         let pods: Api<DynamicObject> = Api::namespaced_with(
             self.admin.clone(),

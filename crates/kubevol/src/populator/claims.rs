@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use kubevol_core::affinity::{self, NodeFacts};
 use kubevol_core::validation::all_containers;
 
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, Origin};
 
 /// How a pod's containers use a volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,8 +49,17 @@ pub fn claim_of<'a>(
     ))
 }
 
-/// The PersistentVolume a claim is bound to: the one `spec.volumeName` names, or else the one
-/// whose `spec.claimRef` names the claim.
+/// Whether the claim `ns/name` the store holds came from the API server, where the
+/// PersistentVolume controller binds claims (and a node may read only the PersistentVolume a
+/// bound claim names, never list them).
+fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
+    store
+        .persistent_volume_claim(ns, name)
+        .is_some_and(|s| s.origin == Origin::Cluster)
+}
+
+/// The PersistentVolume a claim is bound to: the one `spec.volumeName` names, or else (a claim
+/// of the manifests or the library) the one whose `spec.claimRef` names the claim.
 pub fn bound_volume(
     store: &ObjectStore,
     ns: &str,
@@ -64,6 +73,7 @@ pub fn bound_volume(
         .filter(|n| !n.is_empty())
     {
         Some(pv) => store.persistent_volume(pv).map(|s| s.object),
+        None if from_cluster(store, ns, cname) => None,
         None => store
             .persistent_volumes()
             .into_iter()
@@ -110,6 +120,16 @@ pub fn resolve(
         .as_ref()
         .and_then(|s| s.volume_name.clone())
         .filter(|n| !n.is_empty());
+    // The API server's claim is used once its binding is complete, as the kubelet does: the
+    // controller sets spec.volumeName, then status.phase Bound.
+    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+    if from_cluster(store, ns, cname) && (volume_name.is_none() || phase != Some("Bound")) {
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} is not bound yet (status.phase {}, spec.volumeName {}): waiting for the PersistentVolume controller to bind it; the claim is read again with backoff, every 8 s at most",
+            phase.unwrap_or("unset"),
+            volume_name.as_deref().unwrap_or("unset"),
+        ));
+    }
     let Some(pv) = bound_volume(store, ns, &claim) else {
         return Err(match volume_name {
             Some(n) => format!(

@@ -543,7 +543,7 @@ impl Populator {
                     v.name.clone(),
                     ProcessFailure {
                         message: format!(
-                            "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (its watch has not listed it yet)",
+                            "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (it has not been read yet)",
                             stored.origin(), v.name
                         ),
                         unsupported: false,

@@ -28,9 +28,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
 use kubevol_core::projection::{referenced_objects, ObjectKind};
 use kubevol_core::state::PodExtensions;
 use serde::de::DeserializeOwned;
@@ -91,9 +89,8 @@ impl PodSource for ClusterSource {
                 Api::all_with(self.client.clone(), &ApiResource::erase::<Pod>(&()));
             let config =
                 watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
-            let mut events = watcher(pods, config)
-                .backoff(WatchBackoff::default())
-                .boxed();
+            let mut events = watcher(pods, config).boxed();
+            let mut backoff = WatchBackoff::default();
             let mut listing: Option<Vec<(Pod, PodExtensions)>> = None;
             let mut synced = false;
             while let Some(event) = events.next().await {
@@ -103,6 +100,7 @@ impl PodSource for ClusterSource {
                         listing.get_or_insert_with(Vec::new).extend(typed_pod(o));
                     }
                     Ok(Event::InitDone) => {
+                        backoff.reset();
                         let pods = listing.take().unwrap_or_default();
                         let typed: Vec<Pod> = pods.iter().map(|(p, _)| p.clone()).collect();
                         refs.set_pods(&typed);
@@ -131,14 +129,16 @@ impl PodSource for ClusterSource {
                         sink.problem(None);
                     }
                     Err(e) => {
+                        let delay = backoff.step(refused(&e));
                         tracing::warn!(
                             source = Self::NAME,
-                            "watching this node's pods: {e}; retrying with backoff"
+                            "watching this node's pods: {e}; retrying in {delay:.1?}"
                         );
                         sink.problem(Some(format!(
                             "the API server's pods of node {} cannot be watched: {e}; retrying with backoff (nothing is torn down meanwhile)",
                             self.node_name
                         )));
+                        tokio::time::sleep(delay).await;
                     }
                 }
             }
@@ -392,7 +392,7 @@ async fn publish_on_change<T: PartialEq + Clone, S: Clone>(
                 }
                 Err(e) => {
                     tracing::warn!(node = %node, "cannot publish {what}: {e}; retrying");
-                    tokio::time::sleep(backoff.next().unwrap_or(WatchBackoff::MAX)).await;
+                    tokio::time::sleep(backoff.step(false)).await;
                     continue;
                 }
             }
@@ -773,10 +773,13 @@ impl CsiNodePublisher {
     }
 }
 
-/// The watches' retry delays: 0.5 s, doubling up to 8 s, with ±25 % jitter, back to 0.5 s
-/// after a success. (client-go's reflectors wait up to 30 s; a node whose API server is back
-/// should learn of the pods deleted meanwhile sooner. The jitter keeps many nodes from
-/// retrying in step against a recovering server.)
+/// The retry delays of the watches, reads and publishers: 0.5 s, doubling up to 8 s while the
+/// server cannot be reached (a node whose API server is back should learn of the pods deleted
+/// meanwhile soon), and up to 30 s while it refuses (a forbidden or failing request is not
+/// made better by asking again soon: client-go's reflectors wait up to 30 s), with ±25 %
+/// jitter so that many nodes do not retry in step against a recovering server. Reset only by a
+/// success: a watch's complete listing, a read, a publication (kube-runtime's own backoff is
+/// reset by the `Init` event that comes before every list, so it never grew).
 struct WatchBackoff {
     next: Duration,
 }
@@ -784,6 +787,29 @@ struct WatchBackoff {
 impl WatchBackoff {
     const FIRST: Duration = Duration::from_millis(500);
     const MAX: Duration = Duration::from_secs(8);
+    const MAX_REFUSED: Duration = Duration::from_secs(30);
+
+    /// The delay before the next try, after a failure (`refused`: the server answered with
+    /// an error, rather than not at all).
+    fn step(&mut self, refused: bool) -> Duration {
+        let cap = if refused {
+            Self::MAX_REFUSED
+        } else {
+            Self::MAX
+        };
+        let base = self.next.min(cap);
+        self.next = (base * 2).min(cap);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // A factor in [0.75, 1.25).
+        let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
+        base.mul_f64(factor)
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }
 
 impl Default for WatchBackoff {
@@ -792,25 +818,20 @@ impl Default for WatchBackoff {
     }
 }
 
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let base = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        // A factor in [0.75, 1.25).
-        let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
-        Some(base.mul_f64(factor))
+/// Whether a watch's failure is the server's answer (refused, or an error status), rather
+/// than the server not being reached.
+fn refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => api_refused(e),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => true,
     }
 }
 
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = Self::FIRST;
-    }
+/// Whether a request's failure is the server's answer rather than the server not reached.
+fn api_refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(_))
 }
 
 /// A pod as the store keeps it (the API server has validated and defaulted it).
@@ -919,8 +940,17 @@ struct RefState {
     pods: BTreeMap<String, BTreeSet<Ref>>,
     /// Each claim's PersistentVolume.
     claims: BTreeMap<Ref, String>,
-    /// The watch of each referenced object and how many hold it.
-    watches: BTreeMap<Ref, (usize, AbortOnDrop)>,
+    /// The watch or reader of each referenced object, how many hold it, and (a reader) what
+    /// makes it read again at once.
+    watches: BTreeMap<Ref, Held>,
+}
+
+/// A referenced object's watch or reader.
+struct Held {
+    holders: usize,
+    _task: AbortOnDrop,
+    /// A reader's nudge: a new holder wants the object as it is now, not as last read.
+    reread: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Referenced {
@@ -980,25 +1010,35 @@ impl Referenced {
     }
 
     fn hold(self: &Arc<Self>, st: &mut RefState, r: Ref) {
-        if let Some((count, _)) = st.watches.get_mut(&r) {
-            *count += 1;
+        if let Some(held) = st.watches.get_mut(&r) {
+            held.holders += 1;
+            if let Some(reread) = &held.reread {
+                reread.notify_one();
+            }
             return;
         }
-        // What reads it waits until the watch has listed it.
+        // What reads it waits until the watch has listed it, or the reader read it.
         self.sink.apply([Change::ClusterPending {
             key: r.key(),
             pending: true,
         }]);
-        let task = self.start_watch(&r);
-        st.watches.insert(r, (1, AbortOnDrop(task)));
+        let (task, reread) = self.start_watch(&r);
+        st.watches.insert(
+            r,
+            Held {
+                holders: 1,
+                _task: AbortOnDrop(task),
+                reread,
+            },
+        );
     }
 
     fn release(self: &Arc<Self>, st: &mut RefState, r: &Ref) {
-        let Some((count, _)) = st.watches.get_mut(r) else {
+        let Some(held) = st.watches.get_mut(r) else {
             return;
         };
-        *count -= 1;
-        if *count > 0 {
+        held.holders -= 1;
+        if held.holders > 0 {
             return;
         }
         // The last holder is gone: the watch stops and the object leaves the store.
@@ -1039,41 +1079,50 @@ impl Referenced {
         }
     }
 
-    fn start_watch(self: &Arc<Self>, r: &Ref) -> JoinHandle<()> {
+    /// Starts keeping the store's copy of `r`: ConfigMaps and Secrets are watched by name
+    /// (the Node authorizer lets a node list and watch those its pods reference); claims and
+    /// PersistentVolumes are read with GET (all it lets a node do with them), with the nudge
+    /// that makes the reader read again at once.
+    fn start_watch(
+        self: &Arc<Self>,
+        r: &Ref,
+    ) -> (JoinHandle<()>, Option<Arc<tokio::sync::Notify>>) {
         let (client, sink) = (self.client.clone(), self.sink.clone());
         let me = Arc::downgrade(self);
-        match r.clone() {
-            Ref::ConfigMap(ns, n) => tokio::spawn(watch_one(
-                Api::<ConfigMap>::namespaced(client, &ns),
-                n,
-                r.key(),
-                sink,
-                Object::ConfigMap,
-                |_| {},
-            )),
-            Ref::Secret(ns, n) => tokio::spawn(watch_one(
-                Api::<Secret>::namespaced(client, &ns),
-                n,
-                r.key(),
-                sink,
-                Object::Secret,
-                |_| {},
-            )),
-            Ref::Volume(n) => tokio::spawn(watch_one(
+        let reread = Arc::new(tokio::sync::Notify::new());
+        let task = match r.clone() {
+            Ref::ConfigMap(ns, n) => {
+                let api = Api::<ConfigMap>::namespaced(client, &ns);
+                return (
+                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::ConfigMap, |_| {})),
+                    None,
+                );
+            }
+            Ref::Secret(ns, n) => {
+                let api = Api::<Secret>::namespaced(client, &ns);
+                return (
+                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::Secret, |_| {})),
+                    None,
+                );
+            }
+            Ref::Volume(n) => tokio::spawn(read_one(
                 Api::<PersistentVolume>::all(client),
                 n,
                 r.key(),
                 sink,
+                reread.clone(),
                 Object::PersistentVolume,
                 |_| {},
+                |_| true,
             )),
             Ref::Claim(ns, n) => {
                 let claim = r.clone();
-                tokio::spawn(watch_one(
+                tokio::spawn(read_one(
                     Api::<PersistentVolumeClaim>::namespaced(client, &ns),
                     n,
                     r.key(),
                     sink,
+                    reread.clone(),
                     Object::PersistentVolumeClaim,
                     move |c: Option<&PersistentVolumeClaim>| {
                         let pv = c
@@ -1084,8 +1133,86 @@ impl Referenced {
                             me.claim_bound(&claim, pv);
                         }
                     },
+                    |c| {
+                        c.spec
+                            .as_ref()
+                            .and_then(|s| s.volume_name.as_deref())
+                            .is_some_and(|n| !n.is_empty())
+                            && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                    },
                 ))
             }
+        };
+        (task, Some(reread))
+    }
+}
+
+/// How often an object read with GET is read again once it is settled (a claim bound, a
+/// PersistentVolume there): a resize or a rebinding is noticed within this, the kubelet's
+/// volume-stats period.
+const REREAD: Duration = Duration::from_secs(60);
+
+/// Reads one object by name with GET, as the kubelet reads claims and PersistentVolumes, and
+/// keeps the store's copy of it; `seen` is told of each reading (or of its absence). It is
+/// read at once, again after a backoff step while it is missing, refused, unreachable or not
+/// yet `settled` (a claim the controller has not bound), every [`REREAD`] once it is, and at
+/// once when `reread` is notified (a new pod needs it). A missing object is marked absent, so
+/// that what needs it says so and is looked at again at each reading.
+#[allow(clippy::too_many_arguments)]
+async fn read_one<K>(
+    api: Api<K>,
+    name: String,
+    key: ObjectKey,
+    sink: Sink,
+    reread: Arc<tokio::sync::Notify>,
+    object: fn(K) -> Object,
+    seen: impl Fn(Option<&K>) + Send + 'static,
+    settled: fn(&K) -> bool,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut backoff = WatchBackoff::default();
+    loop {
+        let wait = match api.get_opt(&name).await {
+            Ok(Some(o)) => {
+                let done = settled(&o);
+                seen(Some(&o));
+                sink.apply([
+                    Change::ClusterUpsert(Box::new(object(o))),
+                    Change::ClusterPending {
+                        key: key.clone(),
+                        pending: false,
+                    },
+                ]);
+                if done {
+                    backoff.reset();
+                    REREAD
+                } else {
+                    backoff.step(false)
+                }
+            }
+            Ok(None) => {
+                seen(None);
+                sink.apply([
+                    Change::ClusterAbsent(key.clone()),
+                    Change::ClusterPending {
+                        key: key.clone(),
+                        pending: false,
+                    },
+                ]);
+                backoff.step(false)
+            }
+            // Refused (the authorizer has not learnt that a pod of the node needs it yet) or
+            // unreachable: what the store has stays, and the reader tries again.
+            Err(e) => {
+                let delay = backoff.step(api_refused(&e));
+                tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
+                delay
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = reread.notified() => {}
         }
     }
 }
@@ -1103,9 +1230,8 @@ async fn watch_one<K>(
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .boxed();
+    let mut events = watcher(api, config).boxed();
+    let mut backoff = WatchBackoff::default();
     let mut listed = false;
     while let Some(event) = events.next().await {
         match event {
@@ -1116,6 +1242,7 @@ async fn watch_one<K>(
                 sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::InitDone) => {
+                backoff.reset();
                 if !listed {
                     seen(None);
                     sink.apply([Change::ClusterRemove(key.clone())]);
@@ -1130,8 +1257,12 @@ async fn watch_one<K>(
                 sink.apply([Change::ClusterRemove(key.clone())]);
             }
             // Refused (the authorizer has not learnt the relationship yet) or unreachable: the
-            // watcher retries with backoff, and what the store has stays.
-            Err(e) => tracing::debug!(object = ?key, "watch: {e}; retrying"),
+            // watch is tried again after a backoff, and what the store has stays.
+            Err(e) => {
+                let delay = backoff.step(refused(&e));
+                tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
+                tokio::time::sleep(delay).await;
+            }
         }
     }
 }
@@ -1139,9 +1270,8 @@ async fn watch_one<K>(
 /// Lists and watches every CSIDriver (the one cluster-scoped kind read whole).
 async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
     let object = Object::CSIDriver;
-    let mut events = watcher(api, watcher::Config::default())
-        .backoff(WatchBackoff::default())
-        .boxed();
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut backoff = WatchBackoff::default();
     let mut listing: BTreeSet<String> = BTreeSet::new();
     let mut known: BTreeSet<String> = BTreeSet::new();
     let key_of = |o: &CSIDriver| ObjectKey::CSIDriver(o.metadata.name.clone().unwrap_or_default());
@@ -1153,6 +1283,7 @@ async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
                 sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::InitDone) => {
+                backoff.reset();
                 let gone: Vec<Change> = known
                     .difference(&listing)
                     .map(|n| Change::ClusterRemove(ObjectKey::CSIDriver(n.clone())))
@@ -1168,7 +1299,11 @@ async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
                 known.remove(o.metadata.name.as_deref().unwrap_or_default());
                 sink.apply([Change::ClusterRemove(key_of(&o))]);
             }
-            Err(e) => tracing::debug!("watching CSIDrivers: {e}; retrying"),
+            Err(e) => {
+                let delay = backoff.step(refused(&e));
+                tracing::debug!("watching CSIDrivers: {e}; retrying in {delay:.1?}");
+                tokio::time::sleep(delay).await;
+            }
         }
     }
 }

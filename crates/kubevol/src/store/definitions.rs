@@ -160,6 +160,8 @@ pub(super) struct Objects {
     pub(super) files: BTreeMap<PathBuf, FileEntry>,
     /// Objects the API server is asked for and has not listed yet.
     pub(super) pending: BTreeSet<Key>,
+    /// Objects read by name that the API server said do not exist (`Change::ClusterAbsent`).
+    pub(super) absent: BTreeSet<Key>,
     /// What changed since the populator last looked (see `ObjectStore::take_changes`).
     pub(super) journal: Journal,
 }
@@ -393,8 +395,24 @@ impl Objects {
                 true
             }
             Change::Upsert(obj) => self.upsert(Origin::Api, *obj, touched),
-            Change::ClusterUpsert(obj) => self.upsert(Origin::Cluster, *obj, touched),
+            Change::ClusterUpsert(obj) => {
+                self.absent.remove(&Key::of(&obj));
+                self.upsert(Origin::Cluster, *obj, touched)
+            }
+            Change::ClusterAbsent(key) => {
+                if self
+                    .defs
+                    .get(&key)
+                    .is_some_and(|m| m.contains_key(&Origin::Cluster))
+                {
+                    self.undefine(&key, &Origin::Cluster);
+                }
+                self.absent.insert(key.clone());
+                touched.insert(key);
+                true
+            }
             Change::ClusterRemove(key) => {
+                self.absent.remove(&key);
                 let had = self
                     .defs
                     .get(&key)

@@ -286,6 +286,10 @@ pub enum Change {
     ClusterUpsert(Box<Object>),
     /// An object the API server no longer has (or no longer lets this node read).
     ClusterRemove(ObjectKey),
+    /// An object read by name (GET) that the API server answered does not exist: it is
+    /// removed, marked absent for the messages of what needs it, and its readers look again
+    /// each time (each read is one per backoff step of the reader).
+    ClusterAbsent(ObjectKey),
     /// The API server's complete listing of this node's pods: every other pod it delivered
     /// before is gone.
     ClusterPods(Vec<Object>),
@@ -565,6 +569,17 @@ impl ObjectStore {
     /// What to say of an object the store does not hold: that a broken manifest file holds it
     /// back (see [`ObjectStore::not_loaded`]), or that it does not exist.
     pub fn absence(&self, kind: &str, namespace: &str, name: &str) -> String {
+        let (ns, n) = (namespace.to_string(), name.to_string());
+        let key = match kind {
+            "PersistentVolumeClaim" => Some(ObjectKey::PersistentVolumeClaim((ns, n))),
+            "PersistentVolume" => Some(ObjectKey::PersistentVolume(n)),
+            "Secret" => Some(ObjectKey::Secret((ns, n))),
+            "ConfigMap" => Some(ObjectKey::ConfigMap((ns, n))),
+            _ => None,
+        };
+        if key.is_some_and(|k| self.read().absent.contains(&k)) {
+            return "does not exist in the API server: create it (it is read again with backoff, every 8 s at most)".into();
+        }
         match self.not_loaded(kind, namespace, name) {
             Some(why) => format!("is not loaded: {why}"),
             None => "does not exist: add it to the manifests".into(),

@@ -18,6 +18,13 @@ const INSIDE: &str = "KUBEVOL_TEST_IN_PRIVATE_NS";
 /// this test under unshare(1), and asserts that the child passed.
 pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
     if std::env::var(INSIDE).as_deref() == Ok(test) {
+        // `KUBEVOL_TEST_LOG=kubevol=debug` shows the manager's log beside a failure.
+        if let Ok(filter) = std::env::var("KUBEVOL_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         body();
         return;
     }
