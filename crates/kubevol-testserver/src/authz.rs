@@ -3,12 +3,20 @@
 //!
 //! - pods: list and watch only with the field selector `spec.nodeName=<node>`; get, delete
 //!   and patch the status only of pods bound to the node;
-//! - ConfigMaps, Secrets, PersistentVolumeClaims and PersistentVolumes: get, and list or watch
-//!   with the field selector `metadata.name=<name>`, only when a pod bound to the node
-//!   references the object (a PersistentVolume through its claim, a Secret through a pod or a
-//!   PersistentVolume). The relationship is learnt from the pod after a delay
+//! - ConfigMaps and Secrets: get, and list or watch with the field selector
+//!   `metadata.name=<name>`, only when a pod bound to the node references the object (a
+//!   Secret also through a PersistentVolume's CSI source);
+//! - PersistentVolumeClaims, PersistentVolumes and VolumeAttachments: get only ("can only get
+//!   individual resources of this type"), only of a claim a pod of the node uses, the volume
+//!   such a claim is bound to, an attachment to the node (one that does not exist is refused,
+//!   not "not found"); a claim's status may be patched;
+//! - the relationships are learnt from the pod after a delay
 //!   ([`crate::TestServer::set_relation_delay`]), as the real authorizer's graph lags;
-//! - its own Node (read and patch), CSIDrivers (read), its own CSINode, events.
+//! - its own Node (read by name only: "cannot read all nodes"; create, update and patch it and
+//!   its status), CSIDrivers (read), its own CSINode, events.
+//!
+//! Each answer's status code is held to the real server's by a test that makes the same
+//! requests of both (`crates/kubevol/tests/cluster.rs`).
 
 use serde_json::Value;
 
@@ -111,6 +119,7 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
             .map(|(_, v)| v.as_str())
     };
     let read = matches!(r.verb, Verb::Get | Verb::List | Verb::Watch);
+    let relation = |found: bool| relation_of(found, &who, node, r);
     // The one object a read names: by its name, or by a metadata.name field selector.
     let named = match r.verb {
         Verb::Get => r.name,
@@ -143,8 +152,8 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
             }
             _ => Err(forbidden(&who, r, "a node may not do this to pods")),
         },
-        "configmaps" | "secrets" | "persistentvolumeclaims" | "persistentvolumes" if read => {
-            let related = named.is_some_and(|name| {
+        "configmaps" | "secrets" if read && r.subresource.is_none() => {
+            relation(named.is_some_and(|name| {
                 related(
                     store,
                     node,
@@ -152,18 +161,63 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
                     r.namespace.unwrap_or_default(),
                     name,
                 )
-            });
-            if related {
-                Ok(())
-            } else {
-                Err(forbidden(
-                    &who,
-                    r,
-                    &format!("no relationship found between node '{node}' and this object"),
-                ))
-            }
+            }))
         }
-        "nodes" if read => Ok(()),
+        "persistentvolumeclaims"
+            if r.subresource == Some("status") && matches!(r.verb, Verb::Patch | Verb::Update) =>
+        {
+            relation(r.name.is_some_and(|name| {
+                related(
+                    store,
+                    node,
+                    r.resource.plural,
+                    r.namespace.unwrap_or_default(),
+                    name,
+                )
+            }))
+        }
+        "persistentvolumeclaims" | "persistentvolumes" | "volumeattachments"
+            if r.verb != Verb::Get =>
+        {
+            Err(forbidden(
+                &who,
+                r,
+                "can only get individual resources of this type",
+            ))
+        }
+        "persistentvolumeclaims" | "persistentvolumes" => relation(r.name.is_some_and(|name| {
+            related(
+                store,
+                node,
+                r.resource.plural,
+                r.namespace.unwrap_or_default(),
+                name,
+            )
+        })),
+        "volumeattachments" => {
+            let key = crate::store::Key {
+                plural: "volumeattachments",
+                namespace: String::new(),
+                name: r.name.unwrap_or_default().into(),
+            };
+            relation(store.get(&key).is_some_and(|va| {
+                va.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node.as_str())
+            }))
+        }
+        "nodes" if read && r.subresource.is_none() => match named {
+            Some(n) if n == node => Ok(()),
+            Some(n) => Err(forbidden(
+                &who,
+                r,
+                &format!("node '{node}' cannot read '{n}', only its own Node object"),
+            )),
+            None => Err(forbidden(
+                &who,
+                r,
+                &format!("node '{node}' cannot read all nodes, only its own Node object"),
+            )),
+        },
+        // NodeRestriction admits only the node's own Node.
         "nodes"
             if matches!(r.verb, Verb::Patch | Verb::Update | Verb::Create)
                 && r.name == Some(node.as_str()) =>
@@ -171,30 +225,22 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
             Ok(())
         }
         "csidrivers" | "clustertrustbundles" if read => Ok(()),
-        "volumeattachments" if r.verb == Verb::Get => {
-            let key = crate::store::Key {
-                plural: "volumeattachments",
-                namespace: String::new(),
-                name: r.name.unwrap_or_default().into(),
-            };
-            match store.get(&key) {
-                Some(va)
-                    if va.pointer("/spec/nodeName").and_then(Value::as_str)
-                        == Some(node.as_str()) =>
-                {
-                    Ok(())
-                }
-                None => Ok(()),
-                Some(_) => Err(forbidden(
-                    &who,
-                    r,
-                    &format!("no relationship found between node '{node}' and this object"),
-                )),
-            }
-        }
         "csinodes" if r.name == Some(node.as_str()) && r.verb != Verb::Delete => Ok(()),
         "events" if matches!(r.verb, Verb::Create | Verb::Patch | Verb::Update) => Ok(()),
         _ => Err(forbidden(&who, r, "the node authorizer does not allow it")),
+    }
+}
+
+/// Allowed where a relationship is found, as the real authorizer words it otherwise.
+fn relation_of(found: bool, who: &str, node: &str, r: &Request<'_>) -> Result<(), ApiError> {
+    if found {
+        Ok(())
+    } else {
+        Err(forbidden(
+            who,
+            r,
+            &format!("no relationship found between node '{node}' and this object"),
+        ))
     }
 }
 
