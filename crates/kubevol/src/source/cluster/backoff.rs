@@ -1,0 +1,77 @@
+//! The retry delays of the watches, readers and publishers, and what every task of this
+//! folder is held by.
+
+use std::time::Duration;
+
+use kube::runtime::watcher;
+use tokio::task::JoinHandle;
+
+/// The retry delays of the watches, reads and publishers: 0.5 s, doubling up to 8 s while the
+/// server cannot be reached (a node whose API server is back should learn of the pods deleted
+/// meanwhile soon), and up to 30 s while it refuses (a forbidden or failing request is not
+/// made better by asking again soon: client-go's reflectors wait up to 30 s), with ±25 %
+/// jitter so that many nodes do not retry in step against a recovering server. Reset only by a
+/// success: a watch's complete listing, a read, a publication (kube-runtime's own backoff is
+/// reset by the `Init` event that comes before every list, so it never grew).
+pub(super) struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(8);
+    const MAX_REFUSED: Duration = Duration::from_secs(30);
+
+    /// The delay before the next try, after a failure (`refused`: the server answered with
+    /// an error, rather than not at all).
+    pub(super) fn step(&mut self, refused: bool) -> Duration {
+        let cap = if refused {
+            Self::MAX_REFUSED
+        } else {
+            Self::MAX
+        };
+        let base = self.next.min(cap);
+        self.next = (base * 2).min(cap);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        // A factor in [0.75, 1.25).
+        let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
+        base.mul_f64(factor)
+    }
+
+    pub(super) fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::FIRST }
+    }
+}
+
+/// Whether a watch's failure is the server's answer (refused, or an error status), rather
+/// than the server not being reached.
+pub(super) fn refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => api_refused(e),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => true,
+    }
+}
+
+/// Whether a request's failure is the server's answer rather than the server not reached.
+pub(super) fn api_refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(_))
+}
+
+/// A task aborted when this is dropped.
+pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,165 @@
+//! The CSINode object and the Node's CSI annotation and topology labels.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use kube::api::Api;
+use tokio::task::JoinHandle;
+
+use crate::source::cluster::publish::publish_on_change;
+
+/// What the CSINode publisher needs of the volume manager.
+pub trait NodeDrivers: Send + Sync + 'static {
+    /// The CSI drivers registered on the node.
+    fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus>;
+    /// Told when a driver registers or goes.
+    fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// What is published of one driver: its name, node ID, topology segments and volume limit.
+type Published = (String, String, BTreeMap<String, String>, i64);
+
+/// The Node annotation listing each CSI driver's node ID, as JSON.
+pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
+/// Keeps the CSINode object named after the node, and the Node's CSI annotation and topology
+/// labels, in step with the CSI drivers registered on the node, as the kubelet's CSI plugin
+/// does: each driver's entry has its name, node ID, topology keys and allocatable volume count
+/// (from NodeGetInfo); the Node gets `csi.volume.kubernetes.io/nodeid` (driver → node ID) and
+/// the drivers' topology segments as labels. A driver that goes is removed from both.
+pub struct CsiNodePublisher;
+
+impl CsiNodePublisher {
+    /// Publishes `drivers` for node `node_name` with `client`.
+    pub fn spawn(
+        client: kube::Client,
+        node_name: impl Into<String>,
+        drivers: Arc<dyn NodeDrivers>,
+    ) -> JoinHandle<()> {
+        let node = node_name.into();
+        tokio::spawn(async move {
+            publish_on_change(
+                drivers.driver_changes(),
+                &node,
+                "the CSI drivers in CSINode and the Node",
+                || -> Vec<Published> {
+                    drivers
+                        .csi_drivers()
+                        .into_iter()
+                        .map(|d| (d.name, d.node_id, d.topology, d.max_volumes_per_node))
+                        .collect()
+                },
+                // What the previous publication labelled the Node with, to remove what goes.
+                BTreeSet::new(),
+                |now: Vec<Published>, labelled: BTreeSet<String>| {
+                    let (client, node) = (client.clone(), node.clone());
+                    Box::pin(async move { Self::publish(&client, &node, &now, &labelled).await })
+                },
+            )
+            .await;
+        })
+    }
+
+    /// Writes the CSINode and patches the Node; returns the topology labels now set.
+    async fn publish(
+        client: &kube::Client,
+        node: &str,
+        drivers: &[Published],
+        labelled: &BTreeSet<String>,
+    ) -> Result<BTreeSet<String>, String> {
+        use k8s_openapi::api::storage::v1::{
+            CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources,
+        };
+        let entries: Vec<CSINodeDriver> = drivers
+            .iter()
+            .map(|(name, id, topology, max)| CSINodeDriver {
+                name: name.clone(),
+                node_id: id.clone(),
+                topology_keys: Some(topology.keys().cloned().collect()),
+                allocatable: (*max > 0).then(|| VolumeNodeResources {
+                    count: i32::try_from(*max).ok(),
+                }),
+            })
+            .collect();
+        let csinodes: Api<CSINode> = Api::all(client.clone());
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        // Owned by the Node, so it goes with it: nothing is published before the Node exists
+        // (as the kubelet does), or a CSINode made meanwhile would have no owner.
+        let uid = nodes
+            .get_opt(node)
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|n| n.metadata.uid)
+            .ok_or_else(|| format!("the Node {node} does not exist yet (whoever runs the node creates it, or --register-node)"))?;
+        let owner = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.into(),
+                uid,
+                ..Default::default()
+            },
+        ]);
+        match csinodes.get_opt(node).await.map_err(|e| e.to_string())? {
+            Some(mut current) => {
+                current.spec = CSINodeSpec { drivers: entries };
+                if current
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_none_or(Vec::is_empty)
+                {
+                    current.metadata.owner_references = owner;
+                }
+                csinodes
+                    .replace(node, &Default::default(), &current)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            None => {
+                let object = CSINode {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(node.into()),
+                        owner_references: owner,
+                        ..Default::default()
+                    },
+                    spec: CSINodeSpec { drivers: entries },
+                };
+                csinodes
+                    .create(&Default::default(), &object)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let ids: BTreeMap<&str, &str> = drivers
+            .iter()
+            .map(|(n, id, _, _)| (n.as_str(), id.as_str()))
+            .collect();
+        let mut labels = serde_json::Map::new();
+        let mut now = BTreeSet::new();
+        for (_, _, topology, _) in drivers {
+            for (k, v) in topology {
+                labels.insert(k.clone(), serde_json::json!(v));
+                now.insert(k.clone());
+            }
+        }
+        for gone in labelled.difference(&now) {
+            labels.insert(gone.clone(), serde_json::Value::Null);
+        }
+        let annotation = if ids.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(serde_json::to_string(&ids).unwrap_or_default())
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {NODE_ID_ANNOTATION: annotation}, "labels": labels}});
+        nodes
+            .patch(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(now)
+    }
+}

@@ -1,0 +1,215 @@
+//! The API server, in cluster mode: the node's pods as a pod source, and the jobs a node does
+//! for the cluster, a file each, each handed only the client and what it uses of the manager.
+//!
+//! - Pods bound to this node (here): one list and watch with the field selector
+//!   `spec.nodeName=<node>` (the only pod list the Node authorizer allows a node), resumed
+//!   from the last resource version and listed again after `410 Gone`. Each complete listing
+//!   replaces the pods the server gave before, so a pod deleted while the watch was down goes
+//!   after the re-list.
+//! - `objects`: what those pods reference, while a pod needs it. ConfigMaps and Secrets are
+//!   watched by name (`metadata.name=<name>`, as the kubelet's watch-based object manager);
+//!   PersistentVolumeClaims and the PersistentVolumes they are bound to are read with GET, the
+//!   only verb the Node authorizer allows on them; CSIDrivers are listed and watched whole. A
+//!   read the server refuses (`403` while its authorizer has not yet learnt that a new pod
+//!   references the object) is retried with backoff; the pod's volume waits meanwhile.
+//! - `tokens` (TokenRequest), `events` (the event recorder), `node_status`
+//!   (`status.volumesInUse`), `csinode` (CSINode and the Node's CSI annotation and labels),
+//!   `attach` (the attach/detach controller's record), `trust` (ClusterTrustBundles);
+//!   `backoff` and `publish` are what they share.
+//!
+//! Until the pods' first listing is complete the source is not synced, so nothing is torn down;
+//! while the server cannot be reached, the source says why in the status and nothing changes.
+
+mod attach;
+mod backoff;
+mod csinode;
+mod events;
+mod node_status;
+mod objects;
+mod publish;
+mod tokens;
+mod trust;
+
+pub use attach::ControllerAttach;
+pub use csinode::{CsiNodePublisher, NodeDrivers, NODE_ID_ANNOTATION};
+pub use events::EventPoster;
+pub use node_status::{NodeStatusReporter, NodeVolumes};
+pub use tokens::ClusterTokens;
+pub use trust::ClusterTrustBundles;
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, watcher, Event};
+use kubevol_core::state::PodExtensions;
+use tokio::task::JoinHandle;
+
+use crate::source::cluster::backoff::{refused, AbortOnDrop, WatchBackoff};
+use crate::source::cluster::objects::{watch_drivers, watch_one, Referenced};
+use crate::source::{BoxFuture, PodSource, Sink};
+use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey};
+
+/// Pods and their objects from the API server.
+pub struct ClusterSource {
+    client: kube::Client,
+    node_name: String,
+}
+
+impl ClusterSource {
+    /// The source's name in the sync gate and the status.
+    pub const NAME: &'static str = "api-server";
+
+    /// A source of the pods bound to `node_name`, read with `client` (the node's identity).
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        ClusterSource {
+            client,
+            node_name: node_name.into(),
+        }
+    }
+}
+
+impl PodSource for ClusterSource {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn start(self: Box<Self>, sink: Sink) -> BoxFuture<()> {
+        Box::pin(async move {
+            let refs = Arc::new(Referenced::new(self.client.clone(), sink.clone()));
+            let drivers = tokio::spawn(watch_drivers(Api::all(self.client.clone()), sink.clone()));
+            let _drivers = AbortOnDrop(drivers);
+            // The node's own Node object: its labels are what PersistentVolumes' nodeAffinity
+            // is checked against.
+            sink.apply([Change::ClusterPending {
+                key: ObjectKey::Node(self.node_name.clone()),
+                pending: true,
+            }]);
+            let node = tokio::spawn(watch_one(
+                Api::<Node>::all(self.client.clone()),
+                self.node_name.clone(),
+                ObjectKey::Node(self.node_name.clone()),
+                sink.clone(),
+                Object::Node,
+                |_| {},
+            ));
+            let _node = AbortOnDrop(node);
+            // Read untyped, then typed: fields newer than kubevol's API types (a volume's
+            // `emptyDir.mode`) are kept as the pod's extensions, as for a manifest.
+            let pods: Api<DynamicObject> =
+                Api::all_with(self.client.clone(), &ApiResource::erase::<Pod>(&()));
+            let config =
+                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+            let mut events = watcher(pods, config).boxed();
+            let mut backoff = WatchBackoff::default();
+            let mut listing: Option<Vec<(Pod, PodExtensions)>> = None;
+            let mut synced = false;
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(Event::Init) => listing = Some(Vec::new()),
+                    Ok(Event::InitApply(o)) => {
+                        listing.get_or_insert_with(Vec::new).extend(typed_pod(o));
+                    }
+                    Ok(Event::InitDone) => {
+                        backoff.reset();
+                        let pods = listing.take().unwrap_or_default();
+                        let typed: Vec<Pod> = pods.iter().map(|(p, _)| p.clone()).collect();
+                        refs.set_pods(&typed);
+                        sink.apply([Change::ClusterPods(
+                            pods.into_iter().map(pod_object).collect(),
+                        )]);
+                        if !synced {
+                            sink.synced();
+                            synced = true;
+                        }
+                        sink.problem(None);
+                    }
+                    Ok(Event::Apply(o)) => {
+                        if let Some(pod) = typed_pod(o) {
+                            refs.add_pod(&pod.0);
+                            sink.apply([Change::ClusterUpsert(Box::new(pod_object(pod)))]);
+                        }
+                        sink.problem(None);
+                    }
+                    Ok(Event::Delete(o)) => {
+                        if let Some((pod, _)) = typed_pod(o) {
+                            let uid = pod_uid(&pod);
+                            sink.apply([Change::ClusterRemove(ObjectKey::Pod(uid))]);
+                            refs.remove_pod(&pod);
+                        }
+                        sink.problem(None);
+                    }
+                    Err(e) => {
+                        let delay = backoff.step(refused(&e));
+                        tracing::warn!(
+                            source = Self::NAME,
+                            "watching this node's pods: {e}; retrying in {delay:.1?}"
+                        );
+                        sink.problem(Some(format!(
+                            "the API server's pods of node {} cannot be watched: {e}; retrying with backoff (nothing is torn down meanwhile)",
+                            self.node_name
+                        )));
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Makes `manager` the volume manager of its node (`Config::node_name`) in the cluster
+/// `client` reaches with the node's identity, as `kubevol run --kubeconfig` does: pods and
+/// their objects from the API server ([`ClusterSource`]), tokens from TokenRequest, trust
+/// bundles, controller-managed attach, events, `status.volumesInUse` and CSINode. Returns the
+/// tasks it started: the watches and publishers, which run until aborted (the mounts stay),
+/// and last the event poster, which ends once the manager is gone and its queue is posted.
+pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHandle<()>> {
+    let node = manager.config().node_name.clone();
+    manager.set_attach_controller(Arc::new(ControllerAttach::new(
+        client.clone(),
+        node.clone(),
+    )));
+    manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
+    manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
+    let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
+    manager.set_event_sink(events);
+    vec![
+        CsiNodePublisher::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
+        NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
+        manager.add_source(ClusterSource::new(client, node)),
+        poster,
+    ]
+}
+
+/// A pod as the store keeps it (the API server has validated and defaulted it).
+fn pod_object((pod, extensions): (Pod, PodExtensions)) -> Object {
+    Object::Pod(normalize_pod(pod), extensions)
+}
+
+/// The typed pod of an untyped one from the API server, with what its volumes say beyond the
+/// types. `None` (logged) if it does not read as a pod.
+fn typed_pod(o: DynamicObject) -> Option<(Pod, PodExtensions)> {
+    let name = format!(
+        "{}/{}",
+        o.metadata.namespace.as_deref().unwrap_or_default(),
+        o.metadata.name.as_deref().unwrap_or_default()
+    );
+    let raw = serde_json::to_value(&o).ok()?;
+    let pod: Pod = match serde_json::from_value(raw.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(pod = %name, "the API server's pod does not read as a v1 Pod: {e}; skipped");
+            return None;
+        }
+    };
+    let extensions = crate::source::extensions::pod_extensions(raw.pointer("/spec/volumes"), &pod)
+        .unwrap_or_else(|errors| {
+            // The server validated the pod: what it accepted is used as the types read it.
+            for (_, e) in errors {
+                tracing::warn!(pod = %name, "{e}; the field is ignored");
+            }
+            PodExtensions::default()
+        });
+    Some((pod, extensions))
+}

@@ -1,0 +1,452 @@
+//! The objects the node's pods reference: ConfigMaps and Secrets watched by name, claims and
+//! PersistentVolumes read with GET (all the Node authorizer lets a node do with them),
+//! CSIDrivers listed and watched whole; each kept while a pod needs it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kube::api::Api;
+use kube::runtime::watcher::{self, watcher, Event};
+use kubevol_core::projection::{referenced_objects, ObjectKind};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+use crate::source::cluster::backoff::{api_refused, refused, AbortOnDrop, WatchBackoff};
+use crate::store::{pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE};
+
+/// One object a pod references, by kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ref {
+    ConfigMap(String, String),
+    Secret(String, String),
+    Claim(String, String),
+    Volume(String),
+}
+
+impl Ref {
+    fn key(&self) -> ObjectKey {
+        match self {
+            Ref::ConfigMap(ns, n) => ObjectKey::ConfigMap((ns.clone(), n.clone())),
+            Ref::Secret(ns, n) => ObjectKey::Secret((ns.clone(), n.clone())),
+            Ref::Claim(ns, n) => ObjectKey::PersistentVolumeClaim((ns.clone(), n.clone())),
+            Ref::Volume(n) => ObjectKey::PersistentVolume(n.clone()),
+        }
+    }
+}
+
+/// The objects a pod's volumes reference (a claim's PersistentVolume is found once the claim
+/// is read).
+fn refs_of(pod: &Pod) -> BTreeSet<Ref> {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
+    let mut out = BTreeSet::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        for r in referenced_objects(pod, v) {
+            out.insert(match r.kind {
+                ObjectKind::ConfigMap => Ref::ConfigMap(r.namespace, r.name),
+                ObjectKind::Secret => Ref::Secret(r.namespace, r.name),
+            });
+        }
+        if let Some(c) = &v.persistent_volume_claim {
+            out.insert(Ref::Claim(ns.clone(), c.claim_name.clone()));
+        }
+        if let Some(s) = v
+            .csi
+            .as_ref()
+            .and_then(|c| c.node_publish_secret_ref.as_ref())
+        {
+            out.insert(Ref::Secret(ns.clone(), s.name.clone()));
+        }
+    }
+    out
+}
+
+/// The watches of referenced objects, counted by who needs them: pods, and claims (for the
+/// PersistentVolume they are bound to).
+pub(super) struct Referenced {
+    client: kube::Client,
+    sink: Sink,
+    state: Mutex<RefState>,
+}
+
+#[derive(Default)]
+struct RefState {
+    /// Each pod's references, by pod UID.
+    pods: BTreeMap<String, BTreeSet<Ref>>,
+    /// Each claim's PersistentVolume.
+    claims: BTreeMap<Ref, String>,
+    /// The watch or reader of each referenced object, how many hold it, and (a reader) what
+    /// makes it read again at once.
+    watches: BTreeMap<Ref, Held>,
+}
+
+/// A referenced object's watch or reader.
+struct Held {
+    holders: usize,
+    _task: AbortOnDrop,
+    /// A reader's nudge: a new holder wants the object as it is now, not as last read.
+    reread: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Referenced {
+    pub(super) fn new(client: kube::Client, sink: Sink) -> Self {
+        Referenced {
+            client,
+            sink,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RefState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The complete set of pods (a listing): pods not in it are forgotten.
+    pub(super) fn set_pods(self: &Arc<Self>, pods: &[Pod]) {
+        let listed: BTreeSet<String> = pods.iter().map(|p| pod_uid(p).to_string()).collect();
+        let gone: Vec<String> = self
+            .lock()
+            .pods
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.set(&uid, BTreeSet::new());
+        }
+        for p in pods {
+            self.add_pod(p);
+        }
+    }
+
+    pub(super) fn add_pod(self: &Arc<Self>, pod: &Pod) {
+        self.set(pod_uid(pod).as_str(), refs_of(pod));
+    }
+
+    pub(super) fn remove_pod(self: &Arc<Self>, pod: &Pod) {
+        self.set(pod_uid(pod).as_str(), BTreeSet::new());
+    }
+
+    fn set(self: &Arc<Self>, uid: &str, refs: BTreeSet<Ref>) {
+        let mut st = self.lock();
+        let old = if refs.is_empty() {
+            st.pods.remove(uid).unwrap_or_default()
+        } else {
+            st.pods
+                .insert(uid.to_string(), refs.clone())
+                .unwrap_or_default()
+        };
+        for r in refs.difference(&old) {
+            self.hold(&mut st, r.clone());
+        }
+        for r in old.difference(&refs) {
+            self.release(&mut st, r);
+        }
+    }
+
+    fn hold(self: &Arc<Self>, st: &mut RefState, r: Ref) {
+        if let Some(held) = st.watches.get_mut(&r) {
+            held.holders += 1;
+            if let Some(reread) = &held.reread {
+                reread.notify_one();
+            }
+            return;
+        }
+        // What reads it waits until the watch has listed it, or the reader read it.
+        self.sink.apply([Change::ClusterPending {
+            key: r.key(),
+            pending: true,
+        }]);
+        let (task, reread) = self.start_watch(&r);
+        st.watches.insert(
+            r,
+            Held {
+                holders: 1,
+                _task: AbortOnDrop(task),
+                reread,
+            },
+        );
+    }
+
+    fn release(self: &Arc<Self>, st: &mut RefState, r: &Ref) {
+        let Some(held) = st.watches.get_mut(r) else {
+            return;
+        };
+        held.holders -= 1;
+        if held.holders > 0 {
+            return;
+        }
+        // The last holder is gone: the watch stops and the object leaves the store.
+        st.watches.remove(r);
+        if let Some(pv) = st.claims.remove(r) {
+            self.release(st, &Ref::Volume(pv));
+        }
+        self.sink.apply([
+            Change::ClusterRemove(r.key()),
+            Change::ClusterPending {
+                key: r.key(),
+                pending: false,
+            },
+        ]);
+    }
+
+    /// A claim's PersistentVolume is now `pv` (or none): its watch follows.
+    fn claim_bound(self: &Arc<Self>, claim: &Ref, pv: Option<String>) {
+        let mut st = self.lock();
+        if !st.watches.contains_key(claim) {
+            return;
+        }
+        let old = st.claims.get(claim).cloned();
+        if old == pv {
+            return;
+        }
+        match &pv {
+            Some(n) => {
+                st.claims.insert(claim.clone(), n.clone());
+                self.hold(&mut st, Ref::Volume(n.clone()));
+            }
+            None => {
+                st.claims.remove(claim);
+            }
+        }
+        if let Some(o) = old {
+            self.release(&mut st, &Ref::Volume(o));
+        }
+    }
+
+    /// Starts keeping the store's copy of `r`: ConfigMaps and Secrets are watched by name
+    /// (the Node authorizer lets a node list and watch those its pods reference); claims and
+    /// PersistentVolumes are read with GET (all it lets a node do with them), with the nudge
+    /// that makes the reader read again at once.
+    fn start_watch(
+        self: &Arc<Self>,
+        r: &Ref,
+    ) -> (JoinHandle<()>, Option<Arc<tokio::sync::Notify>>) {
+        let (client, sink) = (self.client.clone(), self.sink.clone());
+        let me = Arc::downgrade(self);
+        let reread = Arc::new(tokio::sync::Notify::new());
+        let task = match r.clone() {
+            Ref::ConfigMap(ns, n) => {
+                let api = Api::<ConfigMap>::namespaced(client, &ns);
+                return (
+                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::ConfigMap, |_| {})),
+                    None,
+                );
+            }
+            Ref::Secret(ns, n) => {
+                let api = Api::<Secret>::namespaced(client, &ns);
+                return (
+                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::Secret, |_| {})),
+                    None,
+                );
+            }
+            Ref::Volume(n) => tokio::spawn(read_one(
+                Api::<PersistentVolume>::all(client),
+                n,
+                r.key(),
+                sink,
+                reread.clone(),
+                Object::PersistentVolume,
+                |_| {},
+                |_| true,
+            )),
+            Ref::Claim(ns, n) => {
+                let claim = r.clone();
+                tokio::spawn(read_one(
+                    Api::<PersistentVolumeClaim>::namespaced(client, &ns),
+                    n,
+                    r.key(),
+                    sink,
+                    reread.clone(),
+                    Object::PersistentVolumeClaim,
+                    move |c: Option<&PersistentVolumeClaim>| {
+                        let pv = c
+                            .and_then(|c| c.spec.as_ref())
+                            .and_then(|s| s.volume_name.clone())
+                            .filter(|n| !n.is_empty());
+                        if let Some(me) = me.upgrade() {
+                            me.claim_bound(&claim, pv);
+                        }
+                    },
+                    |c| {
+                        c.spec
+                            .as_ref()
+                            .and_then(|s| s.volume_name.as_deref())
+                            .is_some_and(|n| !n.is_empty())
+                            && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+                    },
+                ))
+            }
+        };
+        (task, Some(reread))
+    }
+}
+
+/// How often an object read with GET is read again once it is settled (a claim bound, a
+/// PersistentVolume there): a resize or a rebinding is noticed within this, the kubelet's
+/// volume-stats period.
+const REREAD: Duration = Duration::from_secs(60);
+
+/// Reads one object by name with GET, as the kubelet reads claims and PersistentVolumes, and
+/// keeps the store's copy of it; `seen` is told of each reading (or of its absence). It is
+/// read at once, again after a backoff step while it is missing, refused, unreachable or not
+/// yet `settled` (a claim the controller has not bound), every [`REREAD`] once it is, and at
+/// once when `reread` is notified (a new pod needs it). A missing object is marked absent, so
+/// that what needs it says so and is looked at again at each reading.
+#[allow(clippy::too_many_arguments)]
+async fn read_one<K>(
+    api: Api<K>,
+    name: String,
+    key: ObjectKey,
+    sink: Sink,
+    reread: Arc<tokio::sync::Notify>,
+    object: fn(K) -> Object,
+    seen: impl Fn(Option<&K>) + Send + 'static,
+    settled: fn(&K) -> bool,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut backoff = WatchBackoff::default();
+    loop {
+        let wait = match api.get_opt(&name).await {
+            Ok(Some(o)) => {
+                let done = settled(&o);
+                seen(Some(&o));
+                sink.apply([
+                    Change::ClusterUpsert(Box::new(object(o))),
+                    Change::ClusterPending {
+                        key: key.clone(),
+                        pending: false,
+                    },
+                ]);
+                if done {
+                    backoff.reset();
+                    REREAD
+                } else {
+                    backoff.step(false)
+                }
+            }
+            Ok(None) => {
+                seen(None);
+                sink.apply([
+                    Change::ClusterAbsent(key.clone()),
+                    Change::ClusterPending {
+                        key: key.clone(),
+                        pending: false,
+                    },
+                ]);
+                backoff.step(false)
+            }
+            // Refused (the authorizer has not learnt that a pod of the node needs it yet) or
+            // unreachable: what the store has stays, and the reader tries again.
+            Err(e) => {
+                let delay = backoff.step(api_refused(&e));
+                tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
+                delay
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = reread.notified() => {}
+        }
+    }
+}
+
+/// Watches one object by name and keeps the store's copy of it; `seen` is told of each new
+/// version (or of its absence).
+pub(super) async fn watch_one<K>(
+    api: Api<K>,
+    name: String,
+    key: ObjectKey,
+    sink: Sink,
+    object: fn(K) -> Object,
+    seen: impl Fn(Option<&K>) + Send + 'static,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).boxed();
+    let mut backoff = WatchBackoff::default();
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listed = false,
+            Ok(Event::InitApply(o) | Event::Apply(o)) => {
+                listed = true;
+                seen(Some(&o));
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+            }
+            Ok(Event::InitDone) => {
+                backoff.reset();
+                if !listed {
+                    seen(None);
+                    sink.apply([Change::ClusterRemove(key.clone())]);
+                }
+                sink.apply([Change::ClusterPending {
+                    key: key.clone(),
+                    pending: false,
+                }]);
+            }
+            Ok(Event::Delete(_)) => {
+                seen(None);
+                sink.apply([Change::ClusterRemove(key.clone())]);
+            }
+            // Refused (the authorizer has not learnt the relationship yet) or unreachable: the
+            // watch is tried again after a backoff, and what the store has stays.
+            Err(e) => {
+                let delay = backoff.step(refused(&e));
+                tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Lists and watches every CSIDriver (the one cluster-scoped kind read whole).
+pub(super) async fn watch_drivers(api: Api<CSIDriver>, sink: Sink) {
+    let object = Object::CSIDriver;
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut backoff = WatchBackoff::default();
+    let mut listing: BTreeSet<String> = BTreeSet::new();
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    let key_of = |o: &CSIDriver| ObjectKey::CSIDriver(o.metadata.name.clone().unwrap_or_default());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(o)) => {
+                listing.insert(o.metadata.name.clone().unwrap_or_default());
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+            }
+            Ok(Event::InitDone) => {
+                backoff.reset();
+                let gone: Vec<Change> = known
+                    .difference(&listing)
+                    .map(|n| Change::ClusterRemove(ObjectKey::CSIDriver(n.clone())))
+                    .collect();
+                sink.apply(gone);
+                known = std::mem::take(&mut listing);
+            }
+            Ok(Event::Apply(o)) => {
+                known.insert(o.metadata.name.clone().unwrap_or_default());
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+            }
+            Ok(Event::Delete(o)) => {
+                known.remove(o.metadata.name.as_deref().unwrap_or_default());
+                sink.apply([Change::ClusterRemove(key_of(&o))]);
+            }
+            Err(e) => {
+                let delay = backoff.step(refused(&e));
+                tracing::debug!("watching CSIDrivers: {e}; retrying in {delay:.1?}");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
