@@ -231,7 +231,12 @@ fn hostname() -> String {
 fn init_logs(format: LogFormat, default_level: &str) -> logs::Flush {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+        // kube's client logs each failed request itself, several times a second per watch
+        // while the server is away; kubevol says once per retry what failed and when it tries
+        // again.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(format!("{default_level},kube_client=off"))
+        });
     let (writer, flush) = logs::LogWriter::new(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -265,6 +270,7 @@ fn main() -> ExitCode {
         return report(bench::run(args));
     }
     let _flush = init_logs(cli.log_format, "info");
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -284,6 +290,28 @@ fn main() -> ExitCode {
     // stay in place whatever it is doing.
     runtime.shutdown_timeout(STOP_GRACE);
     report(result)
+}
+
+/// Raises the soft limit of open files to the hard one, as the kubelet's systemd unit and
+/// client-go's node agents run: a node holds a watch or a connection per referenced object, a
+/// descriptor per pod directory it works in and per CSI socket, and the usual soft limit of
+/// 1,024 made every request fail with EMFILE at a few hundred pods.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let was = limit.current;
+        limit.current = limit.maximum;
+        match setrlimit(Resource::Nofile, limit) {
+            Ok(()) => tracing::debug!(
+                "open files limit raised from {was:?} to {:?}",
+                limit.maximum
+            ),
+            Err(e) => tracing::warn!(
+                "cannot raise the open files limit from {was:?}: {e}; many pods may exhaust it"
+            ),
+        }
+    }
 }
 
 /// How long a stop waits for the manager's loops and blocking threads before it exits anyway.
