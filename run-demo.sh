@@ -5,8 +5,14 @@
 # table of what was mounted where, then the namespace's mount table; when it exits, the
 # namespace and its mounts are gone, the loop devices detached and the temporary root
 # removed. Needs root (unshare, mount, losetup) and e2fsprogs (mkfs.ext4).
+#
+# `./run-demo.sh --cluster` runs kubevol as the node of a real cluster instead
+# (examples/cluster-demo.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ "${1:-}" = --cluster ]; then
+  exec examples/cluster-demo.sh
+fi
 cargo build --release --quiet --bin kubevol --bin kubevol-csi-loop
 # Where cargo put the binaries: CARGO_TARGET_DIR when set (absolute, or relative to here).
 bin="${CARGO_TARGET_DIR:-target}/release"
