@@ -45,7 +45,7 @@ fn main() -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(async {
         let file = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(file, &Default::default()).await?;
-        let client = kube::Client::try_from(config)?;
+        let client = kubevol::source::cluster::client(config)?;
         run(client, Config::new(root, node.as_str())).await
     })
 }

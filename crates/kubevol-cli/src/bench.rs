@@ -1194,7 +1194,7 @@ mod cluster {
                 cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("bench-{i}")}, "stringData": {"password": format!("secret {i}")}})).await;
             }
             let (manager, running) = start_manager(&root, args, |c| c.node_name = node.clone())?;
-            let tasks = kubevol::source::cluster::join(&manager, cluster.node_client());
+            let tasks = kubevol::source::cluster::join(&manager, kubevol::source::cluster::client(cluster.node_config())?);
             // Started and synced (an empty listing) before the pods come.
             let mut changes = manager.subscribe();
             while !manager.store().all_sources_synced() {

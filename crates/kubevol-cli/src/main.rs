@@ -449,7 +449,7 @@ async fn cluster_client(args: &RunArgs) -> anyhow::Result<Option<kube::Client>> 
         return Ok(None);
     };
     let server = config.cluster_url.clone();
-    let client = kube::Client::try_from(config)
+    let client = kubevol::source::cluster::client(config)
         .with_context(|| format!("cannot make a client of the API server {server}"))?;
     Ok(Some(client))
 }

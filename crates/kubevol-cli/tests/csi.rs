@@ -663,7 +663,7 @@ async fn create_claim_pod(
 fn cluster_manager(root: &Path, cluster: &kubevol_testserver::TestCluster) -> VolumeManager {
     let name = cluster.node_name().to_string();
     let m = manager(root, |c| c.node_name = name);
-    kubevol::source::cluster::join(&m, cluster.node_client());
+    kubevol::source::cluster::join(&m, node_client(cluster));
     m
 }
 

@@ -285,7 +285,13 @@ impl TestCluster {
         &self.namespace
     }
 
-    /// A client with the node's identity, through the relay.
+    /// The node's client configuration, pointed at the relay (for a client of one's own, such
+    /// as kubevol's `source::cluster::client`).
+    pub fn node_config(&self) -> kube::Config {
+        self.node_config.clone()
+    }
+
+    /// A client with the node's identity, through the relay (kube's own client).
     pub fn node_client(&self) -> kube::Client {
         kube::Client::try_from(self.node_config.clone()).expect("a client of the node")
     }
@@ -319,9 +325,30 @@ impl TestCluster {
         self.relay.gate.open.send_replace(false);
     }
 
-    /// Lets the node reach the server again.
+    /// Lets the node reach the server again (after a cut or a freeze).
     pub fn restore(&self) {
+        self.relay
+            .gate
+            .frozen
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         self.relay.gate.open.send_replace(true);
+    }
+
+    /// Freezes the network between the node and the server: what either sends is dropped,
+    /// and no connection is closed (no reset, no FIN), until [`TestCluster::restore`].
+    pub fn freeze(&self) {
+        self.relay
+            .gate
+            .frozen
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many connections the node has open to the server now.
+    pub fn node_connections(&self) -> usize {
+        self.relay
+            .gate
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Creates `obj` (with its `apiVersion` and `kind`) as the administrator; a namespaced
@@ -651,6 +678,10 @@ struct Relay {
 struct Gate {
     open: watch::Sender<bool>,
     writing: tokio::sync::RwLock<()>,
+    /// Whether what is sent is dropped, the connections left open (a network that froze).
+    frozen: std::sync::atomic::AtomicBool,
+    /// The node's connections open now.
+    connections: std::sync::atomic::AtomicUsize,
 }
 
 impl Gate {
@@ -663,7 +694,13 @@ impl Gate {
                 Ok(n) => n,
             };
             let _writing = self.writing.read().await;
-            if !*self.open.borrow() || to.write_all(&buf[..n]).await.is_err() {
+            if !*self.open.borrow() {
+                return;
+            }
+            if self.frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }
@@ -691,6 +728,8 @@ impl Relay {
         let gate = Arc::new(Gate {
             open: watch::channel(true).0,
             writing: tokio::sync::RwLock::new(()),
+            frozen: Default::default(),
+            connections: Default::default(),
         });
         let state = gate.clone();
         let task = tokio::spawn(async move {
@@ -708,6 +747,8 @@ impl Relay {
                     };
                     let ((from_read, from_write), (to_read, to_write)) =
                         (from.into_split(), to.into_split());
+                    gate.connections
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     // Both directions end, and both sockets close, at the cut.
                     tokio::select! {
                         _ = async {
@@ -718,6 +759,8 @@ impl Relay {
                         } => {}
                         _ = rx.wait_for(|open| !*open) => {}
                     }
+                    gate.connections
+                        .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 });
             }
         });

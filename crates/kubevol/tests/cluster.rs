@@ -22,7 +22,7 @@ const NODE: &str = "test-node";
 fn cluster_manager(root: &std::path::Path, cluster: &TestCluster) -> VolumeManager {
     let m = manager(root, |c| c.node_name = cluster.node_name().into());
     m.add_source(ClusterSource::new(
-        cluster.node_client(),
+        node_client(cluster),
         cluster.node_name(),
     ));
     m
@@ -109,7 +109,7 @@ cluster_test! {
                 server.set_relation_delay(Duration::from_secs(3600));
             }
             cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}, "stringData": {"t": "s3cret"}})).await;
-            let node = cluster.node_client();
+            let node = node_client(&cluster);
             let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(node.clone(), cluster.namespace());
             let refused = secrets.get("token").await.unwrap_err();
             assert!(refused.to_string().contains(&format!("no relationship found between node '{node_name}' and this object")), "{refused}");
@@ -204,7 +204,7 @@ async fn the_node_identity_has_the_node_authorizers_rights_and_no_more(backend: 
     cluster
         .create(bound_pod("theirs", "kubevol-test-other-node", json!([])))
         .await;
-    let node = cluster.node_client();
+    let node = node_client(&cluster);
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(node.clone());
     let err = pods.list(&Default::default()).await.unwrap_err();
     assert!(
@@ -290,8 +290,8 @@ cluster_test! {
             let lost = typed(&cluster.create(lost).await);
             cluster.delete("v1", "serviceaccounts", "missing", None).await;
             let m = manager(root.path(), |c| c.node_name = node.clone());
-            m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(cluster.node_client())));
-            m.add_source(ClusterSource::new(cluster.node_client(), &node));
+            m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(node_client(&cluster))));
+            m.add_source(ClusterSource::new(node_client(&cluster), &node));
             let p = cluster.create(bound_pod("app", &node, access)).await;
             let pod = typed(&p);
             m.wait_for_attach_and_mount(&pod).await.expect("mounted with a token");
@@ -336,8 +336,8 @@ cluster_test! {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
             let m = manager(root.path(), |c| c.node_name = node.clone());
-            m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(cluster.node_client(), &node).0);
-            m.add_source(ClusterSource::new(cluster.node_client(), &node));
+            m.set_event_sink(kubevol::source::cluster::EventPoster::spawn(node_client(&cluster), &node).0);
+            m.add_source(ClusterSource::new(node_client(&cluster), &node));
             let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "tmp", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "missing"}}]))).await);
             let uid = kubevol::pod_uid(&p);
             let events: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(cluster.admin_client(), &ns);
@@ -408,8 +408,8 @@ cluster_test! {
             let node = cluster.node_name().to_string();
             let [a, b, c, d] = CERTS;
             let m = manager(root.path(), |c| c.node_name = node.clone());
-            m.set_trust_bundles(std::sync::Arc::new(kubevol::source::cluster::ClusterTrustBundles::new(cluster.node_client())));
-            m.add_source(ClusterSource::new(cluster.node_client(), &node));
+            m.set_trust_bundles(std::sync::Arc::new(kubevol::source::cluster::ClusterTrustBundles::new(node_client(&cluster))));
+            m.add_source(ClusterSource::new(node_client(&cluster), &node));
             let sources = json!([{"name": "ca", "projected": {"sources": [
                 {"clusterTrustBundle": {"name": "kubevol-test-plain", "path": "plain.pem"}},
                 {"clusterTrustBundle": {"signerName": "kubevol.io/test-signer", "labelSelector": {"matchLabels": {"trust": "yes"}}, "path": "signer.pem"}},
@@ -605,7 +605,7 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
             json!([{"name": "tmp", "emptyDir": {}}]),
         ))
         .await;
-    let client = cluster.node_client();
+    let client = node_client(&cluster);
     let core = format!("/api/v1/namespaces/{ns}");
     // The real authorizer learns the pod's references a moment after its creation.
     let learnt = [
@@ -793,4 +793,75 @@ async fn the_in_process_server_answers_a_node_as_the_real_one_does() {
         "the answers differ:\n{}",
         differ.join("\n")
     );
+}
+
+mount_test! {
+    /// A node multiplexes its requests over a few HTTP/2 connections, as client-go does: 100
+    /// pods with four objects of their own each (400 watches by name, besides the pods', the
+    /// Node's and the CSIDrivers') are all mounted — a connection is never given more streams
+    /// than the server allows (kube-apiserver's 100: what goes beyond waits forever) — over
+    /// the fewest connections that allows, one more at most. (kube's HTTP/1.1 client held one
+    /// connection per watch; only the real server speaks HTTP/2.)
+    fn a_node_multiplexes_its_watches_over_a_few_connections() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let m = cluster_manager(root.path(), &cluster);
+            let mut pods = Vec::new();
+            for i in 0..100 {
+                let mut volumes = Vec::new();
+                for k in 0..2 {
+                    cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("s-{i}-{k}")}, "stringData": {"k": "v"}})).await;
+                    cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("c-{i}-{k}")}, "data": {"k": "v"}})).await;
+                    volumes.push(json!({"name": format!("s{k}"), "secret": {"secretName": format!("s-{i}-{k}")}}));
+                    volumes.push(json!({"name": format!("c{k}"), "configMap": {"name": format!("c-{i}-{k}")}}));
+                }
+                pods.push(typed(&cluster.create(bound_pod(&format!("p{i}"), &node, Value::Array(volumes))).await));
+            }
+            for p in &pods {
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+            }
+            let open = cluster.node_connections();
+            let watches: usize = 400 + 3;
+            let fewest = watches.div_ceil(kubevol::source::cluster::STREAMS_PER_CONNECTION);
+            assert!(open <= fewest + 1, "{open} connections for {watches} watches");
+            println!("{open} connections for {watches} watches");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+mount_test! {
+    /// A connection the network froze (no reset, no FIN: nothing arrives any more) is noticed
+    /// within a minute by the HTTP/2 pings, `/readyz` says so, and once the network is back
+    /// the watches resume: a pod created meanwhile is mounted. (The in-process server speaks
+    /// HTTP/1.1, without pings.)
+    fn a_connection_frozen_by_the_network_is_noticed_within_a_minute() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let m = cluster_manager(root.path(), &cluster);
+            let first = typed(&cluster.create(bound_pod("first", &node, json!([{"name": "tmp", "emptyDir": {}}]))).await);
+            m.wait_for_attach_and_mount(&first).await.expect("mounted");
+
+            cluster.freeze();
+            let frozen = tokio::time::Instant::now();
+            until(&m, 60, "the frozen connection noticed", || m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            assert!(frozen.elapsed() <= Duration::from_secs(60), "{:?}", frozen.elapsed());
+            let not_ready = kubevol::http::readiness(&m).unwrap_err();
+            assert!(not_ready.contains("cannot be watched"), "/readyz says why: {not_ready}");
+            let later = typed(&cluster.create(bound_pod("later", &node, json!([{"name": "tmp", "emptyDir": {}}]))).await);
+
+            cluster.restore();
+            m.wait_for_attach_and_mount(&later).await.expect("the pod created while the network was frozen");
+            until(&m, 60, "the note cleared", || !m.status(false).notes.iter().any(|n| n.contains("cannot be watched"))).await;
+            assert_eq!(kubevol::http::readiness(&m), Ok(()));
+            assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&first)).contains_key("tmp"), "nothing was torn down");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
 }

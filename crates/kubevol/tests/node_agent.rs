@@ -47,7 +47,7 @@ cluster_test! {
             config.backoff.initial = Duration::from_millis(20);
             config.backoff.max = Duration::from_millis(200);
             config.wait_timeout = Duration::from_secs(2);
-            let running = tokio::spawn(agent::run(cluster.node_client(), config));
+            let running = tokio::spawn(agent::run(node_client(&cluster), config));
 
             let status_is = |pod: &'static str, want: &'static str| {
                 let cluster = &cluster;

@@ -110,6 +110,12 @@ macro_rules! mount_test {
     };
 }
 
+/// A client of `cluster` with the node's identity, made as `kubevol run --kubeconfig` makes it
+/// (HTTP/2 over a few connections against a real server).
+pub fn node_client(cluster: &kubevol_testserver::TestCluster) -> kube::Client {
+    kubevol::source::cluster::client(cluster.node_config()).expect("the node's client")
+}
+
 /// Declares a cluster-mode test that runs twice, each time inside its own private mount
 /// namespace: `<name>::in_process` against the project's in-process API server, and
 /// `<name>::real_cluster` against a real kube-apiserver (the control plane the README's test

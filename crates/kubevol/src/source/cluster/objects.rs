@@ -15,7 +15,9 @@ use kubevol_core::projection::{referenced_objects, ObjectKind};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
-use crate::source::cluster::backoff::{api_refused, refused, AbortOnDrop, WatchBackoff};
+use crate::source::cluster::backoff::{
+    object_refused, object_watch_refused, refused, AbortOnDrop, WatchBackoff,
+};
 use crate::store::{pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE};
 
 /// One object a pod references, by kind, namespace and name.
@@ -348,7 +350,7 @@ async fn read_one<K>(
             // Refused (the authorizer has not learnt that a pod of the node needs it yet) or
             // unreachable: what the store has stays, and the reader tries again.
             Err(e) => {
-                let delay = backoff.step(api_refused(&e));
+                let delay = backoff.step(object_refused(&e));
                 tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
                 delay
             }
@@ -402,7 +404,7 @@ pub(super) async fn watch_one<K>(
             // Refused (the authorizer has not learnt the relationship yet) or unreachable: the
             // watch is tried again after a backoff, and what the store has stays.
             Err(e) => {
-                let delay = backoff.step(refused(&e));
+                let delay = backoff.step(object_watch_refused(&e));
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
                 tokio::time::sleep(delay).await;
             }

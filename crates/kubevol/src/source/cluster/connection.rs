@@ -1,0 +1,217 @@
+//! The node's connections to the API server.
+//!
+//! kube's own client speaks HTTP/1.1, so every watch holds a connection of its own: a node of
+//! 500 pods with 5 objects each held 2,500, and the usual limit of 1,024 open files ended in
+//! EMFILE everywhere. Here, as client-go does, the node speaks HTTP/2 over TLS and multiplexes
+//! its requests over as few connections as the server allows: a connection takes requests
+//! until [`STREAMS_PER_CONNECTION`] of them are open on it (a watch stays open while it is
+//! watched; kube-apiserver allows 100 streams per connection unless told otherwise, and
+//! queues — forever, for watches — what goes beyond), then the next is opened, as Go's
+//! transport does; the first with room is always taken, so that the pool shrinks again when
+//! watches end (an idle connection is closed after 90 s). Each connection with open streams is
+//! pinged every 30 s and dropped when a ping is not answered within 15 s (a connection frozen
+//! by the network is noticed in about 45 s, and every watch on it restarts), and every request
+//! but a watch has a deadline. Against a server without TLS (the in-process test server) it
+//! speaks HTTP/1.1, a connection per request in flight.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::{Body, ConfigExt};
+
+/// How many requests (watches included) one connection carries at once: below
+/// kube-apiserver's default of 100 concurrent streams, for the requests that are finishing
+/// as new ones start.
+pub const STREAMS_PER_CONNECTION: usize = 90;
+/// How long a request other than a watch may wait for the server's answer to begin.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection may take to be made.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a connection is pinged (client-go's ReadIdleTimeout).
+const PING_EVERY: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered (client-go's PingTimeout).
+const PING_TIMEOUT: Duration = Duration::from_secs(15);
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// A client of the API server `config` names, as kubevol's node: HTTP/2 over as few
+/// connections as the server's stream limit allows, pinged, with a deadline on every request
+/// but a watch.
+pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+    let h2 = config.cluster_url.scheme_str() == Some("https");
+    let pool = Pool {
+        tls: config.rustls_client_config()?,
+        h2,
+        connections: Mutex::default(),
+    };
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .service(Spread(Arc::new(pool)));
+    Ok(kube::Client::new(service, config.default_namespace))
+}
+
+/// The node's connections.
+struct Pool {
+    tls: rustls::ClientConfig,
+    /// HTTP/2 (every connection shared by many requests) rather than HTTP/1.1.
+    h2: bool,
+    connections: Mutex<Vec<Connection>>,
+}
+
+/// One connection (a client whose pool holds the one HTTP/2 connection it multiplexes), and
+/// how many requests are open on it.
+struct Connection {
+    client: HyperClient<Connector, Body>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Pool {
+    /// The first connection with room for one more request, opened if none has; the request
+    /// is counted on it.
+    fn take(&self) -> (HyperClient<Connector, Body>, Arc<AtomicUsize>) {
+        let room = if self.h2 {
+            STREAMS_PER_CONNECTION
+        } else {
+            usize::MAX
+        };
+        let mut all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match all
+            .iter()
+            .position(|c| c.open.load(Ordering::SeqCst) < room)
+        {
+            Some(i) => i,
+            None => {
+                all.push(Connection {
+                    client: self.connect(),
+                    open: Arc::default(),
+                });
+                if all.len() > 1 {
+                    tracing::debug!(
+                        connections = all.len(),
+                        "another connection to the API server: the others are full"
+                    );
+                }
+                all.len() - 1
+            }
+        };
+        let c = &all[i];
+        c.open.fetch_add(1, Ordering::SeqCst);
+        (c.client.clone(), c.open.clone())
+    }
+
+    fn connect(&self) -> HyperClient<Connector, Body> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.set_keepalive(Some(PING_EVERY));
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.tls.clone())
+            .https_or_http();
+        let https = if self.h2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.enable_http1().wrap_connector(http)
+        };
+        HyperClient::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .http2_only(self.h2)
+            .http2_keep_alive_interval(PING_EVERY)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .http2_keep_alive_while_idle(false)
+            .build(https)
+    }
+}
+
+/// The pool as the service kube's client sends through.
+#[derive(Clone)]
+struct Spread(Arc<Pool>);
+
+/// Why a request failed here rather than at the server.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("no answer from the API server within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Http(#[from] hyper_util::client::legacy::Error),
+}
+
+/// Whether a request is a watch (its answer is a stream that lasts minutes).
+fn is_watch(req: &http::Request<Body>) -> bool {
+    req.uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
+/// Uncounts a request on its connection when dropped: with its answer's body, once read or
+/// given up, or with the request if it failed.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An answer's body, which keeps its request counted while it is read.
+struct CountedBody {
+    inner: hyper::body::Incoming,
+    _open: Open,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl tower::Service<http::Request<Body>> for Spread {
+    type Response = http::Response<CountedBody>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The pool opens a connection when every other is full.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let watch = is_watch(&req);
+        let (client, open) = self.0.take();
+        let open = Open(open);
+        let answer = client.request(req);
+        Box::pin(async move {
+            let answer = if watch {
+                answer.await
+            } else {
+                tokio::time::timeout(REQUEST_TIMEOUT, answer)
+                    .await
+                    .map_err(|_| ConnectionError::Timeout(REQUEST_TIMEOUT))?
+            };
+            let answer = answer.map_err(ConnectionError::from)?;
+            Ok(answer.map(|inner| CountedBody { inner, _open: open }))
+        })
+    }
+}
