@@ -865,3 +865,54 @@ mount_test! {
         });
     }
 }
+
+cluster_test! {
+    /// Claims and PersistentVolumes are read with GET, the only verb the Node authorizer
+    /// allows on them: a claim that does not exist is a FailedMount that says so and is read
+    /// again until it exists; one the controller has not bound yet waits for its binding (the
+    /// test plays the PV binder); then the hostPath volume is mounted. Nothing was listed or
+    /// watched, and nothing refused.
+    fn a_claim_is_read_with_get_until_it_exists_and_is_bound(backend) {
+        let root = TestRoot::new();
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("kept"), "yes").unwrap();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
+            let m = cluster_manager(root.path(), &cluster);
+            let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]))).await);
+            let error = |s: &kubevol::status::PodStatus| s.volumes.first().and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+            let s = wait_for_status(&m, &p, 30, |s| error(s).contains("does not exist in the API server")).await;
+            assert!(error(&s).contains(&format!("PersistentVolumeClaim {ns}/data does not exist in the API server: create it")), "{s:#?}");
+            assert!(m.events().iter().any(|e| e.reason == "FailedMount" && e.message.contains(&format!("{ns}/data does not exist"))), "a FailedMount event");
+
+            let pv = cluster.scoped("data");
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
+                         "claimRef": {"namespace": ns, "name": "data"}}})).await;
+            let claim = cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv, "storageClassName": ""}})).await;
+            let s = wait_for_status(&m, &p, 30, |s| error(s).contains("is not bound yet")).await;
+            assert!(error(&s).contains("waiting for the PersistentVolume controller to bind it"), "{s:#?}");
+
+            // The PV binder's part.
+            let mut claim = claim;
+            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
+            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), &ns);
+            claims.replace_status("data", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            m.wait_for_attach_and_mount(&p).await.expect("mounted once bound");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["data"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
+
+            let requests = cluster.node_requests().expect("the server counts the node's requests");
+            for (what, count) in &requests {
+                let storage = what.contains("persistentvolume");
+                assert!(!storage || what.starts_with("get "), "{what}: {count}; a node may only get claims and volumes: {requests:#?}");
+            }
+            assert!(requests.contains_key("get persistentvolumeclaims") && requests.contains_key("get persistentvolumes"), "{requests:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
