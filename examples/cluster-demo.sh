@@ -38,7 +38,8 @@ kubeconfig=$(tools/k8s/control-plane.sh node "$plane" demo)
 api() {
   local type=application/json
   [ "$1" = PATCH ] && type=application/merge-patch+json
-  curl -sS --fail-with-body --cacert "$plane/ca.crt" --cert "$plane/admin.crt" \
+  # (not curl's own user agent: the API server indents its answers to curl)
+  curl -sS --fail-with-body -A kubevol-demo --cacert "$plane/ca.crt" --cert "$plane/admin.crt" \
     --key "$plane/admin.key" -X "$1" -H "Content-Type: $type" \
     "https://127.0.0.1:$port$2" ${3:+--data "$3"}
 }
@@ -121,7 +122,8 @@ echo "Node demo's status.volumesInUse: $(api GET /api/v1/nodes/demo | grep -o '"
 echo
 echo "Events of the pod:"
 api GET "/api/v1/namespaces/default/events?fieldSelector=involvedObject.uid%3D$uid" |
-  grep -o '"reason":"[^"]*","message":"[^"]*"' | sed 's/"reason":"\([^"]*\)","message":"\(.*\)"/  \1: \2/' ||
+  grep -o '"reason":"[^"]*","message":"\([^"\\]\|\\.\)*"' |
+  sed -e 's/"reason":"\([^"]*\)","message":"\(.*\)"$/  \1: \2/' -e 's/\\"/"/g' ||
   echo "  (none: nothing failed, and a successful mount is not posted)"
 
 # Deleted: torn down, then the node reports nothing in use.

@@ -21,8 +21,17 @@ for _ in $(seq 100); do
   sleep 0.05
 done
 export KUBEVOL_CSI_CONTROLLER="loop.csi.kubevol.io=unix://$root/csi/csi.sock"
-"$@"
-status=$?
+# COMMAND runs as a child, so that a TERM sent to this script (a daemon stopped) reaches it
+# and the driver is stopped and its devices detached after it.
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+status=0
+wait "$child" || status=$?
+while kill -0 "$child" 2>/dev/null; do
+  status=0
+  wait "$child" || status=$?
+done
 kill "$driver" 2>/dev/null
 wait "$driver" 2>/dev/null
 "$bin/kubevol-csi-loop" --detach-all --data-dir "$root/csi-data"
