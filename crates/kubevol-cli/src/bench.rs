@@ -1204,6 +1204,7 @@ mod cluster {
 
             let start = tokio::time::Instant::now();
             let cpu_start = cpu_seconds();
+            let server_start = cluster.server_cpu_seconds();
             let mut waits = tokio::task::JoinSet::new();
             let gate = Arc::new(tokio::sync::Semaphore::new(64));
             for i in 0..n {
@@ -1227,6 +1228,7 @@ mod cluster {
             }
             let all_ready = start.elapsed();
             let cpu = cpu_seconds() - cpu_start;
+            let server_cpu = server_start.zip(cluster.server_cpu_seconds()).map(|(a, b)| b - a);
             latencies.sort_by(|a, b| a.total_cmp(b));
             let after = cluster.node_requests();
 
@@ -1262,9 +1264,9 @@ mod cluster {
                     .filter(|(_, v)| *v > 0)
                     .collect::<BTreeMap<String, u64>>()
             });
-            anyhow::Ok((latencies, all_ready, cpu, torn_down, requests, real))
+            anyhow::Ok((latencies, all_ready, cpu, torn_down, requests, real, server_cpu))
         });
-        let (lat, all_ready, cpu, torn_down, requests, real) = figures?;
+        let (lat, all_ready, cpu, torn_down, requests, real, server_cpu) = figures?;
         let (floor_b, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
         let floor = (floor_a + floor_b) / 2;
         let ms = |d: f64| d * 1e3;
@@ -1290,11 +1292,14 @@ mod cluster {
         println!(
             "CPU seconds ({}): {cpu:.2}",
             if real {
-                "kubevol; the API server's own are not counted"
+                "kubevol alone"
             } else {
                 "kubevol and the in-process server together"
             }
         );
+        if let Some(server) = server_cpu {
+            println!("CPU seconds of the real kube-apiserver and etcd meanwhile: {server:.2}");
+        }
         match requests {
             Some(r) => {
                 let total: u64 = r.values().sum();

@@ -231,11 +231,13 @@ fn hostname() -> String {
 fn init_logs(format: LogFormat, default_level: &str) -> logs::Flush {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // kube's client logs each failed request itself, several times a second per watch
-        // while the server is away; kubevol says once per retry what failed and when it tries
-        // again.
+        // kube's client and watcher log each failed request themselves, several times a second per
+        // watch while the server is away; kubevol says once per retry what failed and when it
+        // tries again.
         .unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new(format!("{default_level},kube_client=off"))
+            tracing_subscriber::EnvFilter::new(format!(
+                "{default_level},kube_client=off,kube_runtime::watcher=off"
+            ))
         });
     let (writer, flush) = logs::LogWriter::new(std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -456,6 +456,25 @@ impl TestCluster {
         Some(counts)
     }
 
+    /// The CPU seconds the project's control plane's kube-apiserver and etcd have used so far
+    /// (from `/proc`); `None` on another cluster or the in-process server.
+    pub fn server_cpu_seconds(&self) -> Option<f64> {
+        let dir = self.control_plane.as_ref()?;
+        let processes = std::fs::read_to_string(dir.join("processes")).ok()?;
+        let mut total = 0.0;
+        for line in processes.lines() {
+            let Some(("kube-apiserver" | "etcd", pid)) = line.split_once(' ') else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            // utime and stime, the 14th and 15th fields, in USER_HZ (100) ticks.
+            let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+            total += (ticks(11)? + ticks(12)?) / 100.0;
+        }
+        Some(total)
+    }
+
     /// Every request of this test's node in the project's control plane's audit log, in
     /// order; `None` without one.
     pub fn audited(&self) -> Option<Vec<NodeRequest>> {
