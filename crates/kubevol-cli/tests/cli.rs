@@ -789,3 +789,27 @@ fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
     );
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+/// `bench --cluster --nodes 2` against the real control plane (the README's test command starts
+/// one; without it the benchmark says how to get one, and this fails): two nodes of their own
+/// against one server, a row each with its latency and its API requests per pod.
+#[test]
+fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = bench(tmp.path(), &["--cluster", "--nodes", "2", "--pods", "4"]);
+    assert!(
+        out.contains("2 nodes x 4 pods x (Memory emptyDir, secret, projected service account volume) created at once in a real kube-apiserver"),
+        "{out}"
+    );
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("bench-node-"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in rows {
+        let per_pod: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+        assert!(per_pod > 0.0, "the node's requests are counted: {row}");
+    }
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
