@@ -120,6 +120,18 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
     };
     let read = matches!(r.verb, Verb::Get | Verb::List | Verb::Watch);
     let relation = |found: bool| relation_of(found, &who, node, r);
+    // Allowed where a pod of the node references the object `name` of the request's kind.
+    let relation_by_name = |name: Option<&str>| {
+        relation(name.is_some_and(|name| {
+            related(
+                store,
+                node,
+                r.resource.plural,
+                r.namespace.unwrap_or_default(),
+                name,
+            )
+        }))
+    };
     // The one object a read names: by its name, or by a metadata.name field selector.
     let named = match r.verb {
         Verb::Get => r.name,
@@ -140,41 +152,15 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
                             && p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
                     })
                 });
-                if bound {
-                    Ok(())
-                } else {
-                    Err(forbidden(
-                        &who,
-                        r,
-                        &format!("no relationship found between node '{node}' and this object"),
-                    ))
-                }
+                relation(bound)
             }
             _ => Err(forbidden(&who, r, "a node may not do this to pods")),
         },
-        "configmaps" | "secrets" if read && r.subresource.is_none() => {
-            relation(named.is_some_and(|name| {
-                related(
-                    store,
-                    node,
-                    r.resource.plural,
-                    r.namespace.unwrap_or_default(),
-                    name,
-                )
-            }))
-        }
+        "configmaps" | "secrets" if read && r.subresource.is_none() => relation_by_name(named),
         "persistentvolumeclaims"
             if r.subresource == Some("status") && matches!(r.verb, Verb::Patch | Verb::Update) =>
         {
-            relation(r.name.is_some_and(|name| {
-                related(
-                    store,
-                    node,
-                    r.resource.plural,
-                    r.namespace.unwrap_or_default(),
-                    name,
-                )
-            }))
+            relation_by_name(r.name)
         }
         "persistentvolumeclaims" | "persistentvolumes" | "volumeattachments"
             if r.verb != Verb::Get =>
@@ -185,15 +171,7 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
                 "can only get individual resources of this type",
             ))
         }
-        "persistentvolumeclaims" | "persistentvolumes" => relation(r.name.is_some_and(|name| {
-            related(
-                store,
-                node,
-                r.resource.plural,
-                r.namespace.unwrap_or_default(),
-                name,
-            )
-        })),
+        "persistentvolumeclaims" | "persistentvolumes" => relation_by_name(r.name),
         "volumeattachments" => {
             let key = crate::store::Key {
                 plural: "volumeattachments",
