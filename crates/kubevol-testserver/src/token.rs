@@ -1,6 +1,9 @@
 //! TokenRequest (`POST .../serviceaccounts/<name>/token`): a JWT-shaped token bound to a pod,
 //! with the claims a real server puts in it, issued only as the real server issues it to a
-//! node: for a pod bound to that node, for the pod's own service account.
+//! node: for a pod bound to that node, for the pod's own service account, and (NodeRestriction's
+//! audience check) for at most one audience that the pod's spec names — a projected
+//! `serviceAccountToken` source's `audience` (`""` when unset), or a `tokenRequests` audience of
+//! the CSIDriver of one of its CSI volumes, inline or through a claim.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -101,6 +104,29 @@ pub(crate) fn issue(
         if !on_node {
             return Err(ApiError::new(403, "Forbidden", format!("serviceaccounts \"{name}\" is forbidden: User \"system:node:{node}\" cannot create resource \"serviceaccounts/token\" in API group \"\" in the namespace \"{ns}\": node requested token not bound to a pod")));
         }
+        let forbidden = |why: String| {
+            ApiError::new(
+                403,
+                "Forbidden",
+                format!("serviceaccounts \"{name}\" is forbidden: {why}"),
+            )
+        };
+        let audiences: Vec<&str> = body
+            .pointer("/spec/audiences")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let audience = match audiences.as_slice() {
+            [] => "",
+            [one] => one,
+            _ => return Err(forbidden("node may only request 0 or 1 audiences".into())),
+        };
+        if !pod
+            .as_ref()
+            .is_some_and(|p| pod_references_audience(&store, ns, p, audience))
+        {
+            return Err(forbidden(format!("audience \"{audience}\" not found in pod spec volume, system:node:{node} is not authorized to request tokens for this audience")));
+        }
     }
     let granted = match store.max_token_lifetime {
         Some(max) => (max.as_secs() as i64).min(expiration),
@@ -139,6 +165,67 @@ pub(crate) fn issue(
         "spec": {"audiences": claims["aud"], "expirationSeconds": granted, "boundObjectRef": bound},
         "status": {"token": format!("{header}.{payload}.{signature}"), "expirationTimestamp": rfc3339(now + granted)},
     }))
+}
+
+/// Whether `pod` names `audience`: in a projected `serviceAccountToken` source, or as a
+/// `tokenRequests` audience of the CSIDriver of one of its CSI volumes (inline, or through a
+/// claim's PersistentVolume).
+fn pod_references_audience(
+    store: &crate::store::Store,
+    ns: &str,
+    pod: &Value,
+    audience: &str,
+) -> bool {
+    let get = |plural: &'static str, namespace: &str, name: &str| {
+        store.get(&Key {
+            plural,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    };
+    let driver_has = |driver: &str| {
+        get("csidrivers", "", driver)
+            .and_then(|d| d.pointer("/spec/tokenRequests"))
+            .and_then(Value::as_array)
+            .is_some_and(|requests| {
+                requests
+                    .iter()
+                    .any(|r| r.get("audience").and_then(Value::as_str) == Some(audience))
+            })
+    };
+    let volumes = pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    volumes.iter().any(|v| {
+        let projected = v
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .is_some_and(|sources| {
+                sources.iter().any(|src| {
+                    src.get("serviceAccountToken").is_some_and(|t| {
+                        t.get("audience").and_then(Value::as_str).unwrap_or("") == audience
+                    })
+                })
+            });
+        let driver = match (
+            v.pointer("/csi/driver").and_then(Value::as_str),
+            v.pointer("/persistentVolumeClaim/claimName")
+                .and_then(Value::as_str),
+        ) {
+            (Some(d), _) => Some(d.to_string()),
+            (None, Some(claim)) => get("persistentvolumeclaims", ns, claim)
+                .and_then(|c| c.pointer("/spec/volumeName"))
+                .and_then(Value::as_str)
+                .and_then(|pv| get("persistentvolumes", "", pv))
+                .and_then(|pv| pv.pointer("/spec/csi/driver"))
+                .and_then(Value::as_str)
+                .map(String::from),
+            (None, None) => None,
+        };
+        projected || driver.is_some_and(|d| driver_has(&d))
+    })
 }
 
 #[cfg(test)]

@@ -564,6 +564,12 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
         cluster.namespace().to_string(),
     );
     let other = cluster.scoped("kubevol-test-other-node");
+    // A real cluster's ServiceAccount controller makes `default` by itself.
+    if !cluster.is_real() {
+        cluster
+            .create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}))
+            .await;
+    }
     let (pv_used, pv_unused) = (cluster.scoped("pv-used"), cluster.scoped("pv-unused"));
     for n in [&node, &other] {
         cluster
@@ -588,23 +594,32 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
         cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": va},
             "spec": {"attacher": "example.csi.kubevol.io", "nodeName": n, "source": {"persistentVolumeName": pv_used}}})).await;
     }
-    cluster
+    let mine = cluster
         .create(bound_pod(
             "mine",
             &node,
             json!([
         {"name": "cm", "configMap": {"name": "cm-used"}},
         {"name": "s", "secret": {"secretName": "s-used"}},
-        {"name": "data", "persistentVolumeClaim": {"claimName": "c-used"}}]),
+        {"name": "data", "persistentVolumeClaim": {"claimName": "c-used"}},
+        {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]),
         ))
         .await;
-    cluster
+    let theirs = cluster
         .create(bound_pod(
             "theirs",
             &other,
             json!([{"name": "tmp", "emptyDir": {}}]),
         ))
         .await;
+    let uid = |pod: &Value| pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let (mine_uid, theirs_uid) = (uid(&mine), uid(&theirs));
+    // A token for `pod`, of the server's own audience or of `audience`.
+    let token_request = |uid: &str, pod: &str, audience: Option<&str>| {
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+               "spec": {"audiences": audience.into_iter().collect::<Vec<_>>(), "expirationSeconds": 600,
+                        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}})
+    };
     let client = node_client(&cluster);
     let core = format!("/api/v1/namespaces/{ns}");
     // The real authorizer learns the pod's references a moment after its creation.
@@ -757,6 +772,24 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
             Some(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "new"}})),
             403,
         ),
+        (
+            "POST",
+            format!("{core}/serviceaccounts/default/token"),
+            Some(token_request(&mine_uid, "mine", None)),
+            201,
+        ),
+        (
+            "POST",
+            format!("{core}/serviceaccounts/default/token"),
+            Some(token_request(&mine_uid, "mine", Some("vault"))),
+            403,
+        ),
+        (
+            "POST",
+            format!("{core}/serviceaccounts/default/token"),
+            Some(token_request(&theirs_uid, "theirs", None)),
+            403,
+        ),
     ];
     let mut answers = Vec::new();
     for (method, path, body, want) in cases {
@@ -773,8 +806,9 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
     answers
 }
 
-/// The in-process server is exactly as strict as the real one: the same requests of a node,
-/// the same status codes, one by one (and each as the Node authorizer's rules say).
+/// The in-process server is exactly as strict as the real one: the same requests of a node
+/// (reads, lists, status patches, an event, TokenRequests for its own pod and another's), the
+/// same status codes, one by one (and each as the Node authorizer's rules say).
 #[tokio::test]
 async fn the_in_process_server_answers_a_node_as_the_real_one_does() {
     let fake = node_rights(Backend::InProcess).await;
