@@ -904,8 +904,9 @@ cluster_test! {
     /// Claims and PersistentVolumes are read with GET, the only verb the Node authorizer
     /// allows on them: a claim that does not exist is a FailedMount that says so and is read
     /// again until it exists; one the controller has not bound yet waits for its binding (the
-    /// test plays the PV binder); then the hostPath volume is mounted. Nothing was listed or
-    /// watched, and nothing refused.
+    /// test plays the PV binder); meanwhile the volume is Pending, not failed (the cluster's
+    /// controllers make and bind claims); then the hostPath volume is mounted. Nothing was
+    /// listed or watched, and nothing refused.
     fn a_claim_is_read_with_get_until_it_exists_and_is_bound(backend) {
         let root = TestRoot::new();
         let data = root.path().join("data");
@@ -919,6 +920,9 @@ cluster_test! {
             let error = |s: &kubevol::status::PodStatus| s.volumes.first().and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
             let s = wait_for_status(&m, &p, 30, |s| error(s).contains("does not exist in the API server")).await;
             assert!(error(&s).contains(&format!("PersistentVolumeClaim {ns}/data does not exist in the API server: create it")), "{s:#?}");
+            // Waiting for the cluster (a claim is made and bound by others), not failed.
+            assert_eq!(s.volumes[0].state, kubevol::status::VolumePhase::Pending, "{s:#?}");
+            assert_eq!(s.phase, kubevol::status::PodPhase::Pending, "{s:#?}");
             assert!(m.events().iter().any(|e| e.reason == "FailedMount" && e.message.contains(&format!("{ns}/data does not exist"))), "a FailedMount event");
 
             let pv = cluster.scoped("data");
@@ -929,6 +933,7 @@ cluster_test! {
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv, "storageClassName": ""}})).await;
             let s = wait_for_status(&m, &p, 30, |s| error(s).contains("is not bound yet")).await;
             assert!(error(&s).contains("waiting for the PersistentVolume controller to bind it"), "{s:#?}");
+            assert_eq!(s.volumes[0].state, kubevol::status::VolumePhase::Pending, "{s:#?}");
 
             // The PV binder's part.
             let mut claim = claim;

@@ -58,6 +58,33 @@ fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
         .is_some_and(|s| s.origin == Origin::Cluster)
 }
 
+/// Whether a claim volume waits for the cluster's controllers rather than for a fix: its claim
+/// comes from the API server and is not bound yet, or the API server said it does not exist
+/// (yet: a claim is made by a user, a StatefulSet or the ephemeral-volume controller, and bound
+/// by the PersistentVolume controller). Such a volume is Pending, not failed, and `--once` waits
+/// for it; its FailedMount event is posted all the same.
+pub fn awaits_cluster(store: &ObjectStore, ns: &str, volume: &Volume) -> bool {
+    let Some((name, claim)) = claim_of(store, ns, volume) else {
+        return false;
+    };
+    match claim {
+        Some(c) if from_cluster(store, ns, name) => {
+            let bound = c
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_deref())
+                .is_some_and(|n| !n.is_empty());
+            let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
+            !bound || phase != Some("Bound")
+        }
+        Some(_) => false,
+        None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
+            ns.to_string(),
+            name.to_string(),
+        ))),
+    }
+}
+
 /// The PersistentVolume a claim is bound to: the one `spec.volumeName` names, or else (a claim
 /// of the manifests or the library) the one whose `spec.claimRef` names the claim.
 pub fn bound_volume(

@@ -552,7 +552,7 @@ impl Populator {
                 );
                 continue;
             }
-            let mut fail = |why: String, unsupported: bool| {
+            let mut fail = |why: String, unsupported: bool, waiting: bool| {
                 let message = format!(
                     "{}: volume {:?} of pod {pref}: {why}",
                     stored.origin(),
@@ -565,7 +565,7 @@ impl Populator {
                     ProcessFailure {
                         message,
                         unsupported,
-                        waiting: false,
+                        waiting,
                     },
                 );
             };
@@ -573,7 +573,8 @@ impl Populator {
                 match storage_check(&self.store, &self.host, &pref.namespace, v, usage) {
                     Ok(pv) => pv,
                     Err(Refusal { why, unsupported }) => {
-                        fail(why, unsupported);
+                        let waiting = claims::awaits_cluster(&self.store, &pref.namespace, v);
+                        fail(why, unsupported, waiting);
                         continue;
                     }
                 };
@@ -617,7 +618,7 @@ impl Populator {
                         self.plugins.supported_sources().join(", ")
                     ),
                 };
-                fail(why, true);
+                fail(why, true, false);
                 continue;
             };
             let content_generation = if plugin.requires_remount() {

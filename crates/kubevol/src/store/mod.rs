@@ -536,6 +536,12 @@ impl ObjectStore {
         self.read().pending.contains(key)
     }
 
+    /// Whether the API server said an object read by name does not exist (see
+    /// [`Change::ClusterAbsent`]).
+    pub fn absent(&self, key: &ObjectKey) -> bool {
+        self.read().absent.contains(key)
+    }
+
     /// The keys whose objects changed since the last call (pods by UID, the objects they
     /// read, an object's pending state), and whether anything else may have changed what a
     /// pod reads (a manifest file's errors): the populator processes only the pods these touch.
@@ -577,7 +583,7 @@ impl ObjectStore {
             "ConfigMap" => Some(ObjectKey::ConfigMap((ns, n))),
             _ => None,
         };
-        if key.is_some_and(|k| self.read().absent.contains(&k)) {
+        if key.is_some_and(|k| self.absent(&k)) {
             return "does not exist in the API server: create it (it is read again with backoff, every 8 s at most)".into();
         }
         match self.not_loaded(kind, namespace, name) {
