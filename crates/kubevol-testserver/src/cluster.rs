@@ -285,15 +285,10 @@ impl TestCluster {
         &self.namespace
     }
 
-    /// The node's client configuration, pointed at the relay (for a client of one's own, such
-    /// as kubevol's `source::cluster::client`).
+    /// The node's client configuration, pointed at the relay (for the node's client, kubevol's
+    /// `source::cluster::client`).
     pub fn node_config(&self) -> kube::Config {
         self.node_config.clone()
-    }
-
-    /// A client with the node's identity, through the relay (kube's own client).
-    pub fn node_client(&self) -> kube::Client {
-        kube::Client::try_from(self.node_config.clone()).expect("a client of the node")
     }
 
     /// A client with the administrator's identity (never cut).

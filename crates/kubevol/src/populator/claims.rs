@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use kubevol_core::affinity::{self, NodeFacts};
 use kubevol_core::validation::all_containers;
 
-use crate::store::{ObjectStore, Origin};
+use crate::store::{claim_bound, claim_volume, ObjectStore, Origin};
 
 /// How a pod's containers use a volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,15 +68,7 @@ pub fn awaits_cluster(store: &ObjectStore, ns: &str, volume: &Volume) -> bool {
         return false;
     };
     match claim {
-        Some(c) if from_cluster(store, ns, name) => {
-            let bound = c
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_name.as_deref())
-                .is_some_and(|n| !n.is_empty());
-            let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
-            !bound || phase != Some("Bound")
-        }
+        Some(c) if from_cluster(store, ns, name) => !claim_bound(&c),
         Some(_) => false,
         None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
             ns.to_string(),
@@ -93,12 +85,7 @@ pub fn bound_volume(
     claim: &PersistentVolumeClaim,
 ) -> Option<Arc<PersistentVolume>> {
     let cname = claim.metadata.name.as_deref().unwrap_or_default();
-    match claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .filter(|n| !n.is_empty())
-    {
+    match claim_volume(claim) {
         Some(pv) => store.persistent_volume(pv).map(|s| s.object),
         None if from_cluster(store, ns, cname) => None,
         None => store
@@ -142,18 +129,12 @@ pub fn resolve(
             "PersistentVolumeClaim {ns}/{cname} is being deleted (metadata.deletionTimestamp is set): a pod cannot start with it"
         ));
     }
-    let volume_name = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.clone())
-        .filter(|n| !n.is_empty());
-    // The API server's claim is used once its binding is complete, as the kubelet does: the
-    // controller sets spec.volumeName, then status.phase Bound.
-    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
-    if from_cluster(store, ns, cname) && (volume_name.is_none() || phase != Some("Bound")) {
+    let volume_name = claim_volume(&claim).map(String::from);
+    // The API server's claim is used once its binding is complete, as the kubelet does.
+    if from_cluster(store, ns, cname) && !claim_bound(&claim) {
         return Err(format!(
             "PersistentVolumeClaim {ns}/{cname} is not bound yet (status.phase {}, spec.volumeName {}): waiting for the PersistentVolume controller to bind it; the claim is read again with backoff, every 8 s at most",
-            phase.unwrap_or("unset"),
+            claim.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("unset"),
             volume_name.as_deref().unwrap_or("unset"),
         ));
     }

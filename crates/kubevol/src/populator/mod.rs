@@ -243,14 +243,9 @@ fn storage_versions(
         None => {
             // Bound to a volume the store does not hold (yet), or unbound: then any
             // PersistentVolume may turn out to be its (its `claimRef` names the claim).
-            let pv = claim
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_name.clone())
-                .filter(|n| !n.is_empty());
-            match pv {
+            match crate::store::claim_volume(&claim) {
                 Some(pv) => {
-                    let key = ObjectKey::PersistentVolume(pv);
+                    let key = ObjectKey::PersistentVolume(pv.to_string());
                     out.push((key.clone(), absent(store, key)));
                 }
                 None => out.push((ANY_PERSISTENT_VOLUME, Version::Missing)),

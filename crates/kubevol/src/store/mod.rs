@@ -110,6 +110,22 @@ pub fn is_for_node(pod: &Pod, node: &str) -> bool {
         .is_none_or(|n| n.is_empty() || n == node)
 }
 
+/// The PersistentVolume a claim names in `spec.volumeName`, if it names one.
+pub fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+/// Whether a claim's binding is complete, as the kubelet requires of the API server's claims:
+/// the PersistentVolume controller has set `spec.volumeName`, then `status.phase` Bound.
+pub fn claim_bound(claim: &PersistentVolumeClaim) -> bool {
+    claim_volume(claim).is_some()
+        && claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
 /// Fills in a pod's defaults: the `default` namespace and its UID.
 pub fn normalize_pod(mut pod: Pod) -> Pod {
     if pod.metadata.namespace.as_deref().unwrap_or("").is_empty() {
@@ -575,12 +591,11 @@ impl ObjectStore {
     /// What to say of an object the store does not hold: that a broken manifest file holds it
     /// back (see [`ObjectStore::not_loaded`]), or that it does not exist.
     pub fn absence(&self, kind: &str, namespace: &str, name: &str) -> String {
+        // Only what is read with GET (claims and PersistentVolumes) is ever marked absent.
         let (ns, n) = (namespace.to_string(), name.to_string());
         let key = match kind {
             "PersistentVolumeClaim" => Some(ObjectKey::PersistentVolumeClaim((ns, n))),
             "PersistentVolume" => Some(ObjectKey::PersistentVolume(n)),
-            "Secret" => Some(ObjectKey::Secret((ns, n))),
-            "ConfigMap" => Some(ObjectKey::ConfigMap((ns, n))),
             _ => None,
         };
         if key.is_some_and(|k| self.absent(&k)) {

@@ -31,7 +31,7 @@ use kube::client::{Body, ConfigExt};
 /// as new ones start.
 pub const STREAMS_PER_CONNECTION: usize = 90;
 /// How long a request other than a watch may wait for the server's answer to begin.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a connection may take to be made.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a connection is pinged (client-go's ReadIdleTimeout).

@@ -32,7 +32,7 @@ mod tokens;
 mod trust;
 
 pub use attach::ControllerAttach;
-pub use connection::{client, REQUEST_TIMEOUT, STREAMS_PER_CONNECTION};
+pub use connection::{client, STREAMS_PER_CONNECTION};
 pub use csinode::{CsiNodePublisher, NodeDrivers, NODE_ID_ANNOTATION};
 pub use events::EventPoster;
 pub use node_status::{NodeStatusReporter, NodeVolumes};

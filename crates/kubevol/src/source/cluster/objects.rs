@@ -18,7 +18,9 @@ use tokio::task::JoinHandle;
 use crate::source::cluster::backoff::{
     object_refused, object_watch_refused, refused, AbortOnDrop, WatchBackoff,
 };
-use crate::store::{pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE};
+use crate::store::{
+    claim_bound, claim_volume, pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE,
+};
 
 /// One object a pod references, by kind, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -233,36 +235,34 @@ impl Referenced {
         r: &Ref,
     ) -> (JoinHandle<()>, Option<Arc<tokio::sync::Notify>>) {
         let (client, sink) = (self.client.clone(), self.sink.clone());
-        let me = Arc::downgrade(self);
         let reread = Arc::new(tokio::sync::Notify::new());
-        let task = match r.clone() {
+        match r.clone() {
             Ref::ConfigMap(ns, n) => {
                 let api = Api::<ConfigMap>::namespaced(client, &ns);
-                return (
-                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::ConfigMap, |_| {})),
-                    None,
-                );
+                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, |_| {});
+                (tokio::spawn(watch), None)
             }
             Ref::Secret(ns, n) => {
                 let api = Api::<Secret>::namespaced(client, &ns);
-                return (
-                    tokio::spawn(watch_one(api, n, r.key(), sink, Object::Secret, |_| {})),
-                    None,
-                );
+                let watch = watch_one(api, n, r.key(), sink, Object::Secret, |_| {});
+                (tokio::spawn(watch), None)
             }
-            Ref::Volume(n) => tokio::spawn(read_one(
-                Api::<PersistentVolume>::all(client),
-                n,
-                r.key(),
-                sink,
-                reread.clone(),
-                Object::PersistentVolume,
-                |_| {},
-                |_| true,
-            )),
+            Ref::Volume(n) => {
+                let read = read_one(
+                    Api::<PersistentVolume>::all(client),
+                    n,
+                    r.key(),
+                    sink,
+                    reread.clone(),
+                    Object::PersistentVolume,
+                    |_| {},
+                    |_| true,
+                );
+                (tokio::spawn(read), Some(reread))
+            }
             Ref::Claim(ns, n) => {
-                let claim = r.clone();
-                tokio::spawn(read_one(
+                let (claim, me) = (r.clone(), Arc::downgrade(self));
+                let read = read_one(
                     Api::<PersistentVolumeClaim>::namespaced(client, &ns),
                     n,
                     r.key(),
@@ -270,25 +270,16 @@ impl Referenced {
                     reread.clone(),
                     Object::PersistentVolumeClaim,
                     move |c: Option<&PersistentVolumeClaim>| {
-                        let pv = c
-                            .and_then(|c| c.spec.as_ref())
-                            .and_then(|s| s.volume_name.clone())
-                            .filter(|n| !n.is_empty());
+                        let pv = c.and_then(claim_volume).map(String::from);
                         if let Some(me) = me.upgrade() {
                             me.claim_bound(&claim, pv);
                         }
                     },
-                    |c| {
-                        c.spec
-                            .as_ref()
-                            .and_then(|s| s.volume_name.as_deref())
-                            .is_some_and(|n| !n.is_empty())
-                            && c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-                    },
-                ))
+                    claim_bound,
+                );
+                (tokio::spawn(read), Some(reread))
             }
-        };
-        (task, Some(reread))
+        }
     }
 }
 
