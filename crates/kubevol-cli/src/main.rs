@@ -123,6 +123,12 @@ struct RunArgs {
     /// Detach a busy mount lazily (umount MNT_DETACH) instead of retrying until it is free.
     #[arg(long)]
     allow_lazy_unmount: bool,
+    /// Take pod directories under --root-dir that kubevol never recorded (a kubelet's, another
+    /// tool's, or left by a lost record) as kubevol's own: their volumes are torn down when no
+    /// pod wants them, and their directories removed. Without it they are reported in the
+    /// status and the log, and left alone.
+    #[arg(long)]
+    adopt_foreign_pods: bool,
     /// The largest manifest file read (bytes, or with a Ki, Mi or Gi suffix); a bigger file is
     /// reported as an error of that file and not read.
     #[arg(long, default_value = "8Mi", value_parser = parse_size)]
@@ -344,8 +350,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.volume_stats_period = args.volume_stats_period;
     config.operation_timeout = args.operation_timeout;
     config.allow_lazy_unmount = args.allow_lazy_unmount;
-    let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))
-        .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?;
+    config.adopt_foreign_pods = args.adopt_foreign_pods;
+    let manager = match VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)) {
+        Ok(m) => m,
+        // It names the root, the lock and its holder.
+        Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => return Err(e.into()),
+        Err(e) => Err(e)
+            .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?,
+    };
     let mut sources = Vec::new();
     if let Some(client) = cluster_client(&args).await? {
         // Until the API server has listed this node's pods, nothing is torn down; while it
@@ -457,11 +469,11 @@ async fn cluster_client(args: &RunArgs) -> anyhow::Result<Option<kube::Client>> 
 }
 
 /// Whether a pod's volumes can never become ready without a change to its manifests: it is
-/// invalid, or a volume cannot be processed (an unsupported type, a source that needs an API
+/// invalid, held (its file has errors), or a volume cannot be processed (an unsupported type, a source that needs an API
 /// server, a claim that is missing or unbound, a volume of other nodes). Other failures are
 /// retried with backoff.
 fn failed_for_good(p: &kubevol::status::PodStatus) -> bool {
-    p.phase == PodPhase::Rejected
+    matches!(p.phase, PodPhase::Rejected | PodPhase::Held)
         || p.volumes
             .iter()
             .any(kubevol::status::VolumeStatus::not_processed)

@@ -118,6 +118,21 @@ pub fn print_report(
             writeln!(out, "  {p}")?;
         }
     }
+    let foreign = &report.reconstruction.foreign_pods;
+    if !foreign.is_empty() {
+        writeln!(
+            out,
+            "\nForeign pod directories ({}):",
+            kubevol::reconstruct::FOREIGN_HINT
+        )?;
+        for f in foreign {
+            let volumes = match f.volumes.len() {
+                0 => "no volumes".to_string(),
+                _ => f.volumes.join(", "),
+            };
+            writeln!(out, "  {}: {volumes}", f.path)?;
+        }
+    }
     if !report.leftovers.is_empty() {
         writeln!(out, "\nOrphaned pod directories kept:")?;
         for l in &report.leftovers {

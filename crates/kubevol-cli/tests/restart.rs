@@ -666,13 +666,18 @@ fn status_of<'a>(s: &'a serde_json::Value, pod: &str) -> Option<&'a serde_json::
 }
 
 /// Waits until `cond` holds for the daemon's status; panics with it after `secs`.
-fn wait_status(d: &Daemon, secs: u64, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+fn wait_status(
+    d: &Daemon,
+    secs: u64,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut last = None;
     while Instant::now() < deadline {
         if let Some(s) = d.status() {
             if cond(&s) {
-                return;
+                return s;
             }
             last = Some(s);
         }
@@ -719,8 +724,10 @@ mount_test! {
         assert_ne!(cut.join("\n") + "\n", text, "the emptyDir's record lines");
         // A whole line after them (a removal of nothing), so that they are not a write cut short.
         let after = r#"{"removePodVolume":{"pod":"none","unique":"none"}}"#;
-        std::fs::write(&record, cut.join("\n") + "\n" + after + "\n").unwrap();
-        // A gone pod's directory with a file of someone else's in it: kept and reported.
+        let torn = r#"{"podVolume":{"version":1,"pod":{"namespace":"default","name":"gone","uid":"00000000-0000-4000-8000-0000000000aa"},"#;
+        std::fs::write(&record, cut.join("\n") + "\n" + torn + "\n" + after + "\n").unwrap();
+        // A gone pod's directory with a file of someone else's in it: kept and reported. Its
+        // record is a line that cannot be read, which still names it as kubevol's.
         let orphan = env.root().join("pods/00000000-0000-4000-8000-0000000000aa");
         std::fs::create_dir_all(orphan.join("volumes")).unwrap();
         std::fs::write(orphan.join("notes.txt"), "not kubevol's\n").unwrap();
@@ -950,5 +957,154 @@ mount_test! {
         let _ = holder.wait();
         assert_eq!(out, "unsaved\n", "the detached tmpfs lives on for its last user");
         check_invariants(&env, &mut w);
+    }
+}
+
+/// `kubevol ARGS` on the test's root with an empty manifest directory, to its end: (success,
+/// stdout, stderr).
+fn kubevol_on_root(env: &Env, args: &[&str]) -> (bool, String, String) {
+    let empty = env.tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let port = free_port();
+    let out = Command::new(BIN)
+        .args(["run", "--manifests"])
+        .arg(&empty)
+        .arg("--root-dir")
+        .arg(env.root())
+        .args(["--node-name", "test-node", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+mount_test! {
+    fn a_second_kubevol_on_the_same_root_refuses_and_changes_nothing() {
+        let env = Env::new();
+        let (mut w, i, mut d, cache) = memory_pod_with_work(&env, &[]);
+        let pid = d.child.as_ref().unwrap().id();
+        let lock = env.root().join(kubevol::record::LOCK_FILE);
+        for extra in [&[][..], &["--once", "--timeout", "5s"][..]] {
+            let (ok, _, stderr) = kubevol_on_root(&env, extra);
+            assert!(!ok, "{extra:?} must refuse: {stderr}");
+            assert!(
+                stderr.contains(&format!("in use by process {pid}"))
+                    && stderr.contains(&lock.display().to_string())
+                    && stderr.contains(&env.root().display().to_string()),
+                "{extra:?}: the root, the lock and the holder are named: {stderr}"
+            );
+        }
+        assert_eq!(std::fs::read_to_string(cache.join("work")).unwrap(), "unsaved\n");
+        converge(&env, &d, &w, 60);
+        check_invariants(&env, &mut w);
+        // The lock goes with its holder however it ends.
+        d.kill();
+        let (ok, stdout, stderr) = kubevol_on_root(&env, &["--once", "--timeout", "5s"]);
+        assert!(ok, "the root is free once its owner is gone: {stdout}\n{stderr}");
+        let _ = i;
+    }
+}
+
+mount_test! {
+    fn pod_directories_kubevol_never_recorded_are_left_alone_unless_adopted() {
+        let env = Env::new();
+        let (mut w, i, mut d, _) = memory_pod_with_work(&env, &[]);
+        d.kill();
+        // While down: the pod is removed, and someone else's pod appears under the root, with a
+        // mounted volume holding data.
+        w.toggle(&env, i);
+        let foreign = env.root().join("pods/00000000-0000-4000-8000-0000000000fe");
+        let volume = foreign.join("volumes/kubernetes.io~empty-dir/data");
+        std::fs::create_dir_all(&volume).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&volume)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::write(volume.join("db"), "someone else's\n").unwrap();
+
+        let d = Daemon::start(&env, None, &[]);
+        // Kubevol's own gone pod is torn down and swept; the foreign one is reported.
+        let own = env.root().join("pods").join(&w.pods[i].uid);
+        let s = wait_status(&d, 60, "the own pod is swept, the foreign one reported", |s| {
+            s["states_synced"] == true
+                && s["pods"] == serde_json::json!([])
+                && !own.exists()
+                && s["reconstruction"]["foreign_pods"]
+                    .to_string()
+                    .contains("0000000000fe")
+        });
+        assert!(
+            s["reconstruction"]["foreign_pods"].to_string().contains("kubernetes.io/empty-dir/data"),
+            "{s}"
+        );
+        assert!(actual_mounts(&env.root()).contains(&volume), "its mount stays");
+        assert_eq!(std::fs::read_to_string(volume.join("db")).unwrap(), "someone else's\n");
+        assert!(
+            std::fs::read_to_string(&d.log).unwrap().contains("--adopt-foreign-pods"),
+            "the log says how to adopt them"
+        );
+        let out = Command::new(BIN)
+            .args(["status", "--server", &format!("http://127.0.0.1:{}", d.port)])
+            .output()
+            .unwrap();
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            table.contains("Foreign pod directories") && table.contains(&foreign.display().to_string()),
+            "{table}"
+        );
+        drop(d);
+
+        // Adopted: it is kubevol's to tear down.
+        let d = Daemon::start(&env, None, &["--adopt-foreign-pods"]);
+        wait_status(&d, 60, "the adopted pod is torn down", |_| !foreign.exists());
+        assert!(!actual_mounts(&env.root()).contains(&volume));
+        let s = d.status().unwrap();
+        assert_eq!(s["reconstruction"]["foreign_pods"], serde_json::json!([]), "{s}");
+    }
+}
+
+mount_test! {
+    fn a_pod_whose_manifest_is_broken_at_start_keeps_its_volumes_until_the_file_is_fixed() {
+        let env = Env::new();
+        let (mut w, i, mut d, cache) = memory_pod_with_work(&env, &[]);
+        let j = index(&w, "disk");
+        w.toggle(&env, j);
+        converge(&env, &d, &w, 60);
+        d.kill();
+        // While down, the memory pod's file is left half-saved.
+        let file = env.manifests().join("memory.yaml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        std::fs::write(&file, &text[..text.len() / 2]).unwrap();
+
+        let d = Daemon::start(&env, None, &[]);
+        let s = wait_status(&d, 60, "the pod is held", |s| {
+            s["states_synced"] == true
+                && status_of(s, "memory").is_some_and(|p| p["phase"] == "Held")
+                && status_of(s, "disk").is_some_and(|p| p["phase"] == "Ready")
+        });
+        let memory = status_of(&s, "memory").unwrap();
+        assert!(
+            memory["errors"].to_string().contains("memory.yaml has errors"),
+            "it says why: {memory}"
+        );
+        for v in memory["volumes"].as_array().unwrap() {
+            // Found at start, and neither set up again nor torn down while held.
+            assert!(v["state"] == "Uncertain" || v["state"] == "Mounted", "{v}");
+        }
+        assert!(actual_mounts(&env.root()).contains(&cache), "still mounted");
+        assert_eq!(std::fs::read_to_string(cache.join("work")).unwrap(), "unsaved\n");
+        // Fixed: the pod is back, with its data.
+        std::fs::write(&file, &text).unwrap();
+        converge(&env, &d, &w, 60);
+        assert_eq!(std::fs::read_to_string(cache.join("work")).unwrap(), "unsaved\n");
+        let _ = i;
     }
 }

@@ -119,6 +119,7 @@ impl Operation {
 
 /// The operations due now. `teardown_allowed` is false until every pod source has delivered a
 /// complete first listing: before that, a pod missing from the DSW may just not be listed yet.
+/// A pod the DSW holds ([`DesiredState::held`]) keeps its volumes though no pod wants them.
 /// With `require_reported` (a node of a cluster), an attachable or device-mountable volume is
 /// not attached or staged before the node has reported it in `status.volumesInUse`, so that
 /// the attach/detach controller never detaches a volume the node is about to use.
@@ -151,7 +152,7 @@ pub fn plan(
     if teardown_allowed {
         for v in &actual {
             for uid in v.pods.keys() {
-                if dsw.pod_volume(&v.name, uid).is_none() {
+                if dsw.pod_volume(&v.name, uid).is_none() && dsw.held(uid).is_none() {
                     ops.push(Operation::UnmountVolume {
                         volume: v.name.clone(),
                         pod: uid.clone(),
@@ -426,6 +427,37 @@ mod tests {
                 pod: PodUid("uid-a".into())
             }]
         );
+    }
+
+    #[test]
+    fn a_held_pods_volumes_are_kept_and_torn_down_once_released() {
+        let t = traits(false, false);
+        let mut asw = ActualState::default();
+        for p in ["a", "b"] {
+            asw.mark_pod_volume(
+                &vol(&format!("v-{p}")),
+                &t,
+                PodUid(format!("uid-{p}").into()),
+                mounted(p, PodMountState::Mounted, 0),
+            );
+        }
+        let mut dsw = DesiredState::default();
+        let held = BTreeMap::from([(PodUid("uid-a".into()), "its file is broken".to_string())]);
+        assert_eq!(dsw.set_held(held), vec![PodUid("uid-a".into())]);
+        assert_eq!(
+            dsw.held(&PodUid("uid-a".into())),
+            Some("its file is broken")
+        );
+        assert_eq!(
+            plan(&dsw, &asw, true, false, None),
+            vec![Operation::UnmountVolume {
+                volume: vol("v-b"),
+                pod: PodUid("uid-b".into())
+            }],
+            "only the pod that is not held"
+        );
+        assert_eq!(dsw.set_held(BTreeMap::new()), vec![PodUid("uid-a".into())]);
+        assert_eq!(plan(&dsw, &asw, true, false, None).len(), 2);
     }
 
     #[test]

@@ -316,9 +316,36 @@ pub struct DesiredState {
     /// map compares again at every level.
     volumes: crate::collections::HashMap<UniqueVolumeName, DesiredVolume>,
     pods: BTreeMap<PodUid, DesiredPod>,
+    /// Pods not wanted whose volumes are nevertheless kept (their definition cannot be read
+    /// now), and why.
+    held: BTreeMap<PodUid, String>,
 }
 
 impl DesiredState {
+    /// Keeps exactly these pods' volumes from being torn down while no pod wants them; returns
+    /// the pods whose hold was added or released.
+    pub fn set_held(&mut self, held: BTreeMap<PodUid, String>) -> Vec<PodUid> {
+        let changed = self
+            .held
+            .keys()
+            .filter(|u| !held.contains_key(*u))
+            .chain(held.keys().filter(|u| !self.held.contains_key(*u)))
+            .cloned()
+            .collect();
+        self.held = held;
+        changed
+    }
+
+    /// Why a pod's volumes are kept though no pod wants them, if they are.
+    pub fn held(&self, uid: &PodUid) -> Option<&str> {
+        self.held.get(uid).map(String::as_str)
+    }
+
+    /// Every held pod, and why.
+    pub fn held_pods(&self) -> &BTreeMap<PodUid, String> {
+        &self.held
+    }
+
     /// Replaces everything the DSW knows about one pod.
     pub fn set_pod(
         &mut self,

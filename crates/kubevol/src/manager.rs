@@ -70,6 +70,11 @@ pub struct Config {
     /// (`--node-labels`). `kubernetes.io/hostname` (the node name), `kubernetes.io/os` and
     /// `kubernetes.io/arch` are added unless given, as the kubelet labels its Node.
     pub node_labels: BTreeMap<String, String>,
+    /// Whether pod directories under the root that kubevol never recorded (a kubelet's,
+    /// another tool's, or left by a lost record) are taken as kubevol's own: their volumes
+    /// reconstructed, torn down when no pod wants them, and their directories swept. Off: they
+    /// are reported and left alone.
+    pub adopt_foreign_pods: bool,
 }
 
 impl Config {
@@ -92,6 +97,7 @@ impl Config {
             operation_timeout: Duration::from_secs(120),
             allow_lazy_unmount: false,
             node_labels: BTreeMap::new(),
+            adopt_foreign_pods: false,
         }
     }
 }
@@ -141,6 +147,8 @@ struct Parts {
     shutdown: watch::Sender<bool>,
     /// Taken by [`VolumeManager::run`]: the populator owns the DSW writer.
     populator: Mutex<Option<Populator>>,
+    /// The root directory's lock, held as long as any part of the manager lives.
+    _lock: crate::record::RootLock,
 }
 
 /// The volume manager. Cheap to clone; all clones share one manager.
@@ -150,7 +158,10 @@ pub struct VolumeManager {
 }
 
 impl VolumeManager {
-    /// A manager with the standard plugins over `mounter`. Creates the root directory.
+    /// A manager with the standard plugins over `mounter`. Creates the root directory and
+    /// takes its lock (`<root>/kubevol.lock`) for as long as the manager lives: while another
+    /// process holds it, this fails with `ResourceBusy`, naming the holder, and nothing is read
+    /// or changed.
     pub fn new(config: Config, mounter: Arc<dyn Mounter>) -> std::io::Result<Self> {
         Self::with_plugins(config, mounter, PluginRegistry::standard())
     }
@@ -167,6 +178,8 @@ impl VolumeManager {
             root_dir: root.clone(),
             ..config
         };
+        // Before the record is read or anything touched: one owner per root.
+        let lock = crate::record::RootLock::take(&root)?;
         let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
         let store = Arc::new(ObjectStore::new());
         let library = Library::default();
@@ -239,6 +252,7 @@ impl VolumeManager {
                 findings: Arc::default(),
                 shutdown: watch::channel(false).0,
                 populator: Mutex::new(Some(populator)),
+                _lock: lock,
             }),
         })
     }
@@ -312,19 +326,20 @@ impl VolumeManager {
             tracing::warn!("VolumeManager::run was called again; the manager runs once");
             return;
         };
-        crate::reconstruct::at_start(
+        let recorded = crate::reconstruct::at_start(
             p.asw.clone(),
             p.host.clone(),
             p.plugins.clone(),
             &p.metrics,
             &p.findings,
+            p.config.adopt_foreign_pods,
         )
         .await;
         let registry = p.host.root.join(crate::csi::registration::REGISTRY_DIR);
         let at_start =
             crate::csi::register_at_start(&p.host.csi, &registry, &p.config.csi_drivers).await;
         let stop = p.shutdown.subscribe();
-        let populator = tokio::spawn(populator.run(stop.clone()));
+        let populator = tokio::spawn(populator.holding(recorded).run(stop.clone()));
         let reconciler = tokio::spawn(crate::reconciler::run(
             p.operations.clone(),
             p.config.resync_period,

@@ -382,6 +382,27 @@ impl DswWriter {
         crate::sync::lock(&self.world.pending_since).remove(uid);
     }
 
+    /// Keeps exactly these pods' volumes from being torn down while no pod wants them (see
+    /// [`DesiredState::held`](kubevol_core::state::DesiredState::held)).
+    pub fn set_held(&self, held: BTreeMap<PodUid, String>) {
+        let changed = crate::sync::write(&self.world.dsw).set_held(held);
+        if changed.is_empty() {
+            return;
+        }
+        let volumes: Vec<UniqueVolumeName> = {
+            let asw = self.world.asw();
+            changed
+                .iter()
+                .flat_map(|uid| asw.pod_volumes(uid).map(|(name, _)| name.clone()))
+                .collect()
+        };
+        self.world.touch(volumes.iter());
+        for uid in &changed {
+            self.world.notify_pod(uid);
+        }
+        self.world.announce();
+    }
+
     /// Records that the DSW holds every source's complete first listing; true the first time.
     pub fn mark_synced(&self) -> bool {
         let first = !self.world.dsw_synced.swap(true, Ordering::AcqRel);

@@ -28,6 +28,9 @@ pub enum PodPhase {
     Rejected,
     /// The pod is gone or terminated and its volumes are being torn down.
     Terminating,
+    /// The pod's manifest cannot be read now (it has errors): its volumes are kept as last
+    /// recorded, and nothing of it is torn down until the file is fixed or removed.
+    Held,
 }
 
 impl std::fmt::Display for PodPhase {
@@ -213,6 +216,7 @@ impl Sources<'_> {
         let dsw = self.world.dsw();
         let asw = self.world.asw();
         let mut volumes = Vec::new();
+        let mut errors = Vec::new();
         let (pod_ref, phase) = if let Some(dp) = dsw.pod(uid) {
             let mut all_mounted = true;
             let mut any_failed = dp.failed_to_process.values().any(|f| !f.waiting);
@@ -289,10 +293,16 @@ impl Sources<'_> {
             };
             (dp.pod_ref.clone(), phase)
         } else {
+            let held = dsw.held(uid).map(str::to_string);
             let mut pod_ref = None;
             for (unique, m) in asw.pod_volumes(uid) {
                 pod_ref = Some(m.pod_ref.clone());
                 let err = self.executor.last_error_for(unique, uid);
+                let state = match (&held, m.state) {
+                    (None, _) => VolumePhase::Unmounting,
+                    (Some(_), PodMountState::Mounted) => VolumePhase::Mounted,
+                    (Some(_), _) => VolumePhase::Uncertain,
+                };
                 volumes.push(VolumeStatus {
                     name: m.outer_volume_name.to_string(),
                     type_: self.volume_type(
@@ -301,23 +311,31 @@ impl Sources<'_> {
                             .unwrap_or_default(),
                     ),
                     unique_name: Some(unique.to_string()),
-                    state: VolumePhase::Unmounting,
+                    state,
                     path: Some(m.path.display().to_string()),
                     read_only: m.read_only,
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings: Vec::new(),
                 });
             }
-            (pod_ref?, PodPhase::Terminating)
+            if let Some(why) = held {
+                errors.push(why);
+                (pod_ref?, PodPhase::Held)
+            } else {
+                (pod_ref?, PodPhase::Terminating)
+            }
         };
         volumes.sort_by(|a, b| a.name.cmp(&b.name));
         Some(PodStatus {
             namespace: pod_ref.namespace.to_string(),
             name: pod_ref.name.to_string(),
             uid: uid.to_string(),
-            source: self.store.pod_source(uid).to_string(),
+            source: match phase {
+                PodPhase::Held => "the record (its manifest has errors)".to_string(),
+                _ => self.store.pod_source(uid).to_string(),
+            },
             phase,
-            errors: Vec::new(),
+            errors,
             volumes,
             events,
         })

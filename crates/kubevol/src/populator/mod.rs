@@ -82,6 +82,9 @@ pub struct Populator {
     due: BTreeSet<PodUid>,
     /// The next pass looks at every pod (the first one, and the one after a panic).
     full_pass_due: bool,
+    /// Pods recorded at start from a manifest file that have not come back yet: while their
+    /// file has errors they are held (their volumes kept as recorded).
+    recorded: crate::reconstruct::RecordedFiles,
 }
 
 impl Populator {
@@ -109,7 +112,46 @@ impl Populator {
             readers: HashMap::default(),
             due: BTreeSet::new(),
             full_pass_due: true,
+            recorded: Default::default(),
         }
+    }
+
+    /// Holds the volumes of pods recorded from a manifest file while that file has errors and
+    /// the pod has not come back (`files`: what reconstruction found in the record).
+    pub(crate) fn holding(mut self, files: crate::reconstruct::RecordedFiles) -> Self {
+        self.recorded = files;
+        self
+    }
+
+    /// Brings the held pods up to date: a recorded pod that came back, or whose file reads
+    /// without errors (and so no longer defines it), is no longer held, for good.
+    fn update_held(&mut self) {
+        if self.recorded.is_empty() {
+            return;
+        }
+        let broken: BTreeSet<std::path::PathBuf> = self
+            .store
+            .file_errors()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        let store = &self.store;
+        self.recorded
+            .retain(|uid, (_, file)| store.pod(uid).is_none() && broken.contains(file));
+        let held = self
+            .recorded
+            .iter()
+            .map(|(uid, (pod, file))| {
+                let why = format!(
+                    "pod {}/{} is kept as last recorded: its manifest {} has errors; its volumes stay until the file is fixed (or removed)",
+                    pod.namespace,
+                    pod.name,
+                    file.display()
+                );
+                (uid.clone(), why)
+            })
+            .collect();
+        self.dsw.set_held(held);
     }
 
     /// Runs until `stop` says so: a pass on every store change. A pass that panics (a bug hit
@@ -401,8 +443,11 @@ impl Populator {
                 changed |= wake.after(self, |p| p.sync_pod(&uid, stored.as_ref()));
             }
         }
-        if sources_synced && self.dsw.mark_synced() {
-            changed = true;
+        if sources_synced {
+            self.update_held();
+            if self.dsw.mark_synced() {
+                changed = true;
+            }
         }
         changed
     }

@@ -62,11 +62,30 @@ pub struct Reconstruction {
     pub devices: usize,
     /// Records that could not be read, and directories no plugin could account for.
     pub problems: Vec<String>,
+    /// Pod directories kubevol never recorded (a kubelet's, another tool's, or from a record
+    /// that was lost): left alone, neither set up nor torn down nor swept, unless the manager
+    /// was told to adopt them ([`Config::adopt_foreign_pods`](crate::Config)).
+    #[serde(default)]
+    pub foreign_pods: Vec<ForeignPod>,
     /// How long it took, in milliseconds (the record itself is read when the manager is
     /// made).
     #[serde(default)]
     pub took_ms: u64,
 }
+
+/// A pod directory under the root that kubevol never recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignPod {
+    /// The pod's UID (the directory's name).
+    pub uid: String,
+    /// Its directory.
+    pub path: String,
+    /// Its volume directories (`<plugin>/<name>`).
+    pub volumes: Vec<String>,
+}
+
+/// What the status and the log say of foreign pod directories.
+pub const FOREIGN_HINT: &str = "pod directories kubevol never recorded are left alone (another kubelet or tool may be using this root directory); run with --adopt-foreign-pods to set them up or tear them down as kubevol's own";
 
 /// A pod directory that could not be removed, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,12 +113,17 @@ fn name_of(p: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// The manifest file each recorded pod came from: while that file cannot be read, the pod's
+/// volumes are kept as recorded.
+pub(crate) type RecordedFiles = BTreeMap<PodUid, (PodRef, PathBuf)>;
+
 /// Rebuilds the actual state. Runs once, before the reconciler starts; blocking.
 pub(crate) fn reconstruct(
     asw: &AswWriter,
     host: &PluginHost,
     plugins: &PluginRegistry,
-) -> Reconstruction {
+    adopt_foreign: bool,
+) -> (Reconstruction, RecordedFiles) {
     let mut report = Reconstruction::default();
     let mounts: BTreeSet<PathBuf> = match host.mounter.mount_table() {
         Ok(t) => t.into_iter().map(|m| m.mount_point).collect(),
@@ -112,6 +136,14 @@ pub(crate) fn reconstruct(
     };
     let table_known = report.problems.is_empty();
     let loaded = host.record.load();
+    let files: RecordedFiles = loaded
+        .pods
+        .iter()
+        .filter_map(|r| {
+            let file = crate::store::Origin::file_of(&r.source)?;
+            Some((r.pod.uid.clone(), (r.pod.clone(), file)))
+        })
+        .collect();
     let mut asw = asw.write();
 
     // 1. The record: exact specs, paths and traits.
@@ -153,9 +185,33 @@ pub(crate) fn reconstruct(
         report.problems.push(c.to_string());
     }
 
-    // 2. The pods directory: volumes without a (readable) record.
+    // 2. The pods directory: volumes without a (readable) record. A pod the record never
+    // named, not even in a line it cannot read, is not kubevol's.
+    let recorded: BTreeSet<&PodUid> = loaded
+        .pods
+        .iter()
+        .map(|r| &r.pod.uid)
+        .chain(loaded.corrupt.iter().filter_map(|c| c.pod.as_ref()))
+        .collect();
     for pod_dir in dirs(&host.root.join("pods")) {
         let uid = PodUid::from(name_of(&pod_dir));
+        if !adopt_foreign && !recorded.contains(&uid) {
+            report.foreign_pods.push(ForeignPod {
+                uid: uid.to_string(),
+                path: pod_dir.display().to_string(),
+                volumes: dirs(&pod_dir.join("volumes"))
+                    .iter()
+                    .flat_map(|p| {
+                        let plugin = name_of(p).replace('~', "/");
+                        dirs(p)
+                            .iter()
+                            .map(move |v| format!("{plugin}/{}", name_of(v)))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect(),
+            });
+            continue;
+        }
         let pod_ref = loaded
             .pods
             .iter()
@@ -250,7 +306,7 @@ pub(crate) fn reconstruct(
         report.devices += 1;
     }
     drop(asw);
-    report
+    (report, files)
 }
 
 /// Traits of a volume known only from the layout: never attachable (nothing says an attach
@@ -269,15 +325,20 @@ pub(crate) async fn at_start(
     plugins: PluginRegistry,
     metrics: &Metrics,
     findings: &Findings,
-) {
+    adopt_foreign: bool,
+) -> RecordedFiles {
     let world = asw.clone();
     let started = std::time::Instant::now();
-    let mut report = tokio::task::spawn_blocking(move || reconstruct(&asw, &host, &plugins))
-        .await
-        .unwrap_or_else(|e| Reconstruction {
-            problems: vec![format!("reconstruction failed: {e}")],
-            ..Default::default()
-        });
+    let (mut report, files) =
+        tokio::task::spawn_blocking(move || reconstruct(&asw, &host, &plugins, adopt_foreign))
+            .await
+            .unwrap_or_else(|e| {
+                let report = Reconstruction {
+                    problems: vec![format!("reconstruction failed: {e}")],
+                    ..Default::default()
+                };
+                (report, RecordedFiles::new())
+            });
     report.took_ms = started.elapsed().as_millis() as u64;
     info!(
         pod_volumes = report.pod_volumes,
@@ -287,9 +348,18 @@ pub(crate) async fn at_start(
         took_ms = report.took_ms,
         "actual state reconstructed"
     );
+    if !report.foreign_pods.is_empty() {
+        let uids: Vec<&str> = report.foreign_pods.iter().map(|f| f.uid.as_str()).collect();
+        warn!(
+            count = uids.len(),
+            pods = %uids.join(", "),
+            "{FOREIGN_HINT}"
+        );
+    }
     metrics.set_reconstruction_problems(report.problems.len());
     *crate::sync::lock(&findings.reconstruction) = report;
     world.world().announce();
     world.world().touch_all();
     world.world().wake_reconciler();
+    files
 }

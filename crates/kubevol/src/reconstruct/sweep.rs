@@ -2,7 +2,7 @@
 //! left on the node is removed with rmdir only, never crossing a mount point; whatever is left
 //! is reported, not deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,13 +29,22 @@ pub(crate) struct Sweep {
 /// One sweep: removes the directories of gone pods that have nothing left on the node.
 /// Returns how many were removed; leftovers are kept in the findings.
 pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
+    let foreign: BTreeSet<String> = crate::sync::lock(&s.findings.reconstruction)
+        .foreign_pods
+        .iter()
+        .map(|f| f.uid.clone())
+        .collect();
     let candidates: Vec<PodUid> = {
         let dsw = s.world.dsw();
         let asw = s.world.asw();
         dirs(&s.host.root.join("pods"))
             .iter()
             .map(|p| PodUid::from(name_of(p)))
-            .filter(|u| dsw.pod(u).is_none() && asw.pod_volumes(u).next().is_none())
+            .filter(|u| {
+                dsw.pod(u).is_none()
+                    && asw.pod_volumes(u).next().is_none()
+                    && !foreign.contains(u.as_str())
+            })
             .collect()
     };
     let host = s.host.clone();

@@ -296,7 +296,7 @@ pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
         corrupt.push(CorruptRecord {
             path: path.to_path_buf(),
             line: Some(line),
-            pod: None,
+            pod: uid_in(pieces[line - 1]),
             volume: None,
             error,
         });
@@ -322,6 +322,17 @@ pub(super) struct Compacted {
     pub append: Appender,
     /// It, to read the lines at `places` from.
     pub read: File,
+}
+
+/// The pod UID a line that cannot be parsed still names (its `"uid":"…"`), so that the pod's
+/// directory is still known as kubevol's.
+fn uid_in(line: &[u8]) -> Option<PodUid> {
+    const KEY: &[u8] = b"\"uid\":\"";
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let rest = &line[at..];
+    let end = rest.iter().position(|b| *b == b'"')?;
+    let uid = std::str::from_utf8(&rest[..end]).ok()?;
+    (!uid.is_empty() && !uid.contains('/')).then(|| PodUid::from(uid))
 }
 
 /// Writes `live` as a new journal in `dir`, synced, and renames it into place (keeping the

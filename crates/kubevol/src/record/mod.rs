@@ -33,11 +33,13 @@ use serde::{Deserialize, Serialize};
 mod encode;
 mod fail;
 mod journal;
+mod owner;
 mod writer;
 
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
 use journal::{Appender, Lines, Live, Place};
+pub use owner::{RootLock, LOCK_FILE};
 pub(crate) use writer::copy_error;
 use writer::Job;
 pub use writer::{Answers, Change, Committed};
@@ -299,7 +301,7 @@ pub struct CorruptRecord {
     pub path: PathBuf,
     /// The journal's line.
     pub line: Option<usize>,
-    /// The pod it was about (record files of the earlier layout).
+    /// The pod it was about, when that can still be told.
     pub pod: Option<PodUid>,
     /// The volume's name in the pod's spec (record files of the earlier layout).
     pub volume: Option<String>,

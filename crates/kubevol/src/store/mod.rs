@@ -56,6 +56,16 @@ impl std::fmt::Display for Origin {
     }
 }
 
+impl Origin {
+    /// The manifest file named by an origin as [`Origin`]'s `Display` spells it (as the record
+    /// keeps it): `/m/a.yaml (document 2)` names `/m/a.yaml`.
+    pub fn file_of(spelled: &str) -> Option<PathBuf> {
+        let (path, rest) = spelled.rsplit_once(" (document ")?;
+        let n = rest.strip_suffix(')')?;
+        (n.parse::<usize>().is_ok() && path.starts_with('/')).then(|| PathBuf::from(path))
+    }
+}
+
 /// An object kept in the store. The variants differ in size, but objects are parsed once and
 /// moved into `Arc`s right away, so boxing them would only add an allocation.
 #[derive(Clone, Debug)]
