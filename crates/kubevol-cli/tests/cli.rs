@@ -813,3 +813,54 @@ fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
     }
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn a_host_path_persistent_volume_cannot_lead_out_of_the_allowed_prefixes() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root, allowed) = (
+        tmp.path().join("m"),
+        tmp.path().join("root"),
+        tmp.path().join("allowed"),
+    );
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(&allowed).unwrap();
+    let escape = format!("{}/x/../../../../../../../etc", allowed.display());
+    let created = format!("{}/new/../../made-outside", allowed.display());
+    let volume = |name: &str, path: &str| {
+        format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec: {{accessModes: [ReadWriteOnce], capacity: {{storage: 1Gi}}, hostPath: {{path: '{path}', type: DirectoryOrCreate}}, claimRef: {{namespace: default, name: {name}}}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{accessModes: [ReadWriteOnce], volumeName: {name}, resources: {{requests: {{storage: 1Gi}}}}}}\nstatus: {{phase: Bound}}\n"
+        )
+    };
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, volumeMounts: [{name: a, mountPath: /a}, {name: b, mountPath: /b}]}], volumes: [{name: a, persistentVolumeClaim: {claimName: escape}}, {name: b, persistentVolumeClaim: {claimName: created}}]}\n";
+    std::fs::write(
+        manifests.join("all.yaml"),
+        volume("escape", &escape) + "---\n" + &volume("created", &created) + "---\n" + pod,
+    )
+    .unwrap();
+    let mut c = in_namespace(&[
+        "run",
+        "--once",
+        "--timeout",
+        "60s",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--host-path-allow",
+        allowed.to_str().unwrap(),
+    ]);
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("PersistentVolume escape is invalid (the API server refuses it too): spec.hostPath.path: Invalid value:")
+            && stdout.contains("must not contain '..'")
+            && stdout.contains("Failed for good (fix the manifests): default/p"),
+        "{stdout}"
+    );
+    assert!(
+        !tmp.path().join("made-outside").exists(),
+        "no directory is created outside the allowed prefix"
+    );
+}

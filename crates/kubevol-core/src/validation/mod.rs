@@ -13,7 +13,10 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use crate::quantity::Quantity;
 
 mod content;
+mod volume;
+
 pub use content::*;
+pub use volume::validate_persistent_volume;
 
 /// One violation, with the field path the API server would name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -466,11 +469,6 @@ fn validate_volume_source(v: &Volume, path: &dyn fmt::Display, errs: &mut Vec<Fi
                     &limit.0,
                     "SizeLimit field must be a valid resource quantity",
                 )),
-                Ok(q) if q.is_zero() => errs.push(invalid(
-                    format!("{p}.sizeLimit"),
-                    &limit.0,
-                    "must be greater than zero (a zero-size tmpfs would be unlimited); remove sizeLimit for no limit",
-                )),
                 Ok(_) => {}
             }
         }
@@ -678,7 +676,8 @@ mod tests {
             ("bad hugepage size", with_volume(json!({"name": "a", "emptyDir": {"medium": "HugePages-big"}})), "emptyDir.medium: Unsupported value"),
             ("negative sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "-1Gi"}})), "emptyDir.sizeLimit: Invalid value: \"-1Gi\": SizeLimit field must be a valid resource quantity"),
             ("garbage sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "lots"}})), "emptyDir.sizeLimit: Invalid value: \"lots\": quantities must match"),
-            ("zero sizeLimit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "0"}})), "must be greater than zero"),
+            // The API server takes it; the kubelet sizes such a tmpfs as if no limit were set.
+            ("zero sizeLimit is no limit", with_volume(json!({"name": "a", "emptyDir": {"sizeLimit": "0"}})), ""),
             ("duplicate volume names", pod(json!({"containers": [{"name": "c"}], "volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]})), "spec.volumes[1].name: Duplicate value: \"a\""),
             ("mount of missing volume", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "nope", "mountPath": "/m"}]}]})), "spec.containers[0].volumeMounts[0].name: Not found: \"nope\""),
             ("duplicate mountPath", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/m"}, {"name": "b", "mountPath": "/m"}]}], "volumes": [{"name": "a", "emptyDir": {}}, {"name": "b", "emptyDir": {}}]})), "spec.containers[0].volumeMounts[1].mountPath: Invalid value: \"/m\": must be unique"),

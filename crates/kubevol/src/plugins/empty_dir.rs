@@ -69,7 +69,9 @@ pub fn pod_memory_limit(pod: &Pod) -> Option<i64> {
         .flatten()
         .filter_map(limit)
         .max();
-    let sum = (!app.is_empty()).then(|| app.iter().sum::<i64>());
+    // Saturating: two 7Ei limits must not wrap to a negative sum, which would read as "no
+    // limit" and give an unlimited tmpfs.
+    let sum = (!app.is_empty()).then(|| app.iter().fold(0i64, |a, b| a.saturating_add(*b)));
     match (sum, init) {
         (None, None) => None,
         (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
@@ -325,6 +327,9 @@ mod tests {
             json!([{"name": "a", "resources": {"limits": {"memory": "32Mi"}}}, {"name": "b", "resources": {"limits": {"memory": "16Mi"}}}]),
         );
         let unlimited = pod(json!([{"name": "a"}]));
+        let huge = pod(
+            json!([{"name": "a", "resources": {"limits": {"memory": "7Ei"}}}, {"name": "b", "resources": {"limits": {"memory": "7Ei"}}}]),
+        );
         let rows = [
             (
                 "limit smaller than pod",
@@ -351,6 +356,18 @@ mod tests {
                 Some(64 << 20),
             ),
             ("neither", &unlimited, json!({"medium": "Memory"}), None),
+            (
+                "a zero sizeLimit is no limit",
+                &limited,
+                json!({"medium": "Memory", "sizeLimit": "0"}),
+                Some(48 << 20),
+            ),
+            (
+                "limits whose sum overflows are the largest size, not none",
+                &huge,
+                json!({"medium": "Memory"}),
+                Some(i64::MAX),
+            ),
         ];
         for (name, p, ed, want) in rows {
             assert_eq!(tmpfs_size(p, &spec(ed)), want, "row {name}");

@@ -113,23 +113,34 @@ pub fn check_host_path_type(path: &Path, type_: &str) -> Result<(), VolumeError>
     }
 }
 
-/// Where `path` leads once symbolic links are resolved; for a path that does not exist yet, its
-/// deepest existing ancestor resolved with the rest appended.
+/// Where `path` leads once symbolic links are resolved, component by component: the part that
+/// exists is resolved by the kernel (links and `..` alike), and past it, where nothing can be a
+/// link, `.` is dropped and `..` takes the last component off. So neither a link nor a `..`
+/// after a name that does not exist yet (`/data/x/../../etc`) can lead out of a prefix.
 fn resolve(path: &Path) -> PathBuf {
-    let mut existing = path;
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(r) = fs::canonicalize(existing) {
-            return rest.iter().rev().fold(r, |acc: PathBuf, c| acc.join(c));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(p), Some(n)) => {
-                rest.push(n.to_os_string());
-                existing = p;
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    let mut exists = true;
+    for c in path.components() {
+        match c {
+            Component::Prefix(_) | Component::RootDir => out.push(c),
+            Component::CurDir => {}
+            // `out` has no link in it: its parent is its last component taken off.
+            Component::ParentDir => {
+                out.pop();
             }
-            _ => return path.to_path_buf(),
+            Component::Normal(name) => {
+                out.push(name);
+                if exists {
+                    match fs::canonicalize(&out) {
+                        Ok(r) => out = r,
+                        Err(_) => exists = false,
+                    }
+                }
+            }
         }
     }
+    out
 }
 
 /// Checks the operator's allow-list, comparing whole path components of the resolved path, so
@@ -226,6 +237,13 @@ mod tests {
             check_allowed(&t.path().join("database"), &allow).is_err(),
             "/data must not allow /database"
         );
+        for escape in ["x/../../etc", "x/y/../../../etc/z", "./x/../.."] {
+            assert!(
+                check_allowed(&data.join(escape), &allow).is_err(),
+                "{escape}: a `..` past a name that does not exist must not lead out"
+            );
+        }
+        assert!(check_allowed(&data.join("x/../y"), &allow).is_ok());
         let e = check_allowed(&data.join("etc-link"), &allow).unwrap_err();
         assert!(e.to_string().contains("resolves to /etc"), "{e}");
         assert!(

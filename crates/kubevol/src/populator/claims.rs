@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    LocalVolumeSource, NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod, Volume,
-    VolumeNodeAffinity,
+    NodeSelector, PersistentVolume, PersistentVolumeClaim, Pod, Volume,
 };
 use kubevol_core::affinity::{self, NodeFacts};
 use kubevol_core::validation::all_containers;
@@ -200,40 +199,20 @@ pub fn resolve(
     Ok(pv)
 }
 
-/// The API server's checks of a `local` PersistentVolume `pv` that kubevol relies on: an
-/// absolute path without `..`, and a nodeAffinity (a local volume lives on one node).
-pub fn check_local(
-    pv: &str,
-    local: &LocalVolumeSource,
-    affinity: Option<&VolumeNodeAffinity>,
-) -> Result<(), String> {
-    let path = std::path::Path::new(&local.path);
-    if local.path.is_empty() {
-        return Err(format!(
-            "PersistentVolume {pv}: spec.local.path: Required value: set it to the directory or block device of the volume"
-        ));
+/// The API server's checks of a PersistentVolume (a volume from a manifest file never met
+/// them, and its paths reach the node's mounts), with kubevol's own: a local or hostPath path is
+/// absolute.
+pub fn check_persistent_volume(pv: &PersistentVolume) -> Result<(), String> {
+    let errors = kubevol_core::validation::validate_persistent_volume(pv);
+    if errors.is_empty() {
+        return Ok(());
     }
-    if !path.is_absolute() {
-        return Err(format!(
-            "PersistentVolume {pv}: spec.local.path {:?} must be an absolute path",
-            local.path
-        ));
-    }
-    if path
-        .components()
-        .any(|c| c == std::path::Component::ParentDir)
-    {
-        return Err(format!(
-            "PersistentVolume {pv}: spec.local.path {:?} must not contain '..'",
-            local.path
-        ));
-    }
-    if affinity.and_then(|a| a.required.as_ref()).is_none() {
-        return Err(format!(
-            "PersistentVolume {pv}: spec.nodeAffinity: Required value: Local volume requires node affinity; add spec.nodeAffinity.required with the node the path is on (kubernetes.io/hostname In [<node>])"
-        ));
-    }
-    Ok(())
+    let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    Err(format!(
+        "PersistentVolume {} is invalid (the API server refuses it too): {}; fix the PersistentVolume",
+        pv.metadata.name.as_deref().unwrap_or_default(),
+        errors.join("; ")
+    ))
 }
 
 /// Whether this node matches a PersistentVolume's `spec.nodeAffinity.required`: a volume that
@@ -478,25 +457,65 @@ mod tests {
     }
 
     #[test]
-    fn local_volumes_need_an_absolute_path_and_a_node_affinity() {
-        let local = |path: &str| LocalVolumeSource {
-            path: path.into(),
-            ..Default::default()
+    fn local_and_host_path_volumes_are_checked_as_the_api_server_does() {
+        let affinity = json!({"required": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n"]}]}]}});
+        let volume = |source: serde_json::Value, affinity: Option<&serde_json::Value>| {
+            let mut spec =
+                json!({"accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(source.as_object().unwrap().clone());
+            if let Some(a) = affinity {
+                spec["nodeAffinity"] = a.clone();
+            }
+            serde_json::from_value::<PersistentVolume>(
+                json!({"metadata": {"name": "pv"}, "spec": spec}),
+            )
+            .unwrap()
         };
-        let affinity: VolumeNodeAffinity = serde_json::from_value(json!({"required": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n"]}]}]}}))
-        .unwrap();
         let rows = [
-            ("", Some(&affinity), "spec.local.path: Required value"),
-            ("data", Some(&affinity), "\"data\" must be an absolute path"),
-            ("/mnt/../etc", Some(&affinity), "must not contain '..'"),
-            ("/mnt/disk", None, "Local volume requires node affinity"),
+            (
+                json!({"local": {"path": ""}}),
+                Some(&affinity),
+                "spec.local.path: Required value",
+            ),
+            (
+                json!({"local": {"path": "data"}}),
+                Some(&affinity),
+                "\"data\": must be an absolute path",
+            ),
+            (
+                json!({"local": {"path": "/mnt/../etc"}}),
+                Some(&affinity),
+                "must not contain '..'",
+            ),
+            (
+                json!({"local": {"path": "/mnt/disk"}}),
+                None,
+                "Local volume requires node affinity",
+            ),
+            (
+                json!({"hostPath": {"path": "/srv/x/../../../etc"}}),
+                None,
+                "spec.hostPath.path: Invalid value: \"/srv/x/../../../etc\": must not contain '..'",
+            ),
         ];
-        for (path, affinity, want) in rows {
-            let err = check_local("pv", &local(path), affinity).unwrap_err();
-            assert!(err.contains(want), "row {path:?}: {err}");
+        for (source, affinity, want) in rows {
+            let err = check_persistent_volume(&volume(source.clone(), affinity)).unwrap_err();
+            assert!(
+                err.starts_with("PersistentVolume pv is invalid (the API server refuses it too): ")
+                    && err.contains(want),
+                "row {source}: {err}"
+            );
         }
-        assert!(check_local("pv", &local("/mnt/disk"), Some(&affinity)).is_ok());
+        assert!(check_persistent_volume(&volume(
+            json!({"local": {"path": "/mnt/disk"}}),
+            Some(&affinity)
+        ))
+        .is_ok());
+        let affinity: k8s_openapi::api::core::v1::VolumeNodeAffinity =
+            serde_json::from_value(affinity).unwrap();
         let node = NodeFacts {
             name: "m".into(),
             labels: [("kubernetes.io/hostname".to_string(), "m".to_string())].into(),

@@ -770,9 +770,7 @@ fn storage_check(
             "PersistentVolume {name} is a hostPath volume, which cannot be used as a raw block device: use the claim in volumeMounts"
         )));
     }
-    if let Some(local) = spec.and_then(|s| s.local.as_ref()) {
-        claims::check_local(name, local, spec.and_then(|s| s.node_affinity.as_ref()))?;
-    }
+    claims::check_persistent_volume(&pv)?;
     if let Some(required) = spec
         .and_then(|s| s.node_affinity.as_ref())
         .and_then(|a| a.required.as_ref())
