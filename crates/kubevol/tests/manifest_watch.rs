@@ -285,3 +285,134 @@ async fn files_that_are_not_regular_or_too_big_are_reported_and_never_block() {
     until(&store, |s| stored(s, "big").is_some()).await;
     watch.abort();
 }
+
+/// The names of the pods the store holds, sorted.
+fn names(store: &ObjectStore) -> Vec<String> {
+    let mut n: Vec<String> = store
+        .pods()
+        .iter()
+        .filter_map(|(_, p)| p.pod.metadata.name.clone())
+        .collect();
+    n.sort();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_directory_is_listed_anew_and_its_old_one_no_longer_counts() {
+    let base = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(base.path()).unwrap();
+    let dir = base.join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    for name in ["db", "shop"] {
+        std::fs::write(dir.join(format!("{name}.yaml")), pod_yaml(name)).unwrap();
+    }
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&dir)
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
+    assert_eq!(names(&store), ["db", "shop"]);
+    // `mv manifests manifests.old; mkdir manifests; cp manifests.old/db.yaml manifests/`
+    let old = base.join("manifests.old");
+    std::fs::rename(&dir, &old).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(old.join("db.yaml"), dir.join("db.yaml")).unwrap();
+    until(&store, |s| names(s) == ["db"]).await;
+    assert_eq!(
+        origin_file(&stored(&store, "db").unwrap()),
+        dir.join("db.yaml")
+    );
+    // Edits in the old directory are not the directory's any more.
+    std::fs::write(old.join("shop.yaml"), pod_yaml("shop")).unwrap();
+    std::fs::write(old.join("db.yaml"), pod_yaml("db-old")).unwrap();
+    settle(&dir, &store, 0).await;
+    assert_eq!(names(&store), ["db", "marker-0"]);
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlinked_directory_switched_to_a_new_release_is_followed() {
+    let base = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(base.path()).unwrap();
+    for (rel, pod) in [("rel1", "web"), ("rel2", "web2")] {
+        std::fs::create_dir(base.join(rel)).unwrap();
+        std::fs::write(base.join(rel).join("app.yaml"), pod_yaml(pod)).unwrap();
+    }
+    let current = base.join("current");
+    std::os::unix::fs::symlink("rel1", &current).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&current)
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
+    assert_eq!(names(&store), ["web"]);
+    // `ln -sfn rel2 current.tmp && mv -T current.tmp current`
+    std::os::unix::fs::symlink("rel2", base.join("current.tmp")).unwrap();
+    std::fs::rename(base.join("current.tmp"), &current).unwrap();
+    until(&store, |s| names(s) == ["web2"]).await;
+    assert_eq!(
+        origin_file(&stored(&store, "web2").unwrap()),
+        base.join("rel2/app.yaml")
+    );
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_that_is_gone_takes_nothing_away_until_it_is_back() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a.yaml"), pod_yaml("a")).unwrap();
+    std::fs::write(dir.join("b.yaml"), pod_yaml("b")).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&dir)
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    until(&store, |s| {
+        s.source_problems()
+            .iter()
+            .any(|p| p.contains("is gone; nothing is torn down until it is back"))
+    })
+    .await;
+    assert_eq!(names(&store), ["a", "b"], "nothing is taken away meanwhile");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("b.yaml"), pod_yaml("b")).unwrap();
+    until(&store, |s| {
+        s.source_problems().is_empty() && names(s) == ["b"]
+    })
+    .await;
+    watch.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_listing_reads_a_manifest_whose_link_target_was_switched() {
+    // As a ConfigMap mounted by the kubelet: `app.yaml -> ..data/app.yaml`, and `..data` a link
+    // switched from one hidden directory to the next; inotify reports only hidden names.
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    for (v, pod) in [("..v1", "one"), ("..v2", "two")] {
+        std::fs::create_dir(d.join(v)).unwrap();
+        std::fs::write(d.join(v).join("app.yaml"), pod_yaml(pod)).unwrap();
+    }
+    std::os::unix::fs::symlink("..v1", d.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/app.yaml", d.join("app.yaml")).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let watch = ManifestSource::new(&d)
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
+    assert_eq!(names(&store), ["one"]);
+    std::os::unix::fs::symlink("..v2", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    let mut rx = store.subscribe();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while names(&store) != ["two"] {
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the re-listing (every 20 s) reads the switched file");
+    watch.abort();
+}

@@ -6,7 +6,7 @@
 //! its path, document, line and column and is not applied: the objects it delivered before stay
 //! in place, so a half-saved edit never unmounts a running pod. Other files are unaffected.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,14 +75,91 @@ fn unpaired_rename(batch: &[notify::Result<notify::Event>]) -> bool {
     tracked(RenameMode::From).any(|t| !paired.contains(&t))
 }
 
+/// How often the directory's path is resolved again, to notice that it was replaced, moved or
+/// re-pointed (a symbolic link on the way switched to a new release): a `stat` of the path and
+/// its resolution, a few system calls a second.
+const RESOLVE_PERIOD: Duration = Duration::from_secs(1);
+
+/// How often the directory is listed again whatever inotify said (the kubelet's file source
+/// re-lists every 20 s): only files whose identity, size or times changed are read, so it costs
+/// a `stat` per file when nothing changed. It catches what inotify cannot tell, such as a
+/// manifest that is a symbolic link whose target was switched.
+const RELIST_PERIOD: Duration = Duration::from_secs(20);
+
+/// How long a directory just switched to must be quiet before it is listed: a directory
+/// replaced by a script (`mkdir new; cp ...`) is read once it is filled, not while empty.
+const SWITCH_QUIET: Duration = Duration::from_secs(1);
+
+/// The longest a switch waits for its new directory to be quiet.
+const SWITCH_QUIET_MAX: Duration = Duration::from_secs(10);
+
+/// A file as `stat` sees it (through links): when none of it changed, neither did the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Signature {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Signature {
+    fn of(path: &Path) -> Option<Signature> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Signature {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// The directory as it is watched: the path it resolved to and its identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Resolved {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Resolved {
+    /// Where `given` leads now (every symbolic link on the way followed).
+    fn of(given: &Path) -> std::io::Result<Resolved> {
+        use std::os::unix::fs::MetadataExt;
+        let path = std::fs::canonicalize(given)?;
+        let m = std::fs::metadata(&path)?;
+        if !m.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", path.display()),
+            ));
+        }
+        Ok(Resolved {
+            path,
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// Changes read from files, and what `stat` said of each file just before it was read.
+type Read = (Vec<Change>, BTreeMap<PathBuf, Option<Signature>>);
+
 /// The manifest-directory source.
 #[derive(Clone)]
 pub struct ManifestSource {
+    /// The directory as the operator gave it (resolved again and again).
+    given: PathBuf,
+    /// Where it led when last resolved: files are read and named below it.
     dir: PathBuf,
     max_file_size: u64,
-    /// The files this source has delivered (objects or errors), so that a re-listing can tell
-    /// the store which are gone.
-    delivered: Arc<Mutex<BTreeSet<PathBuf>>>,
+    /// The files this source has delivered (objects or errors), with what `stat` said of each
+    /// just before it was read, so that a re-listing can tell the store which are gone and
+    /// read only those that changed.
+    delivered: Arc<Mutex<BTreeMap<PathBuf, Option<Signature>>>>,
 }
 
 impl ManifestSource {
@@ -91,8 +168,10 @@ impl ManifestSource {
 
     /// A source for `dir`. Nothing is read until it is started.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
         ManifestSource {
-            dir: dir.into(),
+            given: dir.clone(),
+            dir,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             delivered: Arc::default(),
         }
@@ -104,20 +183,24 @@ impl ManifestSource {
         self
     }
 
-    /// The directory read.
+    /// The directory read: where the given path led when last resolved.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    /// Applies changes read from files, remembering which files this source has delivered.
-    fn deliver(&self, sink: &Sink, changes: Vec<Change>) {
+    /// Applies changes read from files, remembering which files this source has delivered and
+    /// what they were when read (`read`).
+    fn deliver(&self, sink: &Sink, (changes, read): Read) {
+        if changes.is_empty() {
+            return;
+        }
         {
             let mut delivered = crate::sync::lock(&self.delivered);
             for c in &changes {
                 if let Change::File { path, content } = c {
                     match content {
                         FileContent::Gone => delivered.remove(path),
-                        _ => delivered.insert(path.clone()),
+                        _ => delivered.insert(path.clone(), read.get(path).copied().flatten()),
                     };
                 }
             }
@@ -128,8 +211,9 @@ impl ManifestSource {
     /// Reads files into changes for the store, never waiting on one file for long: a file
     /// whose read has not finished after a while (a hung filesystem) is reported as such and
     /// the rest are read on another thread.
-    async fn read_files(&self, paths: Vec<PathBuf>) -> Vec<Change> {
+    async fn read_files(&self, paths: Vec<PathBuf>) -> Read {
         let mut changes = Vec::with_capacity(paths.len());
+        let mut signatures = BTreeMap::new();
         let mut rest = std::collections::VecDeque::from(paths);
         while !rest.is_empty() {
             let (tx, mut rx) = mpsc::unbounded_channel();
@@ -137,15 +221,21 @@ impl ManifestSource {
             let max = self.max_file_size;
             tokio::task::spawn_blocking(move || {
                 for path in todo {
-                    if tx.send(read_file(&path, max)).is_err() {
+                    // Before the read: a change after it shows as a change at the next look.
+                    let signature = Signature::of(&path);
+                    if tx
+                        .send((path.clone(), signature, read_file(&path, max)))
+                        .is_err()
+                    {
                         return;
                     }
                 }
             });
             loop {
                 match tokio::time::timeout(READ_STALL, rx.recv()).await {
-                    Ok(Some(read)) => {
+                    Ok(Some((path, signature, read))) => {
                         rest.pop_front();
+                        signatures.insert(path, signature);
                         changes.extend(read);
                     }
                     Ok(None) => break,
@@ -167,35 +257,55 @@ impl ManifestSource {
                 }
             }
         }
-        changes
+        (changes, signatures)
     }
 
-    /// Reads every manifest file, and forgets files that are gone, as one change of the store.
-    async fn load_all(&self, sink: &Sink) -> std::io::Result<()> {
+    /// Lists the directory and reads its manifest files (with `all`, every one; otherwise only
+    /// those `stat` shows changed since they were read), and forgets files that are gone
+    /// (among them every file of a directory the path no longer leads to), as one change of
+    /// the store.
+    async fn load_all(&self, sink: &Sink, all: bool) -> std::io::Result<()> {
         let dir = self.dir.clone();
-        let listed = tokio::task::spawn_blocking(move || -> std::io::Result<BTreeSet<PathBuf>> {
-            let mut present = BTreeSet::new();
-            for entry in std::fs::read_dir(&dir)? {
-                let path = entry?.path();
-                if is_manifest_file(&path) {
-                    present.insert(path);
+        let listed = tokio::task::spawn_blocking(
+            move || -> std::io::Result<BTreeMap<PathBuf, Option<Signature>>> {
+                let mut present = BTreeMap::new();
+                for entry in std::fs::read_dir(&dir)? {
+                    let path = entry?.path();
+                    if is_manifest_file(&path) {
+                        let signature = (!all).then(|| Signature::of(&path)).flatten();
+                        present.insert(path, signature);
+                    }
                 }
-            }
-            Ok(present)
-        })
+                Ok(present)
+            },
+        )
         .await
         .map_err(std::io::Error::other)??;
-        let mut changes = self.read_files(listed.iter().cloned().collect()).await;
-        let gone: Vec<PathBuf> = crate::sync::lock(&self.delivered)
-            .iter()
-            .filter(|known| !listed.contains(*known))
-            .cloned()
-            .collect();
-        changes.extend(gone.into_iter().map(|path| Change::File {
-            path,
-            content: FileContent::Gone,
+        let (todo, gone) = {
+            let delivered = crate::sync::lock(&self.delivered);
+            let todo: Vec<PathBuf> = listed
+                .iter()
+                .filter(|(path, now)| {
+                    all || now.is_none() || delivered.get(*path).is_none_or(|then| then != *now)
+                })
+                .map(|(path, _)| path.clone())
+                .collect();
+            let gone: Vec<PathBuf> = delivered
+                .keys()
+                .filter(|known| !listed.contains_key(*known))
+                .cloned()
+                .collect();
+            (todo, gone)
+        };
+        let (mut changes, read) = self.read_files(todo).await;
+        changes.extend(gone.into_iter().map(|path| {
+            info!(file = %path.display(), "manifest removed");
+            Change::File {
+                path,
+                content: FileContent::Gone,
+            }
         }));
-        self.deliver(sink, changes);
+        self.deliver(sink, (changes, read));
         Ok(())
     }
 
@@ -203,78 +313,201 @@ impl ManifestSource {
     /// returns the task that then applies every change as inotify reports it, until it is
     /// dropped or aborted. The events that arrive together are applied together: a rename (the
     /// old name gone, the new one there) never shows the store a moment without the pods it
-    /// moved. Fails if the directory cannot be watched or listed.
+    /// moved. The given path is resolved again every second: a directory replaced, moved or
+    /// re-pointed is listed anew, and one that is gone is reported while nothing is torn down.
+    /// Fails if the directory cannot be watched or listed now.
     pub async fn listen(mut self, sink: Sink) -> std::io::Result<tokio::task::JoinHandle<()>> {
-        let dir = std::fs::canonicalize(&self.dir)?;
-        if !dir.is_dir() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotADirectory,
-                format!("{} is not a directory", dir.display()),
-            ));
+        let resolved = Resolved::of(&self.given)?;
+        self.dir = resolved.path.clone();
+        // Watch before the first listing, so no change between the two is lost.
+        let watch = Watch::start(resolved)?;
+        self.load_all(&sink, true).await?;
+        sink.problem(None);
+        sink.synced();
+        info!(dir = %self.dir.display(), "manifest directory listed");
+        Ok(tokio::spawn(self.follow(sink, watch)))
+    }
+
+    /// Applies the directory's changes until aborted (see [`ManifestSource::listen`]).
+    async fn follow(mut self, sink: Sink, watch: Watch) {
+        let mut watch = Some(watch);
+        let mut resolve = tokio::time::interval(RESOLVE_PERIOD);
+        resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
+        loop {
+            let batch = tokio::select! {
+                first = Watch::next(&mut watch) => Some(first),
+                _ = resolve.tick() => None,
+            };
+            // Events are only ever taken for the directory the path still leads to: the old
+            // directory of a replaced one keeps sending them.
+            let now = Resolved::of(&self.given);
+            let same = matches!((&now, &watch), (Ok(r), Some(w)) if *r == w.resolved);
+            if !same {
+                watch = self.switch(&sink, now, watch.take()).await;
+                next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
+                continue;
+            }
+            match batch {
+                Some(Some(first)) => self.apply_events(&sink, &mut watch, first).await,
+                // The watch ended: it is made again at the next resolution.
+                Some(None) => watch = None,
+                None if tokio::time::Instant::now() >= next_relist => {
+                    next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
+                    self.relist(&sink, false).await;
+                }
+                None => {}
+            }
         }
-        self.dir = dir;
-        let (tx, mut rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
+    }
+
+    /// Reads what a batch of events (starting with `first`) says changed.
+    async fn apply_events(
+        &self,
+        sink: &Sink,
+        watch: &mut Option<Watch>,
+        first: notify::Result<notify::Event>,
+    ) {
+        let Some(w) = watch else { return };
+        let mut batch = vec![first];
+        while let Ok(more) = w.rx.try_recv() {
+            batch.push(more);
+        }
+        // The two halves of a rename are reported one after the other: applying the old
+        // name's removal without the new name would take the pod away.
+        while unpaired_rename(&batch) {
+            match tokio::time::timeout(RENAME_PAIR_WAIT, w.rx.recv()).await {
+                Ok(Some(more)) => batch.push(more),
+                // Moved out of the directory (or the watch ended): a removal.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let mut paths = BTreeSet::new();
+        let mut rescan = false;
+        for ev in batch {
+            match ev {
+                Ok(ev) if ev.need_rescan() => rescan = true,
+                Ok(ev) if settles_file(&ev.kind) => {
+                    paths.extend(ev.paths.into_iter().filter(|p| is_manifest_file(p)))
+                }
+                // Opens (kubevol's own reads among them) and writes in progress.
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(dir = %self.dir.display(), "watch error, re-reading the directory: {e}");
+                    rescan = true;
+                }
+            }
+        }
+        if rescan {
+            self.relist(sink, true).await;
+        } else if !paths.is_empty() {
+            let read = self.read_files(paths.into_iter().collect()).await;
+            self.deliver(sink, read);
+        }
+    }
+
+    /// Lists the directory again (every file, or those that changed), reporting a failure as a
+    /// problem of the source.
+    async fn relist(&self, sink: &Sink, all: bool) {
+        match self.load_all(sink, all).await {
+            Ok(()) => sink.problem(None),
+            Err(e) => {
+                warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
+                sink.problem(Some(format!(
+                    "manifest directory {}: cannot list it: {e}",
+                    self.dir.display()
+                )));
+            }
+        }
+    }
+
+    /// The given path leads elsewhere now (`now`), or nowhere: watches and lists the new
+    /// directory once it is quiet, taking the old one's files away in the same change; or, with
+    /// no directory, reports it and changes nothing, so nothing is torn down until it is back.
+    async fn switch(
+        &mut self,
+        sink: &Sink,
+        now: std::io::Result<Resolved>,
+        old: Option<Watch>,
+    ) -> Option<Watch> {
+        let given = self.given.display();
+        let was = old.as_ref().map(|w| w.resolved.path.clone());
+        drop(old);
+        let failed = |e: std::io::Error| {
+            let problem = if e.kind() == std::io::ErrorKind::NotFound {
+                format!("manifest directory {given} is gone; nothing is torn down until it is back")
+            } else {
+                format!("manifest directory {given}: cannot read it ({e}); nothing is torn down until it can be read")
+            };
+            if was.is_some() {
+                warn!("{problem}");
+            }
+            sink.problem(Some(problem));
+            None
+        };
+        let resolved = match now {
+            Ok(r) => r,
+            Err(e) => return failed(e),
+        };
+        let watch = match Watch::start(resolved.clone()) {
+            Ok(w) => w.quiet().await,
+            Err(e) => return failed(e),
+        };
+        info!(dir = %given, leads_to = %resolved.path.display(), was = ?was, "manifest directory replaced, moved or re-pointed; listing it");
+        self.dir = resolved.path;
+        match self.load_all(sink, true).await {
+            Ok(()) => {
+                sink.problem(None);
+                Some(watch)
+            }
+            Err(e) => failed(e),
+        }
+    }
+}
+
+/// An inotify watch of the directory a path led to, and its events.
+struct Watch {
+    resolved: Resolved,
+    rx: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl Watch {
+    fn start(resolved: Resolved) -> std::io::Result<Watch> {
+        let (tx, rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
         let mut watcher = notify::recommended_watcher(move |ev| {
             let _ = tx.send(ev);
         })
         .map_err(std::io::Error::other)?;
-        // Watch before the first listing, so no change between the two is lost.
         watcher
-            .watch(&self.dir, notify::RecursiveMode::NonRecursive)
+            .watch(&resolved.path, notify::RecursiveMode::NonRecursive)
             .map_err(std::io::Error::other)?;
-        self.load_all(&sink).await?;
-        sink.problem(None);
-        sink.synced();
-        info!(dir = %self.dir.display(), "manifest directory listed");
-        Ok(tokio::spawn(async move {
-            let _watcher = watcher;
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while let Ok(more) = rx.try_recv() {
-                    batch.push(more);
-                }
-                // The two halves of a rename are reported one after the other: applying the
-                // old name's removal without the new name would take the pod away.
-                while unpaired_rename(&batch) {
-                    match tokio::time::timeout(RENAME_PAIR_WAIT, rx.recv()).await {
-                        Ok(Some(more)) => batch.push(more),
-                        // Moved out of the directory (or the watch ended): a removal.
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                let mut paths = BTreeSet::new();
-                let mut rescan = false;
-                for ev in batch {
-                    match ev {
-                        Ok(ev) if ev.need_rescan() => rescan = true,
-                        Ok(ev) if settles_file(&ev.kind) => {
-                            paths.extend(ev.paths.into_iter().filter(|p| is_manifest_file(p)))
-                        }
-                        // Opens (kubevol's own reads among them) and writes in progress.
-                        Ok(_) => {}
-                        Err(e) => {
-                            warn!(dir = %self.dir.display(), "watch error, re-reading the directory: {e}");
-                            rescan = true;
-                        }
-                    }
-                }
-                if rescan {
-                    match self.load_all(&sink).await {
-                        Ok(()) => sink.problem(None),
-                        Err(e) => {
-                            warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
-                            sink.problem(Some(format!(
-                                "manifest directory {}: cannot list it: {e}",
-                                self.dir.display()
-                            )));
-                        }
-                    }
-                } else if !paths.is_empty() {
-                    let changes = self.read_files(paths.into_iter().collect()).await;
-                    self.deliver(&sink, changes);
-                }
+        Ok(Watch {
+            resolved,
+            rx,
+            _watcher: watcher,
+        })
+    }
+
+    /// The next event of the watch, if there is one (never, without a watch).
+    async fn next(watch: &mut Option<Watch>) -> Option<notify::Result<notify::Event>> {
+        match watch {
+            Some(w) => w.rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Waits until no event has come for [`SWITCH_QUIET`] (at most [`SWITCH_QUIET_MAX`]): a
+    /// directory being filled is listed once filled.
+    async fn quiet(mut self) -> Watch {
+        let until = tokio::time::Instant::now() + SWITCH_QUIET_MAX;
+        while tokio::time::Instant::now() < until {
+            match tokio::time::timeout(SWITCH_QUIET, self.rx.recv()).await {
+                Ok(Some(_)) => while self.rx.try_recv().is_ok() {},
+                Ok(None) | Err(_) => break,
             }
-        }))
+        }
+        self
     }
 }
 
