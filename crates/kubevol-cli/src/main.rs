@@ -476,7 +476,7 @@ fn failed_for_good(p: &kubevol::status::PodStatus) -> bool {
     matches!(p.phase, PodPhase::Rejected | PodPhase::Held)
         || p.volumes
             .iter()
-            .any(kubevol::status::VolumeStatus::not_processed)
+            .any(|v| v.not_processed() || v.retry.permanent)
 }
 
 /// Waits, as failing volumes are retried with the normal backoff, until every pod is ready or

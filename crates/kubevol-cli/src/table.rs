@@ -38,6 +38,9 @@ pub fn print_report(
             let detail = match (&v.path, &v.retry.last_error) {
                 (_, Some(e)) => match v.retry.next_retry_ms {
                     Some(ms) => format!("{e} (retry in {:.1}s)", ms as f64 / 1000.0),
+                    None if v.retry.permanent => format!(
+                        "{e} (failed for good: tried again when the pod or an object it reads changes)"
+                    ),
                     None => e.clone(),
                 },
                 (Some(p), None) => {

@@ -864,3 +864,42 @@ fn a_host_path_persistent_volume_cannot_lead_out_of_the_allowed_prefixes() {
         "no directory is created outside the allowed prefix"
     );
 }
+
+#[test]
+fn a_volume_that_cannot_work_without_a_change_ends_the_wait_of_once_at_once() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: tok}\nspec: {containers: [{name: c, volumeMounts: [{name: t, mountPath: /t}]}], volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: token}}]}}]}\n";
+    std::fs::write(manifests.join("tok.yaml"), pod).unwrap();
+    std::fs::write(manifests.join("ok.yaml"), OK_POD).unwrap();
+    // With a timeout far beyond the test's: a wait until it runs out would show in the output.
+    let mut c = in_namespace(&[
+        "run",
+        "--once",
+        "--timeout",
+        "10m",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root-dir",
+        root.to_str().unwrap(),
+    ]);
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("needs a Kubernetes API server, which standalone mode does not have")
+            && stdout.contains(
+                "failed for good: tried again when the pod or an object it reads changes"
+            )
+            && stdout.contains("Failed for good (fix the manifests): default/tok")
+            && !stdout.contains("--timeout"),
+        "{stdout}"
+    );
+    let ok = stdout
+        .lines()
+        .find(|l| l.starts_with("default/ok"))
+        .unwrap();
+    assert!(ok.contains("Mounted"), "other pods carry on: {stdout}");
+}

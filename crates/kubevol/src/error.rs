@@ -110,6 +110,33 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
+    /// Whether the failure cannot clear without a change of the pod's spec (or an object it
+    /// reads) or of the node's configuration: the operation is not retried on a timer, only
+    /// when the pod or an object it reads changes, and `run --once` counts its pod as failed
+    /// for good. Failures that can clear by themselves (an object or a host path that may
+    /// appear, a driver that may register or recover, a busy or full filesystem) are retried
+    /// with backoff.
+    pub fn is_permanent(&self) -> bool {
+        use kubevol_core::projection::ProjectionError as P;
+        match self {
+            VolumeError::HostPathNotAllowed { .. }
+            | VolumeError::HugePages { .. }
+            | VolumeError::Unsupported { .. }
+            | VolumeError::SubPath { .. } => true,
+            VolumeError::Content(e) => {
+                matches!(e, P::NeedsCluster { .. } | P::Field { .. } | P::Path { .. })
+            }
+            VolumeError::Mount(_)
+            | VolumeError::HostPathType { .. }
+            | VolumeError::LocalPath { .. }
+            | VolumeError::Csi(_)
+            | VolumeError::CsiNotReady(_)
+            | VolumeError::DriverLeftMount { .. }
+            | VolumeError::Task(_)
+            | VolumeError::Record { .. } => false,
+        }
+    }
+
     /// What the failure leaves behind.
     pub fn class(&self) -> ErrorClass {
         match self {
@@ -133,6 +160,177 @@ impl VolumeError {
             | VolumeError::LocalPath { .. }
             | VolumeError::HugePages { .. }
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubevol_core::projection::{ObjectKind, ProjectionError as P};
+
+    /// Every kind of volume error, and whether it ends a pod's wait for good (a change of the
+    /// pod, an object it reads or the node's configuration is needed) or is retried because it
+    /// can clear by itself.
+    #[test]
+    fn each_error_kind_is_either_permanent_or_retried() {
+        let path = PathBuf::from("/x");
+        let errno = rustix::io::Errno::NOENT;
+        let object = |kind| P::MissingObject {
+            kind,
+            namespace: "ns".into(),
+            name: "n".into(),
+        };
+        let csi = |code| {
+            VolumeError::Csi(crate::csi::CsiError {
+                driver: "d".into(),
+                method: "NodePublishVolume",
+                code,
+                message: "m".into(),
+            })
+        };
+        let rows: Vec<(VolumeError, bool)> = vec![
+            // The operator's allow-list, the node's huge pages, an unsupported operation, a
+            // subPath the spec makes impossible, a source needing an API server, a downward
+            // API field or an item path that cannot work: only a change makes them work.
+            (
+                VolumeError::HostPathNotAllowed {
+                    path: path.clone(),
+                    resolved: path.clone(),
+                    allowed: "/data".into(),
+                },
+                true,
+            ),
+            (
+                VolumeError::HugePages {
+                    medium: "HugePages-1Gi".into(),
+                    detail: "none reserved".into(),
+                },
+                true,
+            ),
+            (
+                VolumeError::Unsupported {
+                    plugin: "p",
+                    operation: "o",
+                },
+                true,
+            ),
+            (
+                VolumeError::SubPath {
+                    container: "c".into(),
+                    index: 0,
+                    detail: "absolute".into(),
+                },
+                true,
+            ),
+            (
+                VolumeError::Content(P::NeedsCluster {
+                    kind: "serviceAccountToken",
+                    index: 0,
+                }),
+                true,
+            ),
+            (
+                VolumeError::Content(P::Field {
+                    field: "f".into(),
+                    detail: "d".into(),
+                }),
+                true,
+            ),
+            (
+                VolumeError::Content(P::Path {
+                    path: "../x".into(),
+                    detail: "d".into(),
+                }),
+                true,
+            ),
+            // Objects, keys, tokens and bundles may appear; host paths and local paths may be
+            // made; drivers register and recover; filesystems are busy or full for a while.
+            (VolumeError::Content(object(ObjectKind::ConfigMap)), false),
+            (VolumeError::Content(object(ObjectKind::Secret)), false),
+            (
+                VolumeError::Content(P::MissingKey {
+                    kind: ObjectKind::ConfigMap,
+                    namespace: "ns".into(),
+                    name: "n".into(),
+                    key: "k".into(),
+                }),
+                false,
+            ),
+            (
+                VolumeError::Content(P::InvalidObject {
+                    kind: ObjectKind::Secret,
+                    namespace: "ns".into(),
+                    name: "n".into(),
+                    detail: "d".into(),
+                }),
+                false,
+            ),
+            (
+                VolumeError::Content(P::TrustBundle {
+                    index: 0,
+                    detail: "d".into(),
+                }),
+                false,
+            ),
+            (
+                VolumeError::Content(P::Token {
+                    index: 0,
+                    detail: "d".into(),
+                }),
+                false,
+            ),
+            (
+                VolumeError::HostPathType {
+                    path: path.clone(),
+                    detail: "does not exist".into(),
+                },
+                false,
+            ),
+            (
+                VolumeError::LocalPath {
+                    pv: "pv".into(),
+                    path: path.clone(),
+                    detail: "does not exist".into(),
+                },
+                false,
+            ),
+            (
+                VolumeError::Mount(MountError::Io {
+                    op: "mkdir",
+                    path: path.clone(),
+                    errno,
+                }),
+                false,
+            ),
+            (csi(tonic::Code::InvalidArgument), false),
+            (csi(tonic::Code::DeadlineExceeded), false),
+            (
+                VolumeError::CsiNotReady("driver not registered".into()),
+                false,
+            ),
+            (
+                VolumeError::DriverLeftMount {
+                    driver: "d".into(),
+                    call: "NodeUnpublishVolume",
+                    path: path.clone(),
+                },
+                false,
+            ),
+            (VolumeError::Task("panicked".into()), false),
+            (
+                VolumeError::Record {
+                    dir: path.clone(),
+                    source: std::io::Error::other("full"),
+                },
+                false,
+            ),
+        ];
+        for (e, permanent) in rows {
+            assert_eq!(e.is_permanent(), permanent, "{e}");
+            if permanent {
+                assert_eq!(e.class(), ErrorClass::Final, "{e}: nothing was done");
+            }
         }
     }
 }

@@ -114,6 +114,10 @@ pub struct RetryInfo {
     pub failures: u32,
     /// Milliseconds until the next retry, while backing off.
     pub next_retry_ms: Option<u64>,
+    /// The last error cannot clear without a change of the pod (or an object it reads) or of
+    /// the node's configuration: it is not retried on a timer, only when those change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
 }
 
 /// One pod.
@@ -444,8 +448,9 @@ impl RetryInfo {
             last_error: err.map(|e| e.message.clone()),
             failures: err.map(|e| e.failures).unwrap_or(0),
             next_retry_ms: err
-                .filter(|e| e.retry_at > now)
+                .filter(|e| e.retry_at > now && !e.permanent)
                 .map(|e| (e.retry_at - now).as_millis() as u64),
+            permanent: err.is_some_and(|e| e.permanent),
         }
     }
 }

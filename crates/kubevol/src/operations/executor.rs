@@ -41,7 +41,34 @@ pub struct LastError {
     pub retry_at: Instant,
     /// Consecutive failures.
     pub failures: u32,
+    /// Whether it cannot clear without a change of the pod or the node's configuration (see
+    /// [`VolumeError::is_permanent`](crate::error::VolumeError::is_permanent)): the key is not
+    /// retried on a timer, only when its pod or an object the pod reads changes.
+    pub permanent: bool,
 }
+
+/// How a failed operation ended: its message (naming pod, volume and what to do), and whether
+/// the failure is permanent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The message.
+    pub message: String,
+    /// See [`LastError::permanent`].
+    pub permanent: bool,
+}
+
+impl From<String> for Failure {
+    /// A failure that may clear by itself.
+    fn from(message: String) -> Self {
+        Failure {
+            message,
+            permanent: false,
+        }
+    }
+}
+
+/// How long a permanent failure's key waits when nothing changes: for good, in practice.
+const PERMANENT: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[derive(Default)]
 struct State {
@@ -115,7 +142,7 @@ impl Executor {
     #[must_use = "a key turned away while these ran waits for a new plan"]
     pub fn finish_all(
         &self,
-        ended: impl IntoIterator<Item = (OperationKey, Result<(), String>)>,
+        ended: impl IntoIterator<Item = (OperationKey, Result<(), Failure>)>,
         now: Instant,
     ) -> bool {
         let mut s = self.lock();
@@ -153,6 +180,7 @@ impl Executor {
                 at: SystemTime::now(),
                 retry_at: now,
                 failures,
+                permanent: false,
             },
         );
     }
@@ -190,7 +218,23 @@ impl Executor {
         s.backoff.retain(|k, _| !which(k));
         for (_, e) in s.errors.iter_mut().filter(|(k, _)| which(k)) {
             e.retry_at = e.retry_at.min(now);
+            e.permanent = false;
         }
+    }
+
+    /// Lets the keys `which` selects whose last failure was permanent run again at once (their
+    /// pod changed, which may have fixed it); keys backing off from other failures keep their
+    /// backoff.
+    pub fn retry_permanent_now(&self, which: impl Fn(&OperationKey) -> bool, now: Instant) {
+        let s = self.lock();
+        let keys: Vec<OperationKey> = s
+            .errors
+            .iter()
+            .filter(|(k, e)| e.permanent && which(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        drop(s);
+        self.retry_now(|k| keys.contains(k), now);
     }
 
     /// Forgets errors and backoff of keys for which `keep` is false (their volume and pod are
@@ -208,7 +252,7 @@ impl State {
         &mut self,
         policy: BackoffPolicy,
         key: &OperationKey,
-        outcome: Result<(), String>,
+        outcome: Result<(), Failure>,
         now: Instant,
     ) -> bool {
         self.running.remove(key);
@@ -238,9 +282,12 @@ impl State {
                 self.backoff.remove(key);
                 self.errors.remove(key);
             }
-            Err(message) => {
+            Err(Failure { message, permanent }) => {
                 let prev = self.backoff.get(key).copied();
-                let b = Backoff::fail(prev, policy, std_instant(now));
+                let mut b = Backoff::fail(prev, policy, std_instant(now));
+                if permanent {
+                    b.delay = PERMANENT;
+                }
                 let retry_at = now + b.delay;
                 self.backoff.insert(key.clone(), b);
                 self.errors.insert(
@@ -250,6 +297,7 @@ impl State {
                         at: SystemTime::now(),
                         retry_at,
                         failures: b.failures,
+                        permanent,
                     },
                 );
             }
@@ -263,7 +311,7 @@ impl Executor {
     /// One key released alone.
     #[must_use]
     fn finish(&self, key: &OperationKey, outcome: Result<(), String>, now: Instant) -> bool {
-        self.finish_all([(key.clone(), outcome)], now)
+        self.finish_all([(key.clone(), outcome.map_err(Failure::from))], now)
     }
 }
 
@@ -316,6 +364,38 @@ mod tests {
             e.try_start(&key("w", Some("c")), now).is_ok(),
             "other volumes are unaffected"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_failure_waits_for_a_change_of_its_pod_not_a_timer() {
+        let e = Executor::new(BackoffPolicy::KUBELET);
+        let now = Instant::now();
+        let (k, other) = (key("v", Some("a")), key("w", Some("a")));
+        for key in [&k, &other] {
+            e.try_start(key, now).unwrap();
+        }
+        let failure = Failure {
+            message: "needs an API server".into(),
+            permanent: true,
+        };
+        assert!(!e.finish_all([(k.clone(), Err(failure))], now));
+        let _ = e.finish(&other, Err("busy".into()), now);
+        let last = e.last_error(&k).unwrap();
+        assert!(last.permanent);
+        let a_day = now + std::time::Duration::from_secs(86_400);
+        assert!(
+            matches!(e.try_start(&k, a_day), Err(NotStarted::BackingOff(_))),
+            "no retry on a timer"
+        );
+        // The pod changed: only the permanent failure runs again at once; the other keeps its
+        // backoff.
+        e.retry_permanent_now(|key| key.pod == Some(PodUid("a".into())), now);
+        assert!(!e.last_error(&k).unwrap().permanent);
+        assert!(e.try_start(&k, now).is_ok());
+        assert!(matches!(
+            e.try_start(&other, now),
+            Err(NotStarted::BackingOff(_))
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -439,7 +519,7 @@ mod tests {
         assert!(!e.finish_all(
             [
                 (key("v", Some("a")), Ok(())),
-                (key("w", Some("b")), Err("boom".into())),
+                (key("w", Some("b")), Err(String::from("boom").into())),
             ],
             now
         ));

@@ -575,7 +575,8 @@ impl Step {
                     "{} of volume {} is not an operation of the local lane (a kubevol bug; it is retried)",
                     other.metric_name(),
                     other.volume()
-                )),
+                )
+                .into()),
                 true,
             )),
         }

@@ -39,7 +39,7 @@ use unmount::unmount_volume;
 /// How an operation ended: its plugin's name (for metrics), the result (an error names pod,
 /// volume and what to do), and whether the reconciler must plan again now (a follow-up may be
 /// due, or a backoff is to be scheduled).
-type Outcome = (SharedStr, Result<(), String>, bool);
+type Outcome = (SharedStr, Result<(), executor::Failure>, bool);
 
 /// What operations need, handed to each: the executor's bookkeeping, the slots, the plugins
 /// and the host they work on, the actual state's writer, and where outcomes are reported.
@@ -212,7 +212,7 @@ async fn run_operation(ops: Arc<Operations>, op: Operation) {
             | Operation::UnmountDevice { .. }
             | Operation::Detach { .. } => {
                 let (plugin, outcome) = device_operation(&ops, &op).await;
-                (plugin, outcome, true)
+                (plugin, outcome.map_err(Into::into), true)
             }
         }
     });
@@ -423,7 +423,7 @@ fn panicked(
             settle_device_record(ops, volume);
         }
     }
-    (plugin, Err(message), true)
+    (plugin, Err(message.into()), true)
 }
 
 /// What an operation is about, for messages: the pod's volume with its manifest, or the

@@ -102,7 +102,8 @@ pub(super) fn prepare_from(
             Err(format!(
                 "volume {:?} of pod {}: no plugin {} is registered",
                 want.outer_volume_name, want.pod_ref, traits.plugin
-            )),
+            )
+            .into()),
             true,
         ));
     };
@@ -294,7 +295,11 @@ pub(super) fn finish(
             settle_pod_record(ops, volume, pod, &want.outer_volume_name, records);
             ops.events
                 .record(pref, true, reason::FAILED_MOUNT, message.clone());
-            (traits.plugin, Err(message), true)
+            let failure = super::executor::Failure {
+                message,
+                permanent: e.is_permanent(),
+            };
+            (traits.plugin, Err(failure), true)
         }
     }
 }

@@ -68,7 +68,8 @@ pub(super) fn prepare_from(
             Err(format!(
                 "volume {:?} of pod {}: no plugin {} is registered",
                 mounted.outer_volume_name, mounted.pod_ref, traits.plugin
-            )),
+            )
+            .into()),
             replan(),
         ));
     };
@@ -232,7 +233,7 @@ pub(super) fn finish(
             settle_pod_record(ops, volume, pod, outer, records);
             ops.events
                 .record(pref, true, reason::FAILED_UNMOUNT, message.clone());
-            ((t.plugin_name, Err(message), replan()), false)
+            ((t.plugin_name, Err(message.into()), replan()), false)
         }
     }
 }

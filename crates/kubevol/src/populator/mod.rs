@@ -484,6 +484,10 @@ impl Populator {
             // An object appeared or changed: retry this pod's volumes now, not after backoff.
             self.executor
                 .retry_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
+        } else if !same_pod {
+            // The pod changed: what failed for good because of its spec may work now.
+            self.executor
+                .retry_permanent_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
         }
         if let Some(old) = self.seen.remove(uid) {
             self.forget_readers(uid, &old);
