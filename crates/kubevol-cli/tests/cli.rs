@@ -903,3 +903,63 @@ fn a_volume_that_cannot_work_without_a_change_ends_the_wait_of_once_at_once() {
         .unwrap();
     assert!(ok.contains("Mounted"), "other pods carry on: {stdout}");
 }
+
+#[test]
+fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root, host) = (
+        tmp.path().join("m"),
+        tmp.path().join("root"),
+        tmp.path().join("host"),
+    );
+    for d in [&manifests, &host] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    // Two secret values: one an absolute path (refused when expanded), one a link inside a
+    // hostPath volume that leads out of it (refused when bound).
+    const ABSOLUTE: &str = "/etc/Zq7-absolute-secret";
+    const ESCAPE: &str = "Zq7-escaping-secret";
+    std::os::unix::fs::symlink("/etc", host.join(ESCAPE)).unwrap();
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: paths}}\nstringData: {{abs: '{ABSOLUTE}', esc: '{ESCAPE}'}}\n"
+    );
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: leaky}}\nspec:\n  containers:\n  - name: c\n    env:\n    - {{name: ABS, valueFrom: {{secretKeyRef: {{name: paths, key: abs}}}}}}\n    - {{name: ESC, valueFrom: {{secretKeyRef: {{name: paths, key: esc}}}}}}\n    - {{name: DERIVED, value: 'x/$(ESC)'}}\n    volumeMounts:\n    - {{name: scratch, mountPath: /a, subPathExpr: '$(ABS)'}}\n    - {{name: host, mountPath: /b, subPathExpr: '$(ESC)'}}\n  volumes:\n  - {{name: scratch, emptyDir: {{}}}}\n  - {{name: host, hostPath: {{path: '{}'}}}}\n",
+        host.display()
+    );
+    std::fs::write(manifests.join("secret.yaml"), secret).unwrap();
+    std::fs::write(manifests.join("pod.yaml"), pod).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = tmp.path().join("log");
+    let mut child = daemon(&manifests, &root, &listen)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(Stdio::null())
+        .env("RUST_LOG", "debug")
+        .spawn()
+        .unwrap();
+    let pods = until_http(port, "/api/v1/pods", |a| {
+        a.contains("from a Secret") && a.contains("<redacted: a Secret's value>")
+    });
+    let events = http_get(port, "/api/v1/events");
+    let table = status(&format!("http://{listen}"), &["-o", "wide"]);
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    child.wait().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("FailedMount"), "{log}");
+    for (channel, text) in [
+        ("/api/v1/pods", &pods),
+        ("/api/v1/events", &events),
+        ("kubevol status -o wide", &table),
+        ("the log", &log),
+    ] {
+        for value in [ABSOLUTE, ESCAPE, "Zq7"] {
+            assert!(!text.contains(value), "{channel} shows {value}:\n{text}");
+        }
+    }
+}

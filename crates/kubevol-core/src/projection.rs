@@ -774,6 +774,38 @@ pub fn resource_value(
     Ok(v.to_string())
 }
 
+/// A container's environment, and which of its variables carry a Secret's value (read with
+/// `secretKeyRef`, or expanded from such a variable): those values never appear in a message.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerEnv {
+    /// The variables' values.
+    pub values: BTreeMap<String, String>,
+    /// The names of the variables whose value comes from a Secret.
+    pub secret: std::collections::BTreeSet<String>,
+}
+
+impl ContainerEnv {
+    /// The Secret-derived values, to be kept out of messages.
+    pub fn secret_values(&self) -> Vec<String> {
+        self.secret
+            .iter()
+            .filter_map(|n| self.values.get(n))
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .collect()
+    }
+}
+
+/// `text` with every one of `secrets` (longest first) replaced by a placeholder: a message
+/// about something a Secret's value went into.
+pub fn redact(text: &str, secrets: &[String]) -> String {
+    let mut secrets: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.into_iter().fold(text.to_string(), |t, s| {
+        t.replace(s.as_str(), "<redacted: a Secret's value>")
+    })
+}
+
 /// A container's environment as far as a node can resolve it without a cluster: literal values
 /// (with `$(VAR)` references to earlier variables expanded), downward API fields and resources,
 /// and ConfigMap and Secret keys. Variables that cannot be resolved are left out, so a
@@ -784,12 +816,21 @@ pub fn container_env(
     node_name: &str,
     objects: &dyn Objects,
     node: &NodeAllocatable,
-) -> BTreeMap<String, String> {
+) -> ContainerEnv {
     let mut env: BTreeMap<String, String> = BTreeMap::new();
+    let mut secret = std::collections::BTreeSet::new();
     let ns = pod_namespace(pod);
     for var in container.env.iter().flatten() {
+        let mut from_secret = false;
         let value = if let Some(v) = &var.value {
-            Some(expand(v, |k| env.get(k).cloned()).0)
+            let used = std::cell::RefCell::new(Vec::new());
+            let expanded = expand(v, |k| {
+                used.borrow_mut().push(k.to_string());
+                env.get(k).cloned()
+            })
+            .0;
+            from_secret = used.borrow().iter().any(|k| secret.contains(k));
+            Some(expanded)
         } else if let Some(from) = &var.value_from {
             if let Some(f) = &from.field_ref {
                 match f.field_path.as_str() {
@@ -816,6 +857,7 @@ pub fn container_env(
                     _ => None,
                 }
             } else if let Some(k) = &from.secret_key_ref {
+                from_secret = true;
                 match objects.secret(ns, &k.name) {
                     Lookup::Found(s) => s
                         .data
@@ -838,8 +880,16 @@ pub fn container_env(
                 env.remove(&var.name);
             }
         }
+        if from_secret {
+            secret.insert(var.name.clone());
+        } else {
+            secret.remove(&var.name);
+        }
     }
-    env
+    ContainerEnv {
+        values: env,
+        secret,
+    }
 }
 
 /// Expands `$(VAR)` references as the kubelet does: `$$` is a literal `$`, an unterminated
@@ -886,8 +936,13 @@ pub fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> (String, 
 
 /// Expands a `subPathExpr` with a container's environment and checks the result as the kubelet
 /// does: every variable defined and non-empty, the result relative and without `..`.
-pub fn expand_sub_path(expr: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
-    let (out, missing) = expand(expr, |k| env.get(k).filter(|v| !v.is_empty()).cloned());
+/// A path made with a Secret's value is not shown: the message names the variables instead.
+pub fn expand_sub_path(expr: &str, env: &ContainerEnv) -> Result<String, String> {
+    let used = std::cell::RefCell::new(Vec::new());
+    let (out, missing) = expand(expr, |k| {
+        used.borrow_mut().push(k.to_string());
+        env.values.get(k).filter(|v| !v.is_empty()).cloned()
+    });
     if !missing.is_empty() {
         return Err(format!(
             "subPathExpr {expr:?}: missing value for {}; define the variable in the container's env",
@@ -895,6 +950,17 @@ pub fn expand_sub_path(expr: &str, env: &BTreeMap<String, String>) -> Result<Str
         ));
     }
     if let Some(d) = crate::validation::local_descending_path_error(&out) {
+        let secret: Vec<String> = used
+            .into_inner()
+            .into_iter()
+            .filter(|k| env.secret.contains(k))
+            .collect();
+        if !secret.is_empty() {
+            return Err(format!(
+                "subPathExpr {expr:?} expands to a path that {d} (not shown: it holds the value of {}, from a Secret)",
+                secret.join(", ")
+            ));
+        }
         return Err(format!(
             "subPathExpr {expr:?} expands to {out:?}, which {d}"
         ));
@@ -969,6 +1035,7 @@ mod tests {
                          {"name": "DIR", "value": "logs/$(POD)"},
                          {"name": "EMPTY", "value": ""},
                          {"name": "USER", "valueFrom": {"secretKeyRef": {"name": "s", "key": "user"}}},
+                         {"name": "GREETING", "value": "hi-$(USER)"},
                          {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]},
                 {"name": "d"}]},
         }))
@@ -1152,10 +1219,13 @@ mod tests {
     fn sub_path_expr() {
         let c = pod().spec.unwrap().containers[0].clone();
         let env = container_env(&pod(), &c, "node-a", &objects(), &NODE);
-        assert_eq!(env["DIR"], "logs/web", "earlier variables expand in values");
-        assert_eq!(env["USER"], "admin");
+        assert_eq!(
+            env.values["DIR"], "logs/web",
+            "earlier variables expand in values"
+        );
+        assert_eq!(env.values["USER"], "admin");
         assert!(
-            !env.contains_key("IP"),
+            !env.values.contains_key("IP"),
             "status fields are not known on a standalone node"
         );
         assert_eq!(
@@ -1165,8 +1235,26 @@ mod tests {
         let e = expand_sub_path("$(IP)/$(EMPTY)", &env).unwrap_err();
         assert!(e.contains("missing value for IP, EMPTY"), "{e}");
         let mut env = env;
-        env.insert("UP".into(), "../etc".into());
-        env.insert("ABS".into(), "/etc".into());
+        assert_eq!(
+            env.secret,
+            ["GREETING".to_string(), "USER".to_string()].into(),
+            "a Secret's key is known as such, and so is a value made with it"
+        );
+        env.values.insert("HOME".into(), "/home/admin".into());
+        env.secret.insert("HOME".into());
+        let e = expand_sub_path("$(HOME)", &env).unwrap_err();
+        assert!(
+            e.contains(
+                "must be a relative path (not shown: it holds the value of HOME, from a Secret)"
+            ) && !e.contains("admin"),
+            "{e}"
+        );
+        assert_eq!(
+            redact("mkdir /v/admin/x: EACCES", &env.secret_values()),
+            "mkdir /v/<redacted: a Secret's value>/x: EACCES"
+        );
+        env.values.insert("UP".into(), "../etc".into());
+        env.values.insert("ABS".into(), "/etc".into());
         assert!(expand_sub_path("$(UP)", &env)
             .unwrap_err()
             .contains("must not contain '..'"));

@@ -99,6 +99,17 @@ pub enum VolumeError {
     /// A blocking task died.
     #[error("operation task failed: {0}")]
     Task(String),
+    /// An error whose text held a Secret's value (a path made with `subPathExpr` from a
+    /// Secret-backed variable), with the value replaced.
+    #[error("{message}")]
+    Redacted {
+        /// The message, without the value.
+        message: String,
+        /// The class of the error it replaces.
+        class: ErrorClass,
+        /// Whether the error it replaces is permanent.
+        permanent: bool,
+    },
     /// The intent could not be recorded: nothing was done on the node.
     #[error("cannot record the intent in {} ({source}); nothing was done on the node and it is tried again: make room or fix permissions there", dir.display())]
     Record {
@@ -110,6 +121,19 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
+    /// `e`, with every one of `secrets` kept out of its message (`e` itself when there are
+    /// none).
+    pub fn redacted(e: VolumeError, secrets: &[String]) -> VolumeError {
+        if secrets.is_empty() {
+            return e;
+        }
+        VolumeError::Redacted {
+            message: kubevol_core::projection::redact(&e.to_string(), secrets),
+            class: e.class(),
+            permanent: e.is_permanent(),
+        }
+    }
+
     /// Whether the failure cannot clear without a change of the pod's spec (or an object it
     /// reads) or of the node's configuration: the operation is not retried on a timer, only
     /// when the pod or an object it reads changes, and `run --once` counts its pod as failed
@@ -123,6 +147,7 @@ impl VolumeError {
             | VolumeError::HugePages { .. }
             | VolumeError::Unsupported { .. }
             | VolumeError::SubPath { .. } => true,
+            VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
                 matches!(e, P::NeedsCluster { .. } | P::Field { .. } | P::Path { .. })
             }
@@ -148,6 +173,7 @@ impl VolumeError {
                 }
             }
             VolumeError::Task(_) => ErrorClass::Uncertain,
+            VolumeError::Redacted { class, .. } => *class,
             VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
             VolumeError::Csi(_) => ErrorClass::Uncertain,
             VolumeError::CsiNotReady(_)
@@ -318,6 +344,17 @@ mod tests {
                 false,
             ),
             (VolumeError::Task("panicked".into()), false),
+            (
+                VolumeError::redacted(
+                    VolumeError::SubPath {
+                        container: "c".into(),
+                        index: 0,
+                        detail: "s3cret".into(),
+                    },
+                    &["s3cret".into()],
+                ),
+                true,
+            ),
             (
                 VolumeError::Record {
                     dir: path.clone(),

@@ -20,6 +20,8 @@ struct Wanted {
     container: String,
     index: usize,
     sub_path: String,
+    /// The Secret values the path was made with: kept out of every message about it.
+    secrets: Vec<String>,
 }
 
 /// The subPath mounts the pod's containers want of one volume, with `subPathExpr` expanded
@@ -31,8 +33,8 @@ fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, Vol
             if want.outer_volume_name != m.name.as_str() {
                 continue;
             }
-            let sub_path = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
-                (Some(p), _) if !p.is_empty() => p.to_string(),
+            let (sub_path, secrets) = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+                (Some(p), _) if !p.is_empty() => (p.to_string(), Vec::new()),
                 (_, Some(expr)) if !expr.is_empty() => {
                     let env = container_env(
                         &want.pod,
@@ -41,11 +43,13 @@ fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, Vol
                         &StoreObjects(&host.store),
                         &host.node_allocatable,
                     );
-                    expand_sub_path(expr, &env).map_err(|detail| VolumeError::SubPath {
-                        container: c.name.clone(),
-                        index,
-                        detail,
-                    })?
+                    let path =
+                        expand_sub_path(expr, &env).map_err(|detail| VolumeError::SubPath {
+                            container: c.name.clone(),
+                            index,
+                            detail,
+                        })?;
+                    (path, env.secret_values())
                 }
                 _ => continue,
             };
@@ -53,6 +57,7 @@ fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, Vol
                 container: c.name.clone(),
                 index,
                 sub_path,
+                secrets,
             });
         }
     }
@@ -135,13 +140,16 @@ fn bind(
             &w.container,
             w.index,
         )
-        .map_err(|e| match e {
-            kubevol_mount::MountError::Unsafe { .. } => VolumeError::SubPath {
-                container: w.container.clone(),
-                index: w.index,
-                detail: format!("subPath {:?}: {e}", w.sub_path),
-            },
-            e => e.into(),
+        .map_err(|e| {
+            let e = match e {
+                kubevol_mount::MountError::Unsafe { .. } => VolumeError::SubPath {
+                    container: w.container.clone(),
+                    index: w.index,
+                    detail: format!("subPath {:?}: {e}", w.sub_path),
+                },
+                e => e.into(),
+            };
+            VolumeError::redacted(e, &w.secrets)
         })?;
         made.push(SubPathMount {
             container: w.container,
