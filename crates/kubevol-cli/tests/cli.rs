@@ -963,3 +963,78 @@ fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
         }
     }
 }
+
+#[test]
+fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(manifests.join("ok.yaml"), OK_POD).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // A hard limit of 400 descriptors, which kubevol cannot raise: fewer than the clients'.
+    let mut child = Command::new("prlimit")
+        .args([
+            "--nofile=400:400",
+            "--",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            BIN,
+        ])
+        .args(["run", "--manifests"])
+        .arg(&manifests)
+        .arg("--root-dir")
+        .arg(&root)
+        .args(["--listen", &listen])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until_http(port, "/api/v1/pods", |a| a.contains("\"phase\":\"Ready\""));
+    let clients: Vec<std::net::TcpStream> = (0..600)
+        .filter_map(|_| {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+            let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+            Some(s)
+        })
+        .collect();
+    assert!(clients.len() > 400, "{} connections", clients.len());
+    // A pod added while the clients hold on is read and mounted.
+    std::fs::write(
+        manifests.join("late.yaml"),
+        OK_POD.replace("name: ok", "name: late"),
+    )
+    .unwrap();
+    let pods = until_http(port, "/api/v1/pods", |a| {
+        a.contains("\"name\":\"late\"") && !a.contains("\"phase\":\"Pending\"")
+    });
+    assert!(
+        !pods.contains("Too many open files") && pods.matches("\"phase\":\"Ready\"").count() == 2,
+        "{pods}"
+    );
+    // A stop does not wait for a client that never finishes its request.
+    let held = {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+        s
+    };
+    let started = Instant::now();
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = child.wait().unwrap();
+    assert!(code.success(), "{code:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the stop waited {:?} for clients",
+        started.elapsed()
+    );
+    drop((clients, held));
+}

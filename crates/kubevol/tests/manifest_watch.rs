@@ -416,3 +416,59 @@ async fn the_periodic_listing_reads_a_manifest_whose_link_target_was_switched() 
     .expect("the re-listing (every 20 s) reads the switched file");
     watch.abort();
 }
+
+#[test]
+fn a_manifest_read_that_failed_for_too_many_open_files_is_read_again() {
+    // In a process of its own (the test re-executed), whose open files are then used up.
+    common::in_private_mount_ns(
+        "a_manifest_read_that_failed_for_too_many_open_files_is_read_again",
+        || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let staged = tempfile::tempdir().unwrap();
+                std::fs::write(dir.path().join("a.yaml"), pod_yaml("a")).unwrap();
+                std::fs::write(staged.path().join("b.yaml"), pod_yaml("b")).unwrap();
+                let store = Arc::new(ObjectStore::new());
+                let watch = ManifestSource::new(dir.path())
+                    .listen(store.sink(ManifestSource::NAME))
+                    .await
+                    .unwrap();
+                let mut limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+                limit.current = Some(256);
+                rustix::process::setrlimit(rustix::process::Resource::Nofile, limit).unwrap();
+                let mut held = Vec::new();
+                loop {
+                    match std::fs::File::open("/dev/null") {
+                        Ok(f) => held.push(f),
+                        Err(e) if e.raw_os_error() == Some(libc_emfile()) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                // A rename needs no descriptor: the file arrives while none is left to read it.
+                std::fs::rename(staged.path().join("b.yaml"), dir.path().join("b.yaml")).unwrap();
+                until(&store, |s| {
+                    s.file_errors()
+                        .iter()
+                        .any(|e| e.message.contains("it is read again shortly"))
+                })
+                .await;
+                drop(held);
+                until(&store, |s| {
+                    names(s) == ["a", "b"] && s.file_errors().is_empty()
+                })
+                .await;
+                watch.abort();
+            });
+        },
+    );
+}
+
+/// EMFILE, "Too many open files".
+fn libc_emfile() -> i32 {
+    rustix::io::Errno::MFILE.raw_os_error()
+}

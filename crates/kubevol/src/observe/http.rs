@@ -78,15 +78,211 @@ pub async fn serve(
     manager: VolumeManager,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(manager))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router(manager), Limits::default(), shutdown).await
+}
+
+/// What the HTTP server allows its clients: any local user can connect, so none of them can
+/// hold its descriptors, its stop or its probes for long.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// How long a client has to send its request's headers.
+    pub header_read_timeout: std::time::Duration,
+    /// How long one connection (one request: keep-alive is off) may last in all.
+    pub connection_deadline: std::time::Duration,
+    /// How long a stop waits for requests in flight before it closes them.
+    pub stop_grace: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 128,
+            header_read_timeout: std::time::Duration::from_secs(5),
+            connection_deadline: std::time::Duration::from_secs(30),
+            stop_grace: std::time::Duration::from_secs(1),
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown` completes.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut connections = tokio::task::JoinSet::new();
+    let mut refused = 0u64;
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (or a connection reset before it was taken): the
+                    // engine comes first; try again in a moment rather than spin.
+                    tracing::debug!("cannot accept an HTTP connection: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused,
+                    limit = limits.max_connections,
+                    "HTTP connections beyond the limit are closed at once"
+                );
+            }
+            continue;
+        };
+        let router = router.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| router.clone().oneshot(req));
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(limits.connection_deadline, connection).await;
+        });
+    }
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(limits.stop_grace, drained).await;
+    connections.abort_all();
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// A server of one route within `limits`; its address and a handle that stops it (the
+    /// task ends when the server has stopped).
+    async fn limited(
+        limits: Limits,
+    ) -> (
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = Router::new().route("/healthz", get(|| async { "ok\n" }));
+        let server = tokio::spawn(serve_with(listener, router, limits, async move {
+            let _ = stopped.await;
+        }));
+        (addr, stop, server)
+    }
+
+    /// A connection that sends half a request and waits.
+    async fn half_sent(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        s
+    }
+
+    /// Whether the server closes `s` within `within`.
+    async fn closed_within(s: &mut tokio::net::TcpStream, within: std::time::Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        tokio::time::timeout(within, s.read_to_end(&mut buf))
+            .await
+            .is_ok()
+    }
+
+    async fn get_healthz(addr: std::net::SocketAddr) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        out
+    }
+
+    #[tokio::test]
+    async fn a_half_sent_request_is_closed_after_the_header_timeout() {
+        let limits = Limits {
+            header_read_timeout: std::time::Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (addr, _stop, _server) = limited(limits).await;
+        let mut s = half_sent(addr).await;
+        assert!(
+            closed_within(&mut s, std::time::Duration::from_secs(30)).await,
+            "the server closes a connection whose headers do not come"
+        );
+        assert!(get_healthz(addr).await.ends_with("ok\n"));
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_limit_are_closed_at_once_and_the_rest_served() {
+        let limits = Limits {
+            max_connections: 2,
+            header_read_timeout: std::time::Duration::from_secs(3600),
+            ..Limits::default()
+        };
+        let (addr, _stop, _server) = limited(limits).await;
+        let mut held = vec![half_sent(addr).await, half_sent(addr).await];
+        // The two are taken (each answers nothing yet); a third is closed without an answer.
+        let mut third = half_sent(addr).await;
+        assert!(closed_within(&mut third, std::time::Duration::from_secs(30)).await);
+        // One of the two finishes its request: a new connection is served again.
+        {
+            use tokio::io::AsyncWriteExt;
+            held[0].write_all(b"\r\n").await.unwrap();
+        }
+        assert!(closed_within(&mut held[0], std::time::Duration::from_secs(30)).await);
+        let mut answer = String::new();
+        for _ in 0..100 {
+            answer = get_healthz(addr).await;
+            if answer.ends_with("ok\n") {
+                break;
+            }
+            // The finished connection's slot is given back as its task ends.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(answer.ends_with("ok\n"), "{answer:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stop_waits_for_a_half_sent_request_only_for_its_grace() {
+        let limits = Limits {
+            header_read_timeout: std::time::Duration::from_secs(3600),
+            connection_deadline: std::time::Duration::from_secs(3600),
+            stop_grace: std::time::Duration::from_millis(100),
+            ..Limits::default()
+        };
+        let (addr, stop, server) = limited(limits).await;
+        let _held = half_sent(addr).await;
+        // The request is being read once the server answers another one.
+        assert!(get_healthz(addr).await.ends_with("ok\n"));
+        stop.send(()).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), server)
+            .await
+            .expect("the stop does not wait for the client")
+            .unwrap()
+            .unwrap();
+    }
 
     #[tokio::test]
     async fn readyz_is_unavailable_until_states_are_synced() {

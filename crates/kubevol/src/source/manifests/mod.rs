@@ -160,6 +160,9 @@ pub struct ManifestSource {
     /// just before it was read, so that a re-listing can tell the store which are gone and
     /// read only those that changed.
     delivered: Arc<Mutex<BTreeMap<PathBuf, Option<Signature>>>>,
+    /// Files whose last read failed for a reason that passes (too many open files, an I/O
+    /// error), and when each is read again.
+    retries: Arc<Mutex<BTreeMap<PathBuf, kubevol_core::backoff::Backoff>>>,
 }
 
 impl ManifestSource {
@@ -174,6 +177,7 @@ impl ManifestSource {
             dir,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             delivered: Arc::default(),
+            retries: Arc::default(),
         }
     }
 
@@ -233,8 +237,9 @@ impl ManifestSource {
             });
             loop {
                 match tokio::time::timeout(READ_STALL, rx.recv()).await {
-                    Ok(Some((path, signature, read))) => {
+                    Ok(Some((path, signature, (read, transient)))) => {
                         rest.pop_front();
+                        self.note_retry(&path, transient);
                         signatures.insert(path, signature);
                         changes.extend(read);
                     }
@@ -258,6 +263,30 @@ impl ManifestSource {
             }
         }
         (changes, signatures)
+    }
+
+    /// Schedules `path` to be read again with backoff (its read failed for a passing reason), or
+    /// forgets it.
+    fn note_retry(&self, path: &Path, transient: bool) {
+        use kubevol_core::backoff::{Backoff, BackoffPolicy};
+        let mut retries = crate::sync::lock(&self.retries);
+        if transient {
+            let prev = retries.get(path).copied();
+            let b = Backoff::fail(prev, BackoffPolicy::RECONNECT, std::time::Instant::now());
+            retries.insert(path.to_path_buf(), b);
+        } else {
+            retries.remove(path);
+        }
+    }
+
+    /// The files due to be read again now.
+    fn due_retries(&self) -> Vec<PathBuf> {
+        let now = std::time::Instant::now();
+        crate::sync::lock(&self.retries)
+            .iter()
+            .filter(|(_, b)| b.is_ready(now))
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// Lists the directory and reads its manifest files (with `all`, every one; otherwise only
@@ -356,7 +385,13 @@ impl ManifestSource {
                     next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
                     self.relist(&sink, false).await;
                 }
-                None => {}
+                None => {
+                    let due = self.due_retries();
+                    if !due.is_empty() {
+                        let read = self.read_files(due).await;
+                        self.deliver(&sink, read);
+                    }
+                }
             }
         }
     }

@@ -28,9 +28,10 @@ fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
 }
 
 /// Reads one manifest file as the store takes it: its objects (and the names of those of kinds
-/// kubevol does not run), its errors, or that it is gone.
-pub fn read_file(path: &Path, max_size: u64) -> Vec<Change> {
-    let (content, skipped) = read_content(path, max_size);
+/// kubevol does not run), its errors, or that it is gone; and whether the read failed for a
+/// reason that passes by itself (too many open files, an I/O error), so that it is tried again.
+pub fn read_file(path: &Path, max_size: u64) -> (Vec<Change>, bool) {
+    let (content, skipped, transient) = read_content(path, max_size);
     let mut changes = vec![Change::File {
         path: path.to_path_buf(),
         content,
@@ -39,27 +40,49 @@ pub fn read_file(path: &Path, max_size: u64) -> Vec<Change> {
         path: path.to_path_buf(),
         objects,
     }));
-    changes
+    (changes, transient)
 }
+
+/// Whether a failed open or read may succeed when simply tried again.
+pub fn is_transient(errno: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    matches!(
+        errno,
+        Errno::MFILE | Errno::NFILE | Errno::NOMEM | Errno::IO | Errno::INTR | Errno::NOBUFS
+    )
+}
+
+/// What reading a file gave: its content, the objects of kinds kubevol does not run, and
+/// whether a failure is transient.
+type Content = (FileContent, Option<Vec<ObjectName>>, bool);
 
 /// Only a regular file is read (a symbolic link is followed, and the type is checked on the
 /// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
 /// FIFO or a device never blocks, and at most `max_size` bytes of it.
-fn read_content(path: &Path, max_size: u64) -> (FileContent, Option<Vec<ObjectName>>) {
+fn read_content(path: &Path, max_size: u64) -> Content {
     use rustix::fs::{FileType, Mode, OFlags};
-    let broken = |message: String| {
+    let failed = |message: String, transient: bool| {
+        let message = if transient {
+            format!("{message}; it is read again shortly")
+        } else {
+            message
+        };
         let err = manifest_error(path, None, None, message);
         warn!("{err}");
-        (FileContent::Broken(vec![err]), None)
+        (FileContent::Broken(vec![err]), None, transient)
     };
+    let broken = |message: String| failed(message, false);
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let fd = match rustix::fs::open(path, flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => {
             info!(file = %path.display(), "manifest removed");
-            return (FileContent::Gone, None);
+            return (FileContent::Gone, None, false);
         }
-        Err(e) => return broken(format!("cannot open: {}", std::io::Error::from(e))),
+        Err(e) => {
+            let message = format!("cannot open: {}", std::io::Error::from(e));
+            return failed(message, is_transient(e));
+        }
     };
     let stat = match rustix::fs::fstat(&fd) {
         Ok(st) => st,
@@ -87,7 +110,10 @@ fn read_content(path: &Path, max_size: u64) -> (FileContent, Option<Vec<ObjectNa
         &mut std::io::Read::take(std::fs::File::from(fd), max_size + 1),
         &mut bytes,
     ) {
-        return broken(format!("cannot read: {e}"));
+        let transient = e
+            .raw_os_error()
+            .is_some_and(|n| is_transient(rustix::io::Errno::from_raw_os_error(n)));
+        return failed(format!("cannot read: {e}"), transient);
     }
     if bytes.len() as u64 > max_size {
         return broken(too_big(bytes.len() as u64));
@@ -108,10 +134,10 @@ fn read_content(path: &Path, max_size: u64) -> (FileContent, Option<Vec<ObjectNa
     }
     if errors.is_empty() {
         debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
-        (FileContent::Objects(objects), Some(parsed.skipped))
+        (FileContent::Objects(objects), Some(parsed.skipped), false)
     } else {
         // A file with any error is not applied: what it delivered before stays, so a
         // half-written edit never takes a running pod's volumes away.
-        (FileContent::Broken(errors), None)
+        (FileContent::Broken(errors), None, false)
     }
 }
