@@ -241,7 +241,7 @@ mod tests {
             ..Limits::default()
         };
         let (addr, _stop, _server) = limited(limits).await;
-        let mut held = vec![half_sent(addr).await, half_sent(addr).await];
+        let mut held = [half_sent(addr).await, half_sent(addr).await];
         // The two are taken (each answers nothing yet); a third is closed without an answer.
         let mut third = half_sent(addr).await;
         assert!(closed_within(&mut third, std::time::Duration::from_secs(30)).await);
