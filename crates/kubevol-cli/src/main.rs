@@ -328,6 +328,15 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
+        // The reader went away (`kubevol status | head -3`): nothing more to say to anyone.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             say(format_args!("kubevol: {e:#}"));
             ExitCode::FAILURE

@@ -280,6 +280,21 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
             .any(|l| l.starts_with("default/web") && l.contains("cache") && l.contains("Mounted")),
         "{table}"
     );
+    // A reader that stops reading (`kubevol status | head -3`) ends it quietly.
+    let mut closed = Command::new(BIN)
+        .args(["status", "--server", &server, "-o", "wide"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(closed.stdout.take());
+    let out = closed.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let wide = status(&server, &["-o", "wide"]);
     assert!(
         wide.contains("Events of default/web") && wide.contains("SuccessfulMountVolume"),
@@ -1037,4 +1052,61 @@ fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop()
         started.elapsed()
     );
     drop((clients, held));
+}
+
+#[test]
+fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(manifests.join("a.yaml"), OK_POD).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let log = tmp.path().join("log");
+    let mut child = daemon(&manifests, &root, &listen)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    until_http(port, "/api/v1/pods", |a| a.contains("\"phase\":\"Ready\""));
+    // The same pod again, written three times (each a read of the file, each the same error).
+    for round in 0..3 {
+        std::fs::write(manifests.join("b.yaml"), OK_POD).unwrap();
+        let marker = format!("marker{round}");
+        std::fs::write(
+            manifests.join(format!("{marker}.yaml")),
+            OK_POD.replace("name: ok", &format!("name: {marker}")),
+        )
+        .unwrap();
+        until_http(port, "/api/v1/pods", |a| {
+            a.contains(&format!("\"name\":\"{marker}\"")) && a.contains("is also defined by")
+        });
+    }
+    std::fs::remove_file(manifests.join("b.yaml")).unwrap();
+    until_http(port, "/api/v1/pods", |a| {
+        a.contains("\"name\":\"marker2\"") && !a.contains("is also defined by")
+    });
+    let log_text = || std::fs::read_to_string(&log).unwrap();
+    // The clearing is logged after the store changed, a moment after the status shows it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log_text().contains("manifest error cleared") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    child.wait().unwrap();
+    let text = log_text();
+    let appeared = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("is also defined by"))
+        .count();
+    let cleared = text
+        .lines()
+        .filter(|l| l.contains("manifest error cleared") && l.contains("is also defined by"))
+        .count();
+    assert_eq!((appeared, cleared), (1, 1), "{text}");
 }

@@ -50,6 +50,19 @@ fn describe(ft: fs::FileType) -> &'static str {
     }
 }
 
+/// What to do about a host path of `type_` that does not exist: only directories and regular
+/// files can be made by a volume's type.
+fn missing_hint(type_: &str) -> &'static str {
+    match type_ {
+        "Directory" => "create it, or use type DirectoryOrCreate",
+        "File" => "create it, or use type FileOrCreate",
+        "Socket" => {
+            "start the program that listens on it (a socket is made by its server; the volume is set up once it exists), or fix the path"
+        }
+        _ => "create the device node (mknod), or fix the path",
+    }
+}
+
 /// Checks (and for the `...OrCreate` types creates) the object at `path` as the kubelet does.
 pub fn check_host_path_type(path: &Path, type_: &str) -> Result<(), VolumeError> {
     let existing = match fs::metadata(path) {
@@ -70,16 +83,29 @@ pub fn check_host_path_type(path: &Path, type_: &str) -> Result<(), VolumeError>
         Some(ft) if want.1(&ft) => Ok(()),
         Some(ft) => Err(type_error(
             path,
-            format!("is {}, not {} (type {type_}); fix the path or the type", describe(ft), want.0),
+            format!(
+                "is {}, not {} (type {type_}); fix the path or the type",
+                describe(ft),
+                want.0
+            ),
         )),
         None if type_ == "DirectoryOrCreate" => {
             DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(path)
-                .map_err(|e| type_error(path, format!("does not exist and could not be created: {e}")))?;
-            fs::set_permissions(path, Permissions::from_mode(0o755))
-                .map_err(|e| type_error(path, format!("was created but its mode could not be set: {e}")))?;
+                .map_err(|e| {
+                    type_error(
+                        path,
+                        format!("does not exist and could not be created: {e}"),
+                    )
+                })?;
+            fs::set_permissions(path, Permissions::from_mode(0o755)).map_err(|e| {
+                type_error(
+                    path,
+                    format!("was created but its mode could not be set: {e}"),
+                )
+            })?;
             check_host_path_type(path, "Directory")
         }
         None if type_ == "FileOrCreate" => {
@@ -108,7 +134,11 @@ pub fn check_host_path_type(path: &Path, type_: &str) -> Result<(), VolumeError>
         }
         None => Err(type_error(
             path,
-            format!("does not exist (type {type_} requires {}); create it, or use type DirectoryOrCreate or FileOrCreate", want.0),
+            format!(
+                "does not exist (type {type_} requires {}); {}",
+                want.0,
+                missing_hint(type_)
+            ),
         )),
     }
 }
@@ -223,6 +253,29 @@ impl VolumePlugin for HostPathPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_path_says_what_can_make_it() {
+        let t = tempfile::tempdir().unwrap();
+        let missing = t.path().join("nothing");
+        let rows = [
+            ("Directory", "or use type DirectoryOrCreate"),
+            ("File", "or use type FileOrCreate"),
+            ("Socket", "start the program that listens on it"),
+            ("CharDevice", "create the device node (mknod)"),
+            ("BlockDevice", "create the device node (mknod)"),
+        ];
+        for (type_, hint) in rows {
+            let e = check_host_path_type(&missing, type_)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(hint), "{type_}: {e}");
+            assert!(
+                !e.contains("OrCreate") || type_ == "Directory" || type_ == "File",
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn allow_list_compares_components_and_resolves_links() {

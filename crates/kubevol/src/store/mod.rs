@@ -362,6 +362,9 @@ pub struct ObjectStore {
     objects: RwLock<Objects>,
     changed: watch::Sender<u64>,
     sources: Mutex<BTreeMap<String, SourceState>>,
+    /// The manifest errors last logged: each is logged once when it appears and once when it
+    /// clears, however often its file is read again.
+    logged_errors: Mutex<BTreeSet<String>>,
 }
 
 impl Default for ObjectStore {
@@ -370,6 +373,7 @@ impl Default for ObjectStore {
             objects: RwLock::default(),
             changed: watch::channel(0).0,
             sources: Mutex::default(),
+            logged_errors: Mutex::default(),
         }
     }
 }
@@ -468,9 +472,11 @@ impl ObjectStore {
     pub(crate) fn apply(&self, changes: impl IntoIterator<Item = Change>) {
         let mut touched = BTreeSet::new();
         let mut changed = false;
+        let mut files = false;
         {
             let mut o = self.write();
             for c in changes {
+                files |= matches!(c, Change::File { .. });
                 changed |= o.change(c, &mut touched);
             }
             for key in &touched {
@@ -481,6 +487,23 @@ impl ObjectStore {
         if changed {
             self.bump();
         }
+        if files {
+            self.log_file_errors();
+        }
+    }
+
+    /// Logs the manifest errors (duplicate definitions among them) that appeared since the last
+    /// look, and those that cleared.
+    fn log_file_errors(&self) {
+        let now: BTreeSet<String> = self.file_errors().iter().map(|e| e.to_string()).collect();
+        let mut logged = crate::sync::lock(&self.logged_errors);
+        for e in now.difference(&logged) {
+            tracing::warn!("{e}");
+        }
+        for e in logged.difference(&now) {
+            tracing::info!("manifest error cleared: {e}");
+        }
+        *logged = now;
     }
 
     /// A pod source's handle on the store, registered in the sync gate under `name`: the store

@@ -252,7 +252,6 @@ impl ManifestSource {
                             None,
                             format!("reading it has not finished after {READ_STALL:?} (is its filesystem hung?); other files carry on, and it is read again on its next change"),
                         );
-                        warn!("{err}");
                         changes.push(Change::File {
                             path,
                             content: FileContent::Broken(vec![err]),

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::parse::{manifest_error, parse_file};
 use crate::store::{Change, FileContent, ObjectName};
@@ -68,7 +68,6 @@ fn read_content(path: &Path, max_size: u64) -> Content {
             message
         };
         let err = manifest_error(path, None, None, message);
-        warn!("{err}");
         (FileContent::Broken(vec![err]), None, transient)
     };
     let broken = |message: String| failed(message, false);
@@ -129,9 +128,6 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     };
     let parsed = parse_file(path, &text);
     let (objects, errors) = (parsed.objects, parsed.errors);
-    for e in &errors {
-        warn!("{e}");
-    }
     if errors.is_empty() {
         debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
         (FileContent::Objects(objects), Some(parsed.skipped), false)
