@@ -87,12 +87,18 @@ pub fn print_report(
         .pods
         .iter()
         .flat_map(|p| {
-            p.volumes.iter().flat_map(move |v| {
+            let of_pod = p
+                .warnings
+                .iter()
+                .map(move |w| format!("{}/{}: {w}", p.namespace, p.name));
+            let of_volumes = p.volumes.iter().flat_map(move |v| {
                 v.warnings
                     .iter()
                     .map(move |w| format!("{}/{} volume {}: {w}", p.namespace, p.name, v.name))
-            })
+            });
+            of_pod.chain(of_volumes)
         })
+        .chain(report.manifest_warnings.iter().cloned())
         .collect();
     if !warnings.is_empty() {
         writeln!(out, "\nWarnings:")?;
@@ -233,6 +239,7 @@ mod tests {
     #[test]
     fn report_lists_what_was_found_at_start_and_orphaned_directories_kept() {
         let report = kubevol::status::StatusReport {
+            manifest_warnings: vec![],
             node_name: "n".into(),
             root_dir: "/r".into(),
             states_synced: true,

@@ -1110,3 +1110,37 @@ fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears
         .count();
     assert_eq!((appeared, cleared), (1, 1), "{text}");
 }
+
+#[test]
+fn misspelt_fields_are_warned_about_with_their_line_and_the_field_meant() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let typo = "apiVersion: v1\nkind: Pod\nmetadata: {name: typo}\nspec:\n  containers:\n  - name: c\n    volumeMounts:\n    - name: v\n      mountPath: /v\n      readonly: true\n  volumes:\n  - name: v\n    emptyDir: {sizeLimt: 1Gi}\n";
+    let invalid = "apiVersion: v1\nkind: Pod\nmetadata: {name: invalid}\nspec:\n  containers:\n  - name: c\n    volumeMounts:\n    - {name: v, mountpath: /v}\n  volumes:\n  - name: v\n    configmap: {name: cm}\n";
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\ndatas: {a: b}\n";
+    std::fs::write(manifests.join("typo.yaml"), typo).unwrap();
+    std::fs::write(manifests.join("invalid.yaml"), invalid).unwrap();
+    std::fs::write(manifests.join("cm.yaml"), cm).unwrap();
+    let out = run_once(&[], &manifests, &root);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("default/typo"))
+        .unwrap_or_default();
+    assert!(
+        row.contains("Mounted"),
+        "a pod with a misspelt field still mounts: {stdout}"
+    );
+    for want in [
+        r#"default/typo: unknown field "spec.containers[0].volumeMounts[0].readonly" (did you mean "readOnly"?) at line 10, column 17: ignored"#,
+        r#"default/typo volume v: unknown field "spec.volumes[0].emptyDir.sizeLimt" (did you mean "sizeLimit"?) at line 13, column 26: ignored"#,
+        r#"default/invalid: unknown field "spec.containers[0].volumeMounts[0].mountpath" (did you mean "mountPath"?) at line 8, column 28: ignored"#,
+        r#"default/invalid: unknown field "spec.volumes[0].configmap" (did you mean "configMap"?) at line 11, column 16: ignored"#,
+        "mountPath: Required value",
+        r#"cm.yaml: document 1, line 4, column 8: ConfigMap: unknown field "datas" (did you mean "data"?): ignored"#,
+    ] {
+        assert!(stdout.contains(want), "{want}\nnot in:\n{stdout}");
+    }
+}

@@ -97,14 +97,43 @@ pub struct VolumeExtensions {
     pub empty_dir_mode: Option<u32>,
     /// Every other field the types do not know, by path from the pod (`spec.volumes[0].emptyDir.x`):
     /// ignored, and reported as a warning.
-    pub unknown_fields: Vec<String>,
+    pub unknown_fields: Vec<UnknownField>,
 }
 
-/// The [`VolumeExtensions`] of a pod's volumes, by volume name (only volumes that have some).
+/// A field an object sets that kubevol's API types do not have (a misspelt field, or one newer
+/// than the types): ignored, and reported as a warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownField {
+    /// Its path from the object's root, as kubectl spells it
+    /// (`spec.containers[0].volumeMounts[0].readonly`).
+    pub path: String,
+    /// The field of the types it was probably meant to be (`readOnly`).
+    pub suggestion: Option<String>,
+    /// Where it is in its manifest (`line 9, column 9`), when it came from one.
+    pub location: Option<String>,
+}
+
+impl std::fmt::Display for UnknownField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown field {:?}", self.path)?;
+        if let Some(s) = &self.suggestion {
+            write!(f, " (did you mean {s:?}?)")?;
+        }
+        if let Some(l) = &self.location {
+            write!(f, " at {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The [`VolumeExtensions`] of a pod's volumes, by volume name (only volumes that have some),
+/// and the fields the pod sets outside its volumes that the types do not have.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodExtensions {
     /// Volume name → its extensions.
     pub volumes: BTreeMap<String, VolumeExtensions>,
+    /// Unknown fields outside `spec.volumes`.
+    pub unknown_fields: Vec<UnknownField>,
 }
 
 /// Static facts about a volume, decided by its plugin.

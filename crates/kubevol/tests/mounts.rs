@@ -687,7 +687,7 @@ mount_test! {
 
             let s = m.pod_status(&uid).unwrap();
             let c = s.volumes.iter().find(|v| v.name == "c").unwrap();
-            assert_eq!(c.warnings, vec!["unknown field \"spec.volumes[2].emptyDir.futureField\": ignored".to_string()]);
+            assert_eq!(c.warnings, vec!["unknown field \"spec.volumes[2].emptyDir.futureField\" at line 9, column 55: ignored".to_string()]);
             assert!(s.volumes.iter().filter(|v| v.name != "c").all(|v| v.warnings.is_empty()), "{s:?}");
             let events = m.status(true).pods.into_iter().find(|p| p.name == "app").unwrap().events;
             assert!(

@@ -90,7 +90,7 @@ pub struct VolumeStatus {
 fn unknown_field_warnings(ext: &kubevol_core::state::VolumeExtensions) -> Vec<String> {
     ext.unknown_fields
         .iter()
-        .map(|f| format!("unknown field {f:?}: ignored"))
+        .map(|f| format!("{f}: ignored"))
         .collect()
 }
 
@@ -139,6 +139,10 @@ pub struct PodStatus {
     pub volumes: Vec<VolumeStatus>,
     /// Its recent events, oldest first.
     pub events: Vec<Event>,
+    /// Fields it sets that kubevol's API types do not have (outside its volumes, whose own are
+    /// their warnings; of a rejected pod, all): ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The whole report.
@@ -154,6 +158,10 @@ pub struct StatusReport {
     pub pods: Vec<PodStatus>,
     /// Manifest files with errors (file, document, line, column, message).
     pub manifest_errors: Vec<String>,
+    /// Fields of manifest objects other than pods that kubevol's API types do not have
+    /// (file, document, line, column, field and the field probably meant): ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub manifest_warnings: Vec<String>,
     /// What else an operator should know about the sources: a source that cannot be read, the
     /// objects of kinds kubevol does not run, the pods assigned to other nodes.
     #[serde(default)]
@@ -202,9 +210,27 @@ impl Sources<'_> {
         } else {
             Vec::new()
         };
+        let stored = self.store.pod(uid);
+        let warnings = |volumes: bool| -> Vec<String> {
+            let Some(p) = &stored else {
+                return Vec::new();
+            };
+            let ext = &p.extensions;
+            let of_volumes = ext
+                .volumes
+                .values()
+                .flat_map(|v| &v.unknown_fields)
+                .filter(|_| volumes);
+            ext.unknown_fields
+                .iter()
+                .chain(of_volumes)
+                .map(|f| format!("{f}: ignored"))
+                .collect()
+        };
         if let Some(r) = self.world.rejected().get(uid) {
             if self.world.dsw().pod(uid).is_none() {
                 return Some(PodStatus {
+                    warnings: warnings(true),
                     namespace: r.pod_ref.namespace.to_string(),
                     name: r.pod_ref.name.to_string(),
                     uid: uid.to_string(),
@@ -342,6 +368,7 @@ impl Sources<'_> {
             errors,
             volumes,
             events,
+            warnings: warnings(false),
         })
     }
 
@@ -371,6 +398,12 @@ impl Sources<'_> {
             manifest_errors: self
                 .store
                 .file_errors()
+                .iter()
+                .map(|e| e.to_string())
+                .collect(),
+            manifest_warnings: self
+                .store
+                .file_warnings()
                 .iter()
                 .map(|e| e.to_string())
                 .collect(),

@@ -548,6 +548,24 @@ impl Populator {
     ) {
         let pod = &stored.pod;
         let pref = pod_ref(pod, uid);
+        // Before validation: a misspelt field is often why a pod is invalid
+        // (`mountpath` leaves `mountPath` unset).
+        let ext = &stored.extensions;
+        let unknown = ext
+            .unknown_fields
+            .iter()
+            .chain(ext.volumes.values().flat_map(|v| &v.unknown_fields));
+        for field in unknown {
+            self.events.record(
+                &pref,
+                true,
+                reason::UNKNOWN_FIELD,
+                format!(
+                    "{}: pod {pref}: {field}: kubevol's API types do not have it, so it is ignored",
+                    stored.origin()
+                ),
+            );
+        }
         let errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
         if !errors.is_empty() {
             let message = format!(
@@ -628,17 +646,6 @@ impl Populator {
                 .get(&v.name)
                 .cloned()
                 .unwrap_or_default();
-            for field in &extensions.unknown_fields {
-                self.events.record(
-                    &pref,
-                    true,
-                    reason::UNKNOWN_FIELD,
-                    format!(
-                        "{}: volume {:?} of pod {pref}: unknown field {field:?}: kubevol's API types do not have it, so it is ignored",
-                        stored.origin(), v.name
-                    ),
-                );
-            }
             // Read in place in the stored pod: no copy of the volume per wish.
             let volume =
                 PodVolumeRef::in_pod(stored.pod.clone(), index).unwrap_or_else(|| v.clone().into());

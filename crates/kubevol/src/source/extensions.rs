@@ -7,15 +7,20 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::state::{PodExtensions, VolumeExtensions};
 use serde_json::Value;
 
+use super::unknown::{unknown_fields, Part};
+
 /// The highest `emptyDir.mode`: the permission bits and the sticky bit.
 pub const MAX_EMPTY_DIR_MODE: i64 = 0o1777;
 
-/// The extensions of `pod`'s volumes, from `raw_volumes` (the manifest's `spec.volumes`, in the
-/// same order). Errors are the API server's validation errors of the fields read here, each
-/// with the index of its volume (the field is that volume's `emptyDir.mode`).
+/// The extensions of `pod`'s volumes, and the fields it sets that the types do not have, from
+/// `raw` (the pod as its manifest or the API server wrote it). `locate` says where a field is in
+/// its manifest, when there is one. Errors are the API server's validation errors of the
+/// fields read here, each with the index of its volume (the field is that volume's
+/// `emptyDir.mode`).
 pub fn pod_extensions(
-    raw_volumes: Option<&Value>,
+    raw: &Value,
     pod: &Pod,
+    locate: &dyn Fn(&[Part]) -> Option<String>,
 ) -> Result<PodExtensions, Vec<(usize, String)>> {
     let mut out = PodExtensions::default();
     let mut errors = Vec::new();
@@ -24,18 +29,17 @@ pub fn pod_extensions(
         .as_ref()
         .and_then(|s| s.volumes.as_deref())
         .unwrap_or_default();
-    let raw = raw_volumes
+    let raw_volumes = raw
+        .pointer("/spec/volumes")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
-    for (i, (raw, typed)) in raw.iter().zip(typed).enumerate() {
+    let mut volumes: Vec<VolumeExtensions> = vec![VolumeExtensions::default(); typed.len()];
+    for (i, (raw, ext)) in raw_volumes.iter().zip(&mut volumes).enumerate() {
         let path = format!("spec.volumes[{i}]");
-        let mut ext = VolumeExtensions::default();
-        let mut raw = raw.clone();
         if let Some(mode) = raw
-            .get_mut("emptyDir")
-            .and_then(Value::as_object_mut)
-            .and_then(|e| e.remove("mode"))
+            .get("emptyDir")
+            .and_then(|e| e.get("mode"))
             .filter(|m| !m.is_null())
         {
             match mode.as_i64().filter(|m| (0..=MAX_EMPTY_DIR_MODE).contains(m)) {
@@ -46,8 +50,24 @@ pub fn pod_extensions(
                 )),
             }
         }
-        let known = serde_json::to_value(typed).unwrap_or(Value::Null);
-        unknown_fields(&raw, &known, &path, &mut ext.unknown_fields);
+    }
+    for unknown in unknown_fields::<Pod>(raw) {
+        let field = unknown.field(locate(&unknown.path));
+        match unknown.path.as_slice() {
+            [Part::Key(s), Part::Key(v), Part::Index(i), rest @ ..]
+                if s == "spec" && v == "volumes" && *i < volumes.len() =>
+            {
+                // Read and honoured above.
+                let mode =
+                    matches!(rest, [Part::Key(e), Part::Key(m)] if e == "emptyDir" && m == "mode");
+                if !mode {
+                    volumes[*i].unknown_fields.push(field);
+                }
+            }
+            _ => out.unknown_fields.push(field),
+        }
+    }
+    for (typed, ext) in typed.iter().zip(volumes) {
         if ext != VolumeExtensions::default() {
             out.volumes.insert(typed.name.clone(), ext);
         }
@@ -59,27 +79,6 @@ pub fn pod_extensions(
     }
 }
 
-/// The paths of the fields set in `raw` that `known` (the typed value, serialized) lacks.
-fn unknown_fields(raw: &Value, known: &Value, path: &str, out: &mut Vec<String>) {
-    match (raw, known) {
-        (Value::Object(raw), Value::Object(known)) => {
-            for (k, v) in raw.iter().filter(|(_, v)| !v.is_null()) {
-                let here = format!("{path}.{k}");
-                match known.get(k) {
-                    Some(kv) => unknown_fields(v, kv, &here, out),
-                    None => out.push(here),
-                }
-            }
-        }
-        (Value::Array(raw), Value::Array(known)) => {
-            for (i, (v, kv)) in raw.iter().zip(known).enumerate() {
-                unknown_fields(v, kv, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -87,10 +86,9 @@ mod tests {
     use super::*;
 
     fn extensions(volumes: Value) -> Result<PodExtensions, Vec<String>> {
-        let pod: Pod =
-            serde_json::from_value(json!({"spec": {"containers": [], "volumes": volumes}}))
-                .unwrap();
-        pod_extensions(Some(&volumes), &pod).map_err(|e| e.into_iter().map(|(_, m)| m).collect())
+        let raw = json!({"spec": {"containers": [], "volumes": volumes}});
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        pod_extensions(&raw, &pod, &|_| None).map_err(|e| e.into_iter().map(|(_, m)| m).collect())
     }
 
     #[test]
@@ -110,8 +108,13 @@ mod tests {
                 unknown_fields: vec![]
             }
         );
+        let paths: Vec<&str> = ext.volumes["c"]
+            .unknown_fields
+            .iter()
+            .map(|f| f.path.as_str())
+            .collect();
         assert_eq!(
-            ext.volumes["c"].unknown_fields,
+            paths,
             vec![
                 "spec.volumes[2].alsoNew",
                 "spec.volumes[2].configMap.items[0].future",

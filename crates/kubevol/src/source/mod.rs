@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod extensions;
 pub mod library;
 pub mod manifests;
+pub mod unknown;
 
 pub use cluster::ClusterSource;
 pub use library::Library;

@@ -142,6 +142,8 @@ pub(super) struct FileEntry {
     pub(super) errors: Vec<ManifestError>,
     /// Its objects of kinds kubevol does not run.
     pub(super) skipped: Vec<ObjectName>,
+    /// Fields its objects set that the types do not have.
+    pub(super) warnings: Vec<ManifestError>,
 }
 
 #[derive(Default)]
@@ -383,6 +385,17 @@ impl Objects {
                 }
                 FileContent::Gone => self.forget_file(&path, touched),
             },
+            Change::Warnings { path, warnings } => {
+                if warnings.is_empty() && !self.files.contains_key(&path) {
+                    return false;
+                }
+                let entry = self.files.entry(path).or_default();
+                if entry.warnings == warnings {
+                    return false;
+                }
+                entry.warnings = warnings;
+                true
+            }
             Change::Skipped { path, objects } => {
                 if objects.is_empty() && !self.files.contains_key(&path) {
                     return false;

@@ -303,6 +303,14 @@ pub enum Change {
         /// Its objects kubevol skips.
         objects: Vec<ObjectName>,
     },
+    /// The fields a manifest file's objects (other than pods) set that kubevol's API types do
+    /// not have: ignored, kept to be shown and logged (after the file's [`Change::File`]).
+    Warnings {
+        /// The file.
+        path: PathBuf,
+        /// One per field.
+        warnings: Vec<ManifestError>,
+    },
     /// An object given through the library API, added or replaced (boxed: a pod is kilobytes,
     /// and a batch of removals should not reserve that much for each).
     Upsert(Box<Object>),
@@ -476,7 +484,7 @@ impl ObjectStore {
         {
             let mut o = self.write();
             for c in changes {
-                files |= matches!(c, Change::File { .. });
+                files |= matches!(c, Change::File { .. } | Change::Warnings { .. });
                 changed |= o.change(c, &mut touched);
             }
             for key in &touched {
@@ -495,7 +503,12 @@ impl ObjectStore {
     /// Logs the manifest errors (duplicate definitions among them) that appeared since the last
     /// look, and those that cleared.
     fn log_file_errors(&self) {
-        let now: BTreeSet<String> = self.file_errors().iter().map(|e| e.to_string()).collect();
+        let now: BTreeSet<String> = self
+            .file_errors()
+            .iter()
+            .chain(&self.file_warnings())
+            .map(|e| e.to_string())
+            .collect();
         let mut logged = crate::sync::lock(&self.logged_errors);
         for e in now.difference(&logged) {
             tracing::warn!("{e}");
@@ -638,6 +651,15 @@ impl ObjectStore {
             Some(why) => format!("is not loaded: {why}"),
             None => "does not exist: add it to the manifests".into(),
         }
+    }
+
+    /// Every manifest warning (a field kubevol's API types do not have), file by file.
+    pub fn file_warnings(&self) -> Vec<ManifestError> {
+        self.read()
+            .files
+            .values()
+            .flat_map(|f| f.warnings.iter().cloned())
+            .collect()
     }
 
     /// Every manifest error, file by file.

@@ -242,7 +242,7 @@ fn typed_pod(o: DynamicObject) -> Option<(Pod, PodExtensions)> {
             return None;
         }
     };
-    let extensions = crate::source::extensions::pod_extensions(raw.pointer("/spec/volumes"), &pod)
+    let extensions = crate::source::extensions::pod_extensions(&raw, &pod, &|_| None)
         .unwrap_or_else(|errors| {
             // The server validated the pod: what it accepted is used as the types read it.
             for (_, e) in errors {

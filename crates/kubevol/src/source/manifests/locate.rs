@@ -13,14 +13,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-/// One step of a field path.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// A map key.
-    Key(String),
-    /// A sequence index.
-    Index(usize),
-}
+/// One step of a field path (the same steps name unknown fields).
+pub(crate) use crate::source::unknown::Part as Step;
 
 /// The steps of a path found by `serde_path_to_error`; `None` when a step cannot be followed
 /// in the text (an enum variant, an unknown step).

@@ -12,6 +12,7 @@ use tracing::debug;
 
 use super::locate::{line_column, locate, quoted_modes, steps, Step};
 use crate::source::extensions::pod_extensions;
+use crate::source::unknown::unknown_fields;
 use crate::store::{
     normalize_pod, normalize_secret, ManifestError, Object, ObjectName, DEFAULT_NAMESPACE,
 };
@@ -184,9 +185,7 @@ fn convert(
     path: &Path,
     document: usize,
     relocate: Relocate<'_>,
-    out: &mut Vec<(usize, Object)>,
-    errs: &mut Vec<ManifestError>,
-    skipped: &mut Vec<ObjectName>,
+    found: &mut Parsed,
 ) {
     if value.is_null() {
         return;
@@ -202,7 +201,7 @@ fn convert(
         .unwrap_or("")
         .to_string();
     if kind.is_empty() {
-        errs.push(manifest_error(
+        found.errors.push(manifest_error(
             path,
             Some(document),
             None,
@@ -253,12 +252,12 @@ fn convert(
         "CSIDriver" => "storage.k8s.io/v1",
         other => {
             debug!(file = %path.display(), document, kind = other, "skipping object of a kind kubevol does not use");
-            skipped.extend(object_name(other, &value));
+            found.skipped.extend(object_name(other, &value));
             return;
         }
     };
     if api_version != want_version {
-        errs.push(ManifestError {
+        found.errors.push(ManifestError {
             object: object_name(&kind, &value),
             ..manifest_error(
                 path,
@@ -271,66 +270,97 @@ fn convert(
         });
         return;
     }
-    let obj =
-        match kind.as_str() {
-            "List" => {
-                if let Some(items) = value.get("items").and_then(|i| i.as_array()) {
-                    for (i, item) in items.clone().into_iter().enumerate() {
-                        let in_item = |steps: &[Step]| {
-                            let mut all = vec![Step::Key("items".into()), Step::Index(i)];
-                            all.extend_from_slice(steps);
-                            relocate(&all)
-                        };
-                        convert(item, path, document, &in_item, out, errs, skipped);
+    if kind != "Pod" && kind != "List" {
+        // A pod's own are its warnings; other objects' are their file's.
+        let unknown = match kind.as_str() {
+            "ConfigMap" => unknown_fields::<ConfigMap>(&value),
+            "Secret" => unknown_fields::<Secret>(&value),
+            "PersistentVolume" => unknown_fields::<PersistentVolume>(&value),
+            "PersistentVolumeClaim" => unknown_fields::<PersistentVolumeClaim>(&value),
+            _ => unknown_fields::<CSIDriver>(&value),
+        };
+        for u in unknown {
+            let field = u.field(None);
+            found.warnings.push(ManifestError {
+                object: object_name(&kind, &value),
+                ..manifest_error(
+                    path,
+                    Some(document),
+                    relocate(&u.path),
+                    format!("{kind}: {field}: ignored"),
+                )
+            });
+        }
+    }
+    let obj = match kind.as_str() {
+        "List" => {
+            if let Some(items) = value.get("items").and_then(|i| i.as_array()) {
+                for (i, item) in items.clone().into_iter().enumerate() {
+                    let in_item = |steps: &[Step]| {
+                        let mut all = vec![Step::Key("items".into()), Step::Index(i)];
+                        all.extend_from_slice(steps);
+                        relocate(&all)
+                    };
+                    convert(item, path, document, &in_item, found);
+                }
+            }
+            return;
+        }
+        "Pod" => {
+            let raw = value.clone();
+            let name = object_name(&kind, &value);
+            let locate = |steps: &[Step]| {
+                relocate(steps).map(|(line, column)| format!("line {line}, column {column}"))
+            };
+            typed::<Pod>(value, &kind, path, document, relocate, &mut found.errors).and_then(|p| {
+                match pod_extensions(&raw, &p, &locate) {
+                    Ok(extensions) => Some(Object::Pod(normalize_pod(p), extensions)),
+                    Err(fields) => {
+                        for (i, message) in fields {
+                            let steps = ["spec", "volumes"]
+                                .map(|k| Step::Key(k.into()))
+                                .into_iter()
+                                .chain([Step::Index(i)])
+                                .chain(["emptyDir", "mode"].map(|k| Step::Key(k.into())))
+                                .collect::<Vec<_>>();
+                            found.errors.push(ManifestError {
+                                object: name.clone(),
+                                ..manifest_error(
+                                    path,
+                                    Some(document),
+                                    relocate(&steps),
+                                    format!("invalid Pod: {message}"),
+                                )
+                            });
+                        }
+                        None
                     }
                 }
-                return;
-            }
-            "Pod" => {
-                let raw_volumes = value.pointer("/spec/volumes").cloned();
-                let name = object_name(&kind, &value);
-                typed::<Pod>(value, &kind, path, document, relocate, errs).and_then(|p| {
-                    match pod_extensions(raw_volumes.as_ref(), &p) {
-                        Ok(extensions) => Some(Object::Pod(normalize_pod(p), extensions)),
-                        Err(fields) => {
-                            for (i, message) in fields {
-                                let steps = ["spec", "volumes"]
-                                    .map(|k| Step::Key(k.into()))
-                                    .into_iter()
-                                    .chain([Step::Index(i)])
-                                    .chain(["emptyDir", "mode"].map(|k| Step::Key(k.into())))
-                                    .collect::<Vec<_>>();
-                                errs.push(ManifestError {
-                                    object: name.clone(),
-                                    ..manifest_error(
-                                        path,
-                                        Some(document),
-                                        relocate(&steps),
-                                        format!("invalid Pod: {message}"),
-                                    )
-                                });
-                            }
-                            None
-                        }
-                    }
-                })
-            }
-            "ConfigMap" => typed::<ConfigMap>(value, &kind, path, document, relocate, errs)
-                .map(Object::ConfigMap),
-            "Secret" => typed::<Secret>(value, &kind, path, document, relocate, errs)
-                .map(|s| Object::Secret(normalize_secret(s))),
-            "PersistentVolume" => {
-                typed::<PersistentVolume>(value, &kind, path, document, relocate, errs)
-                    .map(Object::PersistentVolume)
-            }
-            "PersistentVolumeClaim" => {
-                typed::<PersistentVolumeClaim>(value, &kind, path, document, relocate, errs)
-                    .map(Object::PersistentVolumeClaim)
-            }
-            _ => typed::<CSIDriver>(value, &kind, path, document, relocate, errs)
-                .map(Object::CSIDriver),
-        };
-    out.extend(obj.map(|o| (document, o)));
+            })
+        }
+        "ConfigMap" => {
+            typed::<ConfigMap>(value, &kind, path, document, relocate, &mut found.errors)
+                .map(Object::ConfigMap)
+        }
+        "Secret" => typed::<Secret>(value, &kind, path, document, relocate, &mut found.errors)
+            .map(|s| Object::Secret(normalize_secret(s))),
+        "PersistentVolume" => {
+            typed::<PersistentVolume>(value, &kind, path, document, relocate, &mut found.errors)
+                .map(Object::PersistentVolume)
+        }
+        "PersistentVolumeClaim" => typed::<PersistentVolumeClaim>(
+            value,
+            &kind,
+            path,
+            document,
+            relocate,
+            &mut found.errors,
+        )
+        .map(Object::PersistentVolumeClaim),
+        _ => typed::<CSIDriver>(value, &kind, path, document, relocate, &mut found.errors)
+            .map(Object::CSIDriver),
+    };
+    found.objects.extend(obj.map(|o| (document, o)));
 }
 
 /// One YAML document as JSON, read as the Go YAML library that kubectl and the API server
@@ -473,6 +503,7 @@ pub fn parse_manifest(path: &Path, text: &str) -> (Vec<(usize, Object)>, Vec<Man
 }
 
 /// What a manifest file's text holds.
+#[derive(Default)]
 pub struct Parsed {
     /// The objects kubevol keeps, with their 1-based document index.
     pub objects: Vec<(usize, Object)>,
@@ -480,13 +511,14 @@ pub struct Parsed {
     pub errors: Vec<ManifestError>,
     /// The objects of kinds kubevol does not run (Deployment, Job, ...).
     pub skipped: Vec<ObjectName>,
+    /// Fields of its objects (other than pods, whose own are theirs) that kubevol's API types
+    /// do not have: ignored.
+    pub warnings: Vec<ManifestError>,
 }
 
 /// Parses a manifest file's text, keeping the names of the objects it skips too.
 pub fn parse_file(path: &Path, text: &str) -> Parsed {
-    let mut out = Vec::new();
-    let mut errs = Vec::new();
-    let mut skipped = Vec::new();
+    let mut found = Parsed::default();
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
@@ -494,10 +526,10 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
                     let e = locate(&mut serde_json::Deserializer::from_str(text), steps).err()?;
                     Some((e.line(), e.column()))
                 };
-                convert(v, path, 1, &relocate, &mut out, &mut errs, &mut skipped);
+                convert(v, path, 1, &relocate, &mut found);
             }
             Err(e) => {
-                errs.push(manifest_error(
+                found.errors.push(manifest_error(
                     path,
                     Some(1),
                     Some((e.line(), e.column())),
@@ -505,11 +537,7 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
                 ));
             }
         }
-        return Parsed {
-            objects: out,
-            errors: errs,
-            skipped,
-        };
+        return found;
     }
     let text = &*go_yaml_escapes(text);
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
@@ -518,7 +546,9 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
             Ok(v) => v,
             Err(e) => {
                 let (loc, msg) = yaml_message(&e);
-                errs.push(manifest_error(path, Some(document), loc, msg));
+                found
+                    .errors
+                    .push(manifest_error(path, Some(document), loc, msg));
                 // After a syntax error the rest of the stream cannot be trusted.
                 break;
             }
@@ -530,7 +560,7 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
             if let Some(quoted) = quoted.filter(|q| !q.is_empty()) {
                 let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
                 for q in quoted {
-                    errs.push(ManifestError {
+                    found.errors.push(ManifestError {
                         object: object_name(kind, &value),
                         ..manifest_error(
                             path,
@@ -554,21 +584,9 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
             let e = locate(doc, steps).err()?;
             e.location().map(|l| (l.line(), l.column()))
         };
-        convert(
-            value,
-            path,
-            document,
-            &relocate,
-            &mut out,
-            &mut errs,
-            &mut skipped,
-        );
+        convert(value, path, document, &relocate, &mut found);
     }
-    Parsed {
-        objects: out,
-        errors: errs,
-        skipped,
-    }
+    found
 }
 
 #[cfg(test)]

@@ -36,10 +36,16 @@ pub fn read_file(path: &Path, max_size: u64) -> (Vec<Change>, bool) {
         path: path.to_path_buf(),
         content,
     }];
-    changes.extend(skipped.map(|objects| Change::Skipped {
-        path: path.to_path_buf(),
-        objects,
-    }));
+    if let Some((objects, warnings)) = skipped {
+        changes.push(Change::Skipped {
+            path: path.to_path_buf(),
+            objects,
+        });
+        changes.push(Change::Warnings {
+            path: path.to_path_buf(),
+            warnings,
+        });
+    }
     (changes, transient)
 }
 
@@ -52,9 +58,13 @@ pub fn is_transient(errno: rustix::io::Errno) -> bool {
     )
 }
 
-/// What reading a file gave: its content, the objects of kinds kubevol does not run, and
-/// whether a failure is transient.
-type Content = (FileContent, Option<Vec<ObjectName>>, bool);
+/// What reading a file gave: its content, the objects of kinds kubevol does not run and the
+/// fields its objects set that the types do not have, and whether a failure is transient.
+type Content = (
+    FileContent,
+    Option<(Vec<ObjectName>, Vec<crate::store::ManifestError>)>,
+    bool,
+);
 
 /// Only a regular file is read (a symbolic link is followed, and the type is checked on the
 /// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
@@ -130,7 +140,11 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     let (objects, errors) = (parsed.objects, parsed.errors);
     if errors.is_empty() {
         debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
-        (FileContent::Objects(objects), Some(parsed.skipped), false)
+        (
+            FileContent::Objects(objects),
+            Some((parsed.skipped, parsed.warnings)),
+            false,
+        )
     } else {
         // A file with any error is not applied: what it delivered before stays, so a
         // half-written edit never takes a running pod's volumes away.
