@@ -467,6 +467,9 @@ impl Populator {
             let Some(old) = self.seen.remove(uid) else {
                 return false;
             };
+            // Its volumes are torn down now: a set-up that failed for good shares their keys.
+            self.executor
+                .retry_permanent_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
             self.forget_readers(uid, &old);
             self.dsw.remove_pod(uid);
             self.dsw.world().notify_pod(uid);
