@@ -91,6 +91,35 @@ fn daemon(manifests: &Path, root: &Path, listen: &str) -> Command {
     ])
 }
 
+/// Sends SIGTERM to `child` and waits for it: its exit status.
+fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    child.wait().unwrap()
+}
+
+/// `kubevol run --once` on a manifest directory and root with `extra` flags, in a private
+/// namespace: whether it succeeded, and what it printed.
+fn once(manifests: &Path, root: &Path, extra: &[&str]) -> (bool, String) {
+    let mut args = vec![
+        "run",
+        "--once",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--root-dir",
+        root.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let out = in_namespace(&args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 fn require_root() {
     let out = Command::new("id").arg("-u").output().unwrap();
     assert_eq!(
@@ -322,12 +351,7 @@ fn the_daemon_serves_status_and_metrics_and_stops_cleanly_on_sigterm() {
     assert!(get("/healthz").contains("ok"));
     assert!(get("/api/v1/events").contains("SuccessfulMountVolume"));
 
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let code = child.wait().unwrap();
+    let code = sigterm(&mut child);
     assert!(code.success(), "SIGTERM stops the daemon cleanly: {code:?}");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(
@@ -853,21 +877,13 @@ fn a_host_path_persistent_volume_cannot_lead_out_of_the_allowed_prefixes() {
         volume("escape", &escape) + "---\n" + &volume("created", &created) + "---\n" + pod,
     )
     .unwrap();
-    let mut c = in_namespace(&[
-        "run",
-        "--once",
-        "--timeout",
-        "60s",
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--root-dir",
-        root.to_str().unwrap(),
-        "--host-path-allow",
-        allowed.to_str().unwrap(),
-    ]);
-    let out = c.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{stdout}");
+    let allowed_s = allowed.to_str().unwrap();
+    let (ok, stdout) = once(
+        &manifests,
+        &root,
+        &["--timeout", "60s", "--host-path-allow", allowed_s],
+    );
+    assert!(!ok, "{stdout}");
     assert!(
         stdout.contains("PersistentVolume escape is invalid (the API server refuses it too): spec.hostPath.path: Invalid value:")
             && stdout.contains("must not contain '..'")
@@ -890,19 +906,8 @@ fn a_volume_that_cannot_work_without_a_change_ends_the_wait_of_once_at_once() {
     std::fs::write(manifests.join("tok.yaml"), pod).unwrap();
     std::fs::write(manifests.join("ok.yaml"), OK_POD).unwrap();
     // With a timeout far beyond the test's: a wait until it runs out would show in the output.
-    let mut c = in_namespace(&[
-        "run",
-        "--once",
-        "--timeout",
-        "10m",
-        "--manifests",
-        manifests.to_str().unwrap(),
-        "--root-dir",
-        root.to_str().unwrap(),
-    ]);
-    let out = c.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{stdout}");
+    let (ok, stdout) = once(&manifests, &root, &["--timeout", "10m"]);
+    assert!(!ok, "{stdout}");
     assert!(
         stdout.contains("needs a Kubernetes API server, which standalone mode does not have")
             && stdout.contains(
@@ -959,12 +964,7 @@ fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
     });
     let events = http_get(port, "/api/v1/events");
     let table = status(&format!("http://{listen}"), &["-o", "wide"]);
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    child.wait().unwrap();
+    sigterm(&mut child);
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("FailedMount"), "{log}");
     for (channel, text) in [
@@ -1039,12 +1039,7 @@ fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop()
         s
     };
     let started = Instant::now();
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let code = child.wait().unwrap();
+    let code = sigterm(&mut child);
     assert!(code.success(), "{code:?}");
     assert!(
         started.elapsed() < Duration::from_secs(20),
@@ -1093,12 +1088,7 @@ fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears
     while !log_text().contains("manifest error cleared") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    child.wait().unwrap();
+    sigterm(&mut child);
     let text = log_text();
     let appeared = text
         .lines()
@@ -1123,8 +1113,7 @@ fn misspelt_fields_are_warned_about_with_their_line_and_the_field_meant() {
     std::fs::write(manifests.join("typo.yaml"), typo).unwrap();
     std::fs::write(manifests.join("invalid.yaml"), invalid).unwrap();
     std::fs::write(manifests.join("cm.yaml"), cm).unwrap();
-    let out = run_once(&[], &manifests, &root);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (_, stdout) = once(&manifests, &root, &[]);
     let row = stdout
         .lines()
         .find(|l| l.starts_with("default/typo"))
