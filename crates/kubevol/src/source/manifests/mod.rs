@@ -160,6 +160,8 @@ pub struct ManifestSource {
     /// just before it was read, so that a re-listing can tell the store which are gone and
     /// read only those that changed.
     delivered: Arc<Mutex<BTreeMap<PathBuf, Option<Signature>>>>,
+    /// Whether a resolution of the given path is running (on a blocking thread).
+    resolving: Arc<std::sync::atomic::AtomicBool>,
     /// Files whose last read failed for a reason that passes (too many open files, an I/O
     /// error), and when each is read again.
     retries: Arc<Mutex<BTreeMap<PathBuf, kubevol_core::backoff::Backoff>>>,
@@ -177,6 +179,7 @@ impl ManifestSource {
             dir,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             delivered: Arc::default(),
+            resolving: Arc::default(),
             retries: Arc::default(),
         }
     }
@@ -369,7 +372,11 @@ impl ManifestSource {
             };
             // Events are only ever taken for the directory the path still leads to: the old
             // directory of a replaced one keeps sending them.
-            let now = Resolved::of(&self.given);
+            let now = match self.resolve().await {
+                Some(now) => now,
+                // Still resolving (a hung filesystem): nothing is known, nothing changes.
+                None => continue,
+            };
             let same = matches!((&now, &watch), (Ok(r), Some(w)) if *r == w.resolved);
             if !same {
                 watch = self.switch(&sink, now, watch.take()).await;
@@ -392,6 +399,32 @@ impl ManifestSource {
                     }
                 }
             }
+        }
+    }
+
+    /// Where the given path leads now, resolved on a blocking thread: `None` while an earlier
+    /// resolution has not finished, or this one does not within [`READ_STALL`] (its filesystem
+    /// hangs), which is reported as a problem of the source.
+    async fn resolve(&self) -> Option<std::io::Result<Resolved>> {
+        use std::sync::atomic::Ordering;
+        if self.resolving.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let (given, resolving) = (self.given.clone(), self.resolving.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            let r = Resolved::of(&given);
+            resolving.store(false, Ordering::Release);
+            r
+        });
+        match tokio::time::timeout(READ_STALL, task).await {
+            Ok(Ok(r)) => Some(r),
+            Ok(Err(e)) => Some(Err(std::io::Error::other(e))),
+            Err(_) => Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "resolving it has not finished after {READ_STALL:?} (is its filesystem hung?)"
+                ),
+            ))),
         }
     }
 
