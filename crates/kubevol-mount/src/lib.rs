@@ -11,6 +11,7 @@
 
 pub mod atomic;
 pub mod fake;
+pub mod holders;
 pub mod mountinfo;
 pub mod ns;
 pub mod safe;
@@ -47,6 +48,14 @@ pub enum MountError {
         target: PathBuf,
         /// The kernel's answer.
         errno: Errno,
+    },
+    /// umount(2) said the mount is busy, and what keeps it busy was looked for.
+    #[error("unmount {}: target is busy: {holders}; kubevol tries again as soon as the processes holding it exit (else with backoff) and never kills anything; --allow-lazy-unmount lets it detach the mount lazily instead", target.display())]
+    Busy {
+        /// The mount point.
+        target: PathBuf,
+        /// What holds it.
+        holders: holders::Holders,
     },
     /// A file operation failed.
     #[error("{op} {}: {errno}", path.display())]
@@ -122,6 +131,7 @@ impl MountError {
             MountError::Mount { errno, .. }
             | MountError::Unmount { errno, .. }
             | MountError::Io { errno, .. } => Some(*errno),
+            MountError::Busy { .. } => Some(Errno::BUSY),
             _ => None,
         }
     }
@@ -233,7 +243,17 @@ pub trait Mounter: Send + Sync + 'static {
 
     /// The mount table of this process's mount namespace.
     fn mount_table(&self) -> Result<Vec<MountInfo>, MountError>;
+
+    /// Who keeps the mount at `target` busy (see [`holders::find`]), looked for within
+    /// [`HOLDERS_DEADLINE`]; `None` where that cannot be told (a fake mounter).
+    fn holders(&self, _target: &Path) -> Option<holders::Holders> {
+        None
+    }
 }
+
+/// How long a look for what holds a busy mount may take (a node with many processes is
+/// looked at in part, and says so).
+pub const HOLDERS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// umount2(2): EINVAL (nothing mounted there) is what was wanted.
 fn umount(target: &Path, flags: UnmountFlags) -> Result<Unmounted, MountError> {
@@ -252,6 +272,10 @@ fn umount(target: &Path, flags: UnmountFlags) -> Result<Unmounted, MountError> {
 pub struct LinuxMounter;
 
 impl Mounter for LinuxMounter {
+    fn holders(&self, target: &Path) -> Option<holders::Holders> {
+        holders::find(target, std::time::Instant::now() + HOLDERS_DEADLINE).ok()
+    }
+
     fn mount(
         &self,
         source: &str,

@@ -58,6 +58,9 @@ pub struct Operations {
     timeout: Duration,
     /// Where quick set-ups and teardowns run, one after another.
     lane: Lane,
+    /// Teardowns waiting for the processes that hold their busy mount to exit.
+    released:
+        Arc<std::sync::Mutex<std::collections::HashSet<kubevol_core::reconcile::OperationKey>>>,
 }
 
 /// How operations are set up.
@@ -96,6 +99,7 @@ impl Operations {
             store: s.store,
             timeout: s.timeout,
             lane: Lane::default(),
+            released: Arc::default(),
         })
     }
 

@@ -218,6 +218,9 @@ pub(super) fn finish(
             ((t.plugin_name, Ok(()), replan()), idle)
         }
         Err(e) => {
+            if let VolumeError::Mount(kubevol_mount::MountError::Busy { holders, .. }) = &e {
+                retry_when_released(ops, volume, pod, holders);
+            }
             let message =
                 format!("UnmountVolume.TearDown failed for volume {outer:?} of pod {pref}: {e}");
             // Once its intent was recorded the volume may be half torn down (its subPath
@@ -251,5 +254,77 @@ fn pod_dir_removed(ops: &Operations, pod: &PodUid, removed: Result<(), kubevol_m
         Err(e) => {
             warn!(pod = %pod, dir = %ops.host.root.join("pods").join(pod.as_str()).display(), "pod directory left in place: {e}")
         }
+    }
+}
+
+/// Tries the teardown of `volume` for `pod` again as soon as every process that holds its busy
+/// mount has exited (watched with pidfds), rather than at the next backoff step. A mount held
+/// otherwise (a mount on top, another namespace) is left to the backoff. One watch per key.
+fn retry_when_released(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    holders: &kubevol_mount::holders::Holders,
+) {
+    use kubevol_core::reconcile::OperationKey;
+    let by_process = !holders.holders.is_empty()
+        && holders
+            .holders
+            .iter()
+            .all(kubevol_mount::holders::Holder::ends_with_process);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let key = OperationKey {
+        volume: volume.clone(),
+        pod: Some(pod.clone()),
+    };
+    if !by_process || !crate::sync::lock(&ops.released).insert(key.clone()) {
+        return;
+    }
+    let pids: std::collections::BTreeSet<i32> = holders
+        .holders
+        .iter()
+        .filter_map(|h| i32::try_from(h.pid).ok())
+        .collect();
+    let (executor, asw, released) = (ops.executor.clone(), ops.asw.clone(), ops.released.clone());
+    runtime.spawn(async move {
+        for pid in pids {
+            if let Err(e) = process_exit(pid).await {
+                // Not watchable (gone already, or no pidfds here): the backoff takes over.
+                tracing::debug!(pid, "cannot watch a holder of a busy mount: {e}");
+            }
+        }
+        crate::sync::lock(&released).remove(&key);
+        executor.retry_now(|k| *k == key, tokio::time::Instant::now());
+        asw.world().touch([&key.volume]);
+        asw.world().wake_reconciler();
+    });
+}
+
+/// How often a watched holder's pidfd is looked at.
+const HOLDER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Waits until process `pid` has exited: its pidfd, held from the start (so a reused PID is
+/// never taken for it), becomes readable. A process already gone ends the wait at once.
+async fn process_exit(pid: i32) -> std::io::Result<()> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
+    let pid = Pid::from_raw(pid).ok_or_else(|| std::io::Error::other("pid 0"))?;
+    let fd = match pidfd_open(pid, PidfdFlags::NONBLOCK) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    loop {
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        if poll(&mut fds, Some(&now))? > 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(HOLDER_POLL).await;
     }
 }

@@ -384,6 +384,17 @@ impl PluginHost {
                 tracing::warn!(path = %path.display(), "mount busy: detaching it lazily (--allow-lazy-unmount)");
                 self.mounter.unmount_lazy(path)
             }
+            // Who keeps it busy, looked for once per attempt (each a backoff step apart).
+            Err(MountError::Unmount {
+                errno: kubevol_mount::Errno::BUSY,
+                target,
+            }) => Err(match self.mounter.holders(&target) {
+                Some(holders) => MountError::Busy { target, holders },
+                None => MountError::Unmount {
+                    errno: kubevol_mount::Errno::BUSY,
+                    target,
+                },
+            }),
             r => r,
         }
     }
