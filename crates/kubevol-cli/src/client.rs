@@ -26,7 +26,7 @@ pub fn get(server: &str, path: &str) -> anyhow::Result<String> {
         .context("malformed HTTP answer")?;
     let status = head.lines().next().unwrap_or("");
     if status.split_whitespace().nth(1) != Some("200") {
-        bail!("{server}{path}: {status}");
+        bail!("{server}{path}: {status}: {}", body.trim());
     }
     if head
         .to_ascii_lowercase()

@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod describe;
 mod logs;
 mod signal;
 mod table;
@@ -46,6 +47,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Show the pods and volumes of a running daemon.
     Status(StatusArgs),
+    /// Explain a pod's volumes step by step (what each depends on, what it is stuck on and
+    /// what to do), or summarize the node.
+    Describe(DescribeArgs),
     /// Measure pod volume-ready latency and throughput against the raw mount syscalls.
     Bench(bench::BenchArgs),
 }
@@ -188,6 +192,35 @@ struct StatusArgs {
     output: Option<Output>,
 }
 
+#[derive(clap::Args)]
+struct DescribeArgs {
+    /// What to describe.
+    #[command(subcommand)]
+    what: Describe,
+    /// The daemon's HTTP address.
+    #[arg(long, global = true, default_value = "http://127.0.0.1:10258")]
+    server: String,
+    /// Print the raw JSON instead of the text.
+    #[arg(short = 'o', long = "output", global = true, value_enum)]
+    output: Option<DescribeOutput>,
+}
+
+#[derive(Subcommand)]
+enum Describe {
+    /// A pod: NAMESPACE/NAME, or its UID.
+    Pod {
+        /// NAMESPACE/NAME (NAME alone means the default namespace) or UID.
+        pod: String,
+    },
+    /// The node: sources, drivers, counts per state, what is not ready and why.
+    Node,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum DescribeOutput {
+    Json,
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum Output {
     Wide,
@@ -292,6 +325,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => runtime.block_on(run(*args)),
         Command::Status(args) => status(args),
+        Command::Describe(args) => describe(args),
         Command::Bench(_) => unreachable!("handled above"),
     };
     // A blocking thread stuck in a hung filesystem or a FIFO must not hold the exit: mounts
@@ -556,6 +590,39 @@ fn print_once(
         writeln!(out, "\nPods {why}: {}", waiting.join(", "))?;
     }
     Ok(())
+}
+
+fn describe(args: DescribeArgs) -> anyhow::Result<ExitCode> {
+    let path = match &args.what {
+        Describe::Pod { pod } => match pod.split_once('/') {
+            Some((ns, name)) => format!("/api/v1/pods/{ns}/{name}/describe"),
+            None if kubevol_core::validation::is_canonical_uuid(pod) => {
+                format!("/api/v1/pods/{pod}/describe")
+            }
+            None => format!("/api/v1/pods/default/{pod}/describe"),
+        },
+        Describe::Node => "/api/v1/node/describe".to_string(),
+    };
+    let body = client::get(&args.server, &path)?;
+    let mut out = std::io::stdout();
+    if args.output == Some(DescribeOutput::Json) {
+        use std::io::Write;
+        writeln!(out, "{body}")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    match args.what {
+        Describe::Pod { .. } => {
+            let d: kubevol::describe::PodDescription = serde_json::from_str(&body)
+                .context("the server's answer is not a pod description")?;
+            describe::print_pod(&d, &mut out)?;
+        }
+        Describe::Node => {
+            let d: kubevol::describe::NodeDescription = serde_json::from_str(&body)
+                .context("the server's answer is not a node description")?;
+            describe::print_node(&d, &mut out)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {

@@ -1133,3 +1133,122 @@ fn misspelt_fields_are_warned_about_with_their_line_and_the_field_meant() {
         assert!(stdout.contains(want), "{want}\nnot in:\n{stdout}");
     }
 }
+
+#[test]
+fn describe_explains_each_volume_step_by_step_and_summarizes_the_node() {
+    require_root();
+    let root = tempfile::tempdir().unwrap();
+    let root_s = root.path().to_str().unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(examples()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), manifests.path().join(e.file_name())).unwrap();
+    }
+    // A claim whose volume belongs to a driver that is not on this node.
+    std::fs::write(
+        manifests.path().join("stuck.yaml"),
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: far}\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], claimRef: {namespace: default, name: far}, csi: {driver: absent.csi.example, volumeHandle: far}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: far, namespace: default}\nspec: {accessModes: [ReadWriteOnce], volumeName: far, resources: {requests: {storage: 1Gi}}}\nstatus: {phase: Bound}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: stuck, namespace: default}\nspec: {containers: [{name: c, volumeMounts: [{name: data, mountPath: /d}]}], volumes: [{name: data, persistentVolumeClaim: {claimName: far}}]}\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = format!("http://{listen}");
+    let mut child = with_loop_driver(
+        root_s,
+        &[
+            "run",
+            "--manifests",
+            manifests.path().to_str().unwrap(),
+            "--root-dir",
+            root_s,
+            "--node-name",
+            "demo",
+            "--listen",
+            &listen,
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    until_http(port, "/api/v1/pods", |a| {
+        let Some(body) = a.split("\r\n\r\n").nth(1) else {
+            return false;
+        };
+        serde_json::from_str::<serde_json::Value>(body).is_ok_and(|s| {
+            s["pods"].as_array().is_some_and(|pods| {
+                pods.iter()
+                    .any(|p| p["name"] == "db" && p["phase"] == "Ready")
+            })
+        })
+    });
+    let describe = |args: &[&str]| {
+        succeeds(
+            Command::new(BIN)
+                .arg("describe")
+                .args(args)
+                .args(["--server", &server]),
+        )
+        .0
+    };
+    let db: serde_json::Value =
+        serde_json::from_str(&describe(&["pod", "default/db", "-o", "json"])).unwrap();
+    let data = db["chains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["volume"] == "data")
+        .unwrap();
+    let steps: Vec<(String, String)> = data["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let done = |s: &str| (s.to_string(), "Done".to_string());
+    assert_eq!(
+        steps,
+        [
+            done("claim default/db-data"),
+            done("PersistentVolume db-data"),
+            done("driver loop.csi.kubevol.io"),
+            done("attach"),
+            done("stage"),
+            done("set up"),
+        ],
+        "{data}"
+    );
+    let stuck = describe(&["pod", "default/stuck"]);
+    assert!(
+        stuck.contains("[ok] claim default/far")
+            && stuck.contains("[..] driver absent.csi.example")
+            && stuck.contains("not registered"),
+        "{stuck}"
+    );
+    let uid = db["status"]["uid"].as_str().unwrap();
+    assert!(describe(&["pod", uid]).contains("Pod:     default/db"));
+    let node = describe(&["node"]);
+    assert!(
+        node.contains("Drivers:  loop.csi.kubevol.io (healthy)")
+            && node.contains("default/stuck volume data: ")
+            && node.contains("Attached: "),
+        "{node}"
+    );
+    let missing = Command::new(BIN)
+        .args(["describe", "pod", "default/nothing", "--server", &server])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no pod default/nothing on this node"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let code = sigterm(&mut child);
+    assert!(code.success(), "{code:?}");
+}

@@ -53,7 +53,7 @@ pub use manager::{Config, VolumeManager};
 
 /// A boxed future, so that plugins, pod sources and token issuers can be trait objects.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
-pub use observe::{events, http, metrics, status};
+pub use observe::{describe, events, http, metrics, status};
 pub use store::pod_uid;
 pub use waiters::WaitError;
 pub use world::MountedVolume;

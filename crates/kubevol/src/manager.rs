@@ -530,6 +530,29 @@ impl VolumeManager {
         self.sources().report(with_events)
     }
 
+    /// A pod, described: for each of its volumes the chain of what it depends on, where each
+    /// step stands and what it is stuck on (see [`crate::observe::describe`]).
+    pub fn describe_pod(&self, uid: &PodUid) -> Option<crate::describe::PodDescription> {
+        self.sources().describe_pod(uid, &self.parts.host)
+    }
+
+    /// The UID of the pod `namespace/name` that either state of world knows.
+    pub fn find_pod(&self, namespace: &str, name: &str) -> Option<PodUid> {
+        let report = self.status(false);
+        report
+            .pods
+            .into_iter()
+            .find(|p| p.namespace == namespace && p.name == name)
+            .map(|p| PodUid::from(p.uid.as_str()))
+    }
+
+    /// The node, described: sources, drivers, counts per state, what is not ready and why,
+    /// the volumes in use and attached, and what was found at start.
+    pub fn describe_node(&self) -> crate::describe::NodeDescription {
+        self.sources()
+            .describe_node(self.status(false), self.csi_drivers())
+    }
+
     /// Every recorded event.
     pub fn events(&self) -> Vec<crate::observe::events::Event> {
         self.parts.events.all()

@@ -9,6 +9,9 @@
 //! - `GET /api/v1/pods`: the [`StatusReport`](crate::status::StatusReport) as JSON.
 //! - `GET /api/v1/events`: every recorded event as JSON.
 //! - `GET /api/v1/drivers`: the CSI drivers (name, endpoint, node ID, capabilities, health).
+//! - `GET /api/v1/pods/{namespace}/{name}/describe` (or `/api/v1/pods/{uid}/describe`): the
+//!   pod's [`PodDescription`](crate::describe::PodDescription), each volume's chain.
+//! - `GET /api/v1/node/describe`: the [`NodeDescription`](crate::describe::NodeDescription).
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -27,6 +30,12 @@ pub fn router(manager: VolumeManager) -> Router {
         .route("/api/v1/pods", get(pods))
         .route("/api/v1/events", get(events))
         .route("/api/v1/drivers", get(drivers))
+        .route(
+            "/api/v1/pods/{namespace}/{name}/describe",
+            get(describe_by_name),
+        )
+        .route("/api/v1/pods/{uid}/describe", get(describe_by_uid))
+        .route("/api/v1/node/describe", get(describe_node))
         .with_state(manager)
 }
 
@@ -62,6 +71,44 @@ async fn metrics(State(m): State<VolumeManager>) -> impl IntoResponse {
 
 async fn pods(State(m): State<VolumeManager>) -> impl IntoResponse {
     Json(m.status(true))
+}
+
+/// A pod's description as JSON, or 404 naming what was asked for.
+fn described(
+    m: &VolumeManager,
+    uid: Option<kubevol_core::PodUid>,
+    what: &str,
+) -> axum::response::Response {
+    match uid.and_then(|u| m.describe_pod(&u)) {
+        Some(d) => Json(d).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no pod {what} on this node\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn describe_by_name(
+    State(m): State<VolumeManager>,
+    axum::extract::Path((namespace, name)): axum::extract::Path<(String, String)>,
+) -> impl IntoResponse {
+    described(
+        &m,
+        m.find_pod(&namespace, &name),
+        &format!("{namespace}/{name}"),
+    )
+}
+
+async fn describe_by_uid(
+    State(m): State<VolumeManager>,
+    axum::extract::Path(uid): axum::extract::Path<String>,
+) -> impl IntoResponse {
+    described(&m, Some(kubevol_core::PodUid::from(uid.as_str())), &uid)
+}
+
+async fn describe_node(State(m): State<VolumeManager>) -> impl IntoResponse {
+    Json(m.describe_node())
 }
 
 async fn events(State(m): State<VolumeManager>) -> impl IntoResponse {

@@ -2,6 +2,7 @@
 //! that serves them. Everything here reads snapshots of the other parts and changes nothing
 //! but its own counters.
 
+pub mod describe;
 pub mod events;
 pub mod http;
 pub mod metrics;

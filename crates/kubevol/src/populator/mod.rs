@@ -701,7 +701,9 @@ impl Populator {
 
 /// The volume source a PersistentVolume's spec sets (`hostPath`, `nfs`, `local`, ...), as the
 /// API names it.
-fn persistent_volume_type(pv: &k8s_openapi::api::core::v1::PersistentVolume) -> &'static str {
+pub(crate) fn persistent_volume_type(
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+) -> &'static str {
     const SOURCES: [&str; 22] = [
         "awsElasticBlockStore",
         "azureDisk",

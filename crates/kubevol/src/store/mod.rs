@@ -439,6 +439,14 @@ impl ObjectStore {
         self.bump();
     }
 
+    /// Every registered source, and whether it has delivered its first listing.
+    pub fn sources(&self) -> Vec<(String, bool)> {
+        crate::sync::lock(&self.sources)
+            .iter()
+            .map(|(name, s)| (name.clone(), s.synced))
+            .collect()
+    }
+
     /// Whether every registered source has synced.
     pub fn all_sources_synced(&self) -> bool {
         crate::sync::lock(&self.sources).values().all(|s| s.synced)
