@@ -256,7 +256,13 @@ impl super::status::Sources<'_> {
                 (None, _) => step("set up", StepState::Waiting, "not set up yet"),
             };
             if v.state != VolumePhase::Mounted {
-                if let Some(e) = &v.retry.last_error {
+                // The node-wide step's error is its own, not the set-up's.
+                let own = v
+                    .retry
+                    .last_error
+                    .as_ref()
+                    .filter(|e| Some(*e) != device_error.as_ref());
+                if let Some(e) = own {
                     set_up.state = StepState::Failed;
                     set_up.error = Some(e.clone());
                 }
