@@ -1220,7 +1220,13 @@ fn describe_explains_each_volume_step_by_step_and_summarizes_the_node() {
             done("attach"),
             done("stage"),
             done("set up"),
+            done("fsGroup"),
         ],
+        "{data}"
+    );
+    let fs_group = &data["steps"][6]["detail"];
+    assert_eq!(
+        fs_group, "fsGroup 999: applied by kubevol after publish (fsGroupPolicy File)",
         "{data}"
     );
     let stuck = describe(&["pod", "default/stuck"]);

@@ -34,7 +34,8 @@ mount_test! {
             });
             let p = common::pod(json!({
                 "metadata": {"name": "app", "namespace": "default"},
-                "spec": {"containers": [{"name": "c", "volumeMounts": [
+                "spec": {"securityContext": {"fsGroup": 1000},
+                         "containers": [{"name": "c", "volumeMounts": [
                             {"name": "config", "mountPath": "/c"},
                             {"name": "scratch", "mountPath": "/s"},
                             {"name": "here", "mountPath": "/h"},
@@ -78,8 +79,9 @@ mount_test! {
 
             let scratch = chain("scratch");
             assert!(scratch.ready && scratch.waiting_for.is_none(), "{scratch:?}");
-            assert_eq!(scratch.steps.last().unwrap().step, "set up");
-            assert_eq!(scratch.steps.last().unwrap().state, StepState::Done);
+            let steps: Vec<(&str, StepState, &str)> = scratch.steps.iter().map(|s| (s.step.as_str(), s.state, s.detail.as_str())).collect();
+            assert_eq!(steps[1], ("fsGroup", StepState::Done, "fsGroup 1000: applied by kubevol at set-up"), "{steps:?}");
+            assert_eq!((steps[0].0, steps[0].1), ("set up", StepState::Done));
 
             let config = chain("config");
             assert!(!config.ready);
@@ -91,7 +93,8 @@ mount_test! {
             let here = chain("here");
             assert!(here.ready, "{here:?}");
             let steps: Vec<(&str, StepState)> = here.steps.iter().map(|s| (s.step.as_str(), s.state)).collect();
-            assert_eq!(steps, [("claim default/here", StepState::Done), ("PersistentVolume here", StepState::Done), ("set up", StepState::Done)]);
+            assert_eq!(steps, [("claim default/here", StepState::Done), ("PersistentVolume here", StepState::Done), ("set up", StepState::Done), ("fsGroup", StepState::Done)]);
+            assert!(here.steps[3].detail.contains("not applied to this type"), "{:?}", here.steps[3]);
             assert!(here.steps[1].detail.contains("hostPath, access modes ReadWriteOnce, capacity 1Gi, nodeAffinity (zone in (a)) (this node matches)"), "{:?}", here.steps[1]);
 
             let there = chain("there");
@@ -113,6 +116,8 @@ mount_test! {
             let d = m.describe_pod(&uid).unwrap();
             let config = d.chains.iter().find(|c| c.volume == "config").unwrap();
             assert!(config.ready && config.steps[0].state == StepState::Done, "{config:?}");
+            assert_eq!(config.steps[0].detail, "present (from library API)");
+            assert_eq!(config.steps.last().unwrap().detail, "fsGroup 1000: the files are written with group 1000");
 
             let node = m.describe_node();
             assert!(node.not_ready.iter().any(|l| l.starts_with("default/app volume there: ")), "{:?}", node.not_ready);

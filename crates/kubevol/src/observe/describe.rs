@@ -177,6 +177,18 @@ impl super::status::Sources<'_> {
                         ),
                     });
                 }
+                if self.world.reported_in_use_required() && (t.attachable || t.device_mountable) {
+                    let reported = desired.as_ref().is_some_and(|d| d.reported_in_use);
+                    steps.push(if reported {
+                        step("reported in use", StepState::Done, "listed in this node's status.volumesInUse")
+                    } else {
+                        step(
+                            "reported in use",
+                            StepState::Waiting,
+                            "waiting for this node's status.volumesInUse to list it: the attach/detach controller attaches it only then",
+                        )
+                    });
+                }
                 let attached = asw_volume.as_ref().is_some_and(|a| a.attached);
                 let staged = asw_volume
                     .as_ref()
@@ -267,7 +279,19 @@ impl super::status::Sources<'_> {
                     set_up.error = Some(e.clone());
                 }
             }
+            let set_up_done = set_up.state == StepState::Done;
             steps.push(set_up);
+            if let (Some(t), Some(pod)) = (&traits, stored.as_ref().map(|s| &s.pod)) {
+                if let Some(detail) = fs_group_step(t.plugin.as_str(), pod, desired.as_ref(), host)
+                {
+                    let state = if set_up_done {
+                        StepState::Done
+                    } else {
+                        StepState::Waiting
+                    };
+                    steps.push(step("fsGroup", state, detail));
+                }
+            }
             if let Some((_, _, subs)) = &mounted {
                 for sp in subs {
                     steps.push(step(
@@ -320,37 +344,40 @@ impl super::status::Sources<'_> {
         host: &crate::plugins::PluginHost,
         steps: &mut Vec<Step>,
     ) {
-        let object = |kind: &str, name: &str, optional: bool, present: bool| {
+        let object = |kind: &str, name: &str, optional: bool, present: Option<String>| {
             let what = format!("{kind} {namespace}/{name}");
             match (present, optional) {
-                (true, _) => step(what, StepState::Done, "present"),
-                (false, true) => step(
+                (Some(found), _) => step(what, StepState::Done, found),
+                (None, true) => step(
                     what,
                     StepState::Done,
                     "missing, optional: mounted without it",
                 ),
-                (false, false) => step(
+                (None, false) => step(
                     what,
                     StepState::Waiting,
                     self.store.absence(kind, namespace, name),
                 ),
             }
         };
+        // Where the object in effect came from, and its version when the API server gave one.
+        let found = |origin: &crate::store::Origin, version: Option<&String>| match version {
+            Some(v) => format!("present (from the {origin}, resourceVersion {v})"),
+            None => format!("present (from {origin})"),
+        };
         let cm = |name: &str, optional: Option<bool>| {
-            object(
-                "ConfigMap",
-                name,
-                optional.unwrap_or(false),
-                self.store.config_map(namespace, name).is_some(),
-            )
+            let present = self
+                .store
+                .config_map(namespace, name)
+                .map(|s| found(&s.origin, s.object.metadata.resource_version.as_ref()));
+            object("ConfigMap", name, optional.unwrap_or(false), present)
         };
         let secret = |name: &str, optional: Option<bool>| {
-            object(
-                "Secret",
-                name,
-                optional.unwrap_or(false),
-                self.store.secret(namespace, name).is_some(),
-            )
+            let present = self
+                .store
+                .secret(namespace, name)
+                .map(|s| found(&s.origin, s.object.metadata.resource_version.as_ref()));
+            object("Secret", name, optional.unwrap_or(false), present)
         };
         if let Some(c) = &v.config_map {
             steps.push(cm(&c.name, c.optional));
@@ -505,6 +532,33 @@ impl super::status::Sources<'_> {
             leftovers: report.leftovers.clone(),
         }
     }
+}
+
+/// Who applies the pod's fsGroup to a volume of `plugin`, as its set-up decides; `None` when
+/// the pod sets none.
+fn fs_group_step(
+    plugin: &str,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    desired: Option<&kubevol_core::state::DesiredVolume>,
+    host: &crate::plugins::PluginHost,
+) -> Option<String> {
+    let (gid, _) = crate::plugins::fs_group(pod)?;
+    Some(match plugin {
+        crate::plugins::csi::PLUGIN_NAME => {
+            let spec = desired?.pods.values().next()?.spec.clone();
+            return crate::plugins::csi::fs_group_decision(host, &spec, pod);
+        }
+        "kubernetes.io/empty-dir" | "kubernetes.io/local-volume" => {
+            format!("fsGroup {gid}: applied by kubevol at set-up")
+        }
+        "kubernetes.io/configmap"
+        | "kubernetes.io/secret"
+        | "kubernetes.io/downward-api"
+        | "kubernetes.io/projected" => {
+            format!("fsGroup {gid}: the files are written with group {gid}")
+        }
+        _ => format!("fsGroup {gid}: not applied to this type (a host path keeps its owner)"),
+    })
 }
 
 /// The CSI driver a volume uses: its inline `csi.driver`, or its PersistentVolume's.

@@ -518,6 +518,39 @@ fn not_left_mounted(
     Ok(())
 }
 
+/// Who applies the pod's fsGroup to a CSI volume, in words (for `describe`): the decision the
+/// set-up makes, from the same inputs.
+pub(crate) fn fs_group_decision(host: &PluginHost, spec: &VolumeSpec, pod: &Pod) -> Option<String> {
+    let group = fs_group(pod)?;
+    let r = volume::resolve(spec, None).ok()?;
+    let pol = policy(host, &r.driver);
+    let mounts_group = host
+        .csi
+        .status()
+        .iter()
+        .any(|d| d.name == r.driver && d.capabilities.volume_mount_group);
+    let policy = &pol.fs_group_policy;
+    Some(match fs_group_by(policy, &r, mounts_group, Some(group)) {
+        FsGroupBy::Kubevol(gid, _) => {
+            format!("fsGroup {gid}: applied by kubevol after publish (fsGroupPolicy {policy})")
+        }
+        FsGroupBy::Driver(gid) => {
+            format!("fsGroup {gid}: applied by the driver (it has VOLUME_MOUNT_GROUP)")
+        }
+        FsGroupBy::Nobody => format!(
+            "fsGroup {}: not applied (fsGroupPolicy {policy}{})",
+            group.0,
+            if r.block {
+                ", a block volume"
+            } else if r.read_only {
+                ", read-only"
+            } else {
+                ""
+            }
+        ),
+    })
+}
+
 /// The kubelet's decision, from the CSIDriver's `fsGroupPolicy`: `None` never; a driver with
 /// VOLUME_MOUNT_GROUP applies it itself; `File` always; `ReadWriteOnceWithFSType` (the default)
 /// only for a volume with an fsType that is ReadWriteOnce (inline volumes count as such).
