@@ -87,7 +87,7 @@ pub enum VolumeError {
     #[error("{0}")]
     CsiNotReady(String),
     /// A CSI driver answered an unpublish or unstage with OK, but its target is still mounted.
-    #[error("CSI driver {driver} answered {call} with OK but {} is still mounted: the driver claims success but left its mount. kubevol never removes a directory with a filesystem on it and tries again; check the driver's logs", path.display())]
+    #[error("CSI driver {driver} answered {call} with OK but {} is still mounted{}: the driver claims success but left its mount. kubevol never removes a directory with a filesystem on it and tries again; check the driver's logs", path.display(), holders.as_ref().filter(|h| !h.holders.is_empty()).map(|h| format!(" ({h})")).unwrap_or_default())]
     DriverLeftMount {
         /// The driver.
         driver: String,
@@ -95,6 +95,9 @@ pub enum VolumeError {
         call: &'static str,
         /// The target still mounted.
         path: PathBuf,
+        /// What keeps it mounted, when that could be looked for (a process in it makes a
+        /// driver's unmount fail).
+        holders: Option<kubevol_mount::holders::Holders>,
     },
     /// A blocking task died.
     #[error("operation task failed: {0}")]
@@ -340,6 +343,7 @@ mod tests {
                     driver: "d".into(),
                     call: "NodeUnpublishVolume",
                     path: path.clone(),
+                    holders: None,
                 },
                 false,
             ),

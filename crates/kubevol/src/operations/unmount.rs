@@ -218,8 +218,13 @@ pub(super) fn finish(
             ((t.plugin_name, Ok(()), replan()), idle)
         }
         Err(e) => {
-            if let VolumeError::Mount(kubevol_mount::MountError::Busy { holders, .. }) = &e {
-                retry_when_released(ops, volume, pod, holders);
+            match &e {
+                VolumeError::Mount(kubevol_mount::MountError::Busy { holders, .. })
+                | VolumeError::DriverLeftMount {
+                    holders: Some(holders),
+                    ..
+                } => retry_when_released(ops, volume, pod, holders),
+                _ => {}
             }
             let message =
                 format!("UnmountVolume.TearDown failed for volume {outer:?} of pod {pref}: {e}");

@@ -513,6 +513,7 @@ fn not_left_mounted(
             driver,
             call,
             path: target.to_path_buf(),
+            holders: host.mounter.holders(target),
         });
     }
     Ok(())
