@@ -55,7 +55,7 @@ pub enum MountError {
         /// The mount point.
         target: PathBuf,
         /// What holds it.
-        holders: holders::Holders,
+        holders: Box<holders::Holders>,
     },
     /// A file operation failed.
     #[error("{op} {}: {errno}", path.display())]

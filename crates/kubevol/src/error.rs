@@ -97,7 +97,7 @@ pub enum VolumeError {
         path: PathBuf,
         /// What keeps it mounted, when that could be looked for (a process in it makes a
         /// driver's unmount fail).
-        holders: Option<kubevol_mount::holders::Holders>,
+        holders: Option<Box<kubevol_mount::holders::Holders>>,
     },
     /// A blocking task died.
     #[error("operation task failed: {0}")]

@@ -389,7 +389,10 @@ impl PluginHost {
                 errno: kubevol_mount::Errno::BUSY,
                 target,
             }) => Err(match self.mounter.holders(&target) {
-                Some(holders) => MountError::Busy { target, holders },
+                Some(holders) => MountError::Busy {
+                    target,
+                    holders: Box::new(holders),
+                },
                 None => MountError::Unmount {
                     errno: kubevol_mount::Errno::BUSY,
                     target,

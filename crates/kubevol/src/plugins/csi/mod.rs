@@ -513,7 +513,7 @@ fn not_left_mounted(
             driver,
             call,
             path: target.to_path_buf(),
-            holders: host.mounter.holders(target),
+            holders: host.mounter.holders(target).map(Box::new),
         });
     }
     Ok(())
