@@ -907,9 +907,12 @@ mount_test! {
     fn a_busy_volume_is_retried_with_the_reason_shown_and_never_lazily_detached() {
         let env = Env::new();
         let (mut w, i, d, cache) = memory_pod_with_work(&env, &[]);
+        // Without the test's pipes: a failed test is not held until it ends.
         let mut holder = Command::new("sleep")
             .arg("600")
             .current_dir(&cache)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .unwrap();
         w.toggle(&env, i);
@@ -918,7 +921,7 @@ mount_test! {
                 p["phase"] == "Terminating"
                     && p["volumes"]
                         .to_string()
-                        .contains("the mount is busy")
+                        .contains("target is busy: held by pid")
             })
         });
         assert!(

@@ -146,7 +146,13 @@ mount_test! {
             let uid = m.add_pod(p.clone());
             m.wait_for_attach_and_mount(&p).await.expect("mounted");
             let path = m.mounted_volumes_for_pod(&uid)["cache"].path.clone();
-            let mut holder = Command::new("sleep").arg("600").current_dir(&path).spawn().unwrap();
+            let mut holder = Command::new("sleep")
+                .arg("600")
+                .current_dir(&path)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
             m.remove_pod(&p);
             wait_for_status(&m, &p, 60, |s| {
                 s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("target is busy")))

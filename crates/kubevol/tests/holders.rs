@@ -23,6 +23,7 @@ impl Children {
         let child = c
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn");
         let pid = child.id();
