@@ -75,18 +75,7 @@ pub fn print_pod(d: &PodDescription, out: &mut impl Write) -> std::io::Result<()
     }
     if !s.events.is_empty() {
         writeln!(out, "Events:")?;
-        for e in &s.events {
-            let count = if e.count > 1 {
-                format!(" (x{})", e.count)
-            } else {
-                String::new()
-            };
-            writeln!(
-                out,
-                "  {:7}  {:24}  {}{count}",
-                e.type_, e.reason, e.message
-            )?;
-        }
+        crate::table::print_events(&s.events, out)?;
     }
     Ok(())
 }

@@ -69,18 +69,7 @@ pub fn print_report(
                 "\nEvents of {}/{} ({}):",
                 pod.namespace, pod.name, pod.source
             )?;
-            for e in &pod.events {
-                let count = if e.count > 1 {
-                    format!(" (x{})", e.count)
-                } else {
-                    String::new()
-                };
-                writeln!(
-                    out,
-                    "  {:7}  {:24}  {}{count}",
-                    e.type_, e.reason, e.message
-                )?;
-            }
+            print_events(&pod.events, out)?;
         }
     }
     let warnings: Vec<String> = report
@@ -147,6 +136,26 @@ pub fn print_report(
         for l in &report.leftovers {
             writeln!(out, "  {}: {}", l.path, l.reason)?;
         }
+    }
+    Ok(())
+}
+
+/// Prints events a line each, repeats folded with their count.
+pub fn print_events(
+    events: &[kubevol::events::Event],
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    for e in events {
+        let count = if e.count > 1 {
+            format!(" (x{})", e.count)
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "  {:7}  {:24}  {}{count}",
+            e.type_, e.reason, e.message
+        )?;
     }
     Ok(())
 }

@@ -120,6 +120,15 @@ fn once(manifests: &Path, root: &Path, extra: &[&str]) -> (bool, String) {
     )
 }
 
+/// A temporary directory with an empty manifest directory `m` and a root `root` (not made yet)
+/// in it.
+fn scratch() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    (tmp, manifests, root)
+}
+
 fn require_root() {
     let out = Command::new("id").arg("-u").output().unwrap();
     assert_eq!(
@@ -899,9 +908,7 @@ fn a_host_path_persistent_volume_cannot_lead_out_of_the_allowed_prefixes() {
 #[test]
 fn a_volume_that_cannot_work_without_a_change_ends_the_wait_of_once_at_once() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (_tmp, manifests, root) = scratch();
     let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: tok}\nspec: {containers: [{name: c, volumeMounts: [{name: t, mountPath: /t}]}], volumes: [{name: t, projected: {sources: [{serviceAccountToken: {path: token}}]}}]}\n";
     std::fs::write(manifests.join("tok.yaml"), pod).unwrap();
     std::fs::write(manifests.join("ok.yaml"), OK_POD).unwrap();
@@ -982,9 +989,7 @@ fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
 #[test]
 fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (_tmp, manifests, root) = scratch();
     std::fs::write(manifests.join("ok.yaml"), OK_POD).unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -1052,9 +1057,7 @@ fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop()
 #[test]
 fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (tmp, manifests, root) = scratch();
     std::fs::write(manifests.join("a.yaml"), OK_POD).unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -1104,9 +1107,7 @@ fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears
 #[test]
 fn misspelt_fields_are_warned_about_with_their_line_and_the_field_meant() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root) = (tmp.path().join("m"), tmp.path().join("root"));
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (_tmp, manifests, root) = scratch();
     let typo = "apiVersion: v1\nkind: Pod\nmetadata: {name: typo}\nspec:\n  containers:\n  - name: c\n    volumeMounts:\n    - name: v\n      mountPath: /v\n      readonly: true\n  volumes:\n  - name: v\n    emptyDir: {sizeLimt: 1Gi}\n";
     let invalid = "apiVersion: v1\nkind: Pod\nmetadata: {name: invalid}\nspec:\n  containers:\n  - name: c\n    volumeMounts:\n    - {name: v, mountpath: /v}\n  volumes:\n  - name: v\n    configmap: {name: cm}\n";
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\ndatas: {a: b}\n";
