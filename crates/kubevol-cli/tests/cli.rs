@@ -1225,6 +1225,13 @@ fn describe_explains_each_volume_step_by_step_and_summarizes_the_node() {
         ],
         "{data}"
     );
+    let driver = data["steps"][2]["detail"].as_str().unwrap();
+    assert!(
+        driver.contains(
+            "node ID demo, capabilities [STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS, EXPAND_VOLUME]"
+        ) && driver.contains("(CSI 1.0.0)"),
+        "{driver}"
+    );
     let fs_group = &data["steps"][6]["detail"];
     assert_eq!(
         fs_group, "fsGroup 999: applied by kubevol after publish (fsGroupPolicy File)",

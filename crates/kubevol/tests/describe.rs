@@ -73,7 +73,17 @@ mount_test! {
                 s.volumes.iter().filter(|v| v.name == "scratch" || v.name == "here").all(|v| v.state == kubevol::status::VolumePhase::Mounted)
             })
             .await;
-            let d = m.describe_pod(&uid).expect("described");
+            // A set-up's success is noted as its operation is concluded, a moment after the
+            // volume shows mounted: looked at until it is.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let d = loop {
+                let d = m.describe_pod(&uid).expect("described");
+                let noted = d.chains.iter().any(|c| c.volume == "scratch" && c.steps[0].detail.contains("(set up or written "));
+                if noted || std::time::Instant::now() > deadline {
+                    break d;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
             assert_eq!(m.find_pod("default", "app"), Some(uid.clone()));
             let chain = |name: &str| d.chains.iter().find(|c| c.volume == name).unwrap().clone();
 
@@ -82,6 +92,7 @@ mount_test! {
             let steps: Vec<(&str, StepState, &str)> = scratch.steps.iter().map(|s| (s.step.as_str(), s.state, s.detail.as_str())).collect();
             assert_eq!(steps[1], ("fsGroup", StepState::Done, "fsGroup 1000: applied by kubevol at set-up"), "{steps:?}");
             assert_eq!((steps[0].0, steps[0].1), ("set up", StepState::Done));
+            assert!(steps[0].2.ends_with("s ago)") && steps[0].2.contains("(set up or written "), "{steps:?}");
 
             let config = chain("config");
             assert!(!config.ready);

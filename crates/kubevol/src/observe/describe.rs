@@ -164,10 +164,27 @@ impl super::status::Sources<'_> {
                                 }
                                 crate::csi::DriverSource::CommandLine => "by --csi-driver".into(),
                             };
+                            let c = &d.capabilities;
+                            let caps: Vec<&str> = [
+                                (c.stage_unstage_volume, "STAGE_UNSTAGE_VOLUME"),
+                                (c.get_volume_stats, "GET_VOLUME_STATS"),
+                                (c.expand_volume, "EXPAND_VOLUME"),
+                                (c.volume_mount_group, "VOLUME_MOUNT_GROUP"),
+                                (c.single_node_multi_writer, "SINGLE_NODE_MULTI_WRITER"),
+                            ]
+                            .into_iter()
+                            .filter_map(|(on, name)| on.then_some(name))
+                            .collect();
                             step(
                                 format!("driver {driver}"),
                                 StepState::Done,
-                                format!("registered {how}, endpoint {}, {}", d.endpoint, d.health),
+                                format!(
+                                    "registered {how}, endpoint {}, node ID {}, capabilities [{}], {}",
+                                    d.endpoint,
+                                    d.node_id,
+                                    caps.join(", "),
+                                    d.health
+                                ),
                             )
                         }
                         None => step(
@@ -267,6 +284,19 @@ impl super::status::Sources<'_> {
                 ),
                 (None, _) => step("set up", StepState::Waiting, "not set up yet"),
             };
+            let last_ok = unique.as_ref().and_then(|u| {
+                self.executor
+                    .last_success(&kubevol_core::reconcile::OperationKey {
+                        volume: u.clone(),
+                        pod: Some(PodUid::from(status.uid.as_str())),
+                    })
+            });
+            if let (StepState::Done, Some(at)) = (set_up.state, last_ok) {
+                let ago = at.elapsed().unwrap_or_default().as_secs();
+                set_up
+                    .detail
+                    .push_str(&format!(" (set up or written {ago}s ago)"));
+            }
             if v.state != VolumePhase::Mounted {
                 // The node-wide step's error is its own, not the set-up's.
                 let own = v

@@ -77,6 +77,9 @@ struct State {
     pod_ops: HashMap<UniqueVolumeName, usize>,
     backoff: HashMap<OperationKey, Backoff>,
     errors: BTreeMap<OperationKey, LastError>,
+    /// When each key's operation last succeeded (for a set-up, when the volume's content was
+    /// last written).
+    succeeded: HashMap<OperationKey, SystemTime>,
     /// Keys turned away as busy, by volume (every conflict is within one volume).
     turned_away: HashMap<UniqueVolumeName, HashSet<Option<PodUid>>>,
     /// Running keys whose operation tears something down.
@@ -243,6 +246,12 @@ impl Executor {
         let mut s = self.lock();
         s.errors.retain(|k, _| keep(k));
         s.backoff.retain(|k, _| keep(k));
+        s.succeeded.retain(|k, _| keep(k));
+    }
+
+    /// When the operation of `key` last succeeded.
+    pub fn last_success(&self, key: &OperationKey) -> Option<SystemTime> {
+        self.lock().succeeded.get(key).copied()
     }
 }
 
@@ -281,6 +290,7 @@ impl State {
             Ok(()) => {
                 self.backoff.remove(key);
                 self.errors.remove(key);
+                self.succeeded.insert(key.clone(), SystemTime::now());
             }
             Err(Failure { message, permanent }) => {
                 let prev = self.backoff.get(key).copied();
