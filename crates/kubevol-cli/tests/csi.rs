@@ -784,6 +784,13 @@ cluster_test! {
             assert!(e.contains(&format!("waiting for the attach/detach controller: volume {unique} is not in Node {name}'s status.volumesAttached yet")), "{e}");
             let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
             assert_eq!(in_use().await, json!([unique]), "reported in use before it is attached");
+            // Described: reported in use, waiting at the attach for the controller.
+            let d = m.describe_pod(&kubevol::pod_uid(&pod)).unwrap();
+            let states: Vec<(String, kubevol::describe::StepState)> = d.chains[0].steps.iter().map(|s| (s.step.clone(), s.state)).collect();
+            use kubevol::describe::StepState::{Done, Failed};
+            assert!(states.contains(&("reported in use".into(), Done)) && states.contains(&("attach".into(), Failed)), "{states:?}");
+            let why = d.chains[0].waiting_for.clone().unwrap();
+            assert!(why.starts_with("attach: ") && why.contains("status.volumesAttached"), "{why}");
 
             // The controller attaches (through the driver's controller service, as the
             // external attacher does) and records it.
