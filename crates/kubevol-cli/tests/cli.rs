@@ -91,6 +91,34 @@ fn daemon(manifests: &Path, root: &Path, listen: &str) -> Command {
     ])
 }
 
+/// A daemon child stopped with SIGTERM when dropped, also when its test fails (the loop
+/// driver's script forwards it, and detaches its devices).
+struct Running(std::process::Child);
+
+impl std::ops::Deref for Running {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Sends SIGTERM to `child` and waits for it: its exit status.
 fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
     let st = Command::new("kill")
@@ -960,12 +988,13 @@ fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let log = tmp.path().join("log");
-    let mut child = daemon(&manifests, &root, &listen)
+    let child = daemon(&manifests, &root, &listen)
         .stderr(std::fs::File::create(&log).unwrap())
         .stdout(Stdio::null())
         .env("RUST_LOG", "debug")
         .spawn()
         .unwrap();
+    let mut child = Running(child);
     let pods = until_http(port, "/api/v1/pods", |a| {
         a.contains("from a Secret") && a.contains("<redacted: a Secret's value>")
     });
@@ -994,7 +1023,7 @@ fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop()
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     // A hard limit of 400 descriptors, which kubevol cannot raise: fewer than the clients'.
-    let mut child = Command::new("prlimit")
+    let child = Command::new("prlimit")
         .args([
             "--nofile=400:400",
             "--",
@@ -1013,6 +1042,7 @@ fn a_flood_of_half_sent_requests_neither_starves_the_engine_nor_holds_the_stop()
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut child = Running(child);
     until_http(port, "/api/v1/pods", |a| a.contains("\"phase\":\"Ready\""));
     let clients: Vec<std::net::TcpStream> = (0..600)
         .filter_map(|_| {
@@ -1062,11 +1092,12 @@ fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let log = tmp.path().join("log");
-    let mut child = daemon(&manifests, &root, &listen)
+    let child = daemon(&manifests, &root, &listen)
         .stderr(std::fs::File::create(&log).unwrap())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let mut child = Running(child);
     until_http(port, "/api/v1/pods", |a| a.contains("\"phase\":\"Ready\""));
     // The same pod again, written three times (each a read of the file, each the same error).
     for round in 0..3 {
@@ -1154,7 +1185,7 @@ fn describe_explains_each_volume_step_by_step_and_summarizes_the_node() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let server = format!("http://{listen}");
-    let mut child = with_loop_driver(
+    let child = with_loop_driver(
         root_s,
         &[
             "run",
@@ -1172,6 +1203,7 @@ fn describe_explains_each_volume_step_by_step_and_summarizes_the_node() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
+    let mut child = Running(child);
     until_http(port, "/api/v1/pods", |a| {
         let Some(body) = a.split("\r\n\r\n").nth(1) else {
             return false;
