@@ -440,6 +440,7 @@ mount_test! {
             let data = s.volumes.iter().find(|v| v.name == "data").unwrap();
             let e = data.retry.last_error.as_deref().unwrap();
             assert!(e.contains("--csi-controller loop.csi.kubevol.io=unix://") && e.contains("pod default/p") && e.contains("attachRequired: false"), "{e}");
+            assert!(e.contains("or there is no CSIDriver object loop.csi.kubevol.io)"), "the driver, not the volume handle: {e}");
             m.shutdown();
         });
     }

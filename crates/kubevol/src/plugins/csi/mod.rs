@@ -162,7 +162,7 @@ impl VolumePlugin for CsiPlugin {
             let driver = driver_for(&host, &r.driver)?;
             let Some(mut client) = host.csi.controller_client(&r.driver) else {
                 return Err(not_ready(format!(
-                    "volume {} needs attaching (its CSIDriver requires attach, or there is no CSIDriver object {0}) but kubevol has no controller endpoint for driver {}: run kubevol with --csi-controller {1}=unix:///path/to/controller.sock, or set attachRequired: false in the CSIDriver",
+                    "volume {} needs attaching (its CSIDriver requires attach, or there is no CSIDriver object {1}) but kubevol has no controller endpoint for driver {}: run kubevol with --csi-controller {1}=unix:///path/to/controller.sock, or set attachRequired: false in the CSIDriver",
                     r.handle, r.driver
                 )));
             };
