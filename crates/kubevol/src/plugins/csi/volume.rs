@@ -159,25 +159,27 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
     })
 }
 
-/// The CSI access mode for the volume's Kubernetes access modes, as the kubelet maps them.
+/// The CSI access mode for the volume's Kubernetes access modes, as the kubelet sends it: the
+/// PersistentVolume's first access mode (ReadWriteOnce for an inline volume, or a volume that
+/// lists none), mapped as the kubelet maps it for a driver with or without the
+/// SINGLE_NODE_MULTI_WRITER capability.
 pub(super) fn access_mode(r: &Resolved, driver: &Driver) -> i32 {
-    let has = |m: &str| r.access_modes.iter().any(|a| a == m);
-    let mode = if has("ReadWriteOncePod") {
-        if driver.capabilities.single_node_multi_writer {
-            Mode::SingleNodeSingleWriter
-        } else {
-            Mode::SingleNodeWriter
-        }
-    } else if has("ReadWriteMany") {
-        Mode::MultiNodeMultiWriter
-    } else if has("ReadOnlyMany") && !has("ReadWriteOnce") {
-        Mode::MultiNodeReaderOnly
-    } else if has("ReadWriteOnce") && driver.capabilities.single_node_multi_writer {
-        Mode::SingleNodeMultiWriter
-    } else {
-        Mode::SingleNodeWriter
-    };
-    mode as i32
+    csi_access_mode(
+        r.access_modes.first().map(String::as_str),
+        driver.capabilities.single_node_multi_writer,
+    ) as i32
+}
+
+/// The mapping of [`access_mode`].
+fn csi_access_mode(first: Option<&str>, single_node_multi_writer: bool) -> Mode {
+    match (first.unwrap_or("ReadWriteOnce"), single_node_multi_writer) {
+        ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+        ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+        ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+        ("ReadWriteOnce", true) => Mode::SingleNodeMultiWriter,
+        // ReadWriteOnce, and ReadWriteOncePod for a driver without the capability.
+        _ => Mode::SingleNodeWriter,
+    }
 }
 
 pub(super) fn capability(
@@ -281,6 +283,23 @@ pub(super) fn policy(host: &PluginHost, driver: &str) -> DriverPolicy {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    #[test]
+    fn the_access_mode_is_the_first_one_mapped_as_the_kubelet_maps_it() {
+        use super::{csi_access_mode, Mode};
+        let rows = [
+            (None, false, Mode::SingleNodeWriter),
+            (Some("ReadWriteOnce"), false, Mode::SingleNodeWriter),
+            (Some("ReadWriteOnce"), true, Mode::SingleNodeMultiWriter),
+            (Some("ReadOnlyMany"), true, Mode::MultiNodeReaderOnly),
+            (Some("ReadWriteMany"), false, Mode::MultiNodeMultiWriter),
+            (Some("ReadWriteOncePod"), false, Mode::SingleNodeWriter),
+            (Some("ReadWriteOncePod"), true, Mode::SingleNodeSingleWriter),
+        ];
+        for (first, multi, want) in rows {
+            assert_eq!(csi_access_mode(first, multi), want, "{first:?} {multi}");
+        }
+    }
 
     /// The message says where to register; when the directory is too deep for a registrar's
     /// socket, it says so and what to change.
