@@ -850,3 +850,34 @@ cluster_test! {
         });
     }
 }
+
+mount_test! {
+    /// What the kubelet sends for a PersistentVolume: the first access mode (ReadWriteOnce before
+    /// ReadWriteMany is SINGLE_NODE_WRITER for a driver without SINGLE_NODE_MULTI_WRITER), the
+    /// volume's `spec.csi.readOnly` to ControllerPublishVolume only, and the claim volume's
+    /// `readOnly` to NodePublishVolume.
+    fn the_access_mode_and_read_only_flags_are_sent_as_the_kubelet_sends_them() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let mut volume = pv("shared", "16Mi", "Filesystem");
+            volume["spec"]["accessModes"] = json!(["ReadWriteOnce", "ReadWriteMany"]);
+            volume["spec"]["csi"]["readOnly"] = json!(true);
+            m.library().upsert_objects(objects(json!([csi_driver(true), volume, pvc("shared", "Filesystem")])));
+            let p = claim_pod("p", "shared");
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            let attach = driver.requests("ControllerPublishVolume").pop().unwrap();
+            let publish = driver.requests("NodePublishVolume").pop().unwrap();
+            assert_eq!(attach["readonly"], true, "{attach}");
+            assert_eq!(publish["readonly"], false, "{publish}");
+            let single_node_writer = kubevol_csi::v1::volume_capability::access_mode::Mode::SingleNodeWriter as i32;
+            assert_eq!(publish["access_mode"], json!(single_node_writer), "{publish}");
+            assert_eq!(attach["access_mode"], json!(single_node_writer), "{attach}");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.unwrap();
+            m.shutdown();
+        });
+    }
+}

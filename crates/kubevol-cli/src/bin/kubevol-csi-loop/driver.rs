@@ -192,9 +192,9 @@ impl Driver {
         }
     }
 
-    /// Logs what a stage or publish request carried, for tests and audits: the volume and
-    /// publish contexts, the mount flags and read-only flag, and the names of the secrets (never
-    /// their values).
+    /// Logs what a controller publish, stage or publish request carried, for tests and audits:
+    /// the volume and publish contexts, the mount flags, the access mode and the read-only flag,
+    /// and the names of the secrets (never their values).
     #[allow(clippy::too_many_arguments)]
     fn log_request(
         &self,
@@ -212,7 +212,9 @@ impl Driver {
         let mut secret_keys: Vec<&String> = secrets.keys().collect();
         secret_keys.sort();
         let flags = cap.map(|c| mount_of(c).1).unwrap_or_default();
+        let access_mode = cap.and_then(|c| c.access_mode.as_ref()).map(|a| a.mode);
         let line = serde_json::json!({
+            "access_mode": access_mode,
             "request": method,
             "volume_id": volume,
             "context": context,
@@ -496,6 +498,15 @@ impl Controller for Svc {
                 r.node_id, self.node_id
             )));
         }
+        self.log_request(
+            "ControllerPublishVolume",
+            &r.volume_id,
+            &r.volume_context,
+            &HashMap::new(),
+            &r.secrets,
+            r.volume_capability.as_ref(),
+            r.readonly,
+        );
         let image = self.image(&r.volume_id);
         let id = r.volume_id.clone();
         self.call("ControllerPublishVolume", &r.volume_id, "", move || {

@@ -62,7 +62,12 @@ pub(super) struct Resolved {
     pub(super) handle: String,
     /// The PersistentVolume's name, or the pod's volume name for inline volumes.
     pub(super) spec_name: String,
+    /// NodePublishVolume's `readonly`, as the kubelet sends it: the claim volume's `readOnly`
+    /// (an inline volume's own `readOnly`).
     pub(super) read_only: bool,
+    /// ControllerPublishVolume's `readonly`: the PersistentVolume's `spec.csi.readOnly`, as
+    /// the external attacher sends it.
+    pub(super) controller_read_only: bool,
     pub(super) fs_type: String,
     pub(super) attributes: BTreeMap<String, String>,
     pub(super) mount_options: Vec<String>,
@@ -99,13 +104,13 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
             driver: src.driver.clone(),
             handle: src.volume_handle.clone(),
             spec_name: pv_name,
-            read_only: src.read_only.unwrap_or(false)
-                || spec
-                    .volume
-                    .persistent_volume_claim
-                    .as_ref()
-                    .and_then(|c| c.read_only)
-                    .unwrap_or(false),
+            read_only: spec
+                .volume
+                .persistent_volume_claim
+                .as_ref()
+                .and_then(|c| c.read_only)
+                .unwrap_or(false),
+            controller_read_only: src.read_only.unwrap_or(false),
             fs_type: src.fs_type.clone().unwrap_or_default(),
             attributes: src.volume_attributes.clone().unwrap_or_default(),
             mount_options: ps.and_then(|s| s.mount_options.clone()).unwrap_or_default(),
@@ -142,6 +147,7 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
         handle: ephemeral_handle(&pod.uid, &spec.volume.name),
         spec_name: spec.volume.name.clone(),
         read_only: src.read_only.unwrap_or(false),
+        controller_read_only: src.read_only.unwrap_or(false),
         fs_type: src.fs_type.clone().unwrap_or_default(),
         attributes: src.volume_attributes.clone().unwrap_or_default(),
         mount_options: Vec::new(),
