@@ -893,13 +893,8 @@ fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
 #[test]
 fn a_host_path_persistent_volume_cannot_lead_out_of_the_allowed_prefixes() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root, allowed) = (
-        tmp.path().join("m"),
-        tmp.path().join("root"),
-        tmp.path().join("allowed"),
-    );
-    std::fs::create_dir_all(&manifests).unwrap();
+    let (tmp, manifests, root) = scratch();
+    let allowed = tmp.path().join("allowed");
     std::fs::create_dir_all(&allowed).unwrap();
     let escape = format!("{}/x/../../../../../../../etc", allowed.display());
     let created = format!("{}/new/../../made-outside", allowed.display());
@@ -962,15 +957,9 @@ fn a_volume_that_cannot_work_without_a_change_ends_the_wait_of_once_at_once() {
 #[test]
 fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
     require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let (manifests, root, host) = (
-        tmp.path().join("m"),
-        tmp.path().join("root"),
-        tmp.path().join("host"),
-    );
-    for d in [&manifests, &host] {
-        std::fs::create_dir_all(d).unwrap();
-    }
+    let (tmp, manifests, root) = scratch();
+    let host = tmp.path().join("host");
+    std::fs::create_dir_all(&host).unwrap();
     // Two secret values: one an absolute path (refused when expanded), one a link inside a
     // hostPath volume that leads out of it (refused when bound).
     const ABSOLUTE: &str = "/etc/Zq7-absolute-secret";

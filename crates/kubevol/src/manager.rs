@@ -538,12 +538,31 @@ impl VolumeManager {
 
     /// The UID of the pod `namespace/name` that either state of world knows.
     pub fn find_pod(&self, namespace: &str, name: &str) -> Option<PodUid> {
-        let report = self.status(false);
-        report
-            .pods
-            .into_iter()
-            .find(|p| p.namespace == namespace && p.name == name)
-            .map(|p| PodUid::from(p.uid.as_str()))
+        let is =
+            |p: &kubevol_core::PodRef| p.namespace.as_str() == namespace && p.name.as_str() == name;
+        let world = &self.parts.world;
+        let wanted = world
+            .dsw()
+            .pods()
+            .find(|p| is(&p.pod_ref))
+            .map(|p| p.pod_ref.uid.clone());
+        wanted
+            .or_else(|| {
+                let rejected = world.rejected();
+                rejected
+                    .values()
+                    .find(|r| is(&r.pod_ref))
+                    .map(|r| r.pod_ref.uid.clone())
+            })
+            .or_else(|| {
+                let asw = world.asw();
+                let found = asw
+                    .volumes()
+                    .flat_map(|v| v.pods.values())
+                    .find(|m| is(&m.pod_ref))
+                    .map(|m| m.pod_ref.uid.clone());
+                found
+            })
     }
 
     /// The node, described: sources, drivers, counts per state, what is not ready and why,

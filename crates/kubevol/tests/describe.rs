@@ -4,7 +4,6 @@
 #[macro_use]
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -149,34 +148,14 @@ mount_test! {
                 c.backoff.initial = Duration::from_secs(600);
                 c.backoff.max = Duration::from_secs(600);
             });
-            let p = common::pod(json!({
-                "metadata": {"name": "db", "namespace": "default"},
-                "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "cache", "mountPath": "/c"}]}],
-                         "volumes": [{"name": "cache", "emptyDir": {"medium": "Memory"}}]},
-            }));
-            let uid = m.add_pod(p.clone());
-            m.wait_for_attach_and_mount(&p).await.expect("mounted");
-            let path = m.mounted_volumes_for_pod(&uid)["cache"].path.clone();
-            let mut holder = Command::new("sleep")
-                .arg("600")
-                .current_dir(&path)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            m.remove_pod(&p);
-            wait_for_status(&m, &p, 60, |s| {
-                s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("target is busy")))
-            })
-            .await;
+            let (p, uid, path, holder, _) = busy_memory_pod(&m).await;
             let d = m.describe_pod(&uid).unwrap();
             let chain = &d.chains[0];
             let last = chain.steps.last().unwrap();
             assert_eq!((last.step.as_str(), last.state), ("tear down", StepState::Failed), "{chain:?}");
             let why = chain.waiting_for.clone().unwrap();
-            assert!(why.starts_with("tear down: ") && why.contains(&format!("held by pid {} (sleep, cwd {})", holder.id(), path.display())), "{why}");
-            let _ = holder.kill();
-            let _ = holder.wait();
+            assert!(why.starts_with("tear down: ") && why.contains(&format!("held by pid {} (sleep, cwd {})", holder.pid(), path.display())), "{why}");
+            holder.release();
             m.wait_for_unmount(&p).await.expect("torn down once the holder is gone");
             m.shutdown();
         });

@@ -6,13 +6,12 @@
 #[macro_use]
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use kubevol_mount::holders::{find, Hold};
-use serde_json::json;
 
 /// Processes started by a test, killed (by PID) when it ends however it ends.
 #[derive(Default)]
@@ -29,14 +28,6 @@ impl Children {
         let pid = child.id();
         self.0.push(child);
         pid
-    }
-
-    fn kill(&mut self, pid: u32) {
-        if let Some(i) = self.0.iter().position(|c| c.id() == pid) {
-            let mut c = self.0.remove(i);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -142,23 +133,8 @@ mount_test! {
                 c.backoff.max = Duration::from_secs(600);
                 c.wait_timeout = Duration::from_secs(60);
             });
-            let p = common::pod(json!({
-                "metadata": {"name": "db", "namespace": "default"},
-                "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "cache", "mountPath": "/c"}]}],
-                         "volumes": [{"name": "cache", "emptyDir": {"medium": "Memory"}}]},
-            }));
-            let uid = m.add_pod(p.clone());
-            m.wait_for_attach_and_mount(&p).await.expect("mounted");
-            let path: PathBuf = m.mounted_volumes_for_pod(&uid)["cache"].path.clone();
-            let mut kids = Children::default();
-            let holder = kids.spawn(Command::new("sleep").arg("600").current_dir(&path));
-            m.remove_pod(&p);
-            let s = wait_for_status(&m, &p, 60, |s| {
-                s.volumes.iter().any(|v| {
-                    v.retry.last_error.as_deref().is_some_and(|e| e.contains("target is busy"))
-                })
-            })
-            .await;
+            let (p, _, path, held, s) = busy_memory_pod(&m).await;
+            let holder = held.pid();
             let error = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(
                 error.contains(&format!("held by pid {holder} (sleep, cwd {})", path.display())),
@@ -169,7 +145,7 @@ mount_test! {
                 events.iter().any(|e| e.reason == "FailedUnMount" && e.message.contains(&format!("pid {holder}"))),
                 "{events:?}"
             );
-            kids.kill(holder);
+            held.release();
             m.wait_for_unmount(&p).await.expect("torn down once its holder is gone, not after the backoff");
             assert!(mounts_under(&path).is_empty());
             m.shutdown();

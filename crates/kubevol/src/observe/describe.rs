@@ -572,23 +572,22 @@ fn fs_group_step(
     desired: Option<&kubevol_core::state::DesiredVolume>,
     host: &crate::plugins::PluginHost,
 ) -> Option<String> {
+    use crate::plugins::{csi, empty_dir, local, ContentKind};
     let (gid, _) = crate::plugins::fs_group(pod)?;
-    Some(match plugin {
-        crate::plugins::csi::PLUGIN_NAME => {
-            let spec = desired?.pods.values().next()?.spec.clone();
-            return crate::plugins::csi::fs_group_decision(host, &spec, pod);
-        }
-        "kubernetes.io/empty-dir" | "kubernetes.io/local-volume" => {
+    if plugin == csi::PLUGIN_NAME {
+        let spec = desired?.pods.values().next()?.spec.clone();
+        return csi::fs_group_decision(host, &spec, pod);
+    }
+    let content = ContentKind::ALL.iter().any(|k| k.plugin_name() == plugin);
+    Some(
+        if plugin == empty_dir::PLUGIN_NAME || plugin == local::PLUGIN_NAME {
             format!("fsGroup {gid}: applied by kubevol at set-up")
-        }
-        "kubernetes.io/configmap"
-        | "kubernetes.io/secret"
-        | "kubernetes.io/downward-api"
-        | "kubernetes.io/projected" => {
+        } else if content {
             format!("fsGroup {gid}: the files are written with group {gid}")
-        }
-        _ => format!("fsGroup {gid}: not applied to this type (a host path keeps its owner)"),
-    })
+        } else {
+            format!("fsGroup {gid}: not applied to this type (a host path keeps its owner)")
+        },
+    )
 }
 
 /// The CSI driver a volume uses: its inline `csi.driver`, or its PersistentVolume's.

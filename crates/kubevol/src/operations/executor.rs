@@ -229,15 +229,15 @@ impl Executor {
     /// pod changed, which may have fixed it); keys backing off from other failures keep their
     /// backoff.
     pub fn retry_permanent_now(&self, which: impl Fn(&OperationKey) -> bool, now: Instant) {
-        let s = self.lock();
-        let keys: Vec<OperationKey> = s
-            .errors
-            .iter()
-            .filter(|(k, e)| e.permanent && which(k))
-            .map(|(k, _)| k.clone())
-            .collect();
-        drop(s);
-        self.retry_now(|k| keys.contains(k), now);
+        let mut s = self.lock();
+        let State {
+            errors, backoff, ..
+        } = &mut *s;
+        for (k, e) in errors.iter_mut().filter(|(k, e)| e.permanent && which(k)) {
+            backoff.remove(k);
+            e.retry_at = e.retry_at.min(now);
+            e.permanent = false;
+        }
     }
 
     /// Forgets errors and backoff of keys for which `keep` is false (their volume and pod are

@@ -6,9 +6,9 @@
 
 mod content;
 pub mod csi;
-mod empty_dir;
+pub(crate) mod empty_dir;
 mod host_path;
-mod local;
+pub(crate) mod local;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -400,3 +400,70 @@ pub fn hung_fuse_mount(target: &Path) -> std::os::fd::OwnedFd {
         .expect("mount fuse");
     fd
 }
+
+/// A process working in a directory (a shell left in a volume), killed by its PID when released
+/// or dropped, also when its test fails.
+pub struct Holder(std::process::Child);
+
+impl Holder {
+    /// `sleep` with its working directory in `dir`, without the test's pipes.
+    pub fn in_dir(dir: &Path) -> Holder {
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        Holder(child)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Ends the process.
+    pub fn release(mut self) {
+        self.kill();
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Sets up pod `default/db` with a memory emptyDir `cache`, then removes it while a process
+/// works in the volume, and waits until its teardown has failed as busy: the pod, its UID, the
+/// volume's path, the holder and the pod's status then.
+pub async fn busy_memory_pod(
+    m: &VolumeManager,
+) -> (Pod, kubevol_core::PodUid, PathBuf, Holder, PodStatus) {
+    let p = pod(serde_json::json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "cache", "mountPath": "/c"}]}],
+                 "volumes": [{"name": "cache", "emptyDir": {"medium": "Memory"}}]},
+    }));
+    let uid = m.add_pod(p.clone());
+    m.wait_for_attach_and_mount(&p).await.expect("mounted");
+    let path = m.mounted_volumes_for_pod(&uid)["cache"].path.clone();
+    let holder = Holder::in_dir(&path);
+    m.remove_pod(&p);
+    let s = wait_for_status(m, &p, 60, |s| {
+        s.volumes.iter().any(|v| {
+            v.retry
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("target is busy"))
+        })
+    })
+    .await;
+    (p, uid, path, holder, s)
+}

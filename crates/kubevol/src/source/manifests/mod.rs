@@ -370,6 +370,16 @@ impl ManifestSource {
                 first = Watch::next(&mut watch) => Some(first),
                 _ = resolve.tick() => None,
             };
+            // Events that ask for no read (kubevol's own opens and closes among them) cost no
+            // resolution: the tick looks soon enough.
+            let batch = match batch {
+                Some(Some(first)) => match self.collect_events(&mut watch, first).await {
+                    Some(work) => Some(Some(work)),
+                    None => continue,
+                },
+                Some(None) => Some(None),
+                None => None,
+            };
             // Events are only ever taken for the directory the path still leads to: the old
             // directory of a replaced one keeps sending them.
             let now = match self.resolve().await {
@@ -384,7 +394,7 @@ impl ManifestSource {
                 continue;
             }
             match batch {
-                Some(Some(first)) => self.apply_events(&sink, &mut watch, first).await,
+                Some(Some((paths, rescan))) => self.apply_events(&sink, paths, rescan).await,
                 // The watch ended: it is made again at the next resolution.
                 Some(None) => watch = None,
                 None if tokio::time::Instant::now() >= next_relist => {
@@ -428,14 +438,14 @@ impl ManifestSource {
         }
     }
 
-    /// Reads what a batch of events (starting with `first`) says changed.
-    async fn apply_events(
+    /// What a batch of events (starting with `first`) says changed: the files to read, and
+    /// whether the whole directory is to be listed again; `None` if nothing.
+    async fn collect_events(
         &self,
-        sink: &Sink,
         watch: &mut Option<Watch>,
         first: notify::Result<notify::Event>,
-    ) {
-        let Some(w) = watch else { return };
+    ) -> Option<(BTreeSet<PathBuf>, bool)> {
+        let w = watch.as_mut()?;
         let mut batch = vec![first];
         while let Ok(more) = w.rx.try_recv() {
             batch.push(more);
@@ -465,6 +475,11 @@ impl ManifestSource {
                 }
             }
         }
+        (rescan || !paths.is_empty()).then_some((paths, rescan))
+    }
+
+    /// Reads what [`ManifestSource::collect_events`] found changed.
+    async fn apply_events(&self, sink: &Sink, paths: BTreeSet<PathBuf>, rescan: bool) {
         if rescan {
             self.relist(sink, true).await;
         } else if !paths.is_empty() {
