@@ -62,9 +62,9 @@ pub struct Reconstruction {
     pub devices: usize,
     /// Records that could not be read, and directories no plugin could account for.
     pub problems: Vec<String>,
-    /// Pod directories kubevol never recorded (a kubelet's, another tool's, or from a record
-    /// that was lost): left alone, neither set up nor torn down nor swept, unless the manager
-    /// was told to adopt them ([`Config::adopt_foreign_pods`](crate::Config)).
+    /// Pod directories with volumes that kubevol never recorded (a kubelet's, another tool's,
+    /// or from a record that was lost): left alone, neither set up nor torn down nor swept,
+    /// unless the manager was told to adopt them ([`Config::adopt_foreign_pods`](crate::Config)).
     #[serde(default)]
     pub foreign_pods: Vec<ForeignPod>,
     /// How long it took, in milliseconds (the record itself is read when the manager is
@@ -196,21 +196,28 @@ pub(crate) fn reconstruct(
     for pod_dir in dirs(&host.root.join("pods")) {
         let uid = PodUid::from(name_of(&pod_dir));
         if !adopt_foreign && !recorded.contains(&uid) {
-            report.foreign_pods.push(ForeignPod {
-                uid: uid.to_string(),
-                path: pod_dir.display().to_string(),
-                volumes: dirs(&pod_dir.join("volumes"))
-                    .iter()
-                    .flat_map(|p| {
-                        let plugin = name_of(p).replace('~', "/");
-                        dirs(p)
-                            .iter()
-                            .map(move |v| format!("{plugin}/{}", name_of(v)))
-                            .collect::<Vec<_>>()
-                    })
-                    .collect(),
-            });
-            continue;
+            let volumes: Vec<String> = dirs(&pod_dir.join("volumes"))
+                .iter()
+                .flat_map(|p| {
+                    let plugin = name_of(p).replace('~', "/");
+                    dirs(p)
+                        .iter()
+                        .map(move |v| format!("{plugin}/{}", name_of(v)))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            // A directory without volumes has nothing to tear down: the sweep, rmdir only and
+            // never through a mount, removes it if it is empty (as kubevol's own is, when a
+            // crash came between a pod's last record and its directory's removal) and reports
+            // it otherwise.
+            if !volumes.is_empty() {
+                report.foreign_pods.push(ForeignPod {
+                    uid: uid.to_string(),
+                    path: pod_dir.display().to_string(),
+                    volumes,
+                });
+                continue;
+            }
         }
         let pod_ref = loaded
             .pods
