@@ -18,9 +18,21 @@ pub(crate) fn of_pod(pod: &Value) -> Vec<(&'static str, String)> {
     out
 }
 
-/// The claims of the pod's volumes.
+/// The claims of the pod's volumes: those named, and those of generic ephemeral volumes
+/// (`<pod name>-<volume name>`, which the Node authorizer's graph relates to the pod too).
 pub(crate) fn claims(pod: &Value) -> Vec<String> {
-    refs(pod, &["persistentVolumeClaim/claimName"])
+    let mut out = refs(pod, &["persistentVolumeClaim/claimName"]);
+    let pod_name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    out.extend(
+        each(pod, "/spec/volumes")
+            .filter(|v| v.get("ephemeral").is_some())
+            .filter_map(|v| v.get("name").and_then(Value::as_str))
+            .map(|v| format!("{pod_name}-{v}")),
+    );
+    out
 }
 
 /// The elements of the array at `pointer` in `v` (none if there is none).
@@ -98,13 +110,14 @@ mod tests {
 
     #[test]
     fn every_way_a_pod_names_an_object() {
-        let pod = json!({"spec": {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {
             "volumes": [
                 {"name": "a", "configMap": {"name": "cm-vol"}},
                 {"name": "b", "secret": {"secretName": "s-vol"}},
                 {"name": "c", "persistentVolumeClaim": {"claimName": "claim"}},
                 {"name": "d", "projected": {"sources": [{"secret": {"name": "s-proj"}}, {"configMap": {"name": "cm-proj"}}]}},
-                {"name": "e", "csi": {"driver": "x", "nodePublishSecretRef": {"name": "s-csi"}}}],
+                {"name": "e", "csi": {"driver": "x", "nodePublishSecretRef": {"name": "s-csi"}}},
+                {"name": "f", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}],
             "containers": [{"name": "c",
                 "env": [{"name": "E", "valueFrom": {"secretKeyRef": {"name": "s-env", "key": "k"}}}],
                 "envFrom": [{"configMapRef": {"name": "cm-env"}}]}],
@@ -116,6 +129,7 @@ mod tests {
             ("configmaps", "cm-proj"),
             ("configmaps", "cm-vol"),
             ("persistentvolumeclaims", "claim"),
+            ("persistentvolumeclaims", "p-f"),
             ("secrets", "s-csi"),
             ("secrets", "s-env"),
             ("secrets", "s-init"),

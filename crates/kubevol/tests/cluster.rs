@@ -955,3 +955,68 @@ cluster_test! {
         });
     }
 }
+
+cluster_test! {
+    /// A generic ephemeral volume uses the claim `<pod>-<volume>` that the ephemeral-volume
+    /// controller makes (on the real control plane, its controller; in process, the test plays
+    /// it), read with GET as any claim, and only once the pod is its controlling owner: a claim
+    /// that someone made with that name before the pod is never mounted ("was not created for
+    /// pod"). Until the claim is bound, the volume waits for the cluster.
+    fn a_generic_ephemeral_volume_uses_the_claim_made_for_its_pod(backend) {
+        let root = TestRoot::new();
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("kept"), "yes").unwrap();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
+            let claim_spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+            // Someone else's claim, with the name the pod's volume `foreign` implies.
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "app-foreign"}, "spec": claim_spec})).await;
+            let m = cluster_manager(root.path(), &cluster);
+            let template = json!({"volumeClaimTemplate": {"metadata": {"labels": {"made-for": "app"}}, "spec": claim_spec}});
+            let stored = cluster.create(bound_pod("app", &node, json!([{"name": "scratch", "ephemeral": template}, {"name": "foreign", "ephemeral": template}]))).await;
+            let p = typed(&stored);
+            let uid = kubevol::pod_uid(&p);
+            if !cluster.is_real() {
+                // The ephemeral-volume controller's part.
+                cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "app-scratch", "labels": {"made-for": "app"},
+                                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": uid.as_str(), "controller": true, "blockOwnerDeletion": true}]},
+                    "spec": claim_spec})).await;
+            }
+            let error = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().find(|v| v.name == name).and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+            let s = wait_for_status(&m, &p, 60, |s| error(s, "scratch").contains("is not bound yet") && error(s, "foreign").contains("was not created")).await;
+            assert!(error(&s, "foreign").contains(&format!("PVC {ns}/app-foreign was not created for pod {ns}/app (pod is not owner)")), "{s:#?}");
+            let scratch = s.volumes.iter().find(|v| v.name == "scratch").unwrap();
+            assert_eq!(scratch.state, kubevol::status::VolumePhase::Pending, "waits for the binder: {s:#?}");
+            let made = cluster.get("v1", "persistentvolumeclaims", "app-scratch").await.expect("the claim was made");
+            assert_eq!(made["metadata"]["ownerReferences"][0]["uid"], json!(uid.as_str()), "{made:#}");
+
+            // The PV binder's part.
+            let pv = cluster.scoped("scratch");
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
+                         "claimRef": {"namespace": ns, "name": "app-scratch", "uid": made["metadata"]["uid"]}}})).await;
+            let mut claim = made.clone();
+            claim["spec"]["volumeName"] = json!(pv);
+            let mut claim = cluster.apply(claim).await;
+            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
+            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), &ns);
+            claims.replace_status("app-scratch", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            wait_for_status(&m, &p, 60, |s| s.volumes.iter().any(|v| v.name == "scratch" && v.state == kubevol::status::VolumePhase::Mounted)).await;
+            let dir = m.mounted_volumes_for_pod(&uid)["scratch"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
+            let s = m.pod_status(&uid).unwrap();
+            assert!(error(&s, "foreign").contains("was not created"), "still refused: {s:#?}");
+
+            let requests = cluster.node_requests().expect("the server counts the node's requests");
+            for (what, count) in &requests {
+                let storage = what.contains("persistentvolume");
+                assert!(!storage || what.starts_with("get "), "{what}: {count}; a node may only get claims and volumes: {requests:#?}");
+            }
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -458,6 +458,60 @@ mount_test! {
     }
 }
 
+mount_test! {
+    /// A generic ephemeral volume uses the claim `<pod>-<volume>` only if the pod controls it
+    /// (the kubelet's "was not created for pod" check): a claim that merely has the name is
+    /// never mounted, a missing one says what to add, and a claim of the manifests may name its
+    /// owner pod by kind and name when the pod has no UID of its own.
+    fn a_generic_ephemeral_volume_uses_only_the_claim_made_for_its_pod() {
+        let root = TestRoot::new();
+        let (mine, theirs) = (root.path().join("host/mine"), root.path().join("host/theirs"));
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let template = json!({"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}});
+            let p = pod_with_volumes("app", json!([
+                {"name": "scratch", "ephemeral": template},
+                {"name": "other", "ephemeral": template},
+                {"name": "later", "ephemeral": template}]));
+            let uid = kubevol::pod_uid(&p);
+            let claim = |name: &str, pv: &str, owner: serde_json::Value| kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "default", "ownerReferences": owner},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv},
+                "status": {"phase": "Bound"}})).unwrap());
+            let volume = |name: &str, path: &std::path::Path, claim: &str| kubevol::store::Object::PersistentVolume(serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": path, "type": "DirectoryOrCreate"},
+                         "claimRef": {"namespace": "default", "name": claim}}})).unwrap());
+            let objects = vec![
+                volume("pv-mine", &mine, "app-scratch"),
+                claim("app-scratch", "pv-mine", json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": uid.as_str(), "controller": true}])),
+                volume("pv-theirs", &theirs, "app-other"),
+                // The name alone, or an owner that does not control it, is not enough.
+                claim("app-other", "pv-theirs", json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": uid.as_str()}])),
+            ];
+            assert!(m.library().upsert_objects(objects).is_empty());
+            m.add_pod(p.clone());
+            let error = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().find(|v| v.name == name).and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+            let s = wait_for_status(&m, &p, 20, |s| !error(s, "other").is_empty() && !error(s, "later").is_empty() && s.volumes.iter().any(|v| v.name == "scratch" && v.state == VolumePhase::Mounted)).await;
+            assert!(error(&s, "other").contains("PVC default/app-other was not created for pod default/app (pod is not owner)"), "{s:#?}");
+            assert!(error(&s, "later").contains("PersistentVolumeClaim default/app-later of the generic ephemeral volume does not exist: add it to the manifests"), "{s:#?}");
+            assert_eq!(m.mounted_volumes_for_pod(&uid)["scratch"].path, mine);
+            assert!(!theirs.exists(), "nothing was made for the claim that is not the pod's");
+            assert!(m.events().iter().any(|e| e.reason == "FailedMount" && e.message.contains("app-other was not created for pod")), "a FailedMount event");
+
+            // The pod's own claim, naming its owner by kind and name (a pod of the manifests
+            // has no UID the author knows): mounted.
+            assert!(m.library().upsert_objects(vec![claim("app-other", "pv-theirs", json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "controller": true}]))]).is_empty());
+            wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.name == "other" && v.state == VolumePhase::Mounted)).await;
+            assert_eq!(m.mounted_volumes_for_pod(&uid)["other"].path, theirs);
+
+            m.remove_pods(std::slice::from_ref(&p));
+            m.wait_for_all_pods_unmount(&[p]).await.expect("torn down");
+            m.shutdown();
+        });
+    }
+}
+
 /// A PersistentVolume and a claim bound to it, both in `default`.
 fn bound_pair(
     pv: &str,

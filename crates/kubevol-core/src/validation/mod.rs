@@ -375,6 +375,31 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         }
         validate_volume_source(v, &path, &mut errs);
         content::validate_content_source(v, &path, &container_names, &mut errs);
+        if let Some(e) = &v.ephemeral {
+            let pod_name = meta.name.as_deref().unwrap_or_default();
+            volume::validate_ephemeral(pod_name, &v.name, e, &path, &mut errs);
+        }
+    }
+    // A claim the pod names may not be one made for its own generic ephemeral volume.
+    if let Some(pod_name) = meta.name.as_deref().filter(|n| !n.is_empty()) {
+        let made: BTreeSet<String> = volumes
+            .iter()
+            .filter(|v| v.ephemeral.is_some())
+            .map(|v| format!("{pod_name}-{}", v.name))
+            .collect();
+        for (i, v) in volumes.iter().enumerate() {
+            if let Some(c) = v
+                .persistent_volume_claim
+                .as_ref()
+                .filter(|c| made.contains(&c.claim_name))
+            {
+                errs.push(invalid(
+                    format!("spec.volumes[{i}].persistentVolumeClaim.claimName"),
+                    &c.claim_name,
+                    "must not reference a PVC that gets created for an ephemeral volume",
+                ));
+            }
+        }
     }
 
     let containers = all_containers(pod);
@@ -692,6 +717,22 @@ mod tests {
             ("duplicate container names", pod(json!({"initContainers": [{"name": "c"}], "containers": [{"name": "c"}]})), "spec.containers[0].name: Duplicate value: \"c\""),
             ("bad container name", pod(json!({"containers": [{"name": "C_1"}]})), "spec.containers[0].name: Invalid value: \"C_1\""),
             ("no containers", pod(json!({"containers": []})), "spec.containers: Required value"),
+            ("valid generic ephemeral volume", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": {"app": "x"}}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "fast"}}}})), ""),
+            ("ephemeral without a template", with_volume(json!({"name": "a", "ephemeral": {}})), "spec.volumes[0].ephemeral.volumeClaimTemplate: Required value"),
+            ("ephemeral template with a name", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"metadata": {"name": "x"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}})), "spec.volumes[0].ephemeral.volumeClaimTemplate.metadata: Forbidden: cannot be set"),
+            ("ephemeral template without access modes", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"spec": {"resources": {"requests": {"storage": "1Gi"}}}}}})), "spec.volumes[0].ephemeral.volumeClaimTemplate.spec.accessModes: Required value"),
+            ("ephemeral template without storage", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}})), "volumeClaimTemplate.spec.resources.requests[storage]: Required value"),
+            ("ephemeral template with zero storage", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "0"}}}}}})), "must be greater than zero"),
+            ("ephemeral template with a bad mode", with_volume(json!({"name": "a", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOncePod", "ReadWriteOnce"], "resources": {"requests": {"storage": "1"}}, "volumeMode": "Raw"}}}})), "may not use ReadWriteOncePod with other access modes"),
+            ("ephemeral claim name too long", {
+                let mut p = with_volume(json!({"name": "a".repeat(63), "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}}));
+                p.metadata.name = Some("p".repeat(200));
+                p
+            }, "spec.volumes[0].name: Invalid value: \"aaaa"),
+            ("claim of an ephemeral volume named", pod(json!({"containers": [{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/a"}, {"name": "b", "mountPath": "/b"}]}],
+                "volumes": [{"name": "a", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}},
+                            {"name": "b", "persistentVolumeClaim": {"claimName": "p-a"}}]})),
+                "spec.volumes[1].persistentVolumeClaim.claimName: Invalid value: \"p-a\": must not reference a PVC that gets created for an ephemeral volume"),
             ("bad uid", {
                 let mut p = with_volume(json!({"name": "a", "emptyDir": {}}));
                 p.metadata.uid = Some("../../etc".into());

@@ -2,7 +2,13 @@
 //! PersistentVolume from a manifest file never met the API server, and its paths reach the
 //! node's mounts.
 
-use k8s_openapi::api::core::v1::{NodeSelector, PersistentVolume, PersistentVolumeSpec};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{
+    EphemeralVolumeSource, NodeSelector, PersistentVolume, PersistentVolumeClaimSpec,
+    PersistentVolumeSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{dns1123_subdomain_error, label_error, FieldError};
 use super::{err, exactly_one, has_backsteps, invalid, required, FieldErrorKind, HOST_PATH_TYPES};
@@ -126,33 +132,7 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
         errs.push(required("spec"));
         return errs;
     };
-    let modes = s.access_modes.as_deref().unwrap_or_default();
-    if modes.is_empty() {
-        errs.push(required("spec.accessModes"));
-    }
-    for m in modes {
-        if !ACCESS_MODES.contains(&m.as_str()) {
-            errs.push(err(
-                "spec.accessModes",
-                FieldErrorKind::NotSupported {
-                    value: m.clone(),
-                    allowed: ACCESS_MODES.to_vec(),
-                },
-            ));
-        }
-    }
-    let once_pod = modes.iter().any(|m| m == "ReadWriteOncePod");
-    let others = modes
-        .iter()
-        .any(|m| m != "ReadWriteOncePod" && ACCESS_MODES.contains(&m.as_str()));
-    if once_pod && others {
-        errs.push(err(
-            "spec.accessModes",
-            FieldErrorKind::Forbidden(
-                "may not use ReadWriteOncePod with other access modes".into(),
-            ),
-        ));
-    }
+    access_modes(&"spec", s.access_modes.as_deref(), &mut errs);
     let capacity = s.capacity.clone().unwrap_or_default();
     if capacity.is_empty() {
         errs.push(required("spec.capacity"));
@@ -237,10 +217,59 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
             errs.push(required("spec.csi.volumeHandle"));
         }
     }
-    if let Some(m) = s.volume_mode.as_deref() {
+    mode_and_class(
+        &"spec",
+        s.volume_mode.as_deref(),
+        s.storage_class_name.as_deref(),
+        &mut errs,
+    );
+    errs
+}
+
+/// The access modes of a volume or claim spec at `path`: at least one, each supported, and
+/// ReadWriteOncePod alone.
+fn access_modes(path: &dyn fmt::Display, modes: Option<&[String]>, errs: &mut Vec<FieldError>) {
+    let field = format!("{path}.accessModes");
+    let modes = modes.unwrap_or_default();
+    if modes.is_empty() {
+        errs.push(required(&field));
+    }
+    for m in modes {
+        if !ACCESS_MODES.contains(&m.as_str()) {
+            errs.push(err(
+                &field,
+                FieldErrorKind::NotSupported {
+                    value: m.clone(),
+                    allowed: ACCESS_MODES.to_vec(),
+                },
+            ));
+        }
+    }
+    let once_pod = modes.iter().any(|m| m == "ReadWriteOncePod");
+    let others = modes
+        .iter()
+        .any(|m| m != "ReadWriteOncePod" && ACCESS_MODES.contains(&m.as_str()));
+    if once_pod && others {
+        errs.push(err(
+            &field,
+            FieldErrorKind::Forbidden(
+                "may not use ReadWriteOncePod with other access modes".into(),
+            ),
+        ));
+    }
+}
+
+/// The volume mode and the storage class name of a volume or claim spec at `path`.
+fn mode_and_class(
+    path: &dyn fmt::Display,
+    mode: Option<&str>,
+    class: Option<&str>,
+    errs: &mut Vec<FieldError>,
+) {
+    if let Some(m) = mode {
         if !VOLUME_MODES.contains(&m) {
             errs.push(err(
-                "spec.volumeMode",
+                format!("{path}.volumeMode"),
                 FieldErrorKind::NotSupported {
                     value: m.into(),
                     allowed: VOLUME_MODES.to_vec(),
@@ -248,12 +277,94 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
             ));
         }
     }
-    if let Some(class) = s.storage_class_name.as_deref().filter(|c| !c.is_empty()) {
+    if let Some(class) = class.filter(|c| !c.is_empty()) {
         if let Some(why) = dns1123_subdomain_error(class) {
-            errs.push(invalid("spec.storageClassName", class, why));
+            errs.push(invalid(format!("{path}.storageClassName"), class, why));
         }
     }
-    errs
+}
+
+/// A claim spec at `path` (a claim, or the `volumeClaimTemplate` of a generic ephemeral
+/// volume), as the API server checks it: access modes, a positive storage request, the volume
+/// mode and the class name.
+pub fn validate_claim_spec(
+    s: &PersistentVolumeClaimSpec,
+    path: &dyn fmt::Display,
+    errs: &mut Vec<FieldError>,
+) {
+    access_modes(path, s.access_modes.as_deref(), errs);
+    let field = format!("{path}.resources.requests[storage]");
+    match s
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref()?.get("storage"))
+    {
+        None => errs.push(required(field)),
+        Some(q) => match Quantity::parse(&q.0) {
+            Err(e) => errs.push(invalid(field, &q.0, e.to_string())),
+            Ok(v) if v.is_negative() || v.is_zero() => {
+                errs.push(invalid(field, &q.0, "must be greater than zero"))
+            }
+            Ok(_) => {}
+        },
+    }
+    mode_and_class(
+        path,
+        s.volume_mode.as_deref(),
+        s.storage_class_name.as_deref(),
+        errs,
+    );
+}
+
+/// A generic ephemeral volume of pod `pod_name` at `path`: its `volumeClaimTemplate` (only
+/// labels and annotations in its metadata, and a valid claim spec), and the name of the claim
+/// made for it, `<pod name>-<volume name>`, which must be a valid object name.
+pub fn validate_ephemeral(
+    pod_name: &str,
+    volume: &str,
+    e: &EphemeralVolumeSource,
+    path: &dyn fmt::Display,
+    errs: &mut Vec<FieldError>,
+) {
+    let Some(t) = &e.volume_claim_template else {
+        errs.push(required(format!("{path}.ephemeral.volumeClaimTemplate")));
+        return;
+    };
+    let tpath = format!("{path}.ephemeral.volumeClaimTemplate");
+    let ObjectMeta {
+        labels,
+        annotations,
+        ..
+    } = t.metadata.clone().unwrap_or_default();
+    let rest = ObjectMeta {
+        labels,
+        annotations,
+        ..Default::default()
+    };
+    if Some(&rest) != t.metadata.as_ref() && t.metadata.is_some() {
+        errs.push(err(
+            format!("{tpath}.metadata"),
+            FieldErrorKind::Forbidden(
+                "cannot be set: only labels and annotations may be set in a volumeClaimTemplate's metadata".into(),
+            ),
+        ));
+    }
+    for (k, v) in rest.labels.iter().flatten() {
+        if let Some(why) = label_error(k, v) {
+            errs.push(invalid(format!("{tpath}.metadata.labels"), k, why));
+        }
+    }
+    validate_claim_spec(&t.spec, &format!("{tpath}.spec"), errs);
+    if !pod_name.is_empty() && !volume.is_empty() {
+        let claim = format!("{pod_name}-{volume}");
+        if let Some(why) = dns1123_subdomain_error(&claim) {
+            errs.push(invalid(
+                format!("{path}.name"),
+                volume,
+                format!("PVC name {claim:?}: {why}"),
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

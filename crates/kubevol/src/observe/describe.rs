@@ -4,7 +4,7 @@
 
 use kubevol_core::affinity;
 use kubevol_core::state::{DeviceMountState, PodMountState};
-use kubevol_core::PodUid;
+use kubevol_core::{PodRef, PodUid};
 use serde::{Deserialize, Serialize};
 
 use super::status::{PodPhase, PodStatus, StatusReport, VolumePhase};
@@ -109,6 +109,11 @@ impl super::status::Sources<'_> {
         let status = self.pod(uid, true)?;
         let stored = self.store.pod(uid);
         let namespace = status.namespace.clone();
+        let pref = PodRef {
+            namespace: namespace.as_str().into(),
+            name: status.name.as_str().into(),
+            uid: uid.clone(),
+        };
         let mut chains = Vec::new();
         for v in &status.volumes {
             let mut steps = Vec::new();
@@ -124,7 +129,7 @@ impl super::status::Sources<'_> {
             });
             if let Some(sv) = &spec_volume {
                 let pod = stored.as_ref().map(|s| &*s.pod);
-                self.source_steps(sv, pod, &namespace, host, &mut steps);
+                self.source_steps(sv, pod, &pref, host, &mut steps);
             }
             let unique = v
                 .unique_name
@@ -370,10 +375,11 @@ impl super::status::Sources<'_> {
         &self,
         v: &k8s_openapi::api::core::v1::Volume,
         pod: Option<&k8s_openapi::api::core::v1::Pod>,
-        namespace: &str,
+        pref: &PodRef,
         host: &crate::plugins::PluginHost,
         steps: &mut Vec<Step>,
     ) {
+        let namespace = &*pref.namespace;
         let object = |kind: &str, name: &str, optional: bool, present: Option<String>| {
             let what = format!("{kind} {namespace}/{name}");
             match (present, optional) {
@@ -428,20 +434,20 @@ impl super::status::Sources<'_> {
                 }
             }
         }
-        let Some(claim) = &v.persistent_volume_claim else {
+        let Some(name) = crate::populator::claims::claim_name(&pref.name, v) else {
             return;
         };
-        let name = &claim.claim_name;
+        let name = &*name;
         let what = format!("claim {namespace}/{name}");
         // Resolved as the populator resolves it (a claim of the manifests may name its volume
         // by the volume's claimRef; one of the API server must be bound).
         let usage = pod
             .map(|p| crate::populator::claims::usage(p, &v.name))
             .unwrap_or_default();
-        let pv = match crate::populator::claims::resolve(self.store, namespace, v, usage) {
+        let pv = match crate::populator::claims::resolve(self.store, pref, v, usage) {
             Ok(pv) => pv,
             Err(why) => {
-                let waits = crate::populator::claims::awaits_cluster(self.store, namespace, v)
+                let waits = crate::populator::claims::awaits_cluster(self.store, pref, v)
                     || self
                         .store
                         .persistent_volume_claim(namespace, name)

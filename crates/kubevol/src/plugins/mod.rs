@@ -848,7 +848,8 @@ impl PluginRegistry {
     }
 
     /// The inline volume source fields the registered plugins handle, for error messages;
-    /// `persistentVolumeClaim` when some plugin serves PersistentVolumes.
+    /// `persistentVolumeClaim` and `ephemeral` (whose claims are used like any other) when some
+    /// plugin serves PersistentVolumes.
     pub fn supported_sources(&self) -> Vec<&'static str> {
         let mut out: Vec<&'static str> = self
             .plugins
@@ -857,7 +858,7 @@ impl PluginRegistry {
             .map(|p| p.source_field())
             .collect();
         if self.plugins.iter().any(|p| p.serves_persistent()) {
-            out.push("persistentVolumeClaim");
+            out.extend(["persistentVolumeClaim", "ephemeral"]);
         }
         out
     }

@@ -9,6 +9,10 @@ use k8s_openapi::api::core::v1::{
 use kubevol_core::affinity::{self, NodeFacts};
 use kubevol_core::validation::all_containers;
 
+use std::borrow::Cow;
+
+use kubevol_core::PodRef;
+
 use crate::store::{claim_bound, claim_volume, ObjectStore, Origin};
 
 /// How a pod's containers use a volume.
@@ -35,17 +39,50 @@ pub fn usage(pod: &Pod, name: &str) -> Usage {
     u
 }
 
-/// The claim a volume names, if it is a claim volume.
+/// The claim a pod's volume uses: the one `persistentVolumeClaim.claimName` names, or for a
+/// generic ephemeral volume (`ephemeral.volumeClaimTemplate`) the one the ephemeral-volume
+/// controller makes for it, `<pod name>-<volume name>`.
+pub fn claim_name<'a>(pod_name: &str, volume: &'a Volume) -> Option<Cow<'a, str>> {
+    if let Some(c) = &volume.persistent_volume_claim {
+        return Some(Cow::Borrowed(c.claim_name.as_str()));
+    }
+    volume
+        .ephemeral
+        .as_ref()
+        .map(|_| Cow::Owned(format!("{pod_name}-{}", volume.name)))
+}
+
+/// The claim a pod's volume uses (see [`claim_name`]), if it is a claim or generic ephemeral
+/// volume, and the claim the store holds by that name.
 pub fn claim_of<'a>(
     store: &ObjectStore,
-    ns: &str,
+    pod: &PodRef,
     volume: &'a Volume,
-) -> Option<(&'a str, Option<Arc<PersistentVolumeClaim>>)> {
-    let name = volume.persistent_volume_claim.as_ref()?.claim_name.as_str();
-    Some((
-        name,
-        store.persistent_volume_claim(ns, name).map(|s| s.object),
-    ))
+) -> Option<(Cow<'a, str>, Option<Arc<PersistentVolumeClaim>>)> {
+    let name = claim_name(&pod.name, volume)?;
+    let claim = store
+        .persistent_volume_claim(&pod.namespace, &name)
+        .map(|s| s.object);
+    Some((name, claim))
+}
+
+/// Whether `claim` is the one made for `pod`'s generic ephemeral volume: the pod is its
+/// controlling owner (`ownerReferences[]` with `controller: true` and the pod's UID), as the
+/// kubelet checks before it uses such a claim, so that a claim that merely has the name is
+/// never mounted. A claim of the manifests may leave the reference's `uid` out (a pod of the
+/// manifests has a UID only if it sets `metadata.uid`): then kind `Pod` and the pod's name must
+/// match.
+pub fn made_for_pod(pod: &PodRef, claim: &PersistentVolumeClaim, from_cluster: bool) -> bool {
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.controller == Some(true))
+        .any(|o| {
+            o.uid == pod.uid.as_str()
+                || (!from_cluster && o.uid.is_empty() && o.kind == "Pod" && o.name == *pod.name)
+        })
 }
 
 /// Whether the claim `ns/name` the store holds came from the API server, where the
@@ -62,12 +99,15 @@ fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
 /// (yet: a claim is made by a user, a StatefulSet or the ephemeral-volume controller, and bound
 /// by the PersistentVolume controller). Such a volume is Pending, not failed, and `--once` waits
 /// for it; its FailedMount event is posted all the same.
-pub fn awaits_cluster(store: &ObjectStore, ns: &str, volume: &Volume) -> bool {
-    let Some((name, claim)) = claim_of(store, ns, volume) else {
+pub fn awaits_cluster(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> bool {
+    let Some((name, claim)) = claim_of(store, pod, volume) else {
         return false;
     };
+    let ns = &*pod.namespace;
     match claim {
-        Some(c) if from_cluster(store, ns, name) => !claim_bound(&c),
+        Some(c) if from_cluster(store, ns, &name) => {
+            !claim_bound(&c) && (volume.ephemeral.is_none() || made_for_pod(pod, &c, true))
+        }
         Some(_) => false,
         None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
             ns.to_string(),
@@ -106,23 +146,49 @@ fn mode(m: Option<&String>) -> &str {
     m.map(String::as_str).unwrap_or("Filesystem")
 }
 
-/// Resolves a claim volume of a pod in namespace `ns`, used by its containers as `u` says, to
-/// its PersistentVolume.
+/// Why the claim of a generic ephemeral volume is not there, and who makes it.
+fn ephemeral_absence(store: &ObjectStore, ns: &str, name: &str) -> String {
+    let key = crate::store::ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string()));
+    if store.absent(&key) {
+        return "does not exist in the API server yet: the ephemeral-volume controller makes it from the volume's volumeClaimTemplate (it is read again with backoff, every 8 s at most)".into();
+    }
+    match store.not_loaded("PersistentVolumeClaim", ns, name) {
+        Some(why) => format!("is not loaded: {why}"),
+        None => format!(
+            "does not exist: add it to the manifests (the volumeClaimTemplate's spec, named {name}, with an ownerReference to the pod: kind Pod, its name, controller: true)"
+        ),
+    }
+}
+
+/// Resolves a claim or generic ephemeral volume of `pod`, used by its containers as `u` says,
+/// to its PersistentVolume.
 pub fn resolve(
     store: &ObjectStore,
-    ns: &str,
+    pod: &PodRef,
     volume: &Volume,
     u: Usage,
 ) -> Result<Arc<PersistentVolume>, String> {
-    let Some((cname, claim)) = claim_of(store, ns, volume) else {
-        return Err("not a persistentVolumeClaim volume".into());
+    let Some((cname, claim)) = claim_of(store, pod, volume) else {
+        return Err("not a persistentVolumeClaim or ephemeral volume".into());
     };
+    let (ns, cname) = (&*pod.namespace, &*cname);
     let Some(claim) = claim else {
-        return Err(format!(
-            "PersistentVolumeClaim {ns}/{cname} {}",
-            store.absence("PersistentVolumeClaim", ns, cname)
-        ));
+        return Err(match volume.ephemeral {
+            Some(_) => format!(
+                "PersistentVolumeClaim {ns}/{cname} of the generic ephemeral volume {}",
+                ephemeral_absence(store, ns, cname)
+            ),
+            None => format!(
+                "PersistentVolumeClaim {ns}/{cname} {}",
+                store.absence("PersistentVolumeClaim", ns, cname)
+            ),
+        });
     };
+    if volume.ephemeral.is_some() && !made_for_pod(pod, &claim, from_cluster(store, ns, cname)) {
+        return Err(format!(
+            "PVC {ns}/{cname} was not created for pod {pod} (pod is not owner): the claim of a generic ephemeral volume is used only when the pod is its controlling owner; delete or rename the claim, or rename the pod or the volume"
+        ));
+    }
     if claim.metadata.deletion_timestamp.is_some() {
         return Err(format!(
             "PersistentVolumeClaim {ns}/{cname} is being deleted (metadata.deletionTimestamp is set): a pod cannot start with it"
@@ -317,6 +383,15 @@ mod tests {
             .unwrap()
     }
 
+    /// The pod `ns/app` whose volumes are resolved.
+    fn app() -> PodRef {
+        PodRef {
+            namespace: "ns".into(),
+            name: "app".into(),
+            uid: kubevol_core::PodUid::from("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70"),
+        }
+    }
+
     const MOUNTED: Usage = Usage {
         mounted: true,
         written: true,
@@ -330,7 +405,7 @@ mod tests {
 
     fn resolved(objects: serde_json::Value, claim: &str, u: Usage) -> Result<String, String> {
         let s = store(objects);
-        resolve(&s, "ns", &volume(claim), u).map(|pv| pv.metadata.name.clone().unwrap())
+        resolve(&s, &app(), &volume(claim), u).map(|pv| pv.metadata.name.clone().unwrap())
     }
 
     #[test]
@@ -364,7 +439,7 @@ mod tests {
         };
         let s = ObjectStore::new();
         broken(&s, "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: c, namespace: ns}\nspec: {volumeName: [a]}\n");
-        let err = resolve(&s, "ns", &volume("c"), MOUNTED).unwrap_err();
+        let err = resolve(&s, &app(), &volume("c"), MOUNTED).unwrap_err();
         assert!(
             err.starts_with("PersistentVolumeClaim ns/c is not loaded: it is defined in /m/broken.yaml: document 1, line 4")
                 && err.ends_with("that file is not applied while it has an error: fix it"),
@@ -375,7 +450,7 @@ mod tests {
             &s,
             "apiVersion: v2\nkind: PersistentVolume\nmetadata: {name: a}\n",
         );
-        let err = resolve(&s, "ns", &volume("c"), MOUNTED).unwrap_err();
+        let err = resolve(&s, &app(), &volume("c"), MOUNTED).unwrap_err();
         assert!(err.contains("PersistentVolume a (spec.volumeName), which is not loaded: it is defined in /m/broken.yaml: document 1: apiVersion \"v2\" is not supported"), "{err}");
         broken(&s, "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: d.example.com}\nspec: {volumeLifecycleModes: Ephemeral}\n");
         let err = lifecycle_allows(&s, "d.example.com", "Ephemeral").unwrap_err();
@@ -554,5 +629,42 @@ mod tests {
             err.contains("does not list Ephemeral") && err.contains("(Persistent)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_ephemeral_claim_is_the_pods_only_if_the_pod_controls_it() {
+        let claim = |owners: serde_json::Value| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {"name": "app-v", "namespace": "ns", "ownerReferences": owners}})).unwrap()
+        };
+        let uid = app().uid.as_str().to_string();
+        let by_uid = claim(
+            json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": uid, "controller": true}]),
+        );
+        let not_controller =
+            claim(json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": uid}]));
+        let other_uid = claim(
+            json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "uid": "1b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70", "controller": true}]),
+        );
+        let by_name =
+            claim(json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "controller": true}]));
+        let other_kind = claim(
+            json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "app", "controller": true}]),
+        );
+        for cluster in [true, false] {
+            assert!(made_for_pod(&app(), &by_uid, cluster));
+            assert!(!made_for_pod(&app(), &not_controller, cluster));
+            assert!(!made_for_pod(&app(), &other_uid, cluster));
+            assert!(!made_for_pod(&app(), &other_kind, cluster));
+            assert!(!made_for_pod(&app(), &claim(json!([])), cluster));
+        }
+        // A claim of the manifests may name its pod without a UID; the API server's never.
+        assert!(made_for_pod(&app(), &by_name, false));
+        assert!(!made_for_pod(&app(), &by_name, true));
+        let v: Volume = serde_json::from_value(
+            json!({"name": "v", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+        )
+        .unwrap();
+        assert_eq!(claim_name("app", &v).as_deref(), Some("app-v"));
+        assert_eq!(claim_name("app", &volume("c")).as_deref(), Some("c"));
     }
 }

@@ -243,7 +243,7 @@ fn absent(store: &ObjectStore, key: ObjectKey) -> Version {
 fn storage_versions(
     store: &ObjectStore,
     node: &str,
-    ns: &str,
+    pod: &PodRef,
     v: &k8s_openapi::api::core::v1::Volume,
     out: &mut Vec<(ObjectKey, Version)>,
 ) {
@@ -257,9 +257,10 @@ fn storage_versions(
     if let Some(csi) = &v.csi {
         out.push(driver(&csi.driver));
     }
-    let Some((name, claim)) = claims::claim_of(store, ns, v) else {
+    let Some((name, claim)) = claims::claim_of(store, pod, v) else {
         return;
     };
+    let ns = &*pod.namespace;
     let claim_key = ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string()));
     let Some(claim) = claim else {
         out.push((claim_key.clone(), absent(store, claim_key)));
@@ -308,12 +309,14 @@ fn object_versions(
     store: &ObjectStore,
     node: &str,
     pod: &Pod,
+    uid: &PodUid,
 ) -> (Vec<(ObjectKey, Version)>, BTreeMap<String, ObjectKey>) {
     let mut out = Vec::new();
     let mut pending = BTreeMap::new();
+    let pref = pod_ref(pod, uid);
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let start = out.len();
-        volume_versions(store, node, pod, v, &mut out);
+        volume_versions(store, node, pod, &pref, v, &mut out);
         let first = out[start..].iter().find_map(|(_, x)| match x {
             Version::Pending(key) => Some(key.clone()),
             _ => None,
@@ -330,15 +333,11 @@ fn volume_versions(
     store: &ObjectStore,
     node: &str,
     pod: &Pod,
+    pref: &PodRef,
     v: &k8s_openapi::api::core::v1::Volume,
     out: &mut Vec<(ObjectKey, Version)>,
 ) {
-    let ns = pod
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or(DEFAULT_NAMESPACE);
-    storage_versions(store, node, ns, v, out);
+    storage_versions(store, node, pref, v, out);
     for r in referenced_objects(pod, v) {
         let (kind, key) = match r.kind {
             ObjectKind::ConfigMap => (
@@ -476,7 +475,7 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
-        let (objects, pending) = object_versions(&self.store, &self.node_name, pod);
+        let (objects, pending) = object_versions(&self.store, &self.node_name, pod, uid);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
         });
@@ -634,15 +633,14 @@ impl Populator {
                     },
                 );
             };
-            let persistent_volume =
-                match storage_check(&self.store, &self.host, &pref.namespace, v, usage) {
-                    Ok(pv) => pv,
-                    Err(Refusal { why, unsupported }) => {
-                        let waiting = claims::awaits_cluster(&self.store, &pref.namespace, v);
-                        fail(why, unsupported, waiting);
-                        continue;
-                    }
-                };
+            let persistent_volume = match storage_check(&self.store, &self.host, &pref, v, usage) {
+                Ok(pv) => pv,
+                Err(Refusal { why, unsupported }) => {
+                    let waiting = claims::awaits_cluster(&self.store, &pref, v);
+                    fail(why, unsupported, waiting);
+                    continue;
+                }
+            };
             let extensions = stored
                 .extensions
                 .volumes
@@ -761,7 +759,7 @@ impl From<String> for Refusal {
 fn storage_check(
     store: &ObjectStore,
     host: &PluginHost,
-    namespace: &str,
+    pod: &PodRef,
     v: &k8s_openapi::api::core::v1::Volume,
     usage: claims::Usage,
 ) -> Result<Option<Arc<k8s_openapi::api::core::v1::PersistentVolume>>, Refusal> {
@@ -775,10 +773,10 @@ fn storage_check(
         }
         claims::lifecycle_allows(store, &csi.driver, "Ephemeral")?;
     }
-    if v.persistent_volume_claim.is_none() {
+    if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() {
         return Ok(None);
     }
-    let pv = claims::resolve(store, namespace, v, usage)?;
+    let pv = claims::resolve(store, pod, v, usage)?;
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let spec = pv.spec.as_ref();
     if usage.device && spec.is_some_and(|s| s.host_path.is_some()) {

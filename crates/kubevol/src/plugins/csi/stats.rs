@@ -116,10 +116,11 @@ pub(crate) async fn stats_loop(
                 .flat_map(|v| v.pods.values())
                 .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
                 .filter_map(|m| {
-                    let claim = m.spec.volume.persistent_volume_claim.as_ref()?;
+                    let claim =
+                        crate::populator::claims::claim_name(&m.pod_ref.name, &m.spec.volume)?;
                     Some((
                         m.pod_ref.namespace.to_string(),
-                        claim.claim_name.clone(),
+                        claim.into_owned(),
                         m.spec.clone(),
                         m.path.clone(),
                         m.pod_ref.clone(),

@@ -59,8 +59,9 @@ fn refs_of(pod: &Pod) -> BTreeSet<Ref> {
                 ObjectKind::Secret => Ref::Secret(r.namespace, r.name),
             });
         }
-        if let Some(c) = &v.persistent_volume_claim {
-            out.insert(Ref::Claim(ns.clone(), c.claim_name.clone()));
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        if let Some(c) = crate::populator::claims::claim_name(pod_name, v) {
+            out.insert(Ref::Claim(ns.clone(), c.into_owned()));
         }
         if let Some(s) = v
             .csi
