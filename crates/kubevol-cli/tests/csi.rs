@@ -881,3 +881,112 @@ mount_test! {
         });
     }
 }
+
+/// The CSIDriver of the loop driver for inline volumes, asking for a service account token of
+/// `audience` and to be republished; the tokens in the secrets when `in_secrets`.
+fn token_driver(audience: &str, in_secrets: bool) -> serde_json::Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": DRIVER}, "spec": {
+        "attachRequired": false, "podInfoOnMount": true, "volumeLifecycleModes": ["Ephemeral"],
+        "tokenRequests": [{"audience": audience, "expirationSeconds": 600}],
+        "requiresRepublish": true, "serviceAccountTokenInSecrets": in_secrets}})
+}
+
+/// A pod with one inline volume of the loop driver.
+fn inline_pod(name: &str) -> Pod {
+    pod_with_volumes(
+        name,
+        json!([{"name": "data", "csi": {"driver": DRIVER, "volumeAttributes": {"size": "16Mi"}}}]),
+    )
+}
+
+mount_test! {
+    /// Standalone mode has no API server to issue the tokens a CSIDriver's tokenRequests ask
+    /// for: the volume fails for good with a message that says so, and nothing is published.
+    fn csi_tokens_without_an_api_server_are_refused_for_good() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            m.library().upsert_objects(objects(json!([token_driver("vault", false)])));
+            let p = inline_pod("app");
+            m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.permanent).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains(&format!("CSIDriver {DRIVER} asks for service account tokens (spec.tokenRequests), which only a Kubernetes API server issues")), "{e}");
+            assert!(driver.requests("NodePublishVolume").is_empty(), "nothing published");
+            m.shutdown();
+        });
+    }
+}
+
+cluster_test! {
+    /// A CSIDriver's tokenRequests: NodePublishVolume carries a service account token of each
+    /// audience, bound to the pod, with its expiry — in the volume context, or, once the
+    /// CSIDriver says `serviceAccountTokenInSecrets`, in the secrets only. With
+    /// `requiresRepublish` a mounted volume is published again (here when the CSIDriver
+    /// changes). The real server's NodeRestriction lets a node ask only for audiences its pods'
+    /// volumes name; the audit check sees no refusal.
+    fn csi_service_account_tokens_go_where_the_csi_driver_says(backend) {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(DRIVER);
+            let audience = cluster.scoped("loop-audience");
+            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
+                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
+            }
+            cluster.create(token_driver(&audience, false)).await;
+            if !cluster.is_real() {
+                // A real cluster's ServiceAccount controller makes `default` by itself.
+                cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
+            }
+            let mut pod = serde_json::to_value(inline_pod("app")).unwrap();
+            pod["spec"]["nodeName"] = json!(cluster.node_name());
+            pod["spec"]["automountServiceAccountToken"] = json!(false);
+            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let uid = kubevol::pod_uid(&pod);
+            let m = cluster_manager(t.path(), &cluster);
+            m.wait_for_attach_and_mount(&pod).await.expect("published");
+
+            let publish = driver.requests("NodePublishVolume").pop().unwrap();
+            let tokens: serde_json::Value = serde_json::from_str(publish["context"]["csi.storage.k8s.io/serviceAccount.tokens"].as_str().expect("tokens in the context")).unwrap();
+            let token = &tokens[&audience];
+            let claims = jwt_claims(token["token"].as_str().unwrap());
+            assert_eq!(claims["aud"], json!([audience]), "{claims:#}");
+            assert_eq!(claims["kubernetes.io"]["pod"]["uid"], json!(uid.as_str()), "bound to the pod: {claims:#}");
+            assert_eq!(claims["kubernetes.io"]["pod"]["name"], json!("app"));
+            let expires = token["expirationTimestamp"].as_str().unwrap();
+            let expires: k8s_openapi::jiff::Timestamp = expires.parse().unwrap();
+            assert_eq!(expires.as_second(), claims["exp"].as_i64().unwrap(), "the token's own expiry");
+            assert!(!publish["secret_keys"].as_array().unwrap().iter().any(|k| k == "csi.storage.k8s.io/serviceAccount.tokens"), "{publish}");
+
+            // Tokens in the secrets: published again (requiresRepublish), and the context no
+            // longer has them.
+            cluster.apply(token_driver(&audience, true)).await;
+            let publishes = driver.requests("NodePublishVolume").len();
+            eventually("a republish with the tokens in the secrets", 30, || {
+                let all = driver.requests("NodePublishVolume");
+                let done = all.len() > publishes && all.last().is_some_and(|p| !p["secret_tokens"].is_null());
+                async move { done }
+            })
+            .await;
+            let publish = driver.requests("NodePublishVolume").pop().unwrap();
+            assert!(publish["context"].get("csi.storage.k8s.io/serviceAccount.tokens").is_none(), "{publish}");
+            let shown = &publish["secret_tokens"][&audience];
+            let claims = jwt_claims(&format!("x.{}.y", shown["claims"].as_str().unwrap()));
+            assert_eq!(claims["aud"], json!([audience]), "{claims:#}");
+            assert_eq!(claims["kubernetes.io"]["pod"]["uid"], json!(uid.as_str()));
+            assert!(shown["expirationTimestamp"].is_string(), "{shown}");
+            // The pod's status and events never show a token.
+            let shown_everywhere = format!("{}{}", serde_json::to_string(&m.status(true)).unwrap(), serde_json::to_string(&m.events()).unwrap());
+            assert!(!shown_everywhere.contains(token["token"].as_str().unwrap()));
+
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            m.wait_for_unmount(&pod).await.unwrap();
+            assert!(driver.count("NodeUnpublishVolume", "Ok") >= 1);
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

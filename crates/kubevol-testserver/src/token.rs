@@ -168,8 +168,8 @@ pub(crate) fn issue(
 }
 
 /// Whether `pod` names `audience`: in a projected `serviceAccountToken` source, or as a
-/// `tokenRequests` audience of the CSIDriver of one of its CSI volumes (inline, or through a
-/// claim's PersistentVolume).
+/// `tokenRequests` audience of the CSIDriver of one of its CSI volumes (inline, or through the
+/// PersistentVolume of a claim or of a generic ephemeral volume's claim).
 fn pod_references_audience(
     store: &crate::store::Store,
     ns: &str,
@@ -209,13 +209,20 @@ fn pod_references_audience(
                     })
                 })
             });
-        let driver = match (
-            v.pointer("/csi/driver").and_then(Value::as_str),
-            v.pointer("/persistentVolumeClaim/claimName")
-                .and_then(Value::as_str),
-        ) {
+        // A generic ephemeral volume's claim is `<pod>-<volume>`.
+        let ephemeral_claim = v.pointer("/ephemeral/volumeClaimTemplate").and_then(|_| {
+            let pod_name = pod.pointer("/metadata/name").and_then(Value::as_str)?;
+            let volume = v.get("name").and_then(Value::as_str)?;
+            Some(format!("{pod_name}-{volume}"))
+        });
+        let claim = v
+            .pointer("/persistentVolumeClaim/claimName")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .or(ephemeral_claim);
+        let driver = match (v.pointer("/csi/driver").and_then(Value::as_str), claim) {
             (Some(d), _) => Some(d.to_string()),
-            (None, Some(claim)) => get("persistentvolumeclaims", ns, claim)
+            (None, Some(claim)) => get("persistentvolumeclaims", ns, &claim)
                 .and_then(|c| c.pointer("/spec/volumeName"))
                 .and_then(Value::as_str)
                 .and_then(|pv| get("persistentvolumes", "", pv))

@@ -86,6 +86,12 @@ pub enum VolumeError {
     /// controller that is not configured, or a secret it references is missing.
     #[error("{0}")]
     CsiNotReady(String),
+    /// A CSIDriver asks for what only an API server gives: service account tokens.
+    #[error("CSIDriver {driver} asks for service account tokens (spec.tokenRequests), which only a Kubernetes API server issues and standalone mode does not have; remove tokenRequests from the CSIDriver, or run kubevol as a cluster node agent")]
+    CsiNeedsCluster {
+        /// The driver.
+        driver: String,
+    },
     /// A CSI driver answered an unpublish or unstage with OK, but its target is still mounted.
     #[error("CSI driver {driver} answered {call} with OK but {} is still mounted{}: the driver claims success but left its mount. kubevol never removes a directory with a filesystem on it and tries again; check the driver's logs", path.display(), holders.as_ref().filter(|h| !h.holders.is_empty()).map(|h| format!(" ({h})")).unwrap_or_default())]
     DriverLeftMount {
@@ -149,6 +155,7 @@ impl VolumeError {
             VolumeError::HostPathNotAllowed { .. }
             | VolumeError::HugePages { .. }
             | VolumeError::Unsupported { .. }
+            | VolumeError::CsiNeedsCluster { .. }
             | VolumeError::SubPath { .. } => true,
             VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
@@ -188,6 +195,7 @@ impl VolumeError {
             | VolumeError::HostPathNotAllowed { .. }
             | VolumeError::LocalPath { .. }
             | VolumeError::HugePages { .. }
+            | VolumeError::CsiNeedsCluster { .. }
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
         }
     }
@@ -334,6 +342,7 @@ mod tests {
             ),
             (csi(tonic::Code::InvalidArgument), false),
             (csi(tonic::Code::DeadlineExceeded), false),
+            (VolumeError::CsiNeedsCluster { driver: "d".into() }, true),
             (
                 VolumeError::CsiNotReady("driver not registered".into()),
                 false,

@@ -198,7 +198,7 @@ impl VolumeManager {
             plugin_dirs: Default::default(),
             attach_controller: std::sync::OnceLock::new(),
             trust_bundles: std::sync::OnceLock::new(),
-            refresh,
+            refresh: crate::plugins::Refresher::new(refresh),
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,

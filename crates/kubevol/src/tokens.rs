@@ -54,6 +54,15 @@ pub trait TokenIssuer: Send + Sync + 'static {
     fn issue(&self, spec: TokenSpec) -> crate::BoxFuture<Result<IssuedToken, String>>;
 }
 
+/// The service account of `pod`: `spec.serviceAccountName`, `default` when unset.
+pub fn service_account(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into())
+}
+
 /// The most a token is kept before it is refreshed, whatever its lifetime.
 const MAX_KEEP: Duration = Duration::from_secs(24 * 3600);
 
@@ -66,6 +75,19 @@ struct Cached {
     token: String,
     refresh_at: Instant,
     expires_at: Instant,
+    expires: std::time::SystemTime,
+}
+
+/// A token handed out: the token, when it must be refreshed, and when it expires by the wall
+/// clock (what a CSI driver is told with it).
+#[derive(Clone)]
+pub struct Granted {
+    /// The token.
+    pub token: String,
+    /// When it is due for refreshing.
+    pub refresh_at: Instant,
+    /// When it expires.
+    pub expires: std::time::SystemTime,
 }
 
 /// The tokens in use, by what they were asked for.
@@ -86,14 +108,19 @@ impl Tokens {
         crate::sync::read(&self.issuer).is_some()
     }
 
-    /// A token for `spec` and when it must be refreshed: the kept one until then, a new one
-    /// after. `None` when there is no issuer.
-    pub async fn get(&self, spec: TokenSpec) -> Option<Result<(String, Instant), String>> {
+    /// A token for `spec`, when it must be refreshed and when it expires: the kept one until it
+    /// is due, a new one after. `None` when there is no issuer.
+    pub async fn get(&self, spec: TokenSpec) -> Option<Result<Granted, String>> {
         let issuer = crate::sync::read(&self.issuer).clone()?;
         let now = Instant::now();
+        let granted = |c: &Cached, refresh_at: Instant| Granted {
+            token: c.token.clone(),
+            refresh_at,
+            expires: c.expires,
+        };
         if let Some(c) = crate::sync::lock(&self.cache).get(&spec) {
             if now < c.refresh_at {
-                return Some(Ok((c.token.clone(), c.refresh_at)));
+                return Some(Ok(granted(c, c.refresh_at)));
             }
         }
         let issued = match issuer.issue(spec.clone()).await {
@@ -103,23 +130,22 @@ impl Tokens {
                 let kept = crate::sync::lock(&self.cache)
                     .get(&spec)
                     .filter(|c| now < c.expires_at)
-                    .map(|c| (c.token.clone(), now + Duration::from_secs(10)));
+                    .map(|c| granted(c, now + Duration::from_secs(10)));
                 return Some(kept.ok_or(e));
             }
         };
-        let refresh_at = now + refresh_after(issued.valid_for);
+        let cached = Cached {
+            token: issued.token,
+            refresh_at: now + refresh_after(issued.valid_for),
+            expires_at: now + issued.valid_for,
+            expires: std::time::SystemTime::now() + issued.valid_for,
+        };
+        let out = granted(&cached, cached.refresh_at);
         let mut cache = crate::sync::lock(&self.cache);
         // Tokens of pods that are gone expire and are dropped here.
         cache.retain(|_, c| now < c.expires_at);
-        cache.insert(
-            spec,
-            Cached {
-                token: issued.token.clone(),
-                refresh_at,
-                expires_at: now + issued.valid_for,
-            },
-        );
-        Some(Ok((issued.token, refresh_at)))
+        cache.insert(spec, cached);
+        Some(Ok(out))
     }
 }
 
@@ -168,18 +194,26 @@ mod tests {
         let tokens = Tokens::default();
         assert!(tokens.get(spec()).await.is_none(), "no issuer: no token");
         tokens.set_issuer(Arc::new(Counting(Mutex::new(0), Duration::from_secs(3600))));
-        let (first, due) = tokens.get(spec()).await.unwrap().unwrap();
-        assert_eq!(first, "token-p-1");
-        assert_eq!(due - Instant::now(), Duration::from_secs(2880));
+        let first = tokens.get(spec()).await.unwrap().unwrap();
+        assert_eq!(first.token, "token-p-1");
+        assert_eq!(first.refresh_at - Instant::now(), Duration::from_secs(2880));
+        let left = first
+            .expires
+            .duration_since(std::time::SystemTime::now())
+            .unwrap();
+        assert!(
+            left > Duration::from_secs(3590) && left <= Duration::from_secs(3600),
+            "{left:?}"
+        );
         tokio::time::advance(Duration::from_secs(2879)).await;
         assert_eq!(
-            tokens.get(spec()).await.unwrap().unwrap().0,
+            tokens.get(spec()).await.unwrap().unwrap().token,
             "token-p-1",
             "kept"
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
-            tokens.get(spec()).await.unwrap().unwrap().0,
+            tokens.get(spec()).await.unwrap().unwrap().token,
             "token-p-2",
             "refreshed"
         );
@@ -188,7 +222,7 @@ mod tests {
             ..spec()
         };
         assert_eq!(
-            tokens.get(other).await.unwrap().unwrap().0,
+            tokens.get(other).await.unwrap().unwrap().token,
             "token-p-3",
             "another audience, another token"
         );

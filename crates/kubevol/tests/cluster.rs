@@ -235,31 +235,6 @@ async fn the_node_identity_has_the_node_authorizers_rights_and_no_more(backend: 
     cluster.clean_up().await;
 }
 
-/// The claims of a JWT (its second part, base64url without padding).
-fn claims(token: &str) -> Value {
-    let part = token.split('.').nth(1).expect("a JWT has three parts");
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::new();
-    for c in part.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' => 62,
-            b'_' => 63,
-            _ => panic!("not base64url: {c}"),
-        };
-        bits = (bits << 6) | u32::from(v);
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-        }
-    }
-    serde_json::from_slice(&out).expect("JSON claims")
-}
-
 cluster_test! {
     fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed(backend) {
         let root = TestRoot::new();
@@ -300,7 +275,7 @@ cluster_test! {
             assert_eq!(std::fs::read_to_string(dir.join("ca.crt")).unwrap(), "CA");
             assert_eq!(std::fs::read_to_string(dir.join("namespace")).unwrap(), ns);
             let first = std::fs::read_to_string(dir.join("token")).unwrap();
-            let c = claims(&first);
+            let c = jwt_claims(&first);
             assert_eq!(c["kubernetes.io"]["pod"]["uid"], json!(uid.as_str()), "bound to the pod: {c}");
             assert_eq!(c["sub"], json!(format!("system:serviceaccount:{ns}:default")));
             assert!(c["aud"].as_array().is_some_and(|a| !a.is_empty()), "the server's own audience when the source names none: {c}");
@@ -313,7 +288,7 @@ cluster_test! {
             // minutes asked, renewed after 8 (`KUBEVOL_TEST_TOKEN_RENEWAL=1` waits for it).
             if !cluster.is_real() || std::env::var_os("KUBEVOL_TEST_TOKEN_RENEWAL").is_some() {
                 until(&m, renewal, "the token renewed", || std::fs::read_to_string(dir.join("token")).is_ok_and(|t| t != first)).await;
-                let renewed = claims(&std::fs::read_to_string(dir.join("token")).unwrap());
+                let renewed = jwt_claims(&std::fs::read_to_string(dir.join("token")).unwrap());
                 assert!(renewed["iat"].as_i64() > c["iat"].as_i64() || renewed["jti"] != c["jti"], "{renewed}");
             }
 

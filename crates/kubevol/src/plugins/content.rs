@@ -284,13 +284,7 @@ async fn fetch_tokens(
     if sources.is_empty() || !host.tokens.has_issuer() {
         return (out, None);
     }
-    let service_account = req
-        .pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".into());
+    let service_account = crate::tokens::service_account(&req.pod);
     for (index, source) in sources {
         let spec = TokenSpec {
             namespace: req.pod_ref.namespace.to_string(),
@@ -301,9 +295,10 @@ async fn fetch_tokens(
             pod_uid: req.pod_ref.uid.to_string(),
         };
         match host.tokens.get(spec).await {
-            Some(Ok((token, at))) => {
+            Some(Ok(granted)) => {
+                let at = granted.refresh_at;
                 due = Some(due.map_or(at, |d| d.min(at)));
-                out.insert(index, Ok(token));
+                out.insert(index, Ok(granted.token));
             }
             Some(Err(why)) => {
                 out.insert(index, Err(why));

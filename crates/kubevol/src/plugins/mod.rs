@@ -10,7 +10,7 @@ pub(crate) mod empty_dir;
 mod host_path;
 pub(crate) mod local;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -90,8 +90,9 @@ pub struct PluginHost {
     pub attach_controller: std::sync::OnceLock<Arc<dyn AttachController>>,
     /// Where cluster trust bundles are read (the API server in cluster mode).
     pub trust_bundles: std::sync::OnceLock<Arc<dyn TrustBundles>>,
-    /// Asks the populator to process a pod again (its projected tokens are due).
-    pub refresh: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
+    /// Asks the populator to process a pod again (its tokens are due, its bundles are to be
+    /// read again, its CSI volumes republished).
+    pub refresh: Refresher,
     /// The plugin directories last used, kept open.
     pub(crate) plugin_dirs: PluginDirCache,
 }
@@ -116,11 +117,54 @@ impl PluginHost {
 
     /// Processes `pod` again at `at`: its content volumes are written again.
     pub(crate) fn refresh_at(&self, pod: kubevol_core::PodUid, at: tokio::time::Instant) {
-        let tx = self.refresh.clone();
+        self.refresh.at(pod, at);
+    }
+}
+
+/// Asks the populator to process pods again at given times. Each pod has at most one wait, for
+/// the earliest time asked: a set-up that asks for a later time while one is pending adds
+/// nothing, so the set-ups that each refresh causes never multiply.
+pub struct Refresher {
+    tx: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
+    due: Arc<std::sync::Mutex<HashMap<kubevol_core::PodUid, tokio::time::Instant>>>,
+}
+
+impl Refresher {
+    /// Refreshes sent to `tx`.
+    pub fn new(tx: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>) -> Self {
+        Refresher {
+            tx,
+            due: Arc::default(),
+        }
+    }
+
+    /// Sends `pod` at `at`, unless it is already to be sent by then.
+    pub(crate) fn at(&self, pod: kubevol_core::PodUid, at: tokio::time::Instant) {
+        let now = tokio::time::Instant::now();
+        {
+            let mut due = crate::sync::lock(&self.due);
+            if due.get(&pod).is_some_and(|t| *t <= at && *t > now) {
+                return;
+            }
+            due.insert(pod.clone(), at);
+        }
+        let (tx, due) = (self.tx.clone(), self.due.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
+            {
+                let mut due = crate::sync::lock(&due);
+                if due.get(&pod) == Some(&at) {
+                    due.remove(&pod);
+                }
+            }
             let _ = tx.send(pod);
         });
+    }
+
+    /// How many pods wait for a refresh.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        crate::sync::lock(&self.due).len()
     }
 }
 
@@ -889,5 +933,37 @@ mod tests {
                 std::borrow::Cow::Owned(_) => panic!("{name}: not among the built-in names"),
             }
         }
+    }
+
+    /// A refresh asked for while an earlier one is pending adds no wait; an earlier one does;
+    /// each pod is sent once per wait that fires.
+    #[tokio::test(start_paused = true)]
+    async fn refreshes_of_a_pod_do_not_multiply() {
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let r = Refresher::new(tx);
+        let pod = kubevol_core::PodUid::from("p");
+        let now = Instant::now();
+        r.at(pod.clone(), now + Duration::from_secs(60));
+        for _ in 0..100 {
+            r.at(pod.clone(), now + Duration::from_secs(90));
+        }
+        r.at(pod.clone(), now + Duration::from_secs(30));
+        assert_eq!(r.waiting(), 1);
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(rx.recv().await, Some(pod.clone()), "the earliest first");
+        assert_eq!(r.waiting(), 0);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            rx.recv().await,
+            Some(pod.clone()),
+            "the one at 60 s still fires"
+        );
+        assert!(
+            rx.try_recv().is_err(),
+            "the later asks added nothing: {:?}",
+            rx.try_recv()
+        );
     }
 }

@@ -194,7 +194,8 @@ impl Driver {
 
     /// Logs what a controller publish, stage or publish request carried, for tests and audits:
     /// the volume and publish contexts, the mount flags, the access mode and the read-only flag,
-    /// and the names of the secrets (never their values).
+    /// the names of the secrets (never their values) and the claims of service account tokens
+    /// passed as secrets.
     #[allow(clippy::too_many_arguments)]
     fn log_request(
         &self,
@@ -211,6 +212,28 @@ impl Driver {
         };
         let mut secret_keys: Vec<&String> = secrets.keys().collect();
         secret_keys.sort();
+        // Service account tokens in the secrets: by audience, the expiry and the token's claims
+        // (its middle part, base64url), never the token itself, which is a credential.
+        let secret_tokens = secrets
+            .get("csi.storage.k8s.io/serviceAccount.tokens")
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .and_then(|v| v.as_object().cloned())
+            .map(|tokens| {
+                tokens
+                    .into_iter()
+                    .map(|(audience, t)| {
+                        let claims = t["token"]
+                            .as_str()
+                            .and_then(|t| t.split('.').nth(1))
+                            .map(String::from);
+                        let shown = serde_json::json!({
+                            "claims": claims,
+                            "expirationTimestamp": t["expirationTimestamp"],
+                        });
+                        (audience, shown)
+                    })
+                    .collect::<serde_json::Map<_, _>>()
+            });
         let flags = cap.map(|c| mount_of(c).1).unwrap_or_default();
         let access_mode = cap.and_then(|c| c.access_mode.as_ref()).map(|a| a.mode);
         let line = serde_json::json!({
@@ -220,6 +243,7 @@ impl Driver {
             "context": context,
             "publish_context": publish_context,
             "secret_keys": secret_keys,
+            "secret_tokens": secret_tokens,
             "mount_flags": flags,
             "readonly": readonly,
         });

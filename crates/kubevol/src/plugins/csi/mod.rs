@@ -52,6 +52,9 @@ pub const POD_UID_KEY: &str = "csi.storage.k8s.io/pod.uid";
 pub const SERVICE_ACCOUNT_KEY: &str = "csi.storage.k8s.io/serviceAccount.name";
 /// See [`POD_NAME_KEY`].
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+/// The volume context key (or, with the CSIDriver's `serviceAccountTokenInSecrets`, the
+/// secrets key) of the service account tokens the CSIDriver's `tokenRequests` ask for.
+pub const TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 
 /// The CSI plugin. It remembers the size each volume was last expanded to.
 #[derive(Default)]
@@ -319,7 +322,9 @@ impl VolumePlugin for CsiPlugin {
                 let (host, abs) = (host.clone(), abs.clone());
                 blocking(move || Ok(abs.exists() && host.mounter.is_mount_point(&abs)?)).await?
             };
-            if !published {
+            // A driver with requiresRepublish is called again on a mounted volume (to renew
+            // what it got with it, such as tokens), each time the volume is set up again.
+            if !published || pol.requires_republish {
                 publish_volume(&host, &req, &r, &driver, &pol, &target, &data_dir).await?;
             }
             if !r.ephemeral && !r.block {
@@ -432,8 +437,19 @@ async fn publish_volume(
         context.insert(POD_NAME_KEY.into(), pod.name.to_string());
         context.insert(POD_NAMESPACE_KEY.into(), pod.namespace.to_string());
         context.insert(POD_UID_KEY.into(), pod.uid.to_string());
-        context.insert(SERVICE_ACCOUNT_KEY.into(), service_account(&req.pod));
+        context.insert(
+            SERVICE_ACCOUNT_KEY.into(),
+            crate::tokens::service_account(&req.pod),
+        );
         context.insert(EPHEMERAL_KEY.into(), r.ephemeral.to_string());
+    }
+    let mut secrets = secrets(host, r.publish_secret.as_ref())?;
+    if let Some(tokens) = service_account_tokens(host, req, &r.driver, pol).await? {
+        if pol.tokens_in_secrets {
+            secrets.insert(TOKENS_KEY.into(), tokens);
+        } else {
+            context.insert(TOKENS_KEY.into(), tokens);
+        }
     }
     let group_by = fs_group_by(
         &pol.fs_group_policy,
@@ -463,7 +479,7 @@ async fn publish_volume(
                 target_path: host.root.join(target).display().to_string(),
                 volume_capability: Some(capability(r, driver, mount_group)),
                 readonly: r.read_only,
-                secrets: secrets(host, r.publish_secret.as_ref())?,
+                secrets,
                 volume_context: context,
             }),
         )
@@ -487,6 +503,75 @@ async fn publish_volume(
         Ok(())
     })
     .await
+}
+
+/// How often a volume of a driver with `requiresRepublish` is published again when no token
+/// falls due sooner (the kubelet republishes at each pod sync, about once a minute).
+const REPUBLISH_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The service account tokens the CSIDriver's `tokenRequests` ask for, bound to the pod, as
+/// the kubelet hands them to NodePublishVolume: a JSON object of audience to `{"token",
+/// "expirationTimestamp"}`. The pod is set up again when the first token is due for refreshing
+/// (with `requiresRepublish`, at least every [`REPUBLISH_PERIOD`]). `None` when the driver asks
+/// for none.
+async fn service_account_tokens(
+    host: &PluginHost,
+    req: &SetUpRequest,
+    driver: &str,
+    pol: &DriverPolicy,
+) -> Result<Option<String>, VolumeError> {
+    let pod = &req.pod_ref;
+    let mut due = pol
+        .requires_republish
+        .then(|| tokio::time::Instant::now() + REPUBLISH_PERIOD);
+    if pol.token_requests.is_empty() {
+        if let Some(at) = due {
+            host.refresh_at(pod.uid.clone(), at);
+        }
+        return Ok(None);
+    }
+    if !host.tokens.has_issuer() {
+        return Err(VolumeError::CsiNeedsCluster {
+            driver: driver.to_string(),
+        });
+    }
+    let service_account = crate::tokens::service_account(&req.pod);
+    let mut out = serde_json::Map::new();
+    for (audience, expiration) in &pol.token_requests {
+        let spec = crate::tokens::TokenSpec {
+            namespace: pod.namespace.to_string(),
+            service_account: service_account.clone(),
+            audience: Some(audience.clone()).filter(|a| !a.is_empty()),
+            expiration_seconds: expiration.unwrap_or(3600),
+            pod_name: pod.name.to_string(),
+            pod_uid: pod.uid.to_string(),
+        };
+        let granted = match host.tokens.get(spec).await {
+            Some(Ok(g)) => g,
+            Some(Err(why)) => {
+                return Err(not_ready(format!(
+                    "a service account token for audience {audience:?} of CSIDriver {driver} (spec.tokenRequests) was not issued: {why}"
+                )))
+            }
+            None => {
+                return Err(VolumeError::CsiNeedsCluster {
+                    driver: driver.to_string(),
+                })
+            }
+        };
+        due = Some(due.map_or(granted.refresh_at, |d| d.min(granted.refresh_at)));
+        let expires = k8s_openapi::jiff::Timestamp::try_from(granted.expires)
+            .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+            .map_err(|e| not_ready(format!("a token's expiry cannot be written: {e}")))?;
+        out.insert(
+            audience.clone(),
+            serde_json::json!({"token": granted.token, "expirationTimestamp": expires}),
+        );
+    }
+    if let Some(at) = due {
+        host.refresh_at(pod.uid.clone(), at);
+    }
+    Ok(Some(serde_json::Value::Object(out).to_string()))
 }
 
 /// Who gives a published volume the pod's fsGroup.
@@ -582,14 +667,6 @@ fn fs_group_by(
     } else {
         FsGroupBy::Nobody
     }
-}
-
-fn service_account(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".into())
 }
 
 #[cfg(test)]

@@ -266,23 +266,36 @@ pub(super) struct DriverPolicy {
     pub(super) attach_required: bool,
     pub(super) pod_info_on_mount: bool,
     pub(super) fs_group_policy: String,
+    /// `tokenRequests`: the audiences (`""`: the API server's own) and lifetimes of the
+    /// service account tokens NodePublishVolume carries.
+    pub(super) token_requests: Vec<(String, Option<i64>)>,
+    /// `requiresRepublish`: NodePublishVolume is called again periodically, on a mounted volume.
+    pub(super) requires_republish: bool,
+    /// `serviceAccountTokenInSecrets`: the tokens go into NodePublishVolume's secrets, not
+    /// into its volume context.
+    pub(super) tokens_in_secrets: bool,
 }
 
 pub(super) fn policy(host: &PluginHost, driver: &str) -> DriverPolicy {
-    let spec = host.store.csi_driver(driver).map(|d| d.object.spec.clone());
+    let spec = host
+        .store
+        .csi_driver(driver)
+        .map(|d| d.object.spec.clone())
+        .unwrap_or_default();
     DriverPolicy {
-        attach_required: spec
-            .as_ref()
-            .and_then(|s| s.attach_required)
-            .unwrap_or(true),
-        pod_info_on_mount: spec
-            .as_ref()
-            .and_then(|s| s.pod_info_on_mount)
-            .unwrap_or(false),
+        attach_required: spec.attach_required.unwrap_or(true),
+        pod_info_on_mount: spec.pod_info_on_mount.unwrap_or(false),
         fs_group_policy: spec
-            .as_ref()
-            .and_then(|s| s.fs_group_policy.clone())
+            .fs_group_policy
             .unwrap_or_else(|| "ReadWriteOnceWithFSType".into()),
+        token_requests: spec
+            .token_requests
+            .into_iter()
+            .flatten()
+            .map(|t| (t.audience, t.expiration_seconds))
+            .collect(),
+        requires_republish: spec.requires_republish.unwrap_or(false),
+        tokens_in_secrets: spec.service_account_token_in_secrets.unwrap_or(false),
     }
 }
 
