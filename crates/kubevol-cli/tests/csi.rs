@@ -624,6 +624,15 @@ async fn create_claim_pod(
     name: &str,
     attach: bool,
 ) -> Pod {
+    create_claim_pod_with(cluster, name, csi_driver(attach)).await
+}
+
+/// [`create_claim_pod`] with the CSIDriver `driver`.
+async fn create_claim_pod_with(
+    cluster: &kubevol_testserver::TestCluster,
+    name: &str,
+    driver: serde_json::Value,
+) -> Pod {
     let pv_name = cluster.scoped(name);
     let mut volume = pv(name, "16Mi", "Filesystem");
     volume["metadata"]["name"] = json!(pv_name);
@@ -640,7 +649,7 @@ async fn create_claim_pod(
             .delete("storage.k8s.io/v1", "csidrivers", DRIVER, None)
             .await;
     }
-    cluster.create(csi_driver(attach)).await;
+    cluster.create(driver).await;
     cluster.create(volume).await;
     let mut claim = cluster.create(claim).await;
     claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
@@ -985,6 +994,72 @@ cluster_test! {
             cluster.delete("v1", "pods", "app", Some(0)).await;
             m.wait_for_unmount(&pod).await.unwrap();
             assert!(driver.count("NodeUnpublishVolume", "Ok") >= 1);
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+cluster_test! {
+    /// A CSIDriver's nodeAllocatableUpdatePeriodSeconds: the driver's volume limit is read again
+    /// (NodeGetInfo) on that period and CSINode's `allocatable.count` follows it; and, as soon
+    /// as an attach failed with ResourceExhausted (the VolumeAttachment's
+    /// `attachError.errorCode`), the limit is read again at once, whatever the period, and the
+    /// volume's error says the node is full.
+    fn csinode_allocatable_follows_the_driver_periodically_and_after_resource_exhausted(backend) {
+        let t = TestRoot::new();
+        let max = t.path().join("max-volumes");
+        std::fs::write(&max, "5").unwrap();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--max-volumes-file", max.to_str().unwrap()]);
+        runtime().block_on(async {
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(DRIVER);
+            let name = cluster.node_name().to_string();
+            without_node(&cluster).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
+            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
+                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
+            }
+            let mut with_period = csi_driver(true);
+            with_period["spec"]["nodeAllocatableUpdatePeriodSeconds"] = json!(10);
+            cluster.create(with_period.clone()).await;
+            let m = cluster_manager(t.path(), &cluster);
+            let count = || async {
+                cluster.get("storage.k8s.io/v1", "csinodes", &name).await.and_then(|c| c["spec"]["drivers"][0]["allocatable"]["count"].as_i64())
+            };
+            eventually("CSINode's count from registration", 30, || async { count().await == Some(5) }).await;
+            let infos = driver.count("NodeGetInfo", "Ok");
+
+            // Periodically: the driver's share shrinks, CSINode follows within the period.
+            std::fs::write(&max, "3").unwrap();
+            eventually("CSINode's count read again on the period", 40, || async { count().await == Some(3) }).await;
+            assert!(driver.count("NodeGetInfo", "Ok") > infos, "NodeGetInfo was called again");
+
+            // An hour's period: only the failed attach makes the count be read again now. (The
+            // attacher has recorded its failure before the pod comes: a node may read a
+            // VolumeAttachment only once it exists.)
+            with_period["spec"]["nodeAllocatableUpdatePeriodSeconds"] = json!(3600);
+            std::fs::write(&max, "1").unwrap();
+            let attachment = {
+                use sha2::Digest;
+                let hash = sha2::Sha256::digest(format!("full{DRIVER}{name}").as_bytes());
+                format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            };
+            let made = cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
+                "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": cluster.scoped("full")}}})).await;
+            let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> = kube::Api::all(cluster.admin_client());
+            let mut made: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(made).unwrap();
+            made.status = Some(serde_json::from_value(json!({"attached": false, "attachError": {"message": "no free loop devices", "errorCode": 8, "time": "2026-01-01T00:00:00Z"}})).unwrap());
+            attachments.replace_status(&attachment, &Default::default(), &made).await.unwrap();
+            let pod = create_claim_pod_with(&cluster, "full", with_period).await;
+            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("ResourceExhausted"))).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains(&format!("failed with ResourceExhausted (VolumeAttachment {attachment}: no free loop devices): this node has no room for more volumes of CSI driver {DRIVER}")), "{e}");
+            assert!(e.contains("read again from NodeGetInfo: 1"), "{e}");
+            eventually("CSINode's count after the failed attach", 30, || async { count().await == Some(1) }).await;
+
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            m.wait_for_unmount(&pod).await.unwrap();
             m.shutdown();
             cluster.clean_up().await;
         });

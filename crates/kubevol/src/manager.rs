@@ -128,6 +128,37 @@ impl crate::source::cluster::NodeDrivers for VolumeManager {
     fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.parts.host.csi.subscribe()
     }
+
+    fn allocatable_periods(&self) -> Vec<(String, std::time::Duration)> {
+        self.parts
+            .host
+            .csi
+            .status()
+            .into_iter()
+            .filter_map(|d| {
+                let period = allocatable_period(&self.parts.store, &d.name)?;
+                Some((d.name, period))
+            })
+            .collect()
+    }
+
+    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
+        let (csi, driver) = (self.parts.host.csi.clone(), driver.to_string());
+        Box::pin(async move { csi.refresh_info(&driver).await.map_err(|e| e.to_string()) })
+    }
+}
+
+/// A CSIDriver's `nodeAllocatableUpdatePeriodSeconds`, if it sets one.
+pub(crate) fn allocatable_period(store: &ObjectStore, driver: &str) -> Option<std::time::Duration> {
+    let seconds = store
+        .csi_driver(driver)?
+        .object
+        .spec
+        .node_allocatable_update_period_seconds?;
+    u64::try_from(seconds)
+        .ok()
+        .filter(|s| *s > 0)
+        .map(std::time::Duration::from_secs)
 }
 
 /// The parts, as the manager holds them to hand out.

@@ -109,7 +109,7 @@ pub enum DriverSource {
 }
 
 /// A registered node plugin.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Driver {
     /// The driver's name.
     pub name: String,
@@ -382,6 +382,63 @@ impl Drivers {
         tracing::info!(driver = name, endpoint = %driver.endpoint.display(), node_id = %driver.node_id, capabilities = ?driver.capabilities, "CSI driver registered");
         self.changed.send_modify(|g| *g += 1);
         Ok(driver)
+    }
+
+    /// Asks a registered driver for its node information again (`NodeGetInfo`) and takes its
+    /// new volume limit and topology; returns the limit, and whether anything changed (then
+    /// registration watchers, such as the CSINode publisher, are woken). A driver that reports
+    /// another node ID keeps its registered one: volumes were published with it.
+    pub async fn refresh_info(&self, name: &str) -> Result<(i64, bool), CsiError> {
+        let Some(driver) = self.get(name) else {
+            return Err(CsiError {
+                driver: name.to_string(),
+                method: "NodeGetInfo",
+                code: Code::FailedPrecondition,
+                message: "the driver is not registered".into(),
+            });
+        };
+        let mut node = NodeClient::new(driver.channel.clone());
+        let info = self
+            .call(
+                name,
+                "Node",
+                "NodeGetInfo",
+                node.node_get_info(kubevol_csi::v1::NodeGetInfoRequest {}),
+            )
+            .await?;
+        let topology: std::collections::BTreeMap<String, String> = info
+            .accessible_topology
+            .map(|t| t.segments.into_iter().collect())
+            .unwrap_or_default();
+        let max = info.max_volumes_per_node;
+        if info.node_id != driver.node_id && !info.node_id.is_empty() {
+            tracing::warn!(driver = name, registered = %driver.node_id, reported = %info.node_id, "CSI driver reports another node ID than at registration; the registered one is kept");
+        }
+        if max == driver.max_volumes_per_node && topology == driver.topology {
+            return Ok((max, false));
+        }
+        {
+            let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+            // Only the registration that was asked: one that replaced it meanwhile stays.
+            match nodes.get(name) {
+                Some(now) if Arc::ptr_eq(now, &driver) => {}
+                _ => return Ok((max, false)),
+            }
+            let updated = Driver {
+                max_volumes_per_node: max,
+                topology,
+                ..(*driver).clone()
+            };
+            nodes.insert(name.to_string(), Arc::new(updated));
+        }
+        tracing::info!(
+            driver = name,
+            old = driver.max_volumes_per_node,
+            new = max,
+            "CSI driver's volume limit on this node changed (NodeGetInfo)"
+        );
+        self.changed.send_modify(|g| *g += 1);
+        Ok((max, true))
     }
 
     /// Whether a registration at `endpoint` may take `name` from `existing`; a refusal is

@@ -55,6 +55,8 @@ pub struct Driver {
     pub faults: Faults,
     /// One JSON line per call, for tests and audits.
     pub call_log: Option<Mutex<std::fs::File>>,
+    /// Where NodeGetInfo reads `max_volumes_per_node` (none: no limit).
+    pub max_volumes_file: Option<PathBuf>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -171,6 +173,7 @@ impl Driver {
                 .collect(),
             faults,
             call_log: call_log.map(Mutex::new),
+            max_volumes_file: None,
             locks: Mutex::new(HashMap::new()),
         })
     }
@@ -1007,12 +1010,24 @@ impl Node for Svc {
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         let node_id = self.node_id.clone();
+        let max_file = self.max_volumes_file.clone();
         self.call("NodeGetInfo", "", "", move || {
             // A loop device exists on its node only: the volume's topology is the node.
             let segments = [(TOPOLOGY_KEY.to_string(), node_id.clone())].into();
+            let max_volumes_per_node = match &max_file {
+                None => 0,
+                Some(f) => match std::fs::read_to_string(f) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                    Err(e) => return Err(Status::internal(format!("{}: {e}", f.display()))),
+                    Ok(text) if text.trim().is_empty() => 0,
+                    Ok(text) => text.trim().parse::<i64>().map_err(|e| {
+                        Status::internal(format!("{}: not a number of volumes: {e}", f.display()))
+                    })?,
+                },
+            };
             Ok(NodeGetInfoResponse {
                 node_id,
-                max_volumes_per_node: 0,
+                max_volumes_per_node,
                 accessible_topology: Some(Topology { segments }),
             })
         })

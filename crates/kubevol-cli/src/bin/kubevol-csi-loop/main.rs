@@ -55,6 +55,11 @@ struct Args {
     /// stage or publish request (context, mount flags, read-only, secret names).
     #[arg(long)]
     call_log: Option<PathBuf>,
+    /// NodeGetInfo reports the number in this file (read at each call) as the most volumes this
+    /// node takes (`max_volumes_per_node`); absent, empty or 0: no limit. Lets an operator
+    /// change the driver's share of the node's loop devices while it runs.
+    #[arg(long, value_name = "FILE")]
+    max_volumes_file: Option<PathBuf>,
     /// Do not serve: detach the loop devices of every volume under --data-dir and exit. For
     /// cleaning up after a demo or test whose mounts are gone; files are kept.
     #[arg(long)]
@@ -98,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("cannot use data directory {}", args.data_dir.display()))?;
     driver.registration_versions = args.registration_versions;
+    driver.max_volumes_file = args.max_volumes_file;
     let driver = Arc::new(driver);
 
     let incoming = kubevol_csi::bind(&socket)

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::api::Api;
 use tokio::task::JoinHandle;
@@ -14,6 +15,69 @@ pub trait NodeDrivers: Send + Sync + 'static {
     fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus>;
     /// Told when a driver registers or goes.
     fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// The registered drivers whose CSIDriver object asks for their volume limit to be read
+    /// again periodically (`nodeAllocatableUpdatePeriodSeconds`), with that period.
+    fn allocatable_periods(&self) -> Vec<(String, Duration)>;
+    /// Reads a driver's node information again (NodeGetInfo): its volume limit now, and
+    /// whether it changed (then [`NodeDrivers::driver_changes`] tells).
+    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>>;
+}
+
+/// How often the CSIDriver objects' update periods are looked at again (the API's shortest
+/// period): a period set, changed or removed takes effect within it.
+const PERIODS_RECHECK: Duration = Duration::from_secs(10);
+
+/// Reads each driver's volume limit again on its CSIDriver's `nodeAllocatableUpdatePeriodSeconds`
+/// (Kubernetes 1.36, the kubelet's CSINode updater): a change wakes the CSINode publisher,
+/// which writes the new `allocatable.count`.
+async fn refresh_allocatable(drivers: Arc<dyn NodeDrivers>) {
+    let mut changes = drivers.driver_changes();
+    // Each driver's period and next reading; a changed period starts anew, as the kubelet
+    // restarts its ticker.
+    let mut next: BTreeMap<String, (Duration, tokio::time::Instant)> = BTreeMap::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        let periods: BTreeMap<String, Duration> =
+            drivers.allocatable_periods().into_iter().collect();
+        next.retain(|name, (period, _)| periods.get(name) == Some(period));
+        for (name, period) in &periods {
+            next.entry(name.clone()).or_insert((*period, now + *period));
+        }
+        for (name, period) in &periods {
+            if next[name].1 > now {
+                continue;
+            }
+            match drivers.refresh_allocatable(name).await {
+                Ok((count, true)) => {
+                    tracing::info!(driver = %name, count, "CSI driver's allocatable volume count changed; CSINode is updated")
+                }
+                Ok(_) => {
+                    tracing::debug!(driver = %name, "CSI driver's allocatable volume count unchanged")
+                }
+                Err(e) => {
+                    tracing::warn!(driver = %name, "cannot read the CSI driver's volume limit again: {e}")
+                }
+            }
+            next.insert(
+                name.clone(),
+                (*period, tokio::time::Instant::now() + *period),
+            );
+        }
+        let wake = next
+            .values()
+            .map(|(_, at)| *at)
+            .min()
+            .unwrap_or(now + PERIODS_RECHECK)
+            .min(now + PERIODS_RECHECK);
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// What is published of one driver: its name, node ID, topology segments and volume limit.
@@ -26,7 +90,9 @@ pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 /// labels, in step with the CSI drivers registered on the node, as the kubelet's CSI plugin
 /// does: each driver's entry has its name, node ID, topology keys and allocatable volume count
 /// (from NodeGetInfo); the Node gets `csi.volume.kubernetes.io/nodeid` (driver → node ID) and
-/// the drivers' topology segments as labels. A driver that goes is removed from both.
+/// the drivers' topology segments as labels. A driver that goes is removed from both. A driver
+/// whose CSIDriver has `nodeAllocatableUpdatePeriodSeconds` is asked for its limit again on that
+/// period, and its entry follows.
 pub struct CsiNodePublisher;
 
 impl CsiNodePublisher {
@@ -38,7 +104,8 @@ impl CsiNodePublisher {
     ) -> JoinHandle<()> {
         let node = node_name.into();
         tokio::spawn(async move {
-            publish_on_change(
+            let refresher = refresh_allocatable(drivers.clone());
+            let publisher = publish_on_change(
                 drivers.driver_changes(),
                 &node,
                 "the CSI drivers in CSINode and the Node",
@@ -55,8 +122,8 @@ impl CsiNodePublisher {
                     let (client, node) = (client.clone(), node.clone());
                     Box::pin(async move { Self::publish(&client, &node, &now, &labelled).await })
                 },
-            )
-            .await;
+            );
+            tokio::join!(refresher, publisher);
         })
     }
 

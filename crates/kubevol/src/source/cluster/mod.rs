@@ -208,6 +208,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     manager.set_attach_controller(Arc::new(ControllerAttach::new(
         client.clone(),
         node.clone(),
+        Arc::new(manager.clone()),
     )));
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
     manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
