@@ -1065,3 +1065,103 @@ cluster_test! {
         });
     }
 }
+
+/// A PersistentVolume of the loop driver grown to `grown` (its file still `size`), and its
+/// claim bound to it whose status says the resize controller's part is done and the node's is
+/// pending, as the external-resizer leaves it; then a pod bound to the node that uses it.
+async fn create_resize_pending_pod(
+    cluster: &kubevol_testserver::TestCluster,
+    name: &str,
+    size: &str,
+    grown: &str,
+) -> Pod {
+    let pv_name = cluster.scoped(name);
+    // xfs: growing ext4 online needs CAP_SYS_RESOURCE, which containers often drop; 300Mi is
+    // xfs's minimum.
+    let mut volume = pv_fs(name, size, "Filesystem", "xfs");
+    volume["metadata"]["name"] = json!(pv_name);
+    volume["spec"]["capacity"]["storage"] = json!(grown);
+    volume["spec"]["claimRef"]["namespace"] = json!(cluster.namespace());
+    cluster.create(volume).await;
+    let mut claim = pvc(name, "Filesystem");
+    claim["spec"]["volumeName"] = json!(pv_name);
+    claim["spec"]["resources"]["requests"]["storage"] = json!(grown);
+    let mut claim = cluster.create(claim).await;
+    claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size},
+        "allocatedResources": {"storage": grown}, "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+        "conditions": [{"type": "FileSystemResizePending", "status": "True"}, {"type": "Custom", "status": "True"}]});
+    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
+    claims
+        .replace_status(
+            name,
+            &Default::default(),
+            &serde_json::from_value(claim).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut pod = serde_json::to_value(claim_pod(name, name)).unwrap();
+    pod["spec"]["nodeName"] = json!(cluster.node_name());
+    pod["spec"]["automountServiceAccountToken"] = json!(false);
+    serde_json::from_value(cluster.create(pod).await).unwrap()
+}
+
+cluster_test! {
+    /// The node's part of an expansion, as the kubelet's: with the claim's
+    /// `allocatedResourceStatuses[storage]` at NodeResizePending, the node marks
+    /// NodeResizeInProgress, calls NodeExpandVolume, and in one patch records the new capacity,
+    /// clears the status and drops the expansion's conditions (others stay). A final error the
+    /// driver calls out of range marks NodeResizeInfeasible with a NodeResizeError condition,
+    /// and the volume is then used at its old size until the user asks again.
+    fn a_claim_is_expanded_on_the_node_when_the_resize_controller_asks(backend) {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--inject", "NodeExpandVolume:OUT_OF_RANGE:1"]);
+        runtime().block_on(async {
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(DRIVER);
+            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
+                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
+            }
+            cluster.create(csi_driver(false)).await;
+            // The node reports its volumes in use before staging them.
+            without_node(&cluster).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": cluster.node_name()}})).await;
+            let m = cluster_manager(t.path(), &cluster);
+            let status = |name: &'static str| {
+                let cluster = &cluster;
+                async move { cluster.get("v1", "persistentvolumeclaims", name).await.unwrap()["status"].clone() }
+            };
+
+            // The first expansion fails out of range: infeasible, and the volume is used as it is.
+            let first = create_resize_pending_pod(&cluster, "first", "300Mi", "600Mi").await;
+            eventually("the first claim marked infeasible", 60, || async { status("first").await["allocatedResourceStatuses"]["storage"] == "NodeResizeInfeasible" }).await;
+            let s = status("first").await;
+            let error = s["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "NodeResizeError").cloned().expect("a NodeResizeError condition");
+            assert!(error["message"].as_str().unwrap().starts_with("failed to expand pvc with") && error["message"].as_str().unwrap().contains("OutOfRange"), "{s:#}");
+            assert_eq!(s["capacity"]["storage"], "300Mi", "{s:#}");
+            m.wait_for_attach_and_mount(&first).await.expect("mounted at its old size");
+            assert_eq!(std::fs::metadata(driver.image("first")).unwrap().len(), 300 << 20);
+
+            // The second succeeds: one patch with the capacity, the status cleared, and only the
+            // expansion's conditions gone.
+            let second = create_resize_pending_pod(&cluster, "second", "300Mi", "600Mi").await;
+            m.wait_for_attach_and_mount(&second).await.expect("mounted");
+            eventually("the second claim's new capacity", 60, || async { status("second").await["capacity"]["storage"] == "600Mi" }).await;
+            let s = status("second").await;
+            assert!(s["allocatedResourceStatuses"].get("storage").is_none(), "{s:#}");
+            let kinds: Vec<&str> = s["conditions"].as_array().unwrap().iter().filter_map(|c| c["type"].as_str()).collect();
+            assert_eq!(kinds, ["Custom"], "{s:#}");
+            assert_eq!(std::fs::metadata(driver.image("second")).unwrap().len(), 600 << 20, "expanded by NodeExpandVolume");
+            assert_eq!(driver.count("NodeExpandVolume", "Ok"), 1);
+            assert_eq!(driver.count("NodeExpandVolume", "OutOfRange"), 1, "the infeasible one is not tried again");
+
+            for name in ["first", "second"] {
+                cluster.delete("v1", "pods", name, Some(0)).await;
+            }
+            m.wait_for_unmount(&first).await.unwrap();
+            m.wait_for_unmount(&second).await.unwrap();
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

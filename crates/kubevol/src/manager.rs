@@ -229,6 +229,7 @@ impl VolumeManager {
             plugin_dirs: Default::default(),
             attach_controller: std::sync::OnceLock::new(),
             trust_bundles: std::sync::OnceLock::new(),
+            claim_status: std::sync::OnceLock::new(),
             refresh: crate::plugins::Refresher::new(refresh),
             csi,
             record,
@@ -311,6 +312,13 @@ impl VolumeManager {
     /// volume is attached.
     pub fn set_attach_controller(&self, controller: Arc<dyn crate::plugins::AttachController>) {
         let _ = self.parts.host.attach_controller.set(controller);
+    }
+
+    /// Sets where claims' statuses are written (in cluster mode,
+    /// [`ClusterClaims`](crate::source::cluster::ClusterClaims)): the node's part of an
+    /// expansion. Set once.
+    pub fn set_claim_status_writer(&self, writer: Arc<dyn crate::plugins::ClaimStatusWriter>) {
+        let _ = self.parts.host.claim_status.set(writer);
     }
 
     /// Sets where `clusterTrustBundle` projected sources are read (in cluster mode,

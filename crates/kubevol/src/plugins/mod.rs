@@ -45,6 +45,27 @@ pub trait AttachController: Send + Sync + 'static {
     ) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
 }
 
+/// Where a claim's status is written (the API server in cluster mode): the node's part of an
+/// expansion, as the kubelet's.
+pub trait ClaimStatusWriter: Send + Sync + 'static {
+    /// The claim `namespace/name` as the API server has it now (an expansion decides on the
+    /// claim's current status, as the kubelet reads it afresh).
+    fn get(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, String>>;
+    /// Merge-patches the status of claim `namespace/name` with `patch` (a JSON merge patch of
+    /// the whole claim; set `metadata.resourceVersion` to make it conditional); returns the
+    /// claim as written.
+    fn patch_status(
+        &self,
+        namespace: String,
+        name: String,
+        patch: serde_json::Value,
+    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, String>>;
+}
+
 /// Where `clusterTrustBundle` projected sources are read (the API server in cluster mode).
 pub trait TrustBundles: Send + Sync + 'static {
     /// The PEM bundle a source selects (by name, or by signer name and label selector), `None`
@@ -88,6 +109,8 @@ pub struct PluginHost {
     pub tokens: Arc<crate::tokens::Tokens>,
     /// Who attaches volumes when kubevol does not (a cluster's attach/detach controller).
     pub attach_controller: std::sync::OnceLock<Arc<dyn AttachController>>,
+    /// Where claims' statuses are written (the API server in cluster mode).
+    pub claim_status: std::sync::OnceLock<Arc<dyn ClaimStatusWriter>>,
     /// Where cluster trust bundles are read (the API server in cluster mode).
     pub trust_bundles: std::sync::OnceLock<Arc<dyn TrustBundles>>,
     /// Asks the populator to process a pod again (its tokens are due, its bundles are to be

@@ -34,7 +34,7 @@ use crate::plugins::{
 
 pub(crate) use layout::staged_volumes;
 use layout::*;
-use resize::expand_if_grown;
+use resize::{expand_if_grown, ClusterClaim};
 pub(crate) use stats::stats_loop;
 use volume::*;
 pub use volume::{attachment_id, ephemeral_handle};
@@ -328,7 +328,8 @@ impl VolumePlugin for CsiPlugin {
                 publish_volume(&host, &req, &r, &driver, &pol, &target, &data_dir).await?;
             }
             if !r.ephemeral && !r.block {
-                expand_if_grown(&host, &sizes, &req.volume, &r, &driver, &abs).await?;
+                let claim = cluster_claim(&host, &req);
+                expand_if_grown(&host, &sizes, &req.volume, &r, &driver, &abs, claim).await?;
             }
             Ok(SetUpResult {
                 path: abs,
@@ -503,6 +504,34 @@ async fn publish_volume(
         Ok(())
     })
     .await
+}
+
+/// The claim of a volume when it comes from the API server (whose status the node writes
+/// during an expansion), with the PersistentVolume's capacity.
+fn cluster_claim(host: &PluginHost, req: &SetUpRequest) -> Option<ClusterClaim> {
+    host.claim_status.get()?;
+    let name = crate::populator::claims::claim_name(&req.pod_ref.name, &req.spec.volume)?;
+    let stored = host
+        .store
+        .persistent_volume_claim(&req.pod_ref.namespace, &name)
+        .filter(|s| s.origin == crate::store::Origin::Cluster)?;
+    let new_capacity = req
+        .spec
+        .persistent_volume
+        .as_ref()?
+        .spec
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")?
+        .0
+        .clone();
+    Some(ClusterClaim {
+        namespace: req.pod_ref.namespace.to_string(),
+        name: name.into_owned(),
+        claim: stored.object,
+        new_capacity,
+    })
 }
 
 /// How often a volume of a driver with `requiresRepublish` is published again when no token

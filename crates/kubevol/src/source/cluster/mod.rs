@@ -14,7 +14,8 @@
 //!   references the object) is retried with backoff; the pod's volume waits meanwhile.
 //! - `tokens` (TokenRequest), `events` (the event recorder), `node_status`
 //!   (`status.volumesInUse`), `csinode` (CSINode and the Node's CSI annotation and labels),
-//!   `attach` (the attach/detach controller's record), `trust` (ClusterTrustBundles);
+//!   `attach` (the attach/detach controller's record), `claims` (claims' statuses during an
+//!   expansion), `trust` (ClusterTrustBundles);
 //!   `backoff` and `publish` are what they share.
 //!
 //! Until the pods' first listing is complete the source is not synced, so nothing is torn down;
@@ -22,6 +23,7 @@
 
 mod attach;
 mod backoff;
+mod claims;
 mod connection;
 mod csinode;
 mod events;
@@ -32,6 +34,7 @@ mod tokens;
 mod trust;
 
 pub use attach::ControllerAttach;
+pub use claims::ClusterClaims;
 pub use connection::{client, STREAMS_PER_CONNECTION};
 pub use csinode::{CsiNodePublisher, NodeDrivers, NODE_ID_ANNOTATION};
 pub use events::EventPoster;
@@ -211,6 +214,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
         Arc::new(manager.clone()),
     )));
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
+    manager.set_claim_status_writer(Arc::new(ClusterClaims::new(client.clone())));
     manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
     let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
     manager.set_event_sink(events);
