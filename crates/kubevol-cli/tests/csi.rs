@@ -741,6 +741,11 @@ cluster_test! {
             let node_id = m.csi_drivers()[0].node_id.clone();
             assert_eq!(entry, json!({"name": DRIVER, "nodeID": node_id, "topologyKeys": ["topology.loop.csi.kubevol.io/node"]}));
             assert_eq!(csinode().await.unwrap()["metadata"]["ownerReferences"][0]["kind"], json!("Node"));
+            // The in-tree plugins served through CSI, for the attach/detach controller.
+            assert_eq!(
+                csinode().await.unwrap()["metadata"]["annotations"]["storage.alpha.kubernetes.io/migrated-plugins"],
+                json!(kubevol_core::migration::migrated_plugins())
+            );
             let node_meta = || async { cluster.get("v1", "nodes", &name).await.unwrap()["metadata"].clone() };
             eventually("the Node's CSI annotation", 30, || async { node_meta().await["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string() }).await;
             let meta = node_meta().await;
@@ -1160,6 +1165,148 @@ cluster_test! {
             }
             m.wait_for_unmount(&first).await.unwrap();
             m.wait_for_unmount(&second).await.unwrap();
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+mount_test! {
+    /// In-tree volumes through their CSI driver (CSI migration), with what the translation
+    /// gives: a gcePersistentDisk PersistentVolume (zone label, ReadWriteMany, which in-tree
+    /// treated as ReadWriteOnce) and an inline gcePersistentDisk, served by a driver named
+    /// pd.csi.storage.gke.io (the loop driver under that name, the disks made beforehand as a
+    /// cloud's are), attached, staged and published with the translated handles and attributes.
+    fn in_tree_volumes_are_served_by_their_csi_driver() {
+        use kubevol_csi::v1::controller_client::ControllerClient;
+        use kubevol_csi::v1::*;
+        const GCE: &str = "pd.csi.storage.gke.io";
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", GCE]);
+        runtime().block_on(async {
+            let zonal = "projects/UNSPECIFIED/zones/europe-west1-b/disks/disk-1";
+            let unspecified = "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/disk-2";
+            let mut c = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+            for handle in [zonal, unspecified] {
+                let cap = VolumeCapability {
+                    access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
+                    access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+                };
+                c.create_volume(CreateVolumeRequest {
+                    name: handle.into(),
+                    capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
+                    volume_capabilities: vec![cap],
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+            let socket = t.path().join("driver/csi.sock");
+            let m = manager(t.path(), |c| {
+                c.csi_controllers = vec![(GCE.into(), socket)];
+                c.node_labels = [("topology.kubernetes.io/zone".to_string(), "europe-west1-b".to_string())].into();
+            });
+            m.library().upsert_objects(objects(json!([
+                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "old-disk", "labels": {"topology.kubernetes.io/zone": "europe-west1-b"}},
+                 "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteMany"], "claimRef": {"namespace": "default", "name": "old"},
+                          "gcePersistentDisk": {"pdName": "disk-1", "fsType": "ext4"},
+                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["europe-west1-b"]}]}]}}}},
+            ])));
+            let mut claim = pvc("old", "Filesystem");
+            claim["spec"]["volumeName"] = json!("old-disk");
+            m.library().upsert_objects(objects(json!([claim])));
+            let p = claim_pod("app", "old");
+            let inline = pod_with_volumes("inline", json!([{"name": "disk", "gcePersistentDisk": {"pdName": "disk-2", "fsType": "ext4"}}]));
+            m.add_pod(p.clone());
+            m.add_pod(inline.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("the PersistentVolume through CSI");
+            m.wait_for_attach_and_mount(&inline).await.expect("the inline volume through CSI");
+
+            let s = m.pod_status(&kubevol::pod_uid(&p)).unwrap();
+            assert_eq!(s.volumes[0].unique_name.as_deref(), Some(format!("kubernetes.io/csi/{GCE}^{zonal}").as_str()), "{s:#?}");
+            let stage = driver.requests("NodeStageVolume");
+            let staged: Vec<&str> = stage.iter().filter_map(|r| r["volume_id"].as_str()).collect();
+            assert!(staged.contains(&zonal) && staged.contains(&unspecified), "{stage:?}");
+            let first = stage.iter().find(|r| r["volume_id"] == zonal).unwrap();
+            assert_eq!(first["context"], json!({"partition": ""}), "the translation's attributes: {first}");
+            let single_node_writer = kubevol_csi::v1::volume_capability::access_mode::Mode::SingleNodeWriter as i32;
+            assert_eq!(first["access_mode"], json!(single_node_writer), "ReadWriteMany is ReadWriteOnce for a migrated GCE PD");
+            assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 2, "both attached through the driver's controller");
+            // The inline volume's directory is named after the translated volume.
+            let path = mount_path(&m, &inline, "disk");
+            assert!(path.ends_with(format!("volumes/kubernetes.io~csi/{GCE}-disk-2/mount")), "{}", path.display());
+            std::fs::write(path.join("kept"), "yes").unwrap();
+
+            for q in [&p, &inline] {
+                m.remove_pod(q);
+                m.wait_for_unmount(q).await.unwrap();
+            }
+            wait_until("both detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
+            m.shutdown();
+        });
+    }
+}
+
+cluster_test! {
+    /// CSI migration as a node of a cluster: a gcePersistentDisk PersistentVolume bound to a
+    /// claim is served by pd.csi.storage.gke.io with the translated handle, and reported in
+    /// `volumesInUse` under the CSI unique name the controllers compute.
+    fn a_cluster_nodes_in_tree_volume_is_served_and_reported_as_csi(backend) {
+        use kubevol_csi::v1::controller_client::ControllerClient;
+        use kubevol_csi::v1::*;
+        const GCE: &str = "pd.csi.storage.gke.io";
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", GCE]);
+        runtime().block_on(async {
+            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+            let _driver_name = cluster.exclusive(GCE);
+            let name = cluster.node_name().to_string();
+            // The disk is this test's driver's own (its data directory): its name need not be
+            // scoped.
+            let disk = "disk-1";
+            let handle = format!("projects/UNSPECIFIED/zones/UNSPECIFIED/disks/{disk}");
+            let mut c = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+            c.create_volume(CreateVolumeRequest {
+                name: handle.clone(),
+                capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
+                volume_capabilities: vec![VolumeCapability {
+                    access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
+                    access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            if cluster.get("storage.k8s.io/v1", "csidrivers", GCE).await.is_some() {
+                cluster.delete("storage.k8s.io/v1", "csidrivers", GCE, None).await;
+            }
+            cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": GCE}, "spec": {"attachRequired": false}})).await;
+            without_node(&cluster).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
+            let pv_name = cluster.scoped("old");
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+                "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"},
+                         "gcePersistentDisk": {"pdName": disk, "fsType": "ext4"}}})).await;
+            let mut claim = pvc("old", "Filesystem");
+            claim["spec"]["volumeName"] = json!(pv_name);
+            let mut claim = cluster.create(claim).await;
+            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
+            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
+            claims.replace_status("old", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
+            pod["spec"]["nodeName"] = json!(name);
+            pod["spec"]["automountServiceAccountToken"] = json!(false);
+            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let m = cluster_manager(t.path(), &cluster);
+            m.wait_for_attach_and_mount(&pod).await.expect("served by the CSI driver");
+            let unique = format!("kubernetes.io/csi/{GCE}^{handle}");
+            let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
+            assert_eq!(in_use().await, json!([unique]));
+            let stage = driver.requests("NodeStageVolume");
+            assert_eq!(stage[0]["volume_id"], json!(handle), "{stage:?}");
+
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            eventually("volumesInUse emptied", 30, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
             m.shutdown();
             cluster.clean_up().await;
         });

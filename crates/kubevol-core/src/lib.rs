@@ -8,6 +8,7 @@
 pub mod affinity;
 pub mod backoff;
 pub mod collections;
+pub mod migration;
 pub mod names;
 pub mod projection;
 pub mod quantity;

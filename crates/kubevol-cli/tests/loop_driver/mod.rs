@@ -137,7 +137,9 @@ impl Driver {
     }
 
     pub fn image(&self, id: &str) -> PathBuf {
-        self.dir.join("data/volumes").join(format!("{id}.img"))
+        self.dir
+            .join("data/volumes")
+            .join(format!("{}.img", id.replace('/', "~")))
     }
 }
 

@@ -773,6 +773,9 @@ fn storage_check(
         }
         claims::lifecycle_allows(store, &csi.driver, "Ephemeral")?;
     }
+    if let Some(translated) = kubevol_core::migration::translate_inline(v, &pod.namespace) {
+        return migrated_inline(v, translated, usage).map(Some);
+    }
     if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() {
         return Ok(None);
     }
@@ -791,7 +794,49 @@ fn storage_check(
     {
         claims::check_node_affinity(name, required, &host.node_facts())?;
     }
-    Ok(Some(pv))
+    // An in-tree type is served by its CSI driver, as the PersistentVolume the translation
+    // gives (its node affinity was checked as written).
+    match kubevol_core::migration::translate_pv(&pv) {
+        Some(Ok(translated)) => Ok(Some(Arc::new(translated))),
+        Some(Err(e)) => {
+            let t = kubevol_core::migration::in_tree_of_pv(&pv).map_or("", |t| t.driver);
+            Err(format!(
+                "PersistentVolume {name} cannot be served by CSI driver {t}, as Kubernetes serves in-tree volumes: {e}; fix the PersistentVolume"
+            )
+            .into())
+        }
+        None => Ok(Some(pv)),
+    }
+}
+
+/// An inline volume of an in-tree type, as the PersistentVolume its CSI driver serves. Its
+/// name (the translation's, unique per disk) names the volume's directories: one that is not a
+/// single path component has each `/` written as `~`.
+fn migrated_inline(
+    v: &k8s_openapi::api::core::v1::Volume,
+    translated: Result<k8s_openapi::api::core::v1::PersistentVolume, String>,
+    usage: claims::Usage,
+) -> Result<Arc<k8s_openapi::api::core::v1::PersistentVolume>, Refusal> {
+    let t = kubevol_core::migration::in_tree_of_volume(v).map_or("", |t| t.driver);
+    let mut pv = translated.map_err(|e| {
+        format!("the volume cannot be served by CSI driver {t}, as Kubernetes serves in-tree volumes: {e}; fix the volume")
+    })?;
+    if usage.device {
+        return Err(Refusal {
+            why: "an inline volume cannot be used in volumeDevices: use a claim with volumeMode Block".into(),
+            unsupported: true,
+        });
+    }
+    if let Some(n) = pv.metadata.name.as_mut() {
+        *n = n.replace('/', "~");
+        if n.is_empty() || n == "." || n == ".." {
+            return Err(format!(
+                "the volume's disk name {n:?} cannot name a directory; fix the volume"
+            )
+            .into());
+        }
+    }
+    Ok(Arc::new(pv))
 }
 
 #[cfg(test)]

@@ -87,16 +87,18 @@ fn check_id(id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(invalid("volume_id"));
     }
+    // A `/` separates the parts of cloud-style handles (a migrated in-tree volume's, such as
+    // `projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d`); the file name has `~` for it.
     let ok = id.len() <= 128
         && !id.starts_with('.')
         && id
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
     if ok {
         Ok(())
     } else {
         Err(Status::not_found(format!(
-            "volume {id:?} does not exist: loop volume IDs are at most 128 characters of [A-Za-z0-9._-]"
+            "volume {id:?} does not exist: loop volume IDs are at most 128 characters of [A-Za-z0-9._-/]"
         )))
     }
 }
@@ -1091,7 +1093,13 @@ mod tests {
     #[test]
     fn ids_cannot_name_other_files() {
         assert!(check_id("pv-data.1").is_ok());
-        for bad in ["", "..", "../x", "a/b", ".hidden", &"x".repeat(129)] {
+        assert!(check_id("projects/UNSPECIFIED/zones/z/disks/d").is_ok());
+        let dir = Path::new("/data");
+        assert_eq!(
+            sys::image(dir, "projects/p/disks/d"),
+            dir.join("volumes/projects~p~disks~d.img")
+        );
+        for bad in ["", "..", "../x", "a~b", ".hidden", &"x".repeat(129)] {
             assert!(check_id(bad).is_err(), "{bad}");
         }
     }

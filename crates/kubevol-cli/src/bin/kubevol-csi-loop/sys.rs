@@ -251,6 +251,10 @@ pub fn device_size(device: &str) -> Result<i64, String> {
 }
 
 /// Where a volume's backing file lives.
+/// A volume's file: `<id>.img`, with each `/` of the ID (cloud-style handles such as
+/// `projects/p/zones/z/disks/d`) written as `~`, which IDs cannot contain.
 pub fn image(data_dir: &Path, id: &str) -> PathBuf {
-    data_dir.join("volumes").join(format!("{id}.img"))
+    data_dir
+        .join("volumes")
+        .join(format!("{}.img", id.replace('/', "~")))
 }

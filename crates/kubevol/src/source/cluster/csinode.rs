@@ -167,9 +167,21 @@ impl CsiNodePublisher {
                 ..Default::default()
             },
         ]);
+        // The in-tree plugins this node serves through their CSI drivers, so that the
+        // attach/detach controller attaches their volumes through CSI, as for a kubelet.
+        let migrated = kubevol_core::migration::migrated_plugins();
+        let annotate = |meta: &mut kube::api::ObjectMeta| {
+            meta.annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    kubevol_core::migration::MIGRATED_PLUGINS_ANNOTATION.to_string(),
+                    migrated.clone(),
+                );
+        };
         match csinodes.get_opt(node).await.map_err(|e| e.to_string())? {
             Some(mut current) => {
                 current.spec = CSINodeSpec { drivers: entries };
+                annotate(&mut current.metadata);
                 if current
                     .metadata
                     .owner_references
@@ -184,7 +196,7 @@ impl CsiNodePublisher {
                     .map_err(|e| e.to_string())?;
             }
             None => {
-                let object = CSINode {
+                let mut object = CSINode {
                     metadata: kube::api::ObjectMeta {
                         name: Some(node.into()),
                         owner_references: owner,
@@ -192,6 +204,7 @@ impl CsiNodePublisher {
                     },
                     spec: CSINodeSpec { drivers: entries },
                 };
+                annotate(&mut object.metadata);
                 csinodes
                     .create(&Default::default(), &object)
                     .await
