@@ -133,6 +133,15 @@ struct RunArgs {
     /// status and the log, and left alone.
     #[arg(long)]
     adopt_foreign_pods: bool,
+    /// The SELinuxMount feature (beta in Kubernetes 1.36, off by default): volumes of every
+    /// access mode whose CSIDriver says seLinuxMount are mounted with the pods' SELinux label,
+    /// not only ReadWriteOncePod ones.
+    #[arg(long)]
+    selinux_mount: bool,
+    /// Whether the node has SELinux: `detect` (/sys/fs/selinux), `disabled`, or the containers'
+    /// default file context to assume (`system_u:object_r:container_file_t:s0`).
+    #[arg(long, default_value = "detect", value_name = "detect|disabled|CONTEXT")]
+    selinux: String,
     /// The largest manifest file read (bytes, or with a Ki, Mi or Gi suffix); a bigger file is
     /// reported as an error of that file and not read.
     #[arg(long, default_value = "8Mi", value_parser = parse_size)]
@@ -394,6 +403,17 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     config.operation_timeout = args.operation_timeout;
     config.allow_lazy_unmount = args.allow_lazy_unmount;
     config.adopt_foreign_pods = args.adopt_foreign_pods;
+    config.selinux_mount = args.selinux_mount;
+    config.selinux = match args.selinux.as_str() {
+        "detect" => kubevol::Selinux::Detect,
+        "disabled" => kubevol::Selinux::Disabled,
+        context if context.splitn(4, ':').count() == 4 => kubevol::Selinux::Enabled {
+            file_context: context.to_string(),
+        },
+        other => anyhow::bail!(
+            "--selinux {other:?}: give detect, disabled, or a file context user:role:type:level (system_u:object_r:container_file_t:s0)"
+        ),
+    };
     let manager = match VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)) {
         Ok(m) => m,
         // It names the root, the lock and its holder.

@@ -13,6 +13,7 @@ pub mod names;
 pub mod projection;
 pub mod quantity;
 pub mod reconcile;
+pub mod selinux;
 pub mod state;
 pub mod validation;
 

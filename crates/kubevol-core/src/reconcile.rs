@@ -254,6 +254,8 @@ mod tests {
             persistent_volume: None,
             block: false,
             extensions: Default::default(),
+            selinux_label: None,
+            selinux_mount: false,
         })
     }
 

@@ -86,6 +86,13 @@ pub struct VolumeSpec {
     pub block: bool,
     /// What the manifest says of the volume beyond the API types kubevol is built with.
     pub extensions: VolumeExtensions,
+    /// The SELinux file label of the pod's containers that use the volume (see
+    /// [`crate::selinux`]); `None` when they ask for none or the node has no SELinux.
+    pub selinux_label: Option<String>,
+    /// Whether the volume is mounted with `-o context="<selinux_label>"` (its CSIDriver says
+    /// `seLinuxMount`, the volume is ReadWriteOncePod or SELinuxMount is on, and the pod's
+    /// `seLinuxChangePolicy` is not `Recursive`).
+    pub selinux_mount: bool,
 }
 
 /// Fields of a pod's volume that the API types kubevol is built with do not know, read from
@@ -863,6 +870,8 @@ mod tests {
                 persistent_volume: None,
                 block: false,
                 extensions: Default::default(),
+                selinux_label: None,
+                selinux_mount: false,
             }),
             state,
             path: PathBuf::from("/x"),

@@ -49,7 +49,7 @@ pub mod tokens;
 mod waiters;
 mod world;
 
-pub use manager::{Config, VolumeManager};
+pub use manager::{Config, Selinux, VolumeManager};
 
 /// A boxed future, so that plugins, pod sources and token issuers can be trait objects.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;

@@ -75,6 +75,39 @@ pub struct Config {
     /// reconstructed, torn down when no pod wants them, and their directories swept. Off: they
     /// are reported and left alone.
     pub adopt_foreign_pods: bool,
+    /// Whether the node has SELinux, and its containers' default file context: detected (from
+    /// `/sys/fs/selinux` and the policy's `lxc_contexts`) unless given.
+    pub selinux: Selinux,
+    /// The SELinuxMount feature (Kubernetes 1.36: beta, off by default): volumes of every access
+    /// mode, not only ReadWriteOncePod ones, are mounted with their SELinux label.
+    pub selinux_mount: bool,
+}
+
+/// Whether the node has SELinux.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Selinux {
+    /// As the node says (`/sys/fs/selinux`).
+    #[default]
+    Detect,
+    /// No SELinux: volumes are mounted without a label.
+    Disabled,
+    /// SELinux, with the containers' default file context
+    /// (`system_u:object_r:container_file_t:s0`).
+    Enabled {
+        /// The default file context.
+        file_context: String,
+    },
+}
+
+impl Selinux {
+    /// The default container file context, or `None` without SELinux.
+    pub fn file_context(&self) -> Option<String> {
+        match self {
+            Selinux::Disabled => None,
+            Selinux::Enabled { file_context } => Some(file_context.clone()),
+            Selinux::Detect => crate::node::selinux_file_context(),
+        }
+    }
 }
 
 impl Config {
@@ -98,6 +131,8 @@ impl Config {
             allow_lazy_unmount: false,
             node_labels: BTreeMap::new(),
             adopt_foreign_pods: false,
+            selinux: Selinux::Detect,
+            selinux_mount: false,
         }
     }
 }
@@ -231,6 +266,9 @@ impl VolumeManager {
             trust_bundles: std::sync::OnceLock::new(),
             claim_status: std::sync::OnceLock::new(),
             refresh: crate::plugins::Refresher::new(refresh),
+            selinux_context: config.selinux.file_context(),
+            selinux_mount_all: config.selinux_mount,
+            metrics: metrics.clone(),
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,
@@ -697,6 +735,8 @@ mod tests {
                 persistent_volume: gid.map(pv),
                 block: false,
                 extensions: Default::default(),
+                selinux_label: None,
+                selinux_mount: false,
             });
             m.parts.asw.write().mark_pod_volume(
                 &UniqueVolumeName::from(format!("test/pv/{name}")),

@@ -52,3 +52,31 @@ pub fn allocatable(root: &Path) -> NodeAllocatable {
         ephemeral_storage,
     }
 }
+
+/// The node's default SELinux file context for containers, or `None` when the node has no
+/// SELinux (no selinuxfs at `/sys/fs/selinux`): the `file` entry of the policy's
+/// `contexts/lxc_contexts` (`SELINUXTYPE` of `/etc/selinux/config`), else
+/// `system_u:object_r:container_file_t:s0`.
+pub fn selinux_file_context() -> Option<String> {
+    if !std::path::Path::new("/sys/fs/selinux/enforce").exists() {
+        return None;
+    }
+    let policy = std::fs::read_to_string("/etc/selinux/config")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("SELINUXTYPE=")
+                    .map(|v| v.trim().to_string())
+            })
+        })
+        .unwrap_or_else(|| "targeted".into());
+    let contexts = std::fs::read_to_string(format!("/etc/selinux/{policy}/contexts/lxc_contexts"));
+    let file = contexts.ok().and_then(|c| {
+        c.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "file").then(|| v.trim().trim_matches('"').to_string())
+        })
+    });
+    Some(file.unwrap_or_else(|| kubevol_core::selinux::DEFAULT_FILE_CONTEXT.to_string()))
+}

@@ -265,9 +265,32 @@ impl super::status::Sources<'_> {
                     steps.push(s);
                 }
             }
+            // The SELinux label: of the mount as it is (kept across restarts by the record),
+            // else as wanted.
+            let uid = PodUid::from(status.uid.as_str());
+            let selinux_spec = asw_volume
+                .as_ref()
+                .and_then(|a| a.pods.get(&uid).map(|m| m.spec.clone()))
+                .or_else(|| {
+                    desired
+                        .as_ref()
+                        .and_then(|d| d.pods.get(&uid).map(|p| p.spec.clone()))
+                });
+            if let Some(label) = selinux_spec.as_ref().and_then(|s| s.selinux_label.clone()) {
+                let mounted = selinux_spec.as_ref().is_some_and(|s| s.selinux_mount);
+                steps.push(step(
+                    "SELinux",
+                    StepState::Done,
+                    if mounted {
+                        format!("mounted with -o {}", kubevol_core::selinux::context_option(&label))
+                    } else {
+                        format!("label {label}, not used for the mount (only ReadWriteOncePod volumes are mounted with their label unless --selinux-mount): the container runtime relabels the files")
+                    },
+                ));
+            }
             let mounted = asw_volume
                 .as_ref()
-                .and_then(|a| a.pods.get(&PodUid::from(status.uid.as_str())))
+                .and_then(|a| a.pods.get(&uid))
                 .map(|m| (m.state, m.path.clone(), m.sub_paths.clone()));
             let tearing_down = v.state == VolumePhase::Unmounting;
             let mut set_up = match (&mounted, tearing_down) {

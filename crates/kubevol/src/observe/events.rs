@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 /// How many events are kept per pod.
 pub const EVENTS_PER_POD: usize = 32;
 
-/// The event reasons kubevol emits: the kubelet's, and `UnknownField` of its own.
+/// The event reasons kubevol emits: the kubelet's, and `UnknownField` and `SELinuxUnavailable` of
+/// its own.
 pub mod reason {
     /// A volume was set up for a pod.
     pub const SUCCESSFUL_MOUNT_VOLUME: &str = "SuccessfulMountVolume";
@@ -27,6 +28,9 @@ pub mod reason {
     pub const FAILED_VALIDATION: &str = "FailedValidation";
     /// A field of a volume that kubevol's API types do not have: ignored.
     pub const UNKNOWN_FIELD: &str = "UnknownField";
+    /// A pod asks for an SELinux label for a volume that would be mounted with it, but the node
+    /// has no SELinux: mounted without the label.
+    pub const SELINUX_UNAVAILABLE: &str = "SELinuxUnavailable";
 }
 
 /// One event.

@@ -106,6 +106,37 @@ fn operation_histogram() -> Histogram {
     Histogram::new(OPERATION_BUCKETS)
 }
 
+/// Labels of the `volume_manager_selinux_*` gauges of one volume.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SelinuxVolumeLabels {
+    /// The plugin (`kubernetes.io/csi:<driver>` for CSI volumes).
+    pub volume_plugin: String,
+    /// The volume's "highest" access mode (`RWX`, `ROX`, `RWO`, `RWOP`, `inline`).
+    pub access_mode: String,
+}
+
+/// Labels of the `volume_manager_selinux_*` gauges of a pod.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SelinuxPodLabels {
+    /// The volume's "highest" access mode.
+    pub access_mode: String,
+}
+
+/// What the SELinux gauges count (each as the kubelet's metric of that name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelinuxCount {
+    /// A pod's containers that use one volume have different labels (the pod cannot start).
+    PodMismatchError,
+    /// The same, for a volume that is not mounted with its label (not an error).
+    PodMismatchWarning,
+    /// A pod needs a volume with another label than the pods that use it already.
+    VolumeMismatchError,
+    /// The same, for a volume that is not mounted with its label (not an error).
+    VolumeMismatchWarning,
+    /// A volume that will be mounted with its label.
+    Admitted,
+}
+
 /// A series of `storage_operation_duration_seconds`: plugin, operation, success.
 type OperationSeries = (String, &'static str, bool);
 
@@ -123,6 +154,8 @@ pub struct Metrics {
     orphans_cleaned: Gauge,
     orphan_errors: Gauge,
     reconstruction_problems: Gauge,
+    selinux_pod: [Family<SelinuxPodLabels, Gauge>; 2],
+    selinux_volume: [Family<SelinuxVolumeLabels, Gauge>; 3],
     render: Mutex<()>,
 }
 
@@ -218,8 +251,25 @@ impl Default for Metrics {
             "Log lines dropped because they could not be written (closed or full log) or queued",
             LOG_LINES_DROPPED.clone(),
         );
+        let selinux_pod: [Family<SelinuxPodLabels, Gauge>; 2] = Default::default();
+        let selinux_volume: [Family<SelinuxVolumeLabels, Gauge>; 3] = Default::default();
+        for (name, help, family) in [
+            ("volume_manager_selinux_pod_context_mismatch_errors_total", "Number of errors when a Pod defines different SELinux contexts for its containers that use the same volume", &selinux_pod[0]),
+            ("volume_manager_selinux_pod_context_mismatch_warnings_total", "Number of Pods that define different SELinux contexts for their containers that use the same volume, for volumes not mounted with a context", &selinux_pod[1]),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        for (name, help, family) in [
+            ("volume_manager_selinux_volume_context_mismatch_errors_total", "Number of errors when a Pod uses a volume that is already mounted with a different SELinux context than the Pod needs", &selinux_volume[0]),
+            ("volume_manager_selinux_volume_context_mismatch_warnings_total", "Number of Pods that use a volume with a different SELinux context than other Pods, for volumes not mounted with a context", &selinux_volume[1]),
+            ("volume_manager_selinux_volumes_admitted_total", "Number of volumes whose SELinux context was fine and will be mounted with mount -o context option", &selinux_volume[2]),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         Metrics {
             registry,
+            selinux_pod,
+            selinux_volume,
             orphans_cleaned,
             orphan_errors,
             reconstruction_problems,
@@ -235,6 +285,32 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts one SELinux event of a volume of `plugin` with `access_mode`.
+    pub fn count_selinux(&self, what: SelinuxCount, plugin: &str, access_mode: &str) {
+        let pod = |i: usize| {
+            self.selinux_pod[i]
+                .get_or_create(&SelinuxPodLabels {
+                    access_mode: access_mode.to_string(),
+                })
+                .inc();
+        };
+        let volume = |i: usize| {
+            self.selinux_volume[i]
+                .get_or_create(&SelinuxVolumeLabels {
+                    volume_plugin: plugin.to_string(),
+                    access_mode: access_mode.to_string(),
+                })
+                .inc();
+        };
+        match what {
+            SelinuxCount::PodMismatchError => pod(0),
+            SelinuxCount::PodMismatchWarning => pod(1),
+            SelinuxCount::VolumeMismatchError => volume(0),
+            SelinuxCount::VolumeMismatchWarning => volume(1),
+            SelinuxCount::Admitted => volume(2),
+        }
+    }
+
     /// Records the outcome of one orphan sweep.
     pub fn set_orphan_sweep(&self, cleaned: usize, errors: usize) {
         self.orphans_cleaned.set(cleaned as i64);

@@ -301,6 +301,8 @@ impl VolumePlugin for LocalPlugin {
                 persistent_volume: Some(Arc::new(pv)),
                 block: false,
                 extensions: Default::default(),
+                selinux_label: None,
+                selinux_mount: false,
             },
             dir.to_path_buf(),
         ))

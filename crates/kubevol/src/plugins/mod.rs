@@ -118,6 +118,12 @@ pub struct PluginHost {
     pub refresh: Refresher,
     /// The plugin directories last used, kept open.
     pub(crate) plugin_dirs: PluginDirCache,
+    /// The containers' default SELinux file context, or `None`: the node has no SELinux.
+    pub selinux_context: Option<String>,
+    /// SELinuxMount: every volume, not only ReadWriteOncePod ones, is mounted with its label.
+    pub selinux_mount_all: bool,
+    /// The metrics.
+    pub metrics: Arc<crate::observe::metrics::Metrics>,
 }
 
 impl PluginHost {
@@ -633,6 +639,8 @@ pub(crate) fn reconstructed(
             persistent_volume: None,
             block: false,
             extensions: Default::default(),
+            selinux_label: None,
+            selinux_mount: false,
         },
         dir.to_path_buf(),
     ))
@@ -768,6 +776,12 @@ pub trait VolumePlugin: Send + Sync + 'static {
             attachable: false,
             device_mountable: false,
         }
+    }
+
+    /// Whether the plugin mounts this volume with an SELinux context when asked (`-o
+    /// context=`): none but CSI, whose CSIDriver says so (`seLinuxMount`).
+    fn supports_selinux_mount(&self, _host: &PluginHost, _spec: &VolumeSpec) -> bool {
+        false
     }
 
     /// Whether set-up must run again when the volume's content changes (an object it reads or

@@ -655,6 +655,8 @@ impl Populator {
                 block: usage.device,
                 extensions,
                 persistent_volume,
+                selinux_label: None,
+                selinux_mount: false,
             });
             let Some(plugin) = self.plugins.find(&spec) else {
                 let why = match spec.persistent_volume.as_deref() {
@@ -673,6 +675,14 @@ impl Populator {
                 fail(why, true, false);
                 continue;
             };
+            let name = plugin.volume_name(&pref, &spec);
+            let spec = match self.selinux(pod, &pref, &v.name, spec, &*plugin, &name) {
+                Ok(spec) => spec,
+                Err(why) => {
+                    fail(why, false, false);
+                    continue;
+                }
+            };
             let content_generation = if plugin.requires_remount() {
                 // The pod or an object it reads changed: content volumes are written again
                 // (the writer leaves unchanged content alone).
@@ -682,7 +692,7 @@ impl Populator {
                 0
             };
             wishes.push(PodVolumeWish {
-                name: plugin.volume_name(&pref, &spec),
+                name,
                 traits: plugin.traits(&self.host, &spec),
                 pod_volume: DesiredPodVolume {
                     pod_ref: pref.clone(),
@@ -694,6 +704,101 @@ impl Populator {
             });
         }
         self.dsw.set_pod(pref, wishes, failed);
+    }
+
+    /// The volume's SELinux label and whether it is mounted with it, decided as the kubelet
+    /// decides (see [`kubevol_core::selinux`]), or why the pod cannot use the volume: its
+    /// containers disagree on the label, or other pods use the volume with another one — for a
+    /// volume mounted with its label; for others these are counted as warnings only.
+    fn selinux(
+        &self,
+        pod: &Pod,
+        pref: &PodRef,
+        volume: &str,
+        spec: Arc<VolumeSpec>,
+        plugin: &dyn crate::plugins::VolumePlugin,
+        name: &kubevol_core::UniqueVolumeName,
+    ) -> Result<Arc<VolumeSpec>, String> {
+        use crate::observe::metrics::SelinuxCount;
+        use kubevol_core::selinux as se;
+        let supports = plugin.supports_selinux_mount(&self.host, &spec);
+        let modes = spec
+            .persistent_volume
+            .as_ref()
+            .and_then(|pv| pv.spec.as_ref()?.access_modes.clone());
+        let mode_ok = se::mode_allows_mount(modes.as_deref(), self.host.selinux_mount_all);
+        let access = se::metric_access_mode(modes.as_deref());
+        let plugin_name = match spec
+            .persistent_volume
+            .as_ref()
+            .and_then(|pv| pv.spec.as_ref()?.csi.as_ref())
+        {
+            Some(csi) => format!("{}:{}", plugin.name(), csi.driver),
+            None => plugin.name().to_string(),
+        };
+        let count = |what| self.host.metrics.count_selinux(what, &plugin_name, access);
+        let Some(context) = &self.host.selinux_context else {
+            let asked = se::volume_label(pod, volume, se::DEFAULT_FILE_CONTEXT)
+                .map_or(true, |l| l.is_some());
+            if asked && supports && mode_ok {
+                self.events.record(
+                    pref,
+                    true,
+                    reason::SELINUX_UNAVAILABLE,
+                    format!(
+                        "volume {volume:?} of pod {pref}: the pod asks for an SELinux label, but this node has no SELinux (no selinuxfs at /sys/fs/selinux): it is mounted without -o context"
+                    ),
+                );
+            }
+            return Ok(spec);
+        };
+        let label = match se::volume_label(pod, volume, context) {
+            Ok(label) => label,
+            Err(labels) => {
+                if !(supports && mode_ok) {
+                    count(SelinuxCount::PodMismatchWarning);
+                    return Ok(spec);
+                }
+                count(SelinuxCount::PodMismatchError);
+                return Err(format!(
+                    "the containers that use the volume have different SELinux labels ({}): a volume mounted with -o context has one; give them the same seLinuxOptions, or set the pod's seLinuxChangePolicy to Recursive",
+                    labels.join(", ")
+                ));
+            }
+        };
+        // The label the volume is mounted with, when it can be (the kubelet's: none for a
+        // plugin that cannot, nor for a pod that asks the runtime to relabel recursively).
+        let label = label.filter(|_| supports && !se::recursive_change(pod));
+        if supports {
+            let dsw = self.dsw.world().dsw();
+            let existing = dsw.volume(name);
+            let other = existing.and_then(|v| v.pods.values().find(|p| p.pod_ref.uid != pref.uid));
+            if let Some(other) = other {
+                if other.spec.selinux_label != label {
+                    let show = |l: &Option<String>| format!("{:?}", l.as_deref().unwrap_or(""));
+                    if mode_ok {
+                        count(SelinuxCount::VolumeMismatchError);
+                        return Err(format!(
+                            "conflicting SELinux labels of volume {name}: {} (pod {}) and {} (this pod): a volume mounted with -o context has one label; give the pods the same seLinuxOptions",
+                            show(&other.spec.selinux_label),
+                            other.pod_ref,
+                            show(&label)
+                        ));
+                    }
+                    count(SelinuxCount::VolumeMismatchWarning);
+                }
+            } else if label.is_some() && existing.is_none() {
+                count(SelinuxCount::Admitted);
+            }
+        }
+        let Some(label) = label else {
+            return Ok(spec);
+        };
+        Ok(Arc::new(VolumeSpec {
+            selinux_label: Some(label),
+            selinux_mount: mode_ok,
+            ..(*spec).clone()
+        }))
     }
 }
 

@@ -92,6 +92,7 @@ fn empty_dir_spec(buf: &mut Vec<u8>, spec: &super::SpecRecord) -> bool {
         volume,
         persistent_volume,
         block,
+        selinux,
     } = spec;
     // Every field, so that a source added to the API types cannot be missed here.
     let Volume {
@@ -161,6 +162,7 @@ fn empty_dir_spec(buf: &mut Vec<u8>, spec: &super::SpecRecord) -> bool {
         storageos.is_some(),
         vsphere_volume.is_some(),
         persistent_volume.is_some(),
+        selinux.is_some(),
     ];
     if others.contains(&true) {
         return false;
@@ -275,6 +277,7 @@ mod tests {
                 volume: PodVolumeRef::from(volume),
                 persistent_volume: None,
                 block: false,
+                selinux: None,
             },
         }
     }

@@ -98,6 +98,19 @@ pub struct SpecRecord {
     /// A raw block volume.
     #[serde(default)]
     pub block: bool,
+    /// The SELinux label of the containers that use it, kept so that a restart knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selinux: Option<Box<SelinuxRecord>>,
+}
+
+/// A volume's SELinux label as recorded.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SelinuxRecord {
+    /// The label.
+    pub label: String,
+    /// Whether the volume is mounted with `-o context=` the label.
+    #[serde(default)]
+    pub mount: bool,
 }
 
 fn ser_volume<S: serde::Serializer>(v: &PodVolumeRef, s: S) -> Result<S::Ok, S::Error> {
@@ -128,6 +141,12 @@ impl SpecRecord {
             volume: spec.volume.clone(),
             persistent_volume: spec.persistent_volume.clone(),
             block: spec.block,
+            selinux: spec.selinux_label.as_ref().map(|label| {
+                Box::new(SelinuxRecord {
+                    label: label.clone(),
+                    mount: spec.selinux_mount,
+                })
+            }),
         }
     }
 
@@ -138,6 +157,8 @@ impl SpecRecord {
             persistent_volume: self.persistent_volume.clone(),
             block: self.block,
             extensions: Default::default(),
+            selinux_label: self.selinux.as_ref().map(|s| s.label.clone()),
+            selinux_mount: self.selinux.as_ref().is_some_and(|s| s.mount),
         }
     }
 }
@@ -659,6 +680,33 @@ fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, String> {
 mod tests {
     use super::*;
 
+    /// A volume's SELinux label survives the record, so that reconstruction knows the label
+    /// the volume is mounted with.
+    #[test]
+    fn the_selinux_label_is_recorded() {
+        let spec = kubevol_core::state::VolumeSpec {
+            volume: serde_json::from_value::<Volume>(
+                serde_json::json!({"name": "v", "persistentVolumeClaim": {"claimName": "c"}}),
+            )
+            .unwrap()
+            .into(),
+            persistent_volume: None,
+            block: false,
+            extensions: Default::default(),
+            selinux_label: Some("system_u:object_r:container_file_t:s0:c1,c2".into()),
+            selinux_mount: true,
+        };
+        let text = serde_json::to_string(&SpecRecord::of(&spec)).unwrap();
+        let back: SpecRecord = serde_json::from_str(&text).unwrap();
+        let again = back.spec();
+        assert_eq!(again.selinux_label, spec.selinux_label, "{text}");
+        assert!(again.selinux_mount);
+        // Records written before the label existed read as no label.
+        let old: SpecRecord =
+            serde_json::from_str(r#"{"volume": {"name": "v", "emptyDir": {}}}"#).unwrap();
+        assert!(old.selinux.is_none());
+    }
+
     fn pod_record(uid: &str, volume: &str) -> PodVolumeRecord {
         PodVolumeRecord {
             version: VERSION,
@@ -687,6 +735,7 @@ mod tests {
                 .into(),
                 persistent_volume: None,
                 block: false,
+                selinux: None,
             },
         }
     }

@@ -232,6 +232,36 @@ pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
     m
 }
 
+/// Stops `m` and starts a new manager on its root, as [`manager`] does, once the old one has
+/// let go of the root's lock (its tasks end after the shutdown).
+pub async fn restart(m: VolumeManager, root: &Path, tweak: impl Fn(&mut Config)) -> VolumeManager {
+    m.shutdown();
+    drop(m);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut config = Config::new(root.join("root"), "test-node");
+        config.backoff.initial = Duration::from_millis(20);
+        config.backoff.max = Duration::from_millis(200);
+        config.wait_timeout = Duration::from_secs(20);
+        tweak(&mut config);
+        match VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)) {
+            Ok(m) => {
+                let run = m.clone();
+                tokio::spawn(async move { run.run().await });
+                return m;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the old manager still holds the root: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("manager: {e}"),
+        }
+    }
+}
+
 /// Waits until `cond` holds, looking again at each change the manager announces (a state
 /// changed, an operation concluded); panics after `secs` seconds, naming `what`.
 pub async fn until_announced(

@@ -174,7 +174,18 @@ pub fn mount_fs(
 ) -> Result<(), String> {
     let mut flags = MountFlags::empty();
     let mut data = Vec::new();
+    // SELinux context options on a kernel without SELinux are dropped, as libmount built with
+    // SELinux support drops them (the kernel would refuse the mount); the call log keeps what
+    // was asked.
+    let selinux = Path::new("/sys/fs/selinux/enforce").exists();
     for o in options {
+        let context = ["context=", "fscontext=", "defcontext=", "rootcontext="]
+            .iter()
+            .any(|p| o.starts_with(p));
+        if context && !selinux {
+            tracing::info!(option = %o, "the kernel has no SELinux: mount option dropped");
+            continue;
+        }
         match o.as_str() {
             "ro" => flags |= MountFlags::RDONLY,
             "rw" | "defaults" => {}

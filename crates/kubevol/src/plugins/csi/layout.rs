@@ -110,6 +110,8 @@ pub(super) fn persistent_spec(pv_name: &str, driver: &str, handle: &str) -> Volu
         persistent_volume: Some(Arc::new(pv)),
         block: false,
         extensions: Default::default(),
+        selinux_label: None,
+        selinux_mount: false,
     }
 }
 

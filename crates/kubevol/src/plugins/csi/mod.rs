@@ -124,11 +124,22 @@ impl VolumePlugin for CsiPlugin {
                 persistent_volume: None,
                 block: false,
                 extensions: Default::default(),
+                selinux_label: None,
+                selinux_mount: false,
             }
         } else {
             persistent_spec(spec_name, driver, handle)
         };
         Some((spec, dir.join("mount")))
+    }
+
+    fn supports_selinux_mount(&self, host: &PluginHost, spec: &VolumeSpec) -> bool {
+        spec.persistent_volume.is_some()
+            && resolve(spec, None).is_ok_and(|r| {
+                host.store
+                    .csi_driver(&r.driver)
+                    .is_some_and(|d| d.object.spec.se_linux_mount == Some(true))
+            })
     }
 
     fn requires_remount(&self) -> bool {

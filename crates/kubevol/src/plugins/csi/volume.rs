@@ -113,7 +113,14 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
             controller_read_only: src.read_only.unwrap_or(false),
             fs_type: src.fs_type.clone().unwrap_or_default(),
             attributes: src.volume_attributes.clone().unwrap_or_default(),
-            mount_options: ps.and_then(|s| s.mount_options.clone()).unwrap_or_default(),
+            mount_options: {
+                let mut options = ps.and_then(|s| s.mount_options.clone()).unwrap_or_default();
+                // Stage and publish alike, as the kubelet does.
+                if let Some(label) = spec.selinux_label.as_deref().filter(|_| spec.selinux_mount) {
+                    options.push(kubevol_core::selinux::context_option(label));
+                }
+                options
+            },
             access_modes: ps.and_then(|s| s.access_modes.clone()).unwrap_or_default(),
             ephemeral: false,
             block: spec.block,
