@@ -149,6 +149,14 @@ pub enum ProjectionError {
         /// Its index in `sources`.
         index: usize,
     },
+    /// A projected source kubevol does not serve yet, even as a node of a cluster.
+    #[error("projected source {kind} (sources[{index}]) is not supported by kubevol yet: remove the source, or run the pod on a node whose kubelet serves it")]
+    NotSupportedYet {
+        /// The source's field name.
+        kind: &'static str,
+        /// Its index in `sources`.
+        index: usize,
+    },
     /// A cluster trust bundle could not be read, or none matches a source that is not optional.
     #[error("projected source clusterTrustBundle (sources[{index}]): {detail}")]
     TrustBundle {

@@ -159,7 +159,13 @@ impl VolumeError {
             | VolumeError::SubPath { .. } => true,
             VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
-                matches!(e, P::NeedsCluster { .. } | P::Field { .. } | P::Path { .. })
+                matches!(
+                    e,
+                    P::NeedsCluster { .. }
+                        | P::NotSupportedYet { .. }
+                        | P::Field { .. }
+                        | P::Path { .. }
+                )
             }
             VolumeError::Mount(_)
             | VolumeError::HostPathType { .. }
@@ -263,6 +269,13 @@ mod tests {
             (
                 VolumeError::Content(P::NeedsCluster {
                     kind: "serviceAccountToken",
+                    index: 0,
+                }),
+                true,
+            ),
+            (
+                VolumeError::Content(P::NotSupportedYet {
+                    kind: "podCertificate",
                     index: 0,
                 }),
                 true,

@@ -546,3 +546,45 @@ mount_test! {
         });
     }
 }
+
+/// An issuer of tokens, making the manager a node of a cluster as far as projected sources go.
+struct Issuer;
+
+impl kubevol::tokens::TokenIssuer for Issuer {
+    fn issue(
+        &self,
+        _: kubevol::tokens::TokenSpec,
+    ) -> kubevol::BoxFuture<Result<kubevol::tokens::IssuedToken, String>> {
+        Box::pin(async {
+            Ok(kubevol::tokens::IssuedToken {
+                token: "t".into(),
+                valid_for: Duration::from_secs(3600),
+            })
+        })
+    }
+}
+
+mount_test! {
+    /// A podCertificate projected source: standalone mode has no API server for it; as a node
+    /// of a cluster the API server is there, and the source is one kubevol does not serve yet.
+    /// Either way the pod fails for good with a message that says which.
+    fn a_pod_certificate_source_is_refused_for_what_it_is() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let volume = json!([{"name": "certs", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519", "credentialBundlePath": "bundle.pem"}}]}}]);
+            let m = manager(root.path(), |_| {});
+            let p = pod_with_volumes("standalone", volume.clone());
+            m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.permanent).await;
+            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("projected source podCertificate (sources[0]) needs a Kubernetes API server"), "{s:#?}");
+            m.shutdown();
+            let m = restart(m, root.path(), |_| {}).await;
+            m.set_token_issuer(std::sync::Arc::new(Issuer));
+            let p = pod_with_volumes("clustered", volume);
+            m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.permanent).await;
+            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("projected source podCertificate (sources[0]) is not supported by kubevol yet"), "{s:#?}");
+            m.shutdown();
+        });
+    }
+}

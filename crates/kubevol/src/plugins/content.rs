@@ -227,7 +227,15 @@ fn write_content(
     .ok_or(VolumeError::Unsupported {
         plugin: kind.plugin_name(),
         operation: "set-up of a volume of another type",
-    })??;
+    })?
+    .map_err(|e| match e {
+        // As a node of a cluster, the API server is there: a source that needs it and is still
+        // refused is one kubevol does not serve yet (podCertificate).
+        projection::ProjectionError::NeedsCluster { kind, index } if host.tokens.has_issuer() => {
+            projection::ProjectionError::NotSupportedYet { kind, index }
+        }
+        e => e,
+    })?;
     let fs = kind.in_memory().then(|| Filesystem {
         source: "tmpfs",
         fstype: "tmpfs",
