@@ -1159,6 +1159,9 @@ cluster_test! {
             assert_eq!(std::fs::metadata(driver.image("second")).unwrap().len(), 600 << 20, "expanded by NodeExpandVolume");
             assert_eq!(driver.count("NodeExpandVolume", "Ok"), 1);
             assert_eq!(driver.count("NodeExpandVolume", "OutOfRange"), 1, "the infeasible one is not tried again");
+            let events = m.events();
+            let said = |pod: &str, reason: &str| events.iter().any(|e| e.pod.ends_with(&format!("/{pod}")) && e.reason == reason);
+            assert!(said("first", "FileSystemResizeFailed") && said("second", "FileSystemResizeSuccessful"), "{events:#?}");
 
             for name in ["first", "second"] {
                 cluster.delete("v1", "pods", name, Some(0)).await;

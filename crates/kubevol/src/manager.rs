@@ -269,6 +269,7 @@ impl VolumeManager {
             selinux_context: config.selinux.file_context(),
             selinux_mount_all: config.selinux_mount,
             metrics: metrics.clone(),
+            events: events.clone(),
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,

@@ -28,6 +28,10 @@ pub mod reason {
     pub const FAILED_VALIDATION: &str = "FailedValidation";
     /// A field of a volume that kubevol's API types do not have: ignored.
     pub const UNKNOWN_FIELD: &str = "UnknownField";
+    /// A volume was expanded on the node.
+    pub const FILE_SYSTEM_RESIZE_SUCCESSFUL: &str = "FileSystemResizeSuccessful";
+    /// The node's part of an expansion failed.
+    pub const FILE_SYSTEM_RESIZE_FAILED: &str = "FileSystemResizeFailed";
     /// A pod asks for an SELinux label for a volume that would be mounted with it, but the node
     /// has no SELinux: mounted without the label.
     pub const SELINUX_UNAVAILABLE: &str = "SELinuxUnavailable";

@@ -124,6 +124,8 @@ pub struct PluginHost {
     pub selinux_mount_all: bool,
     /// The metrics.
     pub metrics: Arc<crate::observe::metrics::Metrics>,
+    /// The pods' events, for what a plugin does beside set-up and teardown (an expansion).
+    pub events: Arc<crate::observe::events::EventRecorder>,
 }
 
 impl PluginHost {

@@ -542,6 +542,7 @@ fn cluster_claim(host: &PluginHost, req: &SetUpRequest) -> Option<ClusterClaim> 
         name: name.into_owned(),
         claim: stored.object,
         new_capacity,
+        pod: req.pod_ref.clone(),
     })
 }
 

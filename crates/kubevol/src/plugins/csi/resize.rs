@@ -121,6 +121,8 @@ pub(super) struct ClusterClaim {
     pub(super) claim: Arc<PersistentVolumeClaim>,
     /// The PersistentVolume's capacity as written (the claim's new `status.capacity`).
     pub(super) new_capacity: String,
+    /// The pod whose set-up expands it (its events say how the expansion went).
+    pub(super) pod: kubevol_core::PodRef,
 }
 
 pub(super) async fn expand_if_grown(
@@ -296,7 +298,15 @@ async fn expand_for_cluster(
         })?;
         rv = written.metadata.resource_version;
     }
+    let event = |warning: bool, reason: &'static str, message: String| {
+        host.events.record(&c.pod, warning, reason, message);
+    };
     if let Err(e) = node_expand(host, r, driver, path, range, secrets).await {
+        event(
+            true,
+            crate::observe::events::reason::FILE_SYSTEM_RESIZE_FAILED,
+            format!("MountVolume.NodeExpandVolume failed for volume {volume} ({what}): {e}"),
+        );
         let VolumeError::Csi(csi_error) = &e else {
             return Err(e);
         };
@@ -318,6 +328,14 @@ async fn expand_for_cluster(
         }
         return Err(e);
     }
+    event(
+        false,
+        crate::observe::events::reason::FILE_SYSTEM_RESIZE_SUCCESSFUL,
+        format!(
+            "MountVolume.NodeExpandVolume succeeded for volume {volume} ({what}) {}",
+            host.node_name
+        ),
+    );
     if claimed {
         // One patch: the new capacity, the status cleared, the expansion's conditions gone.
         let body = serde_json::json!({
