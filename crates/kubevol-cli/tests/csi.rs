@@ -639,17 +639,7 @@ async fn create_claim_pod_with(
     volume["spec"]["claimRef"]["namespace"] = json!(cluster.namespace());
     let mut claim = pvc(name, "Filesystem");
     claim["spec"]["volumeName"] = json!(pv_name);
-    // A CSIDriver's attachRequired cannot change: one a test before left is made anew.
-    if cluster
-        .get("storage.k8s.io/v1", "csidrivers", DRIVER)
-        .await
-        .is_some()
-    {
-        cluster
-            .delete("storage.k8s.io/v1", "csidrivers", DRIVER, None)
-            .await;
-    }
-    cluster.create(driver).await;
+    fresh(cluster, driver).await;
     cluster.create(volume).await;
     let mut claim = cluster.create(claim).await;
     claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
@@ -667,6 +657,28 @@ async fn create_claim_pod_with(
     pod["spec"]["nodeName"] = json!(cluster.node_name());
     pod["spec"]["automountServiceAccountToken"] = json!(false);
     serde_json::from_value(cluster.create(pod).await).unwrap()
+}
+
+/// Creates `object` (a CSIDriver or the node's Node, which the cluster shares between tests:
+/// hold [`TestCluster::exclusive`] on its name), deleting the one a test before left: some of
+/// a CSIDriver's fields cannot change.
+async fn fresh(cluster: &kubevol_testserver::TestCluster, object: serde_json::Value) {
+    let (group_version, plural) = match object["kind"].as_str() {
+        Some("CSIDriver") => ("storage.k8s.io/v1", "csidrivers"),
+        _ => ("v1", "nodes"),
+    };
+    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+    if cluster.get(group_version, plural, &name).await.is_some() {
+        cluster.delete(group_version, plural, &name, None).await;
+    }
+    cluster.create(object).await;
+}
+
+/// The node's Node, made anew.
+async fn fresh_node(cluster: &kubevol_testserver::TestCluster) {
+    let node =
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": cluster.node_name()}});
+    fresh(cluster, node).await;
 }
 
 /// A manager as `kubevol run --kubeconfig` makes it: a node of `cluster`.
@@ -788,8 +800,7 @@ cluster_test! {
             let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
             let _driver_name = cluster.exclusive(DRIVER);
             let name = cluster.node_name().to_string();
-            without_node(&cluster).await;
-            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
+            fresh_node(&cluster).await;
             let pod = create_claim_pod(&cluster, "att", true).await;
             let m = cluster_manager(t.path(), &cluster);
 
@@ -947,10 +958,7 @@ cluster_test! {
             let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
             let _driver_name = cluster.exclusive(DRIVER);
             let audience = cluster.scoped("loop-audience");
-            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
-                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
-            }
-            cluster.create(token_driver(&audience, false)).await;
+            fresh(&cluster, token_driver(&audience, false)).await;
             if !cluster.is_real() {
                 // A real cluster's ServiceAccount controller makes `default` by itself.
                 cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
@@ -1020,14 +1028,10 @@ cluster_test! {
             let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
             let _driver_name = cluster.exclusive(DRIVER);
             let name = cluster.node_name().to_string();
-            without_node(&cluster).await;
-            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
-            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
-                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
-            }
+            fresh_node(&cluster).await;
             let mut with_period = csi_driver(true);
             with_period["spec"]["nodeAllocatableUpdatePeriodSeconds"] = json!(10);
-            cluster.create(with_period.clone()).await;
+            fresh(&cluster, with_period.clone()).await;
             let m = cluster_manager(t.path(), &cluster);
             let count = || async {
                 cluster.get("storage.k8s.io/v1", "csinodes", &name).await.and_then(|c| c["spec"]["drivers"][0]["allocatable"]["count"].as_i64())
@@ -1124,13 +1128,9 @@ cluster_test! {
         runtime().block_on(async {
             let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
             let _driver_name = cluster.exclusive(DRIVER);
-            if cluster.get("storage.k8s.io/v1", "csidrivers", DRIVER).await.is_some() {
-                cluster.delete("storage.k8s.io/v1", "csidrivers", DRIVER, None).await;
-            }
-            cluster.create(csi_driver(false)).await;
+            fresh(&cluster, csi_driver(false)).await;
             // The node reports its volumes in use before staging them.
-            without_node(&cluster).await;
-            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": cluster.node_name()}})).await;
+            fresh_node(&cluster).await;
             let m = cluster_manager(t.path(), &cluster);
             let status = |name: &'static str| {
                 let cluster = &cluster;
@@ -1280,12 +1280,8 @@ cluster_test! {
             })
             .await
             .unwrap();
-            if cluster.get("storage.k8s.io/v1", "csidrivers", GCE).await.is_some() {
-                cluster.delete("storage.k8s.io/v1", "csidrivers", GCE, None).await;
-            }
-            cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": GCE}, "spec": {"attachRequired": false}})).await;
-            without_node(&cluster).await;
-            cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})).await;
+            fresh(&cluster, json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": GCE}, "spec": {"attachRequired": false}})).await;
+            fresh_node(&cluster).await;
             let pv_name = cluster.scoped("old");
             cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
                 "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"},

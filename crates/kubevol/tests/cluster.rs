@@ -45,6 +45,30 @@ fn typed(v: &Value) -> k8s_openapi::api::core::v1::Pod {
     serde_json::from_value(v.clone()).unwrap()
 }
 
+/// The node's requests, after checking that claims and PersistentVolumes were only read with
+/// GET (the only verb the Node authorizer allows a node on them).
+fn storage_only_read_with_get(cluster: &TestCluster) -> std::collections::BTreeMap<String, u64> {
+    let requests = cluster
+        .node_requests()
+        .expect("the server counts the node's requests");
+    for (what, count) in &requests {
+        let storage = what.contains("persistentvolume");
+        assert!(
+            !storage || what.starts_with("get "),
+            "{what}: {count}; a node may only get claims and volumes: {requests:#?}"
+        );
+    }
+    requests
+}
+
+/// A directory `data` under `root` with a file `kept` ("yes") in it, for a hostPath volume.
+fn kept_data(root: &std::path::Path) -> std::path::PathBuf {
+    let data = root.join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("kept"), "yes").unwrap();
+    data
+}
+
 /// Waits, woken by the manager's changes, until `cond` holds.
 async fn until(m: &VolumeManager, secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     let mut rx = m.subscribe();
@@ -884,9 +908,7 @@ cluster_test! {
     /// listed or watched, and nothing refused.
     fn a_claim_is_read_with_get_until_it_exists_and_is_bound(backend) {
         let root = TestRoot::new();
-        let data = root.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        std::fs::write(data.join("kept"), "yes").unwrap();
+        let data = kept_data(root.path());
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
@@ -919,11 +941,7 @@ cluster_test! {
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["data"].path.clone();
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
 
-            let requests = cluster.node_requests().expect("the server counts the node's requests");
-            for (what, count) in &requests {
-                let storage = what.contains("persistentvolume");
-                assert!(!storage || what.starts_with("get "), "{what}: {count}; a node may only get claims and volumes: {requests:#?}");
-            }
+            let requests = storage_only_read_with_get(&cluster);
             assert!(requests.contains_key("get persistentvolumeclaims") && requests.contains_key("get persistentvolumes"), "{requests:#?}");
             m.shutdown();
             cluster.clean_up().await;
@@ -939,9 +957,7 @@ cluster_test! {
     /// pod"). Until the claim is bound, the volume waits for the cluster.
     fn a_generic_ephemeral_volume_uses_the_claim_made_for_its_pod(backend) {
         let root = TestRoot::new();
-        let data = root.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        std::fs::write(data.join("kept"), "yes").unwrap();
+        let data = kept_data(root.path());
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let (node, ns) = (cluster.node_name().to_string(), cluster.namespace().to_string());
@@ -985,11 +1001,7 @@ cluster_test! {
             let s = m.pod_status(&uid).unwrap();
             assert!(error(&s, "foreign").contains("was not created"), "still refused: {s:#?}");
 
-            let requests = cluster.node_requests().expect("the server counts the node's requests");
-            for (what, count) in &requests {
-                let storage = what.contains("persistentvolume");
-                assert!(!storage || what.starts_with("get "), "{what}: {count}; a node may only get claims and volumes: {requests:#?}");
-            }
+            storage_only_read_with_get(&cluster);
             m.shutdown();
             cluster.clean_up().await;
         });

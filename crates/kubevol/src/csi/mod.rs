@@ -202,6 +202,13 @@ fn may_replace(existing: &Driver, new_source: &DriverSource) -> Result<(), Strin
     }
 }
 
+/// What NodeGetInfo says of this node.
+struct NodeInfo {
+    node_id: String,
+    max_volumes_per_node: i64,
+    topology: std::collections::BTreeMap<String, String>,
+}
+
 /// The CSI drivers kubevol knows.
 pub struct Drivers {
     timeout: Duration,
@@ -306,14 +313,7 @@ impl Drivers {
         }
         let channel = kubevol_csi::connect(&endpoint);
         let mut node = NodeClient::new(channel.clone());
-        let info = self
-            .call(
-                name,
-                "Node",
-                "NodeGetInfo",
-                node.node_get_info(kubevol_csi::v1::NodeGetInfoRequest {}),
-            )
-            .await?;
+        let info = self.node_info(name, &channel).await?;
         let caps = self
             .call(
                 name,
@@ -352,10 +352,7 @@ impl Drivers {
             source,
             node_id: info.node_id,
             max_volumes_per_node: info.max_volumes_per_node,
-            topology: info
-                .accessible_topology
-                .map(|t| t.segments.into_iter().collect())
-                .unwrap_or_default(),
+            topology: info.topology,
             capabilities,
             channel,
         });
@@ -384,6 +381,27 @@ impl Drivers {
         Ok(driver)
     }
 
+    /// NodeGetInfo of the driver `name` at `channel`.
+    async fn node_info(&self, name: &str, channel: &Channel) -> Result<NodeInfo, CsiError> {
+        let mut node = NodeClient::new(channel.clone());
+        let info = self
+            .call(
+                name,
+                "Node",
+                "NodeGetInfo",
+                node.node_get_info(kubevol_csi::v1::NodeGetInfoRequest {}),
+            )
+            .await?;
+        Ok(NodeInfo {
+            node_id: info.node_id,
+            max_volumes_per_node: info.max_volumes_per_node,
+            topology: info
+                .accessible_topology
+                .map(|t| t.segments.into_iter().collect())
+                .unwrap_or_default(),
+        })
+    }
+
     /// Asks a registered driver for its node information again (`NodeGetInfo`) and takes its
     /// new volume limit and topology; returns the limit, and whether anything changed (then
     /// registration watchers, such as the CSINode publisher, are woken). A driver that reports
@@ -397,19 +415,8 @@ impl Drivers {
                 message: "the driver is not registered".into(),
             });
         };
-        let mut node = NodeClient::new(driver.channel.clone());
-        let info = self
-            .call(
-                name,
-                "Node",
-                "NodeGetInfo",
-                node.node_get_info(kubevol_csi::v1::NodeGetInfoRequest {}),
-            )
-            .await?;
-        let topology: std::collections::BTreeMap<String, String> = info
-            .accessible_topology
-            .map(|t| t.segments.into_iter().collect())
-            .unwrap_or_default();
+        let info = self.node_info(name, &driver.channel).await?;
+        let topology = info.topology;
         let max = info.max_volumes_per_node;
         if info.node_id != driver.node_id && !info.node_id.is_empty() {
             tracing::warn!(driver = name, registered = %driver.node_id, reported = %info.node_id, "CSI driver reports another node ID than at registration; the registered one is kept");
