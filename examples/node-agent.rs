@@ -58,7 +58,7 @@ pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
     manager.set_attach_controller(Arc::new(ControllerAttach::new(
         client.clone(),
         node.clone(),
-        Arc::new(manager.clone()),
+        manager.node_drivers(),
     )));
     manager.set_event_sink(EventPoster::spawn(client.clone(), node.clone()).0);
     let _reporter =

@@ -165,20 +165,43 @@ impl crate::source::cluster::NodeDrivers for VolumeManager {
     }
 
     fn allocatable_periods(&self) -> Vec<(String, std::time::Duration)> {
-        self.parts
-            .host
-            .csi
+        self.node_drivers().allocatable_periods()
+    }
+
+    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
+        self.node_drivers().refresh_allocatable(driver)
+    }
+}
+
+/// The node's CSI drivers as cluster mode's jobs see them, without the manager: what the
+/// manager's own parts hold (the attach controller) must not hold the manager.
+struct NodeDriversView {
+    csi: Arc<Drivers>,
+    store: Arc<ObjectStore>,
+}
+
+impl crate::source::cluster::NodeDrivers for NodeDriversView {
+    fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
+        self.csi.status()
+    }
+
+    fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.csi.subscribe()
+    }
+
+    fn allocatable_periods(&self) -> Vec<(String, std::time::Duration)> {
+        self.csi
             .status()
             .into_iter()
             .filter_map(|d| {
-                let period = allocatable_period(&self.parts.store, &d.name)?;
+                let period = allocatable_period(&self.store, &d.name)?;
                 Some((d.name, period))
             })
             .collect()
     }
 
     fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
-        let (csi, driver) = (self.parts.host.csi.clone(), driver.to_string());
+        let (csi, driver) = (self.csi.clone(), driver.to_string());
         Box::pin(async move { csi.refresh_info(&driver).await.map_err(|e| e.to_string()) })
     }
 }
@@ -351,6 +374,15 @@ impl VolumeManager {
     /// volume is attached.
     pub fn set_attach_controller(&self, controller: Arc<dyn crate::plugins::AttachController>) {
         let _ = self.parts.host.attach_controller.set(controller);
+    }
+
+    /// The node's CSI drivers for cluster mode's jobs, holding only the drivers and the store
+    /// (not the manager: a part of the manager may keep it).
+    pub fn node_drivers(&self) -> Arc<dyn crate::source::cluster::NodeDrivers> {
+        Arc::new(NodeDriversView {
+            csi: self.parts.host.csi.clone(),
+            store: self.parts.store.clone(),
+        })
     }
 
     /// Sets where claims' statuses are written (in cluster mode,

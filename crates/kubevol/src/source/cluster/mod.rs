@@ -211,7 +211,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     manager.set_attach_controller(Arc::new(ControllerAttach::new(
         client.clone(),
         node.clone(),
-        Arc::new(manager.clone()),
+        manager.node_drivers(),
     )));
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
     manager.set_claim_status_writer(Arc::new(ClusterClaims::new(client.clone())));
