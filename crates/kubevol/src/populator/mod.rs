@@ -755,13 +755,15 @@ impl Populator {
         let label = match se::volume_label(pod, volume, context) {
             Ok(label) => label,
             Err(labels) => {
-                if !(supports && mode_ok) {
+                // An error for a volume of an access mode mounted with its label, whatever the
+                // plugin (as the kubelet decides), a warning for the others.
+                if !mode_ok {
                     count(SelinuxCount::PodMismatchWarning);
                     return Ok(spec);
                 }
                 count(SelinuxCount::PodMismatchError);
                 return Err(format!(
-                    "the containers that use the volume have different SELinux labels ({}): a volume mounted with -o context has one; give them the same seLinuxOptions, or set the pod's seLinuxChangePolicy to Recursive",
+                    "the containers that use the volume have different SELinux labels ({}): a volume of this access mode is labelled as a whole; give the containers that use it the same seLinuxOptions",
                     labels.join(", ")
                 ));
             }

@@ -552,9 +552,9 @@ const REPUBLISH_PERIOD: std::time::Duration = std::time::Duration::from_secs(60)
 
 /// The service account tokens the CSIDriver's `tokenRequests` ask for, bound to the pod, as
 /// the kubelet hands them to NodePublishVolume: a JSON object of audience to `{"token",
-/// "expirationTimestamp"}`. The pod is set up again when the first token is due for refreshing
-/// (with `requiresRepublish`, at least every [`REPUBLISH_PERIOD`]). `None` when the driver asks
-/// for none.
+/// "expirationTimestamp"}`. With `requiresRepublish` the pod is set up again when the first
+/// token is due for refreshing, and at least every [`REPUBLISH_PERIOD`]. `None` when the driver
+/// asks for none.
 async fn service_account_tokens(
     host: &PluginHost,
     req: &SetUpRequest,
@@ -600,7 +600,10 @@ async fn service_account_tokens(
                 })
             }
         };
-        due = Some(due.map_or(granted.refresh_at, |d| d.min(granted.refresh_at)));
+        // Only a driver that is published again gets new tokens on a mounted volume.
+        if pol.requires_republish {
+            due = Some(due.map_or(granted.refresh_at, |d| d.min(granted.refresh_at)));
+        }
         let expires = k8s_openapi::jiff::Timestamp::try_from(granted.expires)
             .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
             .map_err(|e| not_ready(format!("a token's expiry cannot be written: {e}")))?;
