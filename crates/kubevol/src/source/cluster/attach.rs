@@ -20,7 +20,16 @@ pub struct ControllerAttach {
     client: kube::Client,
     node_name: String,
     drivers: Arc<dyn NodeDrivers>,
+    /// When each volume was first found not attached: its VolumeAttachment is read only after
+    /// [`EXHAUSTED_CHECK_AFTER`].
+    waiting_since: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
+
+/// How long a volume waits for the attach/detach controller before its VolumeAttachment is
+/// read for a ResourceExhausted failure: the controller makes it at once, and before it does
+/// the Node authorizer refuses the read (the kubelet reads it only after its two-minute mount
+/// timeout).
+const EXHAUSTED_CHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ControllerAttach {
     /// Reads the Node `node_name` and VolumeAttachments with `client`; `drivers` are the
@@ -34,6 +43,7 @@ impl ControllerAttach {
             client,
             node_name: node_name.into(),
             drivers,
+            waiting_since: Arc::default(),
         }
     }
 }
@@ -60,6 +70,7 @@ impl crate::plugins::AttachController for ControllerAttach {
             Api::all(self.client.clone());
         let node = self.node_name.clone();
         let drivers = self.drivers.clone();
+        let waiting_since = self.waiting_since.clone();
         Box::pin(async move {
             let n = nodes.get(&node).await.map_err(|e| {
                 format!("cannot read Node {node} to see whether volume {volume} is attached: {e}")
@@ -73,9 +84,26 @@ impl crate::plugins::AttachController for ControllerAttach {
             let kept_current = csi_driver_of(volume.as_str())
                 .filter(|d| drivers.allocatable_periods().iter().any(|(n, _)| n == d))
                 .map(String::from);
-            if let (false, Some(driver)) = (listed, kept_current) {
-                // Read only for such drivers, as the kubelet does: before the controller makes
-                // it, a node may not read a VolumeAttachment (the answer is 403).
+            let waited = {
+                let mut since = crate::sync::lock(&waiting_since);
+                // Volumes whose pods went while they waited are forgotten in time.
+                since.retain(|_, t| t.elapsed() < std::time::Duration::from_secs(3600));
+                if listed {
+                    since.remove(volume.as_str());
+                    std::time::Duration::ZERO
+                } else {
+                    since
+                        .entry(volume.to_string())
+                        .or_insert_with(std::time::Instant::now)
+                        .elapsed()
+                }
+            };
+            if let (false, Some(driver), true) =
+                (listed, kept_current, waited >= EXHAUSTED_CHECK_AFTER)
+            {
+                // Read only for such drivers, as the kubelet does, and only once the volume has
+                // waited a while: before the controller makes it, a node may not read a
+                // VolumeAttachment (the answer is 403).
                 let failed = attachments
                     .get_opt(&attachment)
                     .await
