@@ -165,7 +165,15 @@ pub struct ManifestSource {
     /// Files whose last read failed for a reason that passes (too many open files, an I/O
     /// error), and when each is read again.
     retries: Arc<Mutex<BTreeMap<PathBuf, kubevol_core::backoff::Backoff>>>,
+    /// Files found gone and not yet taken away, with when: a removal is applied once the
+    /// directory shows it is still there (see [`ManifestSource::deliver`]).
+    removals: Arc<Mutex<BTreeMap<PathBuf, tokio::time::Instant>>>,
 }
+
+/// How long after a file is found gone the directory must still be there for its removal to be
+/// applied when no other file is read meanwhile: `rm -rf` of the directory unlinks its files
+/// first, and they must not take their pods away before the directory's own removal shows.
+const REMOVAL_SETTLE: Duration = Duration::from_millis(500);
 
 impl ManifestSource {
     /// The source's name in the store's sync gate.
@@ -181,6 +189,7 @@ impl ManifestSource {
             delivered: Arc::default(),
             resolving: Arc::default(),
             retries: Arc::default(),
+            removals: Arc::default(),
         }
     }
 
@@ -195,9 +204,74 @@ impl ManifestSource {
         &self.dir
     }
 
+    /// Applies changes read from files, removals only once confirmed: a file read in the same
+    /// batch shows that the directory is still there after them, so every removal held back
+    /// goes with it (a rename stays one change of the store); a batch of removals alone is held
+    /// back ([`ManifestSource::confirm_removals`]). A file read again is no longer removed.
+    fn deliver(&self, sink: &Sink, (changes, read): Read) {
+        let now = tokio::time::Instant::now();
+        let present = changes.iter().any(
+            |c| matches!(c, Change::File { content, .. } if !matches!(content, FileContent::Gone)),
+        );
+        let mut removals = crate::sync::lock(&self.removals);
+        let mut changes: Vec<Change> = changes
+            .into_iter()
+            .filter(|c| match c {
+                Change::File {
+                    path,
+                    content: FileContent::Gone,
+                } => {
+                    removals.entry(path.clone()).or_insert(now);
+                    false
+                }
+                Change::File { path, .. } => {
+                    removals.remove(path);
+                    true
+                }
+                _ => true,
+            })
+            .collect();
+        if present {
+            changes.extend(
+                std::mem::take(&mut *removals)
+                    .into_keys()
+                    .map(|path| Change::File {
+                        path,
+                        content: FileContent::Gone,
+                    }),
+            );
+        }
+        drop(removals);
+        self.apply(sink, (changes, read));
+    }
+
+    /// Applies the removals found at least [`REMOVAL_SETTLE`] ago: called once the given path has
+    /// been resolved to the same directory, so the files went, not the directory.
+    fn confirm_removals(&self, sink: &Sink) {
+        let settled = tokio::time::Instant::now() - REMOVAL_SETTLE;
+        let gone: Vec<Change> = {
+            let mut removals = crate::sync::lock(&self.removals);
+            let due: Vec<PathBuf> = removals
+                .iter()
+                .filter(|(_, at)| **at <= settled)
+                .map(|(p, _)| p.clone())
+                .collect();
+            due.into_iter()
+                .map(|path| {
+                    removals.remove(&path);
+                    Change::File {
+                        path,
+                        content: FileContent::Gone,
+                    }
+                })
+                .collect()
+        };
+        self.apply(sink, (gone, BTreeMap::new()));
+    }
+
     /// Applies changes read from files, remembering which files this source has delivered and
     /// what they were when read (`read`).
-    fn deliver(&self, sink: &Sink, (changes, read): Read) {
+    fn apply(&self, sink: &Sink, (changes, read): Read) {
         if changes.is_empty() {
             return;
         }
@@ -206,7 +280,10 @@ impl ManifestSource {
             for c in &changes {
                 if let Change::File { path, content } = c {
                     match content {
-                        FileContent::Gone => delivered.remove(path),
+                        FileContent::Gone => {
+                            info!(file = %path.display(), "manifest removed");
+                            delivered.remove(path)
+                        }
                         _ => delivered.insert(path.clone(), read.get(path).copied().flatten()),
                     };
                 }
@@ -292,10 +369,10 @@ impl ManifestSource {
     }
 
     /// Lists the directory and reads its manifest files (with `all`, every one; otherwise only
-    /// those `stat` shows changed since they were read), and forgets files that are gone
-    /// (among them every file of a directory the path no longer leads to), as one change of
-    /// the store.
-    async fn load_all(&self, sink: &Sink, all: bool) -> std::io::Result<()> {
+    /// those `stat` shows changed since they were read), and forgets files that are gone: at
+    /// once (`switched`: every file of a directory the path no longer leads to, in the same
+    /// change of the store as the new directory's), or once confirmed.
+    async fn load_all(&self, sink: &Sink, all: bool, switched: bool) -> std::io::Result<()> {
         let dir = self.dir.clone();
         let listed = tokio::task::spawn_blocking(
             move || -> std::io::Result<BTreeMap<PathBuf, Option<Signature>>> {
@@ -329,14 +406,15 @@ impl ManifestSource {
             (todo, gone)
         };
         let (mut changes, read) = self.read_files(todo).await;
-        changes.extend(gone.into_iter().map(|path| {
-            info!(file = %path.display(), "manifest removed");
-            Change::File {
-                path,
-                content: FileContent::Gone,
-            }
+        changes.extend(gone.into_iter().map(|path| Change::File {
+            path,
+            content: FileContent::Gone,
         }));
-        self.deliver(sink, (changes, read));
+        if switched {
+            self.apply(sink, (changes, read));
+        } else {
+            self.deliver(sink, (changes, read));
+        }
         Ok(())
     }
 
@@ -352,7 +430,7 @@ impl ManifestSource {
         self.dir = resolved.path.clone();
         // Watch before the first listing, so no change between the two is lost.
         let watch = Watch::start(resolved)?;
-        self.load_all(&sink, true).await?;
+        self.load_all(&sink, true, false).await?;
         sink.problem(None);
         sink.synced();
         info!(dir = %self.dir.display(), "manifest directory listed");
@@ -389,10 +467,13 @@ impl ManifestSource {
             };
             let same = matches!((&now, &watch), (Ok(r), Some(w)) if *r == w.resolved);
             if !same {
+                // The files of a directory that went or was replaced are not removals.
+                crate::sync::lock(&self.removals).clear();
                 watch = self.switch(&sink, now, watch.take()).await;
                 next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
                 continue;
             }
+            self.confirm_removals(&sink);
             match batch {
                 Some(Some((paths, rescan))) => self.apply_events(&sink, paths, rescan).await,
                 // The watch ended: it is made again at the next resolution.
@@ -491,7 +572,7 @@ impl ManifestSource {
     /// Lists the directory again (every file, or those that changed), reporting a failure as a
     /// problem of the source.
     async fn relist(&self, sink: &Sink, all: bool) {
-        match self.load_all(sink, all).await {
+        match self.load_all(sink, all, false).await {
             Ok(()) => sink.problem(None),
             Err(e) => {
                 warn!(dir = %self.dir.display(), "cannot list manifest directory: {e}");
@@ -537,7 +618,7 @@ impl ManifestSource {
         };
         info!(dir = %given, leads_to = %resolved.path.display(), was = ?was, "manifest directory replaced, moved or re-pointed; listing it");
         self.dir = resolved.path;
-        match self.load_all(sink, true).await {
+        match self.load_all(sink, true, true).await {
             Ok(()) => {
                 sink.problem(None);
                 Some(watch)

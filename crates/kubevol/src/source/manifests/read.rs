@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use tracing::{debug, info};
+use tracing::debug;
 
 use super::parse::{manifest_error, parse_file};
 use crate::store::{Change, FileContent, ObjectName};
@@ -85,7 +85,6 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     let fd = match rustix::fs::open(path, flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => {
-            info!(file = %path.display(), "manifest removed");
             return (FileContent::Gone, None, false);
         }
         Err(e) => {
