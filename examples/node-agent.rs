@@ -63,7 +63,7 @@ pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
     manager.set_event_sink(EventPoster::spawn(client.clone(), node.clone()).0);
     let _reporter =
         NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone()));
-    let _csinode = CsiNodePublisher::spawn(client.clone(), node.clone(), Arc::new(manager.clone()));
+    let _csinode = CsiNodePublisher::spawn(client.clone(), node.clone(), manager.node_drivers());
     let _source = manager.add_source(ClusterSource::new(client.clone(), node.clone()));
     let _running = tokio::spawn({
         let m = manager.clone();

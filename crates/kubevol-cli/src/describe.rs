@@ -67,12 +67,7 @@ pub fn print_pod(d: &PodDescription, out: &mut impl Write) -> std::io::Result<()
             writeln!(out, "    warning: {w}")?;
         }
     }
-    if !s.warnings.is_empty() {
-        writeln!(out, "Warnings:")?;
-        for w in &s.warnings {
-            writeln!(out, "  {w}")?;
-        }
-    }
+    crate::table::print_section(out, "Warnings:", &s.warnings)?;
     if !s.events.is_empty() {
         writeln!(out, "Events:")?;
         crate::table::print_events(&s.events, out)?;
@@ -133,17 +128,12 @@ pub fn print_node(d: &NodeDescription, out: &mut impl Write) -> std::io::Result<
         writeln!(out, "Attached: {}", d.volumes_attached.join(", "))?;
     }
     for (title, lines) in [
-        ("Not ready", &d.not_ready),
-        ("Manifest errors", &d.manifest_errors),
-        ("Notes", &d.notes),
-        ("Found at start", &d.reconstruction.problems),
+        ("Not ready:", &d.not_ready),
+        ("Manifest errors:", &d.manifest_errors),
+        ("Notes:", &d.notes),
+        ("Found at start:", &d.reconstruction.problems),
     ] {
-        if !lines.is_empty() {
-            writeln!(out, "{title}:")?;
-            for l in lines {
-                writeln!(out, "  {l}")?;
-            }
-        }
+        crate::table::print_section(out, title, lines)?;
     }
     let r = &d.reconstruction;
     writeln!(

@@ -89,33 +89,13 @@ pub fn print_report(
         })
         .chain(report.manifest_warnings.iter().cloned())
         .collect();
-    if !warnings.is_empty() {
-        writeln!(out, "\nWarnings:")?;
-        for w in &warnings {
-            writeln!(out, "  {w}")?;
-        }
-    }
+    print_section(out, "\nWarnings:", &warnings)?;
     if report.pods.is_empty() {
         writeln!(out, "\nNo pods for this node ({}).", report.node_name)?;
     }
-    if !report.notes.is_empty() {
-        writeln!(out, "\nNotes:")?;
-        for n in &report.notes {
-            writeln!(out, "  {n}")?;
-        }
-    }
-    if !report.manifest_errors.is_empty() {
-        writeln!(out, "\nManifest errors:")?;
-        for e in &report.manifest_errors {
-            writeln!(out, "  {e}")?;
-        }
-    }
-    if !report.reconstruction.problems.is_empty() {
-        writeln!(out, "\nFound at start:")?;
-        for p in &report.reconstruction.problems {
-            writeln!(out, "  {p}")?;
-        }
-    }
+    print_section(out, "\nNotes:", &report.notes)?;
+    print_section(out, "\nManifest errors:", &report.manifest_errors)?;
+    print_section(out, "\nFound at start:", &report.reconstruction.problems)?;
     let foreign = &report.reconstruction.foreign_pods;
     if !foreign.is_empty() {
         writeln!(
@@ -136,6 +116,22 @@ pub fn print_report(
         for l in &report.leftovers {
             writeln!(out, "  {}: {}", l.path, l.reason)?;
         }
+    }
+    Ok(())
+}
+
+/// `heading` and then each item indented on a line of its own; nothing when there are none.
+pub(crate) fn print_section<T: std::fmt::Display>(
+    out: &mut impl Write,
+    heading: &str,
+    items: &[T],
+) -> std::io::Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "{heading}")?;
+    for i in items {
+        writeln!(out, "  {i}")?;
     }
     Ok(())
 }

@@ -91,6 +91,28 @@ fn daemon(manifests: &Path, root: &Path, listen: &str) -> Command {
     ])
 }
 
+/// A daemon on `manifests` and `root` serving HTTP on a free port, its log in `<dir>/log`
+/// (at `level` when given, as `RUST_LOG`): the child, the port and the log's path.
+fn logged_daemon(
+    dir: &Path,
+    manifests: &Path,
+    root: &Path,
+    level: Option<&str>,
+) -> (Running, u16, std::path::PathBuf) {
+    let port = free_port();
+    let log = dir.join("log");
+    let mut command = daemon(manifests, root, &format!("127.0.0.1:{port}"));
+    if let Some(level) = level {
+        command.env("RUST_LOG", level);
+    }
+    let child = command
+        .stderr(std::fs::File::create(&log).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    (Running(child), port, log)
+}
+
 /// A daemon child stopped with SIGTERM when dropped, also when its test fails (the loop
 /// driver's script forwards it, and detaches its devices).
 struct Running(std::process::Child);
@@ -974,21 +996,12 @@ fn a_secret_value_in_a_sub_path_expr_appears_in_no_message() {
     );
     std::fs::write(manifests.join("secret.yaml"), secret).unwrap();
     std::fs::write(manifests.join("pod.yaml"), pod).unwrap();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let log = tmp.path().join("log");
-    let child = daemon(&manifests, &root, &listen)
-        .stderr(std::fs::File::create(&log).unwrap())
-        .stdout(Stdio::null())
-        .env("RUST_LOG", "debug")
-        .spawn()
-        .unwrap();
-    let mut child = Running(child);
+    let (mut child, port, log) = logged_daemon(tmp.path(), &manifests, &root, Some("debug"));
     let pods = until_http(port, "/api/v1/pods", |a| {
         a.contains("from a Secret") && a.contains("<redacted: a Secret's value>")
     });
     let events = http_get(port, "/api/v1/events");
-    let table = status(&format!("http://{listen}"), &["-o", "wide"]);
+    let table = status(&format!("http://127.0.0.1:{port}"), &["-o", "wide"]);
     sigterm(&mut child);
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(log.contains("FailedMount"), "{log}");
@@ -1078,15 +1091,7 @@ fn a_duplicate_definition_is_logged_once_when_it_appears_and_once_when_it_clears
     require_root();
     let (tmp, manifests, root) = scratch();
     std::fs::write(manifests.join("a.yaml"), OK_POD).unwrap();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let log = tmp.path().join("log");
-    let child = daemon(&manifests, &root, &listen)
-        .stderr(std::fs::File::create(&log).unwrap())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = Running(child);
+    let (mut child, port, log) = logged_daemon(tmp.path(), &manifests, &root, None);
     until_http(port, "/api/v1/pods", |a| a.contains("\"phase\":\"Ready\""));
     // The same pod again, written three times (each a read of the file, each the same error).
     for round in 0..3 {

@@ -337,23 +337,24 @@ fn translate_vsphere_topology(pv: &mut PersistentVolume) {
 /// served through CSI; an error says why one cannot be translated.
 pub fn translate_pv(pv: &PersistentVolume) -> Option<Result<PersistentVolume, String>> {
     let t = in_tree_of_pv(pv)?;
-    let mut out = pv.clone();
-    let spec = out.spec.get_or_insert_with(Default::default);
+    let spec = pv.spec.as_ref()?;
     let source = match translate_source(t, pv, spec) {
         Ok(s) => s,
         Err(e) => return Some(Err(e)),
     };
-    *spec = PersistentVolumeSpec {
-        csi: Some(source),
-        gce_persistent_disk: None,
-        aws_elastic_block_store: None,
-        azure_disk: None,
-        azure_file: None,
-        cinder: None,
-        vsphere_volume: None,
-        portworx_volume: None,
-        ..spec.clone()
-    };
+    let mut out = pv.clone();
+    let spec = out.spec.get_or_insert_with(Default::default);
+    // The in-tree source is replaced by the CSI one (a PV has exactly one).
+    (
+        spec.gce_persistent_disk,
+        spec.aws_elastic_block_store,
+        spec.azure_disk,
+        spec.azure_file,
+        spec.cinder,
+        spec.vsphere_volume,
+        spec.portworx_volume,
+    ) = Default::default();
+    spec.csi = Some(source);
     match t {
         GCE_PD => {
             translate_topology(&mut out, "topology.gke.io/zone");

@@ -62,6 +62,11 @@ pub trait Objects {
         let _ = index;
         None
     }
+    /// Whether an API server is there (a node of a cluster): a source kubevol cannot serve is
+    /// then one it does not serve yet, not one that needs a cluster.
+    fn in_cluster(&self) -> bool {
+        false
+    }
 }
 
 /// The node's allocatable resources: what a container without a limit is limited by.
@@ -550,6 +555,9 @@ fn project(
                     },
                 )?,
             },
+            Source::NeedsCluster { kind, index } if objects.in_cluster() => {
+                return Err(ProjectionError::NotSupportedYet { kind, index })
+            }
             Source::NeedsCluster { kind, index } => {
                 return Err(ProjectionError::NeedsCluster { kind, index })
             }

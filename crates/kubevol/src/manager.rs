@@ -155,26 +155,9 @@ impl crate::source::cluster::NodeVolumes for VolumeManager {
     }
 }
 
-impl crate::source::cluster::NodeDrivers for VolumeManager {
-    fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
-        VolumeManager::csi_drivers(self)
-    }
-
-    fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.parts.host.csi.subscribe()
-    }
-
-    fn allocatable_periods(&self) -> Vec<(String, std::time::Duration)> {
-        self.node_drivers().allocatable_periods()
-    }
-
-    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
-        self.node_drivers().refresh_allocatable(driver)
-    }
-}
-
-/// The node's CSI drivers as cluster mode's jobs see them, without the manager: what the
-/// manager's own parts hold (the attach controller) must not hold the manager.
+/// The node's CSI drivers as cluster mode's jobs see them ([`VolumeManager::node_drivers`]),
+/// without the manager: what the manager's own parts hold (the attach controller) must not
+/// hold the manager.
 struct NodeDriversView {
     csi: Arc<Drivers>,
     store: Arc<ObjectStore>,
@@ -189,34 +172,27 @@ impl crate::source::cluster::NodeDrivers for NodeDriversView {
         self.csi.subscribe()
     }
 
-    fn allocatable_periods(&self) -> Vec<(String, std::time::Duration)> {
-        self.csi
-            .status()
-            .into_iter()
-            .filter_map(|d| {
-                let period = allocatable_period(&self.store, &d.name)?;
-                Some((d.name, period))
-            })
-            .collect()
+    fn allocatable_period(&self, driver: &str) -> Option<std::time::Duration> {
+        let seconds = self
+            .store
+            .csi_driver(driver)?
+            .object
+            .spec
+            .node_allocatable_update_period_seconds?;
+        u64::try_from(seconds)
+            .ok()
+            .filter(|s| *s > 0)
+            .map(std::time::Duration::from_secs)
+    }
+
+    fn object_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.store.subscribe()
     }
 
     fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
         let (csi, driver) = (self.csi.clone(), driver.to_string());
         Box::pin(async move { csi.refresh_info(&driver).await.map_err(|e| e.to_string()) })
     }
-}
-
-/// A CSIDriver's `nodeAllocatableUpdatePeriodSeconds`, if it sets one.
-pub(crate) fn allocatable_period(store: &ObjectStore, driver: &str) -> Option<std::time::Duration> {
-    let seconds = store
-        .csi_driver(driver)?
-        .object
-        .spec
-        .node_allocatable_update_period_seconds?;
-    u64::try_from(seconds)
-        .ok()
-        .filter(|s| *s > 0)
-        .map(std::time::Duration::from_secs)
 }
 
 /// The parts, as the manager holds them to hand out.

@@ -63,6 +63,27 @@ pub fn service_account(pod: &k8s_openapi::api::core::v1::Pod) -> String {
         .unwrap_or_else(|| "default".into())
 }
 
+impl TokenSpec {
+    /// A token of `pod`'s service account bound to it, for `audience` (empty or none: the API
+    /// server's own) and lifetime (1 h when unset), as projected sources and CSIDrivers'
+    /// `tokenRequests` ask for them.
+    pub fn for_pod(
+        pod_ref: &kubevol_core::PodRef,
+        pod: &k8s_openapi::api::core::v1::Pod,
+        audience: Option<&str>,
+        expiration_seconds: Option<i64>,
+    ) -> Self {
+        TokenSpec {
+            namespace: pod_ref.namespace.to_string(),
+            service_account: service_account(pod),
+            audience: audience.filter(|a| !a.is_empty()).map(String::from),
+            expiration_seconds: expiration_seconds.unwrap_or(3600),
+            pod_name: pod_ref.name.to_string(),
+            pod_uid: pod_ref.uid.to_string(),
+        }
+    }
+}
+
 /// The most a token is kept before it is refreshed, whatever its lifetime.
 const MAX_KEEP: Duration = Duration::from_secs(24 * 3600);
 

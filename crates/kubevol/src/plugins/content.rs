@@ -221,21 +221,14 @@ fn write_content(
             store: StoreObjects(&host.store),
             tokens,
             bundles,
+            in_cluster: host.tokens.has_issuer(),
         },
         &host.node_allocatable,
     )
     .ok_or(VolumeError::Unsupported {
         plugin: kind.plugin_name(),
         operation: "set-up of a volume of another type",
-    })?
-    .map_err(|e| match e {
-        // As a node of a cluster, the API server is there: a source that needs it and is still
-        // refused is one kubevol does not serve yet (podCertificate).
-        projection::ProjectionError::NeedsCluster { kind, index } if host.tokens.has_issuer() => {
-            projection::ProjectionError::NotSupportedYet { kind, index }
-        }
-        e => e,
-    })?;
+    })??;
     let fs = kind.in_memory().then(|| Filesystem {
         source: "tmpfs",
         fstype: "tmpfs",
@@ -292,16 +285,13 @@ async fn fetch_tokens(
     if sources.is_empty() || !host.tokens.has_issuer() {
         return (out, None);
     }
-    let service_account = crate::tokens::service_account(&req.pod);
     for (index, source) in sources {
-        let spec = TokenSpec {
-            namespace: req.pod_ref.namespace.to_string(),
-            service_account: service_account.clone(),
-            audience: source.audience.clone().filter(|a| !a.is_empty()),
-            expiration_seconds: source.expiration_seconds.unwrap_or(3600),
-            pod_name: req.pod_ref.name.to_string(),
-            pod_uid: req.pod_ref.uid.to_string(),
-        };
+        let spec = TokenSpec::for_pod(
+            &req.pod_ref,
+            &req.pod,
+            source.audience.as_deref(),
+            source.expiration_seconds,
+        );
         match host.tokens.get(spec).await {
             Some(Ok(granted)) => {
                 let at = granted.refresh_at;
@@ -347,6 +337,8 @@ struct Fetched<'a> {
     store: StoreObjects<'a>,
     tokens: BTreeMap<usize, Result<String, String>>,
     bundles: BTreeMap<usize, Result<Option<String>, String>>,
+    /// A node of a cluster (tokens are issued).
+    in_cluster: bool,
 }
 
 impl Objects for Fetched<'_> {
@@ -368,5 +360,9 @@ impl Objects for Fetched<'_> {
 
     fn cluster_trust_bundle(&self, index: usize) -> Option<Result<Option<String>, String>> {
         self.bundles.get(&index).cloned()
+    }
+
+    fn in_cluster(&self) -> bool {
+        self.in_cluster
     }
 }

@@ -721,26 +721,29 @@ impl Populator {
     ) -> Result<Arc<VolumeSpec>, String> {
         use crate::observe::metrics::SelinuxCount;
         use kubevol_core::selinux as se;
-        let supports = plugin.supports_selinux_mount(&self.host, &spec);
-        let modes = spec
+        let pv_spec = spec
             .persistent_volume
             .as_ref()
-            .and_then(|pv| pv.spec.as_ref()?.access_modes.clone());
-        let mode_ok = se::mode_allows_mount(modes.as_deref(), self.host.selinux_mount_all);
-        let access = se::metric_access_mode(modes.as_deref());
-        let plugin_name = match spec
-            .persistent_volume
-            .as_ref()
-            .and_then(|pv| pv.spec.as_ref()?.csi.as_ref())
-        {
-            Some(csi) => format!("{}:{}", plugin.name(), csi.driver),
-            None => plugin.name().to_string(),
+            .and_then(|pv| pv.spec.as_ref());
+        let modes = pv_spec.and_then(|s| s.access_modes.as_deref());
+        let mode_ok = se::mode_allows_mount(modes, self.host.selinux_mount_all);
+        let count = |what| {
+            // The kubelet's label: the plugin, and for CSI its driver.
+            let plugin_name = match pv_spec.and_then(|s| s.csi.as_ref()) {
+                Some(csi) => format!("{}:{}", plugin.name(), csi.driver),
+                None => plugin.name().to_string(),
+            };
+            let access = se::metric_access_mode(modes);
+            self.host.metrics.count_selinux(what, &plugin_name, access);
         };
-        let count = |what| self.host.metrics.count_selinux(what, &plugin_name, access);
         let Some(context) = &self.host.selinux_context else {
-            let asked = se::volume_label(pod, volume, se::DEFAULT_FILE_CONTEXT)
-                .map_or(true, |l| l.is_some());
-            if asked && supports && mode_ok {
+            // Without SELinux nothing is labelled: a pod is told only where it would have been.
+            let would_mount = mode_ok && plugin.supports_selinux_mount(&self.host, &spec);
+            let asked = || {
+                se::volume_label(pod, volume, se::DEFAULT_FILE_CONTEXT)
+                    .map_or(true, |l| l.is_some())
+            };
+            if would_mount && asked() {
                 self.events.record(
                     pref,
                     true,
@@ -769,7 +772,9 @@ impl Populator {
             }
         };
         // The label the volume is mounted with, when it can be (the kubelet's: none for a
-        // plugin that cannot, nor for a pod that asks the runtime to relabel recursively).
+        // plugin that cannot, nor for a pod that asks the runtime to relabel recursively). A pod
+        // without a label still conflicts with pods that have one.
+        let supports = plugin.supports_selinux_mount(&self.host, &spec);
         let label = label.filter(|_| supports && !se::recursive_change(pod));
         if supports {
             let dsw = self.dsw.world().dsw();

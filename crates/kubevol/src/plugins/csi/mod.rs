@@ -134,12 +134,15 @@ impl VolumePlugin for CsiPlugin {
     }
 
     fn supports_selinux_mount(&self, host: &PluginHost, spec: &VolumeSpec) -> bool {
-        spec.persistent_volume.is_some()
-            && resolve(spec, None).is_ok_and(|r| {
-                host.store
-                    .csi_driver(&r.driver)
-                    .is_some_and(|d| d.object.spec.se_linux_mount == Some(true))
-            })
+        let driver = spec
+            .persistent_volume
+            .as_ref()
+            .and_then(|pv| pv.spec.as_ref()?.csi.as_ref());
+        driver.is_some_and(|csi| {
+            host.store
+                .csi_driver(&csi.driver)
+                .is_some_and(|d| d.object.spec.se_linux_mount == Some(true))
+        })
     }
 
     fn requires_remount(&self) -> bool {
@@ -538,7 +541,6 @@ fn cluster_claim(host: &PluginHost, req: &SetUpRequest) -> Option<ClusterClaim> 
         .0
         .clone();
     Some(ClusterClaim {
-        namespace: req.pod_ref.namespace.to_string(),
         name: name.into_owned(),
         claim: stored.object,
         new_capacity,
@@ -571,22 +573,9 @@ async fn service_account_tokens(
         }
         return Ok(None);
     }
-    if !host.tokens.has_issuer() {
-        return Err(VolumeError::CsiNeedsCluster {
-            driver: driver.to_string(),
-        });
-    }
-    let service_account = crate::tokens::service_account(&req.pod);
     let mut out = serde_json::Map::new();
     for (audience, expiration) in &pol.token_requests {
-        let spec = crate::tokens::TokenSpec {
-            namespace: pod.namespace.to_string(),
-            service_account: service_account.clone(),
-            audience: Some(audience.clone()).filter(|a| !a.is_empty()),
-            expiration_seconds: expiration.unwrap_or(3600),
-            pod_name: pod.name.to_string(),
-            pod_uid: pod.uid.to_string(),
-        };
+        let spec = crate::tokens::TokenSpec::for_pod(pod, &req.pod, Some(audience), *expiration);
         let granted = match host.tokens.get(spec).await {
             Some(Ok(g)) => g,
             Some(Err(why)) => {
@@ -594,6 +583,7 @@ async fn service_account_tokens(
                     "a service account token for audience {audience:?} of CSIDriver {driver} (spec.tokenRequests) was not issued: {why}"
                 )))
             }
+            // No issuer: standalone mode.
             None => {
                 return Err(VolumeError::CsiNeedsCluster {
                     driver: driver.to_string(),

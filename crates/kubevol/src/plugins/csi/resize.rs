@@ -96,27 +96,43 @@ pub(crate) fn node_resize(claim: &PersistentVolumeClaim, new_size: i64) -> NodeR
     }
 }
 
-/// The claim's conditions without those of an expansion, and then `add`.
-fn conditions_with(
+/// The claim's conditions after an expansion step, merged as the kubelet merges them: the
+/// conditions of other kinds stay; on success every expansion condition goes; on a failure
+/// `NodeResizeError` is added (one already true stays as it is) and the other expansion
+/// conditions stay.
+fn conditions_after(
     claim: &PersistentVolumeClaim,
-    add: Option<serde_json::Value>,
+    error: Option<serde_json::Value>,
 ) -> serde_json::Value {
-    let mut out: Vec<serde_json::Value> = claim
+    let old = claim
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
-        .flatten()
-        .filter(|c| !RESIZE_CONDITIONS.contains(&c.type_.as_str()))
-        .filter_map(|c| serde_json::to_value(c).ok())
-        .collect();
-    out.extend(add);
+        .flatten();
+    let mut out: Vec<serde_json::Value> = Vec::new();
+    let failure = error.is_some();
+    let mut error = error;
+    for c in old {
+        let resize = RESIZE_CONDITIONS.contains(&c.type_.as_str());
+        if resize && !failure {
+            continue;
+        }
+        if c.type_ == "NodeResizeError" && c.status != "True" {
+            continue;
+        }
+        if c.type_ == "NodeResizeError" {
+            error = None;
+        }
+        out.extend(serde_json::to_value(c).ok());
+    }
+    out.extend(error);
     serde_json::Value::Array(out)
 }
 
 /// A claim of the API server whose status the node writes during an expansion.
 pub(super) struct ClusterClaim {
-    pub(super) namespace: String,
+    /// The claim's name (in the pod's namespace).
     pub(super) name: String,
     pub(super) claim: Arc<PersistentVolumeClaim>,
     /// The PersistentVolume's capacity as written (the claim's new `status.capacity`).
@@ -261,11 +277,12 @@ async fn expand_for_cluster(
     let Some(writer) = host.claim_status.get().cloned() else {
         return Err(not_ready("no writer of claims' statuses is set".into()));
     };
-    let what = format!("PersistentVolumeClaim {}/{}", c.namespace, c.name);
+    let namespace = c.pod.namespace.to_string();
+    let what = format!("PersistentVolumeClaim {namespace}/{}", c.name);
     // The claim as it is now: the store's copy may be a minute old, and this node's own last
     // patch (an infeasible size) must be seen.
     let fresh = writer
-        .get(c.namespace.clone(), c.name.clone())
+        .get(namespace.clone(), c.name.clone())
         .await
         .map_err(not_ready)?;
     let c = ClusterClaim {
@@ -282,16 +299,15 @@ async fn expand_for_cluster(
         }
         NodeResize::Expand { claimed } => claimed,
     };
-    let patch = |namespace: &str, name: &str, body: serde_json::Value| {
-        writer.patch_status(namespace.to_string(), name.to_string(), body)
-    };
+    let patch =
+        |body: serde_json::Value| writer.patch_status(namespace.clone(), c.name.clone(), body);
     let mut rv = c.claim.metadata.resource_version.clone();
     if claimed {
         let body = serde_json::json!({
             "metadata": {"resourceVersion": rv},
             "status": {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}},
         });
-        let written = patch(&c.namespace, &c.name, body).await.map_err(|e| {
+        let written = patch(body).await.map_err(|e| {
             not_ready(format!(
                 "cannot mark the expansion of {what} in progress on the node: {e}"
             ))
@@ -343,10 +359,10 @@ async fn expand_for_cluster(
             "status": {
                 "capacity": {"storage": c.new_capacity},
                 "allocatedResourceStatuses": {"storage": null},
-                "conditions": conditions_with(&c.claim, None),
+                "conditions": conditions_after(&c.claim, None),
             },
         });
-        patch(&c.namespace, &c.name, body)
+        patch(body)
             .await
             .map_err(|e| not_ready(format!("the volume was expanded on the node, but {e}")))?;
     }
@@ -369,14 +385,14 @@ async fn failed(
         "type": "NodeResizeError", "status": "True", "lastTransitionTime": now,
         "message": format!("failed to expand pvc with {why}"),
     });
-    let mut status = serde_json::json!({"conditions": conditions_with(&c.claim, Some(condition))});
+    let mut status = serde_json::json!({"conditions": conditions_after(&c.claim, Some(condition))});
     if infeasible {
         status["allocatedResourceStatuses"] =
             serde_json::json!({"storage": "NodeResizeInfeasible"});
     }
     writer
         .patch_status(
-            c.namespace.clone(),
+            c.pod.namespace.to_string(),
             c.name.clone(),
             serde_json::json!({"status": status}),
         )
@@ -406,6 +422,63 @@ mod tests {
             c["metadata"]["annotations"] = json!({super::NODE_EXPANSION_NOT_REQUIRED: "true"});
         }
         serde_json::from_value(c).unwrap()
+    }
+
+    /// The claim's conditions after a success and after a failure, merged as the kubelet
+    /// merges them.
+    #[test]
+    fn conditions_are_merged_as_the_kubelet_merges_them() {
+        let claim =
+            |conditions: serde_json::Value| -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+                serde_json::from_value(
+                    json!({"metadata": {"name": "c"}, "status": {"conditions": conditions}}),
+                )
+                .unwrap()
+            };
+        let types = |v: serde_json::Value| -> Vec<String> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}={}",
+                        c["type"].as_str().unwrap(),
+                        c["status"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        };
+        let error = json!({"type": "NodeResizeError", "status": "True", "message": "new"});
+        let pending = claim(
+            json!([{"type": "FileSystemResizePending", "status": "True"}, {"type": "Custom", "status": "True"}]),
+        );
+        assert_eq!(
+            types(super::conditions_after(&pending, None)),
+            ["Custom=True"]
+        );
+        assert_eq!(
+            types(super::conditions_after(&pending, Some(error.clone()))),
+            [
+                "FileSystemResizePending=True",
+                "Custom=True",
+                "NodeResizeError=True"
+            ]
+        );
+        // A true error stays as it was (its message too); a false one is replaced.
+        let failed = claim(
+            json!([{"type": "NodeResizeError", "status": "True", "message": "old"}, {"type": "Resizing", "status": "True"}]),
+        );
+        let merged = super::conditions_after(&failed, Some(error.clone()));
+        assert_eq!(
+            types(merged.clone()),
+            ["NodeResizeError=True", "Resizing=True"]
+        );
+        assert_eq!(merged[0]["message"], "old");
+        let cleared = claim(json!([{"type": "NodeResizeError", "status": "False"}]));
+        assert_eq!(
+            super::conditions_after(&cleared, Some(error))[0]["message"],
+            "new"
+        );
     }
 
     /// The kubelet's pre-check, row by row (to 2 GiB).

@@ -82,7 +82,7 @@ impl crate::plugins::AttachController for ControllerAttach {
                 .iter()
                 .any(|a| a.name == volume.as_str());
             let kept_current = csi_driver_of(volume.as_str())
-                .filter(|d| drivers.allocatable_periods().iter().any(|(n, _)| n == d))
+                .filter(|d| drivers.allocatable_period(d).is_some())
                 .map(String::from);
             let waited = {
                 let mut since = crate::sync::lock(&waiting_since);

@@ -15,36 +15,36 @@ pub trait NodeDrivers: Send + Sync + 'static {
     fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus>;
     /// Told when a driver registers or goes.
     fn driver_changes(&self) -> tokio::sync::watch::Receiver<u64>;
-    /// The registered drivers whose CSIDriver object asks for their volume limit to be read
-    /// again periodically (`nodeAllocatableUpdatePeriodSeconds`), with that period.
-    fn allocatable_periods(&self) -> Vec<(String, Duration)>;
+    /// The period on which a driver's CSIDriver asks for its volume limit to be read again
+    /// (`nodeAllocatableUpdatePeriodSeconds`), if it does.
+    fn allocatable_period(&self, driver: &str) -> Option<Duration>;
+    /// Told when an object (a CSIDriver among them) may have changed.
+    fn object_changes(&self) -> tokio::sync::watch::Receiver<u64>;
     /// Reads a driver's node information again (NodeGetInfo): its volume limit now, and
     /// whether it changed (then [`NodeDrivers::driver_changes`] tells).
     fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>>;
 }
 
-/// How often the CSIDriver objects' update periods are looked at again (the API's shortest
-/// period): a period set, changed or removed takes effect within it.
-const PERIODS_RECHECK: Duration = Duration::from_secs(10);
-
 /// Reads each driver's volume limit again on its CSIDriver's `nodeAllocatableUpdatePeriodSeconds`
 /// (Kubernetes 1.36, the kubelet's CSINode updater): a change wakes the CSINode publisher,
-/// which writes the new `allocatable.count`.
+/// which writes the new `allocatable.count`. The periods are looked at again when a driver
+/// registers or goes and when an object changes.
 async fn refresh_allocatable(drivers: Arc<dyn NodeDrivers>) {
-    let mut changes = drivers.driver_changes();
+    let (mut registrations, mut objects) = (drivers.driver_changes(), drivers.object_changes());
     // Each driver's period and next reading; a changed period starts anew, as the kubelet
     // restarts its ticker.
     let mut next: BTreeMap<String, (Duration, tokio::time::Instant)> = BTreeMap::new();
     loop {
         let now = tokio::time::Instant::now();
-        let periods: BTreeMap<String, Duration> =
-            drivers.allocatable_periods().into_iter().collect();
+        let periods: BTreeMap<String, Duration> = drivers
+            .csi_drivers()
+            .into_iter()
+            .filter_map(|d| Some((d.name.clone(), drivers.allocatable_period(&d.name)?)))
+            .collect();
         next.retain(|name, (period, _)| periods.get(name) == Some(period));
         for (name, period) in &periods {
-            next.entry(name.clone()).or_insert((*period, now + *period));
-        }
-        for (name, period) in &periods {
-            if next[name].1 > now {
+            let (_, at) = *next.entry(name.clone()).or_insert((*period, now + *period));
+            if at > now {
                 continue;
             }
             match drivers.refresh_allocatable(name).await {
@@ -63,15 +63,16 @@ async fn refresh_allocatable(drivers: Arc<dyn NodeDrivers>) {
                 (*period, tokio::time::Instant::now() + *period),
             );
         }
-        let wake = next
-            .values()
-            .map(|(_, at)| *at)
-            .min()
-            .unwrap_or(now + PERIODS_RECHECK)
-            .min(now + PERIODS_RECHECK);
+        let wake = next.values().map(|(_, at)| *at).min();
+        objects.borrow_and_update();
         tokio::select! {
-            _ = tokio::time::sleep_until(wake) => {}
-            changed = changes.changed() => {
+            _ = tokio::time::sleep_until(wake.unwrap_or(now)), if wake.is_some() => {}
+            changed = registrations.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            changed = objects.changed() => {
                 if changed.is_err() {
                     return;
                 }

@@ -219,7 +219,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
     manager.set_event_sink(events);
     vec![
-        CsiNodePublisher::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
+        CsiNodePublisher::spawn(client.clone(), node.clone(), manager.node_drivers()),
         NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
         manager.add_source(ClusterSource::new(client, node)),
         poster,
