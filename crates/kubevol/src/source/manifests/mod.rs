@@ -173,7 +173,7 @@ pub struct ManifestSource {
 /// How long after a file is found gone the directory must still be there for its removal to be
 /// applied when no other file is read meanwhile: `rm -rf` of the directory unlinks its files
 /// first, and they must not take their pods away before the directory's own removal shows.
-const REMOVAL_SETTLE: Duration = Duration::from_millis(500);
+const REMOVAL_SETTLE: Duration = Duration::from_millis(200);
 
 impl ManifestSource {
     /// The source's name in the store's sync gate.
@@ -246,7 +246,8 @@ impl ManifestSource {
     }
 
     /// Applies the removals found at least [`REMOVAL_SETTLE`] ago: called once the given path has
-    /// been resolved to the same directory, so the files went, not the directory.
+    /// been resolved to the same directory (the loop wakes for it when the first is due), so the
+    /// files went, not the directory.
     fn confirm_removals(&self, sink: &Sink) {
         let settled = tokio::time::Instant::now() - REMOVAL_SETTLE;
         let gone: Vec<Change> = {
@@ -444,9 +445,17 @@ impl ManifestSource {
         resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
         loop {
+            // Removals held back are confirmed once settled, not only at the next tick.
+            // (One already past waits for the tick: the resolution it needs is still running.)
+            let removal_due = crate::sync::lock(&self.removals)
+                .values()
+                .min()
+                .map(|at| *at + REMOVAL_SETTLE)
+                .filter(|due| *due > tokio::time::Instant::now());
             let batch = tokio::select! {
                 first = Watch::next(&mut watch) => Some(first),
                 _ = resolve.tick() => None,
+                _ = tokio::time::sleep_until(removal_due.unwrap_or_else(tokio::time::Instant::now)), if removal_due.is_some() => None,
             };
             // Events that ask for no read (kubevol's own opens and closes among them) cost no
             // resolution: the tick looks soon enough.
