@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ClusterTrustBundleProjection, ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath,
-    ObjectFieldSelector, Pod, ResourceFieldSelector, Secret, ServiceAccountTokenProjection, Volume,
+    ObjectFieldSelector, Pod, PodCertificateProjection, ResourceFieldSelector, Secret,
+    ServiceAccountTokenProjection, Volume, VolumeProjection,
 };
 
 use crate::quantity::Quantity;
@@ -62,11 +63,44 @@ pub trait Objects {
         let _ = index;
         None
     }
+    /// The key and certificate chain of the `podCertificate` source `index` (fetched
+    /// beforehand), or why there are none yet; `None` where there is no API server.
+    fn pod_certificate(&self, index: usize) -> Option<Result<Credentials, CredentialsError>> {
+        let _ = index;
+        None
+    }
     /// Whether an API server is there (a node of a cluster): a source kubevol cannot serve is
     /// then one it does not serve yet, not one that needs a cluster.
     fn in_cluster(&self) -> bool {
         false
     }
+}
+
+/// A private key and the certificate chain issued for it, as PEM (a `podCertificate`
+/// source's files). Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The PKCS#8 private key, one `PRIVATE KEY` block.
+    pub key_pem: Vec<u8>,
+    /// The chain, leaf first, `CERTIFICATE` blocks.
+    pub chain_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("chain_bytes", &self.chain_pem.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a `podCertificate` source has no credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CredentialsError {
+    /// What happened, and what to do.
+    pub detail: String,
+    /// The signer denied or failed the request for good: only a change of the pod helps.
+    pub permanent: bool,
 }
 
 /// The node's allocatable resources: what a container without a limit is limited by.
@@ -170,6 +204,14 @@ pub enum ProjectionError {
         /// Why.
         detail: String,
     },
+    /// A pod certificate is not issued (yet, or for good).
+    #[error("projected source podCertificate (sources[{index}]): {}", .error.detail)]
+    Certificate {
+        /// Its index in `sources`.
+        index: usize,
+        /// Why.
+        error: CredentialsError,
+    },
     /// A service account token could not be had from the API server.
     #[error("projected source serviceAccountToken (sources[{index}]): {detail}")]
     Token {
@@ -206,7 +248,7 @@ impl ProjectionError {
                 | ProjectionError::InvalidObject { .. }
                 | ProjectionError::Token { .. }
                 | ProjectionError::TrustBundle { .. }
-        )
+        ) || matches!(self, ProjectionError::Certificate { error, .. } if !error.permanent)
     }
 }
 
@@ -377,8 +419,31 @@ enum Source<'a> {
         mode: u32,
         optional: bool,
     },
+    /// A pod certificate's key (`key`), chain (`chain`) and both (`bundle`), where asked.
+    Certificate {
+        index: usize,
+        bundle: Option<&'a str>,
+        key: Option<&'a str>,
+        chain: Option<&'a str>,
+        mode: u32,
+    },
     /// A projected source that needs an API server.
     NeedsCluster { kind: &'static str, index: usize },
+}
+
+/// The mode of a token's or key's file: the volume's, but `0600` where the pod has an fsGroup
+/// (the group's read access is then added by the writer), as the kubelet writes them.
+fn secret_file_mode(pod: &Pod, mode: u32) -> u32 {
+    let fs_group = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|c| c.fs_group);
+    if fs_group.is_some() {
+        0o600
+    } else {
+        mode
+    }
 }
 
 /// The sources of a content volume, in order, or `None` if the volume is not one. The payload,
@@ -461,7 +526,7 @@ fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
             Source::Token {
                 index,
                 path: &t.path,
-                mode,
+                mode: secret_file_mode(pod, mode),
             }
         } else if let Some(b) = &s.cluster_trust_bundle {
             Source::TrustBundle {
@@ -470,13 +535,20 @@ fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
                 mode,
                 optional: b.optional.unwrap_or(false),
             }
+        } else if let Some(c) = &s.pod_certificate {
+            let path = |p: &'a Option<String>| p.as_deref().filter(|p| !p.is_empty());
+            Source::Certificate {
+                index,
+                bundle: path(&c.credential_bundle_path),
+                key: path(&c.key_path),
+                chain: path(&c.certificate_chain_path),
+                mode: secret_file_mode(pod, mode),
+            }
         } else {
-            let kind = if s.pod_certificate.is_some() {
-                "podCertificate"
-            } else {
-                "(none)"
-            };
-            Source::NeedsCluster { kind, index }
+            Source::NeedsCluster {
+                kind: "(none)",
+                index,
+            }
         });
     }
     Some(out)
@@ -555,6 +627,45 @@ fn project(
                     },
                 )?,
             },
+            Source::Certificate {
+                index,
+                bundle,
+                key,
+                chain,
+                mode,
+            } => {
+                let credentials = match objects.pod_certificate(index) {
+                    None if objects.in_cluster() => {
+                        return Err(ProjectionError::Certificate {
+                            index,
+                            error: CredentialsError {
+                                detail: "this node agent makes no PodCertificateRequests (an agent embedding kubevol sets where with VolumeManager::set_certificate_requests)".into(),
+                                permanent: true,
+                            },
+                        })
+                    }
+                    None => {
+                        return Err(ProjectionError::NeedsCluster {
+                            kind: "podCertificate",
+                            index,
+                        })
+                    }
+                    Some(Err(error)) => return Err(ProjectionError::Certificate { index, error }),
+                    Some(Ok(c)) => c,
+                };
+                let file = |data: Vec<u8>| FileProjection { data, mode };
+                if let Some(path) = bundle {
+                    let mut data = credentials.key_pem.clone();
+                    data.extend_from_slice(&credentials.chain_pem);
+                    insert(&mut payload, path, file(data))?;
+                }
+                if let Some(path) = key {
+                    insert(&mut payload, path, file(credentials.key_pem.clone()))?;
+                }
+                if let Some(path) = chain {
+                    insert(&mut payload, path, file(credentials.chain_pem.clone()))?;
+                }
+            }
             Source::NeedsCluster { kind, index } if objects.in_cluster() => {
                 return Err(ProjectionError::NotSupportedYet { kind, index })
             }
@@ -566,26 +677,34 @@ fn project(
     Ok(payload)
 }
 
-/// The `clusterTrustBundle` sources of a projected volume, with their index in `sources`.
-pub fn trust_bundle_sources(volume: &Volume) -> Vec<(usize, &ClusterTrustBundleProjection)> {
+/// The sources of a projected volume that `pick` finds a kind in, with their index in
+/// `sources`.
+fn sources_of<'v, T>(
+    volume: &'v Volume,
+    pick: impl Fn(&'v VolumeProjection) -> Option<&'v T>,
+) -> Vec<(usize, &'v T)> {
     volume
         .projected
         .iter()
         .flat_map(|p| p.sources.iter().flatten())
         .enumerate()
-        .filter_map(|(i, s)| Some((i, s.cluster_trust_bundle.as_ref()?)))
+        .filter_map(|(i, s)| Some((i, pick(s)?)))
         .collect()
+}
+
+/// The `clusterTrustBundle` sources of a projected volume, with their index in `sources`.
+pub fn trust_bundle_sources(volume: &Volume) -> Vec<(usize, &ClusterTrustBundleProjection)> {
+    sources_of(volume, |s| s.cluster_trust_bundle.as_ref())
 }
 
 /// The `serviceAccountToken` sources of a projected volume, with their index in `sources`.
 pub fn token_sources(volume: &Volume) -> Vec<(usize, &ServiceAccountTokenProjection)> {
-    volume
-        .projected
-        .iter()
-        .flat_map(|p| p.sources.iter().flatten())
-        .enumerate()
-        .filter_map(|(i, s)| Some((i, s.service_account_token.as_ref()?)))
-        .collect()
+    sources_of(volume, |s| s.service_account_token.as_ref())
+}
+
+/// The `podCertificate` sources of a projected volume, with their index in `sources`.
+pub fn certificate_sources(volume: &Volume) -> Vec<(usize, &PodCertificateProjection)> {
+    sources_of(volume, |s| s.pod_certificate.as_ref())
 }
 
 /// The objects a volume reads: a change to any of them rewrites the volume.
@@ -1185,6 +1304,99 @@ mod tests {
         assert!(!e.is_transient());
         let e = payload(json!({"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "signerName": "x"}}]}})).unwrap_err();
         assert!(e.to_string().contains("clusterTrustBundle"), "{e}");
+    }
+
+    /// What a podCertificate source writes: the key and chain, each where asked, and both in
+    /// one bundle (key first); 0600 under an fsGroup; why there are none, transient or not.
+    #[test]
+    fn pod_certificates_are_written_where_their_source_says() {
+        struct Issued(Result<Credentials, CredentialsError>);
+        impl Objects for Issued {
+            fn config_map(&self, _: &str, _: &str) -> Lookup<ConfigMap> {
+                Lookup::Missing
+            }
+            fn secret(&self, _: &str, _: &str) -> Lookup<Secret> {
+                Lookup::Missing
+            }
+            fn pod_certificate(
+                &self,
+                index: usize,
+            ) -> Option<Result<Credentials, CredentialsError>> {
+                assert_eq!(index, 1, "the source's index among all sources");
+                Some(self.0.clone())
+            }
+            fn in_cluster(&self) -> bool {
+                true
+            }
+        }
+        let creds = Credentials {
+            key_pem: b"KEY\n".to_vec(),
+            chain_pem: b"LEAF\nCA\n".to_vec(),
+        };
+        let v: Volume = serde_json::from_value(json!({"name": "v", "projected": {"defaultMode": 0o644, "sources": [
+            {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+            {"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "credentialBundlePath": "creds/bundle.pem", "keyPath": "tls.key", "certificateChainPath": "tls.crt"}},
+        ]}})).unwrap();
+        let p = volume_payload(&pod(), &v, &Issued(Ok(creds.clone())), &NODE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            text(&p, "creds/bundle.pem"),
+            ("KEY\nLEAF\nCA\n".into(), 0o644)
+        );
+        assert_eq!(text(&p, "tls.key"), ("KEY\n".into(), 0o644));
+        assert_eq!(text(&p, "tls.crt"), ("LEAF\nCA\n".into(), 0o644));
+        assert!(
+            !format!("{creds:?}").contains("KEY"),
+            "a key is never printed"
+        );
+
+        let mut grouped = pod();
+        grouped.spec.as_mut().unwrap().security_context =
+            Some(serde_json::from_value(json!({"fsGroup": 2000})).unwrap());
+        let p = volume_payload(&grouped, &v, &Issued(Ok(creds)), &NODE)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            text(&p, "tls.key").1,
+            0o600,
+            "the key is the owner's alone under an fsGroup (the writer adds the group)"
+        );
+        assert_eq!(
+            text(&p, "name").1,
+            0o644,
+            "other files keep the volume's mode"
+        );
+
+        let waiting = CredentialsError {
+            detail: "waiting for the signer".into(),
+            permanent: false,
+        };
+        let e = volume_payload(&pod(), &v, &Issued(Err(waiting)), &NODE)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "projected source podCertificate (sources[1]): waiting for the signer"
+        );
+        assert!(e.is_transient());
+        let denied = CredentialsError {
+            detail: "denied".into(),
+            permanent: true,
+        };
+        let e = volume_payload(&pod(), &v, &Issued(Err(denied)), &NODE)
+            .unwrap()
+            .unwrap_err();
+        assert!(!e.is_transient());
+        let e = volume_payload(&pod(), &v, &objects(), &NODE)
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "projected source podCertificate (sources[1]) needs a Kubernetes API server"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

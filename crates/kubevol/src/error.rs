@@ -165,7 +165,7 @@ impl VolumeError {
                         | P::NotSupportedYet { .. }
                         | P::Field { .. }
                         | P::Path { .. }
-                )
+                ) || matches!(e, P::Certificate { error, .. } if error.permanent)
             }
             VolumeError::Mount(_)
             | VolumeError::HostPathType { .. }
@@ -275,10 +275,30 @@ mod tests {
             ),
             (
                 VolumeError::Content(P::NotSupportedYet {
-                    kind: "podCertificate",
+                    kind: "(none)",
                     index: 0,
                 }),
                 true,
+            ),
+            (
+                VolumeError::Content(P::Certificate {
+                    index: 0,
+                    error: kubevol_core::projection::CredentialsError {
+                        detail: "denied".into(),
+                        permanent: true,
+                    },
+                }),
+                true,
+            ),
+            (
+                VolumeError::Content(P::Certificate {
+                    index: 0,
+                    error: kubevol_core::projection::CredentialsError {
+                        detail: "waiting for the signer".into(),
+                        permanent: false,
+                    },
+                }),
+                false,
             ),
             (
                 VolumeError::Content(P::Field {

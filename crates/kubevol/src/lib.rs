@@ -31,6 +31,7 @@
 //! before every side effect; [`reconstruct`]ion rebuilds the actual state at start; [`status`],
 //! [`events`], [`metrics`] and [`http`] are what an operator sees.
 
+pub mod certificates;
 pub mod csi;
 pub mod error;
 mod manager;

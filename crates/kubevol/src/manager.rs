@@ -260,6 +260,7 @@ impl VolumeManager {
         let (refresh, refreshes) = tokio::sync::mpsc::unbounded_channel();
         let host = Arc::new(PluginHost {
             tokens: Arc::default(),
+            certificates: Arc::default(),
             plugin_dirs: Default::default(),
             attach_controller: std::sync::OnceLock::new(),
             trust_bundles: std::sync::OnceLock::new(),
@@ -379,6 +380,21 @@ impl VolumeManager {
     /// such a source fails its volume with a clear message.
     pub fn set_token_issuer(&self, issuer: Arc<dyn crate::tokens::TokenIssuer>) {
         self.parts.host.tokens.set_issuer(issuer);
+    }
+
+    /// Sets where `podCertificate` sources' requests are made (in cluster mode,
+    /// [`ClusterCertificates`](crate::source::cluster::ClusterCertificates)). Set once.
+    pub fn set_certificate_requests(
+        &self,
+        requests: Arc<dyn crate::certificates::CertificateRequests>,
+    ) {
+        self.parts.host.certificates.set_requests(requests);
+    }
+
+    /// What asks for a pod to be processed again, as if something it reads had changed (a
+    /// request for its certificates was answered).
+    pub(crate) fn refresher(&self) -> crate::plugins::Refresher {
+        self.parts.host.refresh.clone()
     }
 
     /// Sends every warning about a pod to `sink` too, besides the status API (in cluster mode,

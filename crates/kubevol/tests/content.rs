@@ -565,10 +565,11 @@ impl kubevol::tokens::TokenIssuer for Issuer {
 }
 
 mount_test! {
-    /// A podCertificate projected source: standalone mode has no API server for it; as a node
-    /// of a cluster the API server is there, and the source is one kubevol does not serve yet.
-    /// Either way the pod fails for good with a message that says which.
-    fn a_pod_certificate_source_is_refused_for_what_it_is() {
+    /// A podCertificate projected source: standalone mode has no API server for it; an agent
+    /// that issues tokens but sets no place for PodCertificateRequests cannot ask either.
+    /// Either way the pod fails for good with a message that says which (cluster mode asks the
+    /// API server: `cluster.rs`).
+    fn a_pod_certificate_source_without_a_place_to_ask_fails_for_good() {
         let root = TestRoot::new();
         runtime().block_on(async {
             let volume = json!([{"name": "certs", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519", "credentialBundlePath": "bundle.pem"}}]}}]);
@@ -583,7 +584,7 @@ mount_test! {
             let p = pod_with_volumes("clustered", volume);
             m.add_pod(p.clone());
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.permanent).await;
-            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("projected source podCertificate (sources[0]) is not supported by kubevol yet"), "{s:#?}");
+            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("projected source podCertificate (sources[0]): this node agent makes no PodCertificateRequests"), "{s:#?}");
             m.shutdown();
         });
     }

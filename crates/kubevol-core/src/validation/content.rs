@@ -644,6 +644,9 @@ pub(crate) fn validate_content_source(
                 check_item_path(&format!("{f}.path"), &b.path, errs);
                 paths.push((format!("{f}.path"), b.path.as_str()));
             }
+            if let Some(c) = &src.pod_certificate {
+                validate_pod_certificate(&format!("{sf}.podCertificate"), c, errs, &mut paths);
+            }
         }
     }
     if !paths.is_empty() {
@@ -652,6 +655,148 @@ pub(crate) fn validate_content_source(
             .filter(|(_, p)| !p.is_empty() && item_path_errors(p).is_empty())
             .collect();
         errs.extend(path_collision_errors(&valid));
+    }
+}
+
+/// The key types the API allows a `podCertificate` source.
+pub const POD_CERTIFICATE_KEY_TYPES: [&str; 6] = [
+    "RSA3072",
+    "RSA4096",
+    "ECDSAP256",
+    "ECDSAP384",
+    "ECDSAP521",
+    "ED25519",
+];
+
+/// The shortest and longest `maxExpirationSeconds` of a pod certificate (1 hour, 91 days; a
+/// `kubernetes.io` signer's at most 24 hours).
+const MIN_EXPIRATION: i32 = 3600;
+const MAX_EXPIRATION: i32 = 91 * 24 * 3600;
+const KUBERNETES_MAX_EXPIRATION: i32 = 24 * 3600;
+
+/// Whether `signer` is one of the Kubernetes project's (`kubernetes.io/...`,
+/// `*.kubernetes.io/...`).
+fn is_kubernetes_signer(signer: &str) -> bool {
+    let host = signer.split('/').next().unwrap_or_default();
+    host == "kubernetes.io" || host.ends_with(".kubernetes.io")
+}
+
+/// Why `signer` is not a signer name (`example.com/name`: a domain of at least two labels, one
+/// `/`, then DNS-1123 subdomains), as the API server checks it.
+fn signer_name_errors(signer: &str) -> Vec<String> {
+    let Some((domain, path)) = signer.split_once('/').filter(|(_, p)| !p.contains('/')) else {
+        return vec![
+            "must be a fully qualified domain and path of the form 'example.com/signer-name'"
+                .into(),
+        ];
+    };
+    let mut out = Vec::new();
+    if domain.len() > 253 {
+        out.push("must have at most 253 bytes".into());
+    }
+    if let Some(e) = domain
+        .split('.')
+        .find_map(|l| super::dns1123_label_error(l).map(|e| format!("validating label {l:?}: {e}")))
+    {
+        out.push(e);
+    }
+    if !domain.contains('.') {
+        out.push("should be a domain with at least two segments separated by dots".into());
+    }
+    if let Some(e) = path
+        .split('.')
+        .find_map(|l| dns1123_subdomain_error(l).map(|e| format!("validating label {l:?}: {e}")))
+    {
+        out.push(e);
+    }
+    out
+}
+
+/// Validates a `podCertificate` projected source at `f`, collecting its paths.
+fn validate_pod_certificate<'a>(
+    f: &str,
+    c: &'a k8s_openapi::api::core::v1::PodCertificateProjection,
+    errs: &mut Vec<FieldError>,
+    paths: &mut Vec<(String, &'a str)>,
+) {
+    if c.signer_name.is_empty() {
+        errs.push(required(format!("{f}.signerName")));
+    }
+    for e in (!c.signer_name.is_empty())
+        .then(|| signer_name_errors(&c.signer_name))
+        .unwrap_or_default()
+    {
+        errs.push(invalid(format!("{f}.signerName"), &c.signer_name, e));
+    }
+    let annotations = c.user_annotations.iter().flatten();
+    for (k, _) in annotations.clone() {
+        let key = k.to_lowercase();
+        let problem = qualified_name_error(&key).or_else(|| {
+            (!key.contains('/'))
+                .then(|| "must be a domain-prefixed key (such as \"acme.io/foo\")".into())
+        });
+        if let Some(e) = problem {
+            errs.push(invalid(format!("{f}.userAnnotations"), k, e));
+        }
+    }
+    let size: usize = annotations.map(|(k, v)| k.len() + v.len()).sum();
+    if size > 256 * 1024 {
+        errs.push(err(
+            format!("{f}.userAnnotations"),
+            FieldErrorKind::TooLong(256 * 1024),
+        ));
+    }
+    if !POD_CERTIFICATE_KEY_TYPES.contains(&c.key_type.as_str()) {
+        errs.push(err(
+            format!("{f}.keyType"),
+            FieldErrorKind::NotSupported {
+                value: c.key_type.clone(),
+                allowed: POD_CERTIFICATE_KEY_TYPES.to_vec(),
+            },
+        ));
+    }
+    if let Some(secs) = c.max_expiration_seconds {
+        let max = if is_kubernetes_signer(&c.signer_name) {
+            KUBERNETES_MAX_EXPIRATION
+        } else {
+            MAX_EXPIRATION
+        };
+        if secs < MIN_EXPIRATION {
+            errs.push(invalid(
+                format!("{f}.maxExpirationSeconds"),
+                &secs.to_string(),
+                "if provided, maxExpirationSeconds must be >= 3600",
+            ));
+        } else if secs > max {
+            errs.push(invalid(
+                format!("{f}.maxExpirationSeconds"),
+                &secs.to_string(),
+                format!("if provided, maxExpirationSeconds must be <= {max}"),
+            ));
+        }
+    }
+    let named = [
+        ("credentialBundlePath", &c.credential_bundle_path),
+        ("keyPath", &c.key_path),
+        ("certificateChainPath", &c.certificate_chain_path),
+    ];
+    let mut any = false;
+    for (name, p) in named {
+        let Some(p) = p.as_deref().filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        any = true;
+        check_item_path(&format!("{f}.{name}"), p, errs);
+        paths.push((format!("{f}.{name}"), p));
+    }
+    if !any {
+        errs.push(err(
+            f,
+            FieldErrorKind::Required(
+                "specify at least one of credentialBundlePath, keyPath, and certificateChainPath"
+                    .into(),
+            ),
+        ));
     }
 }
 
@@ -735,6 +880,17 @@ mod tests {
             ("projected token path", json!({"name": "v", "projected": {"sources": [{"serviceAccountToken": {"path": ""}}]}}), "serviceAccountToken.path: Required value".into()),
             ("projected bundle both", json!({"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "x", "signerName": "y"}}]}}), "only one of name and signerName may be used".into()),
             ("projected bundle neither", json!({"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b"}}]}}), "either name or signerName must be specified".into()),
+            ("pod certificate valid", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519", "credentialBundlePath": "creds.pem", "keyPath": "tls.key", "certificateChainPath": "tls.crt", "maxExpirationSeconds": 7862400, "userAnnotations": {"example.com/team": "a"}}}]}}), String::new()),
+            ("pod certificate no path", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519"}}]}}), "spec.volumes[0].projected.sources[0].podCertificate: Required value: specify at least one of credentialBundlePath, keyPath, and certificateChainPath".into()),
+            ("pod certificate key type", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/signer", "keyType": "RSA2048", "keyPath": "k"}}]}}), "spec.volumes[0].projected.sources[0].podCertificate.keyType: Unsupported value: \"RSA2048\": supported values: \"RSA3072\", \"RSA4096\", \"ECDSAP256\", \"ECDSAP384\", \"ECDSAP521\", \"ED25519\"".into()),
+            ("pod certificate signer without path", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com", "keyType": "ED25519", "keyPath": "k"}}]}}), "must be a fully qualified domain and path of the form 'example.com/signer-name'".into()),
+            ("pod certificate signer one label", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example/signer", "keyType": "ED25519", "keyPath": "k"}}]}}), "should be a domain with at least two segments separated by dots".into()),
+            ("pod certificate signer required", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "", "keyType": "ED25519", "keyPath": "k"}}]}}), "spec.volumes[0].projected.sources[0].podCertificate.signerName: Required value".into()),
+            ("pod certificate short life", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "keyPath": "k", "maxExpirationSeconds": 600}}]}}), "if provided, maxExpirationSeconds must be >= 3600".into()),
+            ("pod certificate kubernetes signer long life", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "kubernetes.io/kube-apiserver-client-pod", "keyType": "ED25519", "keyPath": "k", "maxExpirationSeconds": 86401}}]}}), "if provided, maxExpirationSeconds must be <= 86400".into()),
+            ("pod certificate annotation not prefixed", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "keyPath": "k", "userAnnotations": {"team": "a"}}}]}}), "must be a domain-prefixed key".into()),
+            ("pod certificate paths collide", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "keyPath": "k"}}, {"serviceAccountToken": {"path": "k"}}]}}), "conflicting duplicate paths".into()),
+            ("pod certificate path escapes", json!({"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "example.com/s", "keyType": "ED25519", "keyPath": "../k"}}]}}), "podCertificate.keyPath: Invalid value".into()),
             ("projected bundle selector with name", json!({"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b", "name": "x", "labelSelector": {}}}]}}), "labelSelector can only be used with signerName".into()),
             ("projected secret name", json!({"name": "v", "projected": {"sources": [{"secret": {"name": ""}}]}}), "projected.sources[0].secret.name: Required value".into()),
         ];

@@ -35,6 +35,14 @@ pub mod reason {
     /// A pod asks for an SELinux label for a volume that would be mounted with it, but the node
     /// has no SELinux: mounted without the label.
     pub const SELINUX_UNAVAILABLE: &str = "SELinuxUnavailable";
+    /// The signer denied a pod certificate's request.
+    pub const DENIED: &str = "Denied";
+    /// The signer failed a pod certificate's request.
+    pub const FAILED: &str = "Failed";
+    /// A pod certificate is more than 10 minutes past its `beginRefreshAt` without a new one.
+    pub const CERTIFICATE_OVERDUE_FOR_REFRESH: &str = "CertificateOverdueForRefresh";
+    /// A pod certificate is past its `notAfter` without a new one.
+    pub const CERTIFICATE_EXPIRED: &str = "CertificateExpired";
 }
 
 /// One event.

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kubevol_core::projection::{self, Lookup, Objects};
+use kubevol_core::projection::{self, Credentials, CredentialsError, Lookup, Objects};
 use kubevol_core::state::VolumeSpec;
 use kubevol_mount::atomic::{self, Entry, Ownership};
 use kubevol_mount::safe::FsGroupPolicy;
@@ -20,6 +20,7 @@ use super::{
     blocking, empty_dir, fs_group, BoxFuture, Filesystem, PluginHost, SetUpRequest, SetUpResult,
     TearDownRequest, VolumePlugin,
 };
+use crate::certificates::SourceRequest;
 use crate::error::VolumeError;
 use crate::store::{ObjectStore, Stored};
 use crate::tokens::TokenSpec;
@@ -171,17 +172,26 @@ impl VolumePlugin for ContentPlugin {
             // again before the first of them is due.
             let (tokens, due) = fetch_tokens(&host, &req).await;
             let (bundles, bundles_due) = fetch_bundles(&host, &req).await;
-            let due = match (due, bundles_due) {
-                (Some((uid, a)), Some((_, b))) => Some((uid, a.min(b))),
-                (a, b) => a.or(b),
+            let (certificates, certificates_due) = fetch_certificates(&host, &req).await;
+            let due = [due, bundles_due, certificates_due]
+                .into_iter()
+                .flatten()
+                .min();
+            let fetched = Fetched {
+                tokens,
+                bundles,
+                certificates,
             };
             let result = blocking({
                 let host = host.clone();
-                move || write_content(kind, &host, &req, tokens, bundles)
+                let req = req.clone();
+                move || write_content(kind, &host, &req, fetched)
             })
             .await;
-            if let (Ok(_), Some((uid, at))) = (&result, due) {
-                host.refresh_at(uid, at);
+            // A certificate is looked at again when due even where the volume failed (a
+            // request is out).
+            if let Some(at) = due.filter(|_| result.is_ok() || certificates_due.is_some()) {
+                host.refresh_at(req.pod_ref.uid.clone(), at);
             }
             result
         })
@@ -193,6 +203,10 @@ impl VolumePlugin for ContentPlugin {
         req: TearDownRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
         let kind = self.0;
+        if kind == ContentKind::Projected {
+            host.certificates
+                .forget(req.pod_ref.uid.as_str(), &req.outer_volume_name);
+        }
         blocking(move || {
             host.tear_down_volume_dir(
                 &req.pod_ref,
@@ -210,17 +224,15 @@ fn write_content(
     kind: ContentKind,
     host: &PluginHost,
     req: &SetUpRequest,
-    tokens: BTreeMap<usize, Result<String, String>>,
-    bundles: BTreeMap<usize, Result<Option<String>, String>>,
+    fetched: Fetched,
 ) -> Result<SetUpResult, VolumeError> {
     // Compute the content first: a missing object fails before anything is created.
     let payload = projection::volume_payload(
         &req.pod,
         &req.spec.volume,
-        &Fetched {
+        &WithFetched {
             store: StoreObjects(&host.store),
-            tokens,
-            bundles,
+            fetched,
             in_cluster: host.tokens.has_issuer(),
         },
         &host.node_allocatable,
@@ -277,7 +289,7 @@ async fn fetch_tokens(
     req: &SetUpRequest,
 ) -> (
     BTreeMap<usize, Result<String, String>>,
-    Option<(kubevol_core::PodUid, tokio::time::Instant)>,
+    Option<tokio::time::Instant>,
 ) {
     let mut out = BTreeMap::new();
     let mut due: Option<tokio::time::Instant> = None;
@@ -304,7 +316,7 @@ async fn fetch_tokens(
             None => {}
         }
     }
-    (out, due.map(|at| (req.pod_ref.uid.clone(), at)))
+    (out, due)
 }
 
 /// How often a volume with cluster trust bundles is written again, so that a bundle's change
@@ -318,7 +330,7 @@ async fn fetch_bundles(
     req: &SetUpRequest,
 ) -> (
     BTreeMap<usize, Result<Option<String>, String>>,
-    Option<(kubevol_core::PodUid, tokio::time::Instant)>,
+    Option<tokio::time::Instant>,
 ) {
     let mut out = BTreeMap::new();
     let sources = projection::trust_bundle_sources(&req.spec.volume);
@@ -328,20 +340,64 @@ async fn fetch_bundles(
     for (index, source) in sources {
         out.insert(index, bundles.bundle(source.clone()).await);
     }
-    let again = tokio::time::Instant::now() + BUNDLE_REFRESH;
-    (out, Some((req.pod_ref.uid.clone(), again)))
+    (out, Some(tokio::time::Instant::now() + BUNDLE_REFRESH))
 }
 
-/// The store, and the tokens and trust bundles fetched for the volume being projected.
-struct Fetched<'a> {
-    store: StoreObjects<'a>,
+/// The credentials of a projected volume's `podCertificate` sources, by source index, and
+/// when to look at them again. Empty where no requests can be made.
+async fn fetch_certificates(
+    host: &PluginHost,
+    req: &SetUpRequest,
+) -> (
+    BTreeMap<usize, Result<Credentials, CredentialsError>>,
+    Option<tokio::time::Instant>,
+) {
+    let mut out = BTreeMap::new();
+    let mut due: Option<tokio::time::Instant> = None;
+    let sources = projection::certificate_sources(&req.spec.volume);
+    if sources.is_empty() || !host.certificates.has_requests() {
+        return (out, None);
+    }
+    let node_uid = host
+        .store
+        .node(&host.node_name)
+        .and_then(|n| n.object.metadata.uid.clone());
+    for (index, source) in sources {
+        let asked = SourceRequest {
+            pod_ref: &req.pod_ref,
+            pod: &req.pod,
+            volume: &req.outer_volume_name,
+            index,
+            source,
+            node_name: &host.node_name,
+            node_uid: node_uid.clone(),
+        };
+        if let Some(answer) = host.certificates.get(asked, &host.events).await {
+            if let Some(at) = answer.recheck_at {
+                due = Some(due.map_or(at, |d| d.min(at)));
+            }
+            out.insert(index, answer.result);
+        }
+    }
+    (out, due)
+}
+
+/// What was fetched for the volume being projected: tokens, trust bundles, certificates.
+struct Fetched {
     tokens: BTreeMap<usize, Result<String, String>>,
     bundles: BTreeMap<usize, Result<Option<String>, String>>,
+    certificates: BTreeMap<usize, Result<Credentials, CredentialsError>>,
+}
+
+/// The store, and what was fetched.
+struct WithFetched<'a> {
+    store: StoreObjects<'a>,
+    fetched: Fetched,
     /// A node of a cluster (tokens are issued).
     in_cluster: bool,
 }
 
-impl Objects for Fetched<'_> {
+impl Objects for WithFetched<'_> {
     fn config_map(
         &self,
         namespace: &str,
@@ -355,11 +411,15 @@ impl Objects for Fetched<'_> {
     }
 
     fn service_account_token(&self, index: usize) -> Option<Result<String, String>> {
-        self.tokens.get(&index).cloned()
+        self.fetched.tokens.get(&index).cloned()
     }
 
     fn cluster_trust_bundle(&self, index: usize) -> Option<Result<Option<String>, String>> {
-        self.bundles.get(&index).cloned()
+        self.fetched.bundles.get(&index).cloned()
+    }
+
+    fn pod_certificate(&self, index: usize) -> Option<Result<Credentials, CredentialsError>> {
+        self.fetched.certificates.get(&index).cloned()
     }
 
     fn in_cluster(&self) -> bool {

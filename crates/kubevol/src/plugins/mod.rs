@@ -107,6 +107,8 @@ pub struct PluginHost {
     pub allow_lazy_unmount: bool,
     /// Service account tokens (issued in cluster mode).
     pub tokens: Arc<crate::tokens::Tokens>,
+    /// Pod certificates (requested in cluster mode).
+    pub certificates: Arc<crate::certificates::PodCertificates>,
     /// Who attaches volumes when kubevol does not (a cluster's attach/detach controller).
     pub attach_controller: std::sync::OnceLock<Arc<dyn AttachController>>,
     /// Where claims' statuses are written (the API server in cluster mode).
@@ -155,6 +157,7 @@ impl PluginHost {
 /// Asks the populator to process pods again at given times. Each pod has at most one wait, for
 /// the earliest time asked: a set-up that asks for a later time while one is pending adds
 /// nothing, so the set-ups that each refresh causes never multiply.
+#[derive(Clone)]
 pub struct Refresher {
     tx: tokio::sync::mpsc::UnboundedSender<kubevol_core::PodUid>,
     due: Arc<std::sync::Mutex<HashMap<kubevol_core::PodUid, tokio::time::Instant>>>,

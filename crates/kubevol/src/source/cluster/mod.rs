@@ -15,7 +15,7 @@
 //! - `tokens` (TokenRequest), `events` (the event recorder), `node_status`
 //!   (`status.volumesInUse`), `csinode` (CSINode and the Node's CSI annotation and labels),
 //!   `attach` (the attach/detach controller's record), `claims` (claims' statuses during an
-//!   expansion), `trust` (ClusterTrustBundles);
+//!   expansion), `trust` (ClusterTrustBundles), `certificates` (PodCertificateRequests);
 //!   `backoff` and `publish` are what they share.
 //!
 //! Until the pods' first listing is complete the source is not synced, so nothing is torn down;
@@ -23,6 +23,7 @@
 
 mod attach;
 mod backoff;
+mod certificates;
 mod claims;
 mod connection;
 mod csinode;
@@ -34,6 +35,7 @@ mod tokens;
 mod trust;
 
 pub use attach::ControllerAttach;
+pub use certificates::ClusterCertificates;
 pub use claims::ClusterClaims;
 pub use connection::{client, STREAMS_PER_CONNECTION};
 pub use csinode::{CsiNodePublisher, NodeDrivers, NODE_ID_ANNOTATION};
@@ -203,7 +205,7 @@ impl PodSource for ClusterSource {
 /// Makes `manager` the volume manager of its node (`Config::node_name`) in the cluster
 /// `client` reaches with the node's identity, as `kubevol run --kubeconfig` does: pods and
 /// their objects from the API server ([`ClusterSource`]), tokens from TokenRequest, trust
-/// bundles, controller-managed attach, events, `status.volumesInUse` and CSINode. Returns the
+/// bundles, pod certificates, controller-managed attach, events, `status.volumesInUse` and CSINode. Returns the
 /// tasks it started: the watches and publishers, which run until aborted (the mounts stay),
 /// and last the event poster, which ends once the manager is gone and its queue is posted.
 pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHandle<()>> {
@@ -216,6 +218,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
     manager.set_claim_status_writer(Arc::new(ClusterClaims::new(client.clone())));
     manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
+    manager.set_certificate_requests(certificates::for_manager(manager, client.clone()));
     let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
     manager.set_event_sink(events);
     vec![

@@ -1,0 +1,842 @@
+//! Pod certificates for `podCertificate` projected sources.
+//!
+//! For each source of each pod, a key pair is made on the node and a PodCertificateRequest
+//! created for it (in cluster mode, with the API server); once the signer has issued the
+//! chain, the key and chain are written into the volume. At the request's `beginRefreshAt`
+//! (plus up to five minutes of jitter, so that a node's pods do not all ask at once) a new
+//! key is made and asked for; the old credentials stay in the volume until the new ones are
+//! issued. A denied or failed request fails the volume until the pod changes, as the kubelet's.
+//! The state lives in memory only, as the kubelet's: after a restart new requests are made,
+//! and the files already in the volume are kept meanwhile. A private key is never logged and
+//! never part of an error, an event or the status.
+
+pub mod keys;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use k8s_openapi::api::certificates::v1beta1::{PodCertificateRequest, PodCertificateRequestStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCertificateProjection};
+use kubevol_core::projection::{Credentials, CredentialsError};
+use kubevol_core::PodRef;
+use tokio::time::Instant;
+
+use crate::observe::events::EventRecorder;
+
+/// Where PodCertificateRequests are made and read (the API server in cluster mode).
+pub trait CertificateRequests: Send + Sync + 'static {
+    /// Creates `request` (a `certificates.k8s.io/v1beta1` PodCertificateRequest, named by
+    /// `generateName`, in `namespace`); returns its name. JSON, because the stub PKCS#10
+    /// request is newer than kubevol's API types.
+    fn create(
+        &self,
+        namespace: String,
+        request: serde_json::Value,
+    ) -> crate::BoxFuture<Result<String, String>>;
+    /// The request `namespace/name` as it is now: `Ok(None)` when it is gone, `Err` when it
+    /// cannot be read (yet).
+    fn get(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, String>>;
+    /// The UID of the service account `namespace/name`.
+    fn service_account_uid(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> crate::BoxFuture<Result<String, String>>;
+}
+
+/// How long a request may take before the node asks again (its lifetime is the signer's
+/// business, but a request nobody answers must not leave the pod waiting for ever).
+const WAIT_CHECK: Duration = Duration::from_secs(60);
+
+/// The most jitter added to a refresh.
+const JITTER: Duration = Duration::from_secs(5 * 60);
+
+/// How long a request that cannot be read is waited for before it is taken as lost and made
+/// again (the kubelet's: a request can be deleted before its node has seen it).
+const ABANDON_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// After `beginRefreshAt`, how long before a missing refresh is told as overdue.
+const OVERDUE_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// A source of a pod: (pod UID, volume, index in `sources`).
+type SourceKey = (String, String, usize);
+
+/// An issued key and chain, and when to ask for the next.
+#[derive(Clone)]
+struct Issued {
+    credentials: Credentials,
+    refresh_at: Instant,
+    not_after: Instant,
+    /// The pod has been told that the refresh is overdue, that the certificate expired.
+    told_overdue: bool,
+    told_expired: bool,
+}
+
+enum State {
+    /// Nothing asked yet.
+    Initial,
+    /// A request is out for the first credentials.
+    Waiting { key_pem: Vec<u8>, out: Out },
+    /// Credentials issued; the next are asked for at `refresh_at`.
+    Fresh(Issued),
+    /// Credentials issued, and a request out for their successors.
+    Refreshing {
+        current: Issued,
+        key_pem: Vec<u8>,
+        out: Out,
+    },
+    /// The signer denied or failed a request: nothing more is asked until the pod changes.
+    Refused(String),
+}
+
+/// What a source of a pod is, for a request.
+pub struct SourceRequest<'a> {
+    /// The pod.
+    pub pod_ref: &'a PodRef,
+    /// Its object.
+    pub pod: &'a Pod,
+    /// The volume's name.
+    pub volume: &'a str,
+    /// The source's index in `sources`.
+    pub index: usize,
+    /// The source.
+    pub source: &'a PodCertificateProjection,
+    /// This node's name.
+    pub node_name: &'a str,
+    /// This node's UID, once its Node object is known.
+    pub node_uid: Option<String>,
+}
+
+/// Credentials for a source, or why there are none, and when to look again.
+pub struct Answer {
+    /// The credentials.
+    pub result: Result<Credentials, CredentialsError>,
+    /// When the volume should be written again (a refresh is due, or asked for).
+    pub recheck_at: Option<Instant>,
+}
+
+/// The pod certificates in use, by pod source.
+#[derive(Default)]
+pub struct PodCertificates {
+    requests: RwLock<Option<Arc<dyn CertificateRequests>>>,
+    states: Mutex<HashMap<SourceKey, Arc<tokio::sync::Mutex<State>>>>,
+}
+
+/// A random duration below `max` (refreshes of many pods spread out).
+fn jitter(max: Duration) -> Duration {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        return Duration::ZERO;
+    }
+    let nanos = u64::from_le_bytes(bytes) % (max.as_nanos() as u64).max(1);
+    Duration::from_nanos(nanos)
+}
+
+/// The monotonic instant of a wall-clock time (now, if it is past).
+fn instant_of(t: SystemTime) -> Instant {
+    let now = Instant::now();
+    match t.duration_since(SystemTime::now()) {
+        Ok(ahead) => now + ahead,
+        Err(_) => now,
+    }
+}
+
+fn waiting(detail: String) -> CredentialsError {
+    CredentialsError {
+        detail,
+        permanent: false,
+    }
+}
+
+/// The terminal condition of a request: `Issued`, `Denied` or `Failed`, with its reason and
+/// message.
+fn terminal(status: &PodCertificateRequestStatus) -> Option<(&str, &str, &str)> {
+    status.conditions.iter().flatten().find_map(|c| {
+        matches!(c.type_.as_str(), "Issued" | "Denied" | "Failed").then_some((
+            c.type_.as_str(),
+            c.reason.as_str(),
+            c.message.as_str(),
+        ))
+    })
+}
+
+/// A request that is out: its name, and when to give up on it if it is never seen.
+struct Out {
+    request: String,
+    abandon_at: Instant,
+}
+
+impl Out {
+    fn new(request: String) -> Self {
+        Out {
+            request,
+            abandon_at: Instant::now() + ABANDON_AFTER + jitter(JITTER),
+        }
+    }
+}
+
+/// What became of a request that is out.
+enum Outcome {
+    /// Still out: no terminal condition yet.
+    Pending(String),
+    /// Not to be read yet (a watch that has not shown it).
+    Unseen(String),
+    /// Gone: another is to be made.
+    Gone,
+    /// Issued.
+    Issued(Issued),
+    /// Denied or failed, with the message for the pod.
+    Refused { reason: &'static str, text: String },
+}
+
+impl PodCertificates {
+    /// Sets where requests are made.
+    pub fn set_requests(&self, requests: Arc<dyn CertificateRequests>) {
+        *crate::sync::write(&self.requests) = Some(requests);
+    }
+
+    /// Whether certificates can be had at all.
+    pub fn has_requests(&self) -> bool {
+        crate::sync::read(&self.requests).is_some()
+    }
+
+    /// Forgets the sources of pod `uid` (its volume is torn down): their keys are dropped.
+    pub fn forget(&self, uid: &str, volume: &str) {
+        crate::sync::lock(&self.states).retain(|(p, v, _), _| !(p == uid && v == volume));
+    }
+
+    /// The credentials of a source: those issued, or why there are none yet. `None` when
+    /// there is nowhere to ask.
+    pub async fn get(&self, req: SourceRequest<'_>, events: &EventRecorder) -> Option<Answer> {
+        let api = crate::sync::read(&self.requests).clone()?;
+        let key = (
+            req.pod_ref.uid.to_string(),
+            req.volume.to_string(),
+            req.index,
+        );
+        let state = crate::sync::lock(&self.states)
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(State::Initial)))
+            .clone();
+        let mut state = state.lock().await;
+        Some(self.step(&*api, &req, &mut state, events).await)
+    }
+
+    async fn step(
+        &self,
+        api: &dyn CertificateRequests,
+        req: &SourceRequest<'_>,
+        state: &mut State,
+        events: &EventRecorder,
+    ) -> Answer {
+        let now = Instant::now();
+        let answer = |result, recheck_at| Answer { result, recheck_at };
+        match std::mem::replace(state, State::Initial) {
+            State::Initial => match make_request(api, req).await {
+                Ok((key_pem, request)) => {
+                    let detail = format!(
+                        "waiting for signer {} to issue PodCertificateRequest {}/{request}",
+                        req.source.signer_name, req.pod_ref.namespace
+                    );
+                    let out = Out::new(request);
+                    *state = State::Waiting { key_pem, out };
+                    answer(Err(waiting(detail)), Some(now + WAIT_CHECK))
+                }
+                Err(e) => answer(Err(waiting(e)), None),
+            },
+            State::Waiting { key_pem, out } => {
+                match outcome(api, req, &out, &key_pem).await {
+                    Outcome::Pending(detail) | Outcome::Unseen(detail) => {
+                        *state = State::Waiting { key_pem, out };
+                        answer(Err(waiting(detail)), Some(now + WAIT_CHECK))
+                    }
+                    // Deleted before it was answered: ask again.
+                    Outcome::Gone => Box::pin(self.step(api, req, state, events)).await,
+                    Outcome::Issued(issued) => {
+                        let result = Ok(issued.credentials.clone());
+                        let at = issued.refresh_at;
+                        *state = State::Fresh(issued);
+                        answer(result, Some(at))
+                    }
+                    Outcome::Refused { reason, text } => {
+                        events.record(req.pod_ref, true, reason, text.clone());
+                        *state = State::Refused(text.clone());
+                        answer(
+                            Err(CredentialsError {
+                                detail: text,
+                                permanent: true,
+                            }),
+                            None,
+                        )
+                    }
+                }
+            }
+            State::Fresh(mut current) if now >= current.refresh_at => {
+                tell_late(&mut current, req, events, now);
+                let result = Ok(current.credentials.clone());
+                match make_request(api, req).await {
+                    Ok((key_pem, request)) => {
+                        *state = State::Refreshing {
+                            current,
+                            key_pem,
+                            out: Out::new(request),
+                        };
+                        answer(result, Some(now + WAIT_CHECK))
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %req.pod_ref, volume = req.volume, "the pod certificate is due for refreshing: {e}; the current one is kept");
+                        *state = State::Fresh(current);
+                        answer(result, Some(now + WAIT_CHECK))
+                    }
+                }
+            }
+            State::Fresh(current) => {
+                let at = current.refresh_at;
+                let result = Ok(current.credentials.clone());
+                *state = State::Fresh(current);
+                answer(result, Some(at))
+            }
+            State::Refreshing {
+                mut current,
+                key_pem,
+                out,
+            } => {
+                tell_late(&mut current, req, events, now);
+                match outcome(api, req, &out, &key_pem).await {
+                    Outcome::Pending(_) | Outcome::Unseen(_) => {
+                        let result = Ok(current.credentials.clone());
+                        *state = State::Refreshing {
+                            current,
+                            key_pem,
+                            out,
+                        };
+                        answer(result, Some(now + WAIT_CHECK))
+                    }
+                    Outcome::Gone => {
+                        // Ask again at once.
+                        current.refresh_at = now;
+                        *state = State::Fresh(current);
+                        Box::pin(self.step(api, req, state, events)).await
+                    }
+                    Outcome::Issued(issued) => {
+                        let result = Ok(issued.credentials.clone());
+                        let at = issued.refresh_at;
+                        *state = State::Fresh(issued);
+                        answer(result, Some(at))
+                    }
+                    Outcome::Refused { reason, text } => {
+                        // As the kubelet: the volume fails; the files already written stay.
+                        events.record(req.pod_ref, true, reason, text.clone());
+                        *state = State::Refused(text.clone());
+                        answer(
+                            Err(CredentialsError {
+                                detail: text,
+                                permanent: true,
+                            }),
+                            None,
+                        )
+                    }
+                }
+            }
+            State::Refused(text) => {
+                *state = State::Refused(text.clone());
+                answer(
+                    Err(CredentialsError {
+                        detail: text,
+                        permanent: true,
+                    }),
+                    None,
+                )
+            }
+        }
+    }
+}
+
+/// Tells the pod once that its certificate's refresh is overdue, and once that it expired.
+fn tell_late(current: &mut Issued, req: &SourceRequest<'_>, events: &EventRecorder, now: Instant) {
+    if now >= current.refresh_at + OVERDUE_AFTER && !current.told_overdue {
+        current.told_overdue = true;
+        events.record(
+            req.pod_ref,
+            true,
+            crate::observe::events::reason::CERTIFICATE_OVERDUE_FOR_REFRESH,
+            format!(
+                "PodCertificate refresh overdue (volume {}, sources[{}])",
+                req.volume, req.index
+            ),
+        );
+    }
+    if now >= current.not_after && !current.told_expired {
+        current.told_expired = true;
+        events.record(
+            req.pod_ref,
+            true,
+            crate::observe::events::reason::CERTIFICATE_EXPIRED,
+            format!(
+                "PodCertificate expired (volume {}, sources[{}])",
+                req.volume, req.index
+            ),
+        );
+    }
+}
+
+/// Makes a key pair and a request for it: the private key (PEM) and the request's name.
+async fn make_request(
+    api: &dyn CertificateRequests,
+    req: &SourceRequest<'_>,
+) -> Result<(Vec<u8>, String), String> {
+    let kind = keys::KeyType::parse(&req.source.key_type).ok_or_else(|| {
+        format!(
+            "key type {:?} is not one the API allows",
+            req.source.key_type
+        )
+    })?;
+    let node_uid = req.node_uid.clone().ok_or_else(|| {
+        format!(
+            "waiting for the Node object of {} (its UID goes into the request)",
+            req.node_name
+        )
+    })?;
+    let account = crate::tokens::service_account(req.pod);
+    let namespace = req.pod_ref.namespace.to_string();
+    let account_uid = api
+        .service_account_uid(namespace.clone(), account.clone())
+        .await
+        .map_err(|e| format!("cannot read service account {namespace}/{account}: {e}"))?;
+    let pair = tokio::task::spawn_blocking(move || keys::generate(kind))
+        .await
+        .map_err(|e| format!("key generation did not finish: {e}"))??;
+    let der = base64::engine::general_purpose::STANDARD.encode(&pair.request_der);
+    let mut spec = serde_json::json!({
+        "signerName": req.source.signer_name,
+        "podName": req.pod_ref.name.as_str(),
+        "podUID": req.pod_ref.uid.as_str(),
+        "serviceAccountName": account,
+        "serviceAccountUID": account_uid,
+        "nodeName": req.node_name,
+        "nodeUID": node_uid,
+        "stubPKCS10Request": der,
+    });
+    if let Some(secs) = req.source.max_expiration_seconds {
+        spec["maxExpirationSeconds"] = secs.into();
+    }
+    if let Some(a) = &req.source.user_annotations {
+        spec["unverifiedUserAnnotations"] = serde_json::json!(a);
+    }
+    let request = serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1beta1",
+        "kind": "PodCertificateRequest",
+        "metadata": {
+            "namespace": namespace,
+            "generateName": "req-",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": req.pod_ref.name.as_str(), "uid": req.pod_ref.uid.as_str()}],
+        },
+        "spec": spec,
+    });
+    let name = api.create(namespace, request).await.map_err(|e| {
+        format!(
+            "cannot create a PodCertificateRequest for signer {}: {e}",
+            req.source.signer_name
+        )
+    })?;
+    tracing::info!(pod = %req.pod_ref, volume = req.volume, source = req.index, request = %name, signer = %req.source.signer_name, "PodCertificateRequest created");
+    Ok((pair.key_pem, name))
+}
+
+/// What became of the request `out`.
+async fn outcome(
+    api: &dyn CertificateRequests,
+    req: &SourceRequest<'_>,
+    out: &Out,
+    key_pem: &[u8],
+) -> Outcome {
+    let namespace = req.pod_ref.namespace.to_string();
+    let full = format!("{namespace}/{}", out.request);
+    let detail = |why: String| {
+        format!(
+            "waiting for signer {} to issue PodCertificateRequest {full}{why}",
+            req.source.signer_name
+        )
+    };
+    let pcr = match api.get(namespace, out.request.clone()).await {
+        Ok(Some(pcr)) => pcr,
+        Ok(None) => {
+            tracing::info!(pod = %req.pod_ref, request = %full, "PodCertificateRequest is gone; another is made");
+            return Outcome::Gone;
+        }
+        Err(e) if Instant::now() >= out.abandon_at => {
+            tracing::info!(pod = %req.pod_ref, request = %full, "PodCertificateRequest still cannot be read ({e}); taken as lost, another is made");
+            return Outcome::Gone;
+        }
+        Err(e) => return Outcome::Unseen(detail(format!(" (it cannot be read yet: {e})"))),
+    };
+    let status = pcr.status.unwrap_or_default();
+    match terminal(&status) {
+        None => Outcome::Pending(detail(String::new())),
+        Some(("Issued", _, _)) => {
+            let chain = keys::clean_chain(status.certificate_chain.as_deref().unwrap_or_default());
+            let when = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+                t.as_ref().map(|t| SystemTime::from(t.0))
+            };
+            let now = Instant::now();
+            let refresh_at = when(&status.begin_refresh_at)
+                .map(instant_of)
+                .unwrap_or(now + WAIT_CHECK)
+                + jitter(JITTER);
+            let not_after = when(&status.not_after)
+                .map(instant_of)
+                .unwrap_or(refresh_at);
+            tracing::info!(pod = %req.pod_ref, volume = req.volume, source = req.index, request = %full, "pod certificate issued");
+            Outcome::Issued(Issued {
+                credentials: Credentials {
+                    key_pem: key_pem.to_vec(),
+                    chain_pem: chain,
+                },
+                refresh_at,
+                not_after,
+                told_overdue: false,
+                told_expired: false,
+            })
+        }
+        Some((kind, reason, message)) => {
+            let (event, verb) = if kind == "Denied" {
+                (crate::observe::events::reason::DENIED, "was denied")
+            } else {
+                (crate::observe::events::reason::FAILED, "failed")
+            };
+            Outcome::Refused {
+                reason: event,
+                text: format!(
+                    "PodCertificateRequest {full} {verb} by signer {}, reason={reason:?} message={message:?}; change the pod (its signer or key type) to ask again",
+                    req.source.signer_name
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Requests kept in memory, answered by the test.
+    #[derive(Default)]
+    struct Requests {
+        made: Mutex<Vec<serde_json::Value>>,
+        status: Mutex<HashMap<String, Option<serde_json::Value>>>,
+    }
+
+    impl Requests {
+        fn made(&self) -> Vec<serde_json::Value> {
+            self.made.lock().unwrap().clone()
+        }
+        /// Makes request `n` unreadable (a watch that has not shown it).
+        fn hide(&self, n: usize) {
+            self.status.lock().unwrap().remove(&format!("req-{n}"));
+        }
+        /// Sets request `n`'s status (`None`: deleted).
+        fn answer(&self, n: usize, status: Option<serde_json::Value>) {
+            self.status
+                .lock()
+                .unwrap()
+                .insert(format!("req-{n}"), status);
+        }
+    }
+
+    impl CertificateRequests for Requests {
+        fn create(
+            &self,
+            _: String,
+            request: serde_json::Value,
+        ) -> crate::BoxFuture<Result<String, String>> {
+            let mut made = self.made.lock().unwrap();
+            made.push(request);
+            let name = format!("req-{}", made.len() - 1);
+            self.status
+                .lock()
+                .unwrap()
+                .insert(name.clone(), Some(json!({})));
+            Box::pin(async move { Ok(name) })
+        }
+        fn get(
+            &self,
+            namespace: String,
+            name: String,
+        ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, String>> {
+            let Some(status) = self.status.lock().unwrap().get(&name).cloned() else {
+                return Box::pin(async { Err("not seen yet".to_string()) });
+            };
+            Box::pin(async move {
+                Ok(status.map(|status| {
+                    serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace}, "spec": {"signerName": "example.com/s", "podName": "p", "podUID": "u", "serviceAccountName": "default", "serviceAccountUID": "sa", "nodeName": "n", "nodeUID": "nu"}, "status": status})).unwrap()
+                }))
+            })
+        }
+        fn service_account_uid(
+            &self,
+            _: String,
+            _: String,
+        ) -> crate::BoxFuture<Result<String, String>> {
+            Box::pin(async { Ok("sa-uid".to_string()) })
+        }
+    }
+
+    fn rfc3339(t: SystemTime) -> String {
+        k8s_openapi::jiff::Timestamp::try_from(t)
+            .unwrap()
+            .to_string()
+    }
+
+    /// An `Issued` status with a chain, due for refresh in an hour, expiring in two.
+    fn issued(leaf: &str) -> serde_json::Value {
+        let now = SystemTime::now();
+        json!({
+            "conditions": [{"type": "Issued", "status": "True", "reason": "Issued", "message": "", "lastTransitionTime": rfc3339(now)}],
+            "certificateChain": format!("-----BEGIN CERTIFICATE-----\n{leaf}\n-----END CERTIFICATE-----\n"),
+            "notBefore": rfc3339(now),
+            "beginRefreshAt": rfc3339(now + Duration::from_secs(3600)),
+            "notAfter": rfc3339(now + Duration::from_secs(7200)),
+        })
+    }
+
+    fn refused(kind: &str) -> serde_json::Value {
+        json!({"conditions": [{"type": kind, "status": "True", "reason": "UnsupportedKeyType", "message": "use ECDSAP256", "lastTransitionTime": rfc3339(SystemTime::now())}]})
+    }
+
+    struct Fixture {
+        pod_ref: PodRef,
+        pod: Pod,
+        source: PodCertificateProjection,
+        certificates: PodCertificates,
+        requests: Arc<Requests>,
+        events: EventRecorder,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let requests = Arc::new(Requests::default());
+            let certificates = PodCertificates::default();
+            certificates.set_requests(requests.clone());
+            Fixture {
+                pod_ref: PodRef {
+                    namespace: "ns".into(),
+                    name: "web".into(),
+                    uid: kubevol_core::PodUid("pod-uid".into()),
+                },
+                pod: serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "ns", "uid": "pod-uid"}, "spec": {"serviceAccountName": "app", "containers": []}})).unwrap(),
+                source: serde_json::from_value(json!({"signerName": "example.com/s", "keyType": "ECDSAP256", "keyPath": "k", "maxExpirationSeconds": 3600, "userAnnotations": {"example.com/team": "a"}})).unwrap(),
+                certificates,
+                requests,
+                events: EventRecorder::default(),
+            }
+        }
+
+        async fn get(&self, index: usize) -> Answer {
+            let req = SourceRequest {
+                pod_ref: &self.pod_ref,
+                pod: &self.pod,
+                volume: "certs",
+                index,
+                source: &self.source,
+                node_name: "node-1",
+                node_uid: Some("node-uid".into()),
+            };
+            self.certificates
+                .get(req, &self.events)
+                .await
+                .expect("requests can be made")
+        }
+
+        fn reasons(&self) -> Vec<String> {
+            self.events
+                .for_pod(&self.pod_ref.uid)
+                .iter()
+                .map(|e| format!("{}x{}", e.reason, e.count))
+                .collect()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_certificate_is_asked_for_issued_refreshed_and_refused_as_the_signer_answers() {
+        let f = Fixture::new();
+        assert!(
+            PodCertificates::default()
+                .get(
+                    SourceRequest {
+                        pod_ref: &f.pod_ref,
+                        pod: &f.pod,
+                        volume: "v",
+                        index: 0,
+                        source: &f.source,
+                        node_name: "n",
+                        node_uid: None
+                    },
+                    &f.events
+                )
+                .await
+                .is_none(),
+            "nowhere to ask: no answer"
+        );
+
+        // Asked for: the request names the pod, its account, the node, and carries the key.
+        let a = f.get(0).await;
+        let e = a.result.unwrap_err();
+        assert!(!e.permanent);
+        assert_eq!(
+            e.detail,
+            "waiting for signer example.com/s to issue PodCertificateRequest ns/req-0"
+        );
+        let made = f.requests.made();
+        assert_eq!(made.len(), 1);
+        let r = &made[0];
+        assert_eq!(r["metadata"]["generateName"], "req-");
+        assert_eq!(
+            r["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": "pod-uid"}])
+        );
+        assert_eq!(r["spec"]["podUID"], "pod-uid");
+        assert_eq!(r["spec"]["serviceAccountName"], "app");
+        assert_eq!(r["spec"]["serviceAccountUID"], "sa-uid");
+        assert_eq!(r["spec"]["nodeName"], "node-1");
+        assert_eq!(r["spec"]["nodeUID"], "node-uid");
+        assert_eq!(r["spec"]["maxExpirationSeconds"], 3600);
+        assert_eq!(
+            r["spec"]["unverifiedUserAnnotations"],
+            json!({"example.com/team": "a"})
+        );
+        let csr = base64::engine::general_purpose::STANDARD
+            .decode(r["spec"]["stubPKCS10Request"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(csr[0], 0x30, "a DER request");
+        assert!(r["spec"].get("pkixPublicKey").is_none());
+
+        // Still out: no second request.
+        assert!(f.get(0).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 1);
+
+        // Issued: the key made for it and the cleaned chain; looked at again at beginRefreshAt
+        // plus at most five minutes.
+        f.requests.answer(0, Some(issued("AAEC")));
+        let a = f.get(0).await;
+        let first = a.result.unwrap();
+        assert!(first.key_pem.starts_with(b"-----BEGIN PRIVATE KEY-----\n"));
+        assert_eq!(
+            first.chain_pem,
+            b"-----BEGIN CERTIFICATE-----\nAAEC\n-----END CERTIFICATE-----\n"
+        );
+        let due = a.recheck_at.unwrap() - Instant::now();
+        assert!(
+            due >= Duration::from_secs(3590) && due <= Duration::from_secs(3600 + 300),
+            "{due:?}"
+        );
+
+        // Not due: the same, nothing asked.
+        assert_eq!(f.get(0).await.result.unwrap(), first);
+        assert_eq!(f.requests.made().len(), 1);
+
+        // Due: a new key asked for; the current credentials are served meanwhile.
+        tokio::time::advance(due).await;
+        assert_eq!(f.get(0).await.result.unwrap(), first);
+        assert_eq!(f.requests.made().len(), 2);
+        assert_eq!(f.get(0).await.result.unwrap(), first);
+        assert_eq!(f.requests.made().len(), 2, "one refresh at a time");
+        f.requests.answer(1, Some(issued("AwQF")));
+        let second = f.get(0).await.result.unwrap();
+        assert_ne!(second.key_pem, first.key_pem, "a new key");
+        assert_eq!(
+            second.chain_pem,
+            b"-----BEGIN CERTIFICATE-----\nAwQF\n-----END CERTIFICATE-----\n"
+        );
+
+        // A request deleted before it is answered is made again at once.
+        assert!(f.get(1).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 3);
+        f.requests.answer(2, None);
+        assert!(f.get(1).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 4);
+
+        // Denied: for good, told to the pod once, nothing more asked.
+        f.requests.answer(3, Some(refused("Denied")));
+        for _ in 0..2 {
+            let e = f.get(1).await.result.unwrap_err();
+            assert!(e.permanent);
+            assert_eq!(e.detail, "PodCertificateRequest ns/req-3 was denied by signer example.com/s, reason=\"UnsupportedKeyType\" message=\"use ECDSAP256\"; change the pod (its signer or key type) to ask again");
+        }
+        assert_eq!(f.requests.made().len(), 4);
+        assert_eq!(f.reasons(), ["Deniedx1"]);
+
+        // Forgotten with its volume: asked for anew.
+        f.certificates.forget("pod-uid", "certs");
+        assert!(f.get(1).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 5);
+        f.requests.answer(4, Some(refused("Failed")));
+        assert!(f
+            .get(1)
+            .await
+            .result
+            .unwrap_err()
+            .detail
+            .contains("req-4 failed by signer"));
+        assert_eq!(f.reasons(), ["Deniedx1", "Failedx1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_never_seen_is_taken_as_lost_after_ten_minutes() {
+        let f = Fixture::new();
+        assert!(f.get(0).await.result.is_err());
+        f.requests.hide(0);
+        let e = f.get(0).await.result.unwrap_err();
+        assert!(
+            e.detail.ends_with("(it cannot be read yet: not seen yet)"),
+            "{}",
+            e.detail
+        );
+        tokio::time::advance(ABANDON_AFTER - Duration::from_secs(1)).await;
+        assert!(f.get(0).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 1, "waited for");
+        tokio::time::advance(JITTER + Duration::from_secs(1)).await;
+        assert!(f.get(0).await.result.is_err());
+        assert_eq!(f.requests.made().len(), 2, "made again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_nobody_answers_is_told_overdue_then_expired_once_each() {
+        let f = Fixture::new();
+        assert!(f.get(0).await.result.is_err());
+        f.requests.answer(0, Some(issued("AAEC")));
+        let a = f.get(0).await;
+        let current = a.result.unwrap();
+        tokio::time::advance(a.recheck_at.unwrap() - Instant::now()).await;
+        assert_eq!(f.get(0).await.result.unwrap(), current, "refresh asked for");
+        assert!(f.reasons().is_empty());
+        tokio::time::advance(OVERDUE_AFTER).await;
+        for _ in 0..2 {
+            assert_eq!(
+                f.get(0).await.result.unwrap(),
+                current,
+                "kept while the signer is silent"
+            );
+        }
+        assert_eq!(f.reasons(), ["CertificateOverdueForRefreshx1"]);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        for _ in 0..2 {
+            f.get(0).await.result.unwrap();
+        }
+        assert_eq!(
+            f.reasons(),
+            ["CertificateOverdueForRefreshx1", "CertificateExpiredx1"]
+        );
+        assert_eq!(
+            f.requests.made().len(),
+            2,
+            "the one refresh request stays out"
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! `podCertificate` projected sources: PodCertificateRequests made with the node's identity
+//! and read from a watch of this node's requests (as the kubelet reads them from an
+//! informer: a GET of a request just made would be refused until the Node authorizer learns
+//! of it). A pod is processed again as soon as the signer answers one of its requests.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::certificates::v1beta1::PodCertificateRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::runtime::watcher::{self, watcher, Event};
+
+use crate::certificates::CertificateRequests;
+use crate::plugins::Refresher;
+use crate::source::cluster::backoff::{refused, AbortOnDrop, WatchBackoff};
+use crate::source::BoxFuture;
+
+/// (namespace, name) of a request.
+type RequestKey = (String, String);
+
+/// The node's requests as the watch last delivered them, and every request it has shown.
+#[derive(Default)]
+struct Seen {
+    requests: HashMap<RequestKey, PodCertificateRequest>,
+    ever: HashSet<RequestKey>,
+}
+
+fn key_of(r: &PodCertificateRequest) -> RequestKey {
+    (
+        r.metadata.namespace.clone().unwrap_or_default(),
+        r.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// PodCertificateRequests in the API server (`certificates.k8s.io/v1beta1`, served where the
+/// `PodCertificateRequest` feature is on). The watch of the node's requests starts with the
+/// first request made, so a node whose pods have no such source never asks for it.
+pub struct ClusterCertificates {
+    client: kube::Client,
+    node: String,
+    refresher: Refresher,
+    seen: Arc<Mutex<Seen>>,
+    watch: Mutex<Option<AbortOnDrop>>,
+}
+
+impl ClusterCertificates {
+    /// Requests made with `client` (the node's identity) for node `node`; a pod whose request
+    /// changes is handed to `refresher`.
+    pub(crate) fn new(client: kube::Client, node: String, refresher: Refresher) -> Self {
+        ClusterCertificates {
+            client,
+            node,
+            refresher,
+            seen: Arc::default(),
+            watch: Mutex::new(None),
+        }
+    }
+
+    /// Starts the watch of this node's requests, once. A node may list and watch them only
+    /// with the field selector `spec.nodeName=<node>`.
+    fn watch_requests(&self) {
+        let mut watch = crate::sync::lock(&self.watch);
+        if watch.is_some() {
+            return;
+        }
+        let api: Api<PodCertificateRequest> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        let refresher = self.refresher.clone();
+        let seen = self.seen.clone();
+        *watch = Some(AbortOnDrop(tokio::spawn(async move {
+            let mut events = watcher(api, config).boxed();
+            let mut backoff = WatchBackoff::default();
+            let mut listing: Option<HashMap<RequestKey, PodCertificateRequest>> = None;
+            while let Some(event) = events.next().await {
+                let changed = match event {
+                    Ok(Event::Init) => {
+                        listing = Some(HashMap::new());
+                        continue;
+                    }
+                    Ok(Event::InitApply(r)) => {
+                        listing
+                            .get_or_insert_with(HashMap::new)
+                            .insert(key_of(&r), r);
+                        continue;
+                    }
+                    Ok(Event::InitDone) => {
+                        backoff.reset();
+                        let listed = listing.take().unwrap_or_default();
+                        let mut s = crate::sync::lock(&seen);
+                        s.ever.extend(listed.keys().cloned());
+                        // Every pod with a request, listed or gone, looks again.
+                        let pods: HashSet<String> = s
+                            .requests
+                            .values()
+                            .chain(listed.values())
+                            .map(|r| r.spec.pod_uid.clone())
+                            .collect();
+                        s.requests = listed;
+                        pods
+                    }
+                    Ok(Event::Apply(r)) => {
+                        let pod = r.spec.pod_uid.clone();
+                        let mut s = crate::sync::lock(&seen);
+                        s.ever.insert(key_of(&r));
+                        s.requests.insert(key_of(&r), r);
+                        HashSet::from([pod])
+                    }
+                    Ok(Event::Delete(r)) => {
+                        crate::sync::lock(&seen).requests.remove(&key_of(&r));
+                        HashSet::from([r.spec.pod_uid.clone()])
+                    }
+                    Err(e) => {
+                        let delay = backoff.step(refused(&e));
+                        tracing::debug!("watching this node's PodCertificateRequests: {e}; retrying in {delay:.1?}");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                };
+                let now = tokio::time::Instant::now();
+                for pod in changed {
+                    refresher.at(kubevol_core::PodUid(pod.as_str().into()), now);
+                }
+            }
+        })));
+    }
+}
+
+/// What a refusal of the API means for a source.
+fn explain(e: kube::Error) -> String {
+    match &e {
+        // Made in the pod's namespace, which exists: the resource is what is missing.
+        kube::Error::Api(s) if s.code == 404 => {
+            "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1): enable the PodCertificateRequest feature and that API on the server, or remove the source".into()
+        }
+        _ => e.to_string(),
+    }
+}
+
+impl CertificateRequests for ClusterCertificates {
+    fn create(
+        &self,
+        namespace: String,
+        request: serde_json::Value,
+    ) -> BoxFuture<Result<String, String>> {
+        self.watch_requests();
+        let resource = ApiResource::erase::<PodCertificateRequest>(&());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &namespace, &resource);
+        Box::pin(async move {
+            let object: DynamicObject =
+                serde_json::from_value(request).map_err(|e| format!("cannot encode: {e}"))?;
+            let created = api
+                .create(&PostParams::default(), &object)
+                .await
+                .map_err(explain)?;
+            created
+                .metadata
+                .name
+                .ok_or_else(|| "the API server's answer names no request".to_string())
+        })
+    }
+
+    fn get(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> BoxFuture<Result<Option<PodCertificateRequest>, String>> {
+        let key = (namespace, name);
+        let s = crate::sync::lock(&self.seen);
+        let answer = match s.requests.get(&key) {
+            Some(r) => Ok(Some(r.clone())),
+            // Shown by the watch, then deleted.
+            None if s.ever.contains(&key) => Ok(None),
+            None => Err("the watch of this node's requests has not shown it yet".to_string()),
+        };
+        Box::pin(async move { answer })
+    }
+
+    fn service_account_uid(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> BoxFuture<Result<String, String>> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &namespace);
+        Box::pin(async move {
+            let account = api.get(&name).await.map_err(|e| e.to_string())?;
+            account
+                .metadata
+                .uid
+                .ok_or_else(|| "the API server's service account has no UID".to_string())
+        })
+    }
+}
+
+impl std::fmt::Debug for ClusterCertificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCertificates")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Requests for `manager`'s pods, made with `client`.
+pub(super) fn for_manager(
+    manager: &crate::VolumeManager,
+    client: kube::Client,
+) -> Arc<ClusterCertificates> {
+    Arc::new(ClusterCertificates::new(
+        client,
+        manager.config().node_name.clone(),
+        manager.refresher(),
+    ))
+}
