@@ -168,8 +168,8 @@ EOF
     --service-account-key-file "$dir/service-account.pub" \
     --service-account-signing-key-file "$dir/service-account.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --feature-gates ClusterTrustBundle=true,ClusterTrustBundleProjection=true \
-    --runtime-config certificates.k8s.io/v1beta1/clustertrustbundles=true \
+    --feature-gates ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true \
+    --runtime-config certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-mode blocking \
     --allow-privileged --profiling=false --v 1

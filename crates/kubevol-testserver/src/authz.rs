@@ -12,6 +12,8 @@
 //!   not "not found"); a claim's status may be patched;
 //! - the relationships are learnt from the pod after a delay
 //!   ([`crate::TestServer::set_relation_delay`]), as the real authorizer's graph lags;
+//! - ServiceAccounts: get only, of the account a pod bound to the node runs as (allowed by
+//!   default since 1.34, for credential providers and pod certificates);
 //! - its own Node (read by name only: "cannot read all nodes"; create, update and patch it and
 //!   its status), CSIDrivers (read), its own CSINode, events.
 //!
@@ -157,6 +159,9 @@ pub fn authorize(store: &Store, user: &User, r: &Request<'_>) -> Result<(), ApiE
             _ => Err(forbidden(&who, r, "a node may not do this to pods")),
         },
         "configmaps" | "secrets" if read && r.subresource.is_none() => relation_by_name(named),
+        "serviceaccounts" if r.verb == Verb::Get && r.subresource.is_none() => {
+            relation_by_name(r.name)
+        }
         "persistentvolumeclaims"
             if r.subresource == Some("status") && matches!(r.verb, Verb::Patch | Verb::Update) =>
         {
@@ -240,7 +245,7 @@ fn related(store: &Store, node: &str, plural: &'static str, namespace: &str, nam
         volumes_of(store, &pods)
     };
     match plural {
-        "configmaps" | "persistentvolumeclaims" => direct(),
+        "configmaps" | "persistentvolumeclaims" | "serviceaccounts" => direct(),
         "secrets" => {
             direct()
                 || volumes().iter().any(|pv| {

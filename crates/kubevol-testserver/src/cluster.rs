@@ -508,8 +508,8 @@ impl TestCluster {
     /// Removes what the test made on a real cluster: its namespace (pods first, at once: no
     /// kubelet finishes them) and the cluster-scoped objects it created. On the project's
     /// control plane it first checks the audit log: every request the node made was allowed,
-    /// but for reads of Secrets and ConfigMaps in the moment before the Node authorizer learns
-    /// that a new pod references them (unless [`TestCluster::expect_refusals`]).
+    /// but for reads of Secrets, ConfigMaps and ServiceAccounts in the moment before the Node
+    /// authorizer learns that a new pod references them (unless [`TestCluster::expect_refusals`]).
     pub async fn clean_up(self) {
         if self.server.is_some() {
             return;
@@ -525,7 +525,8 @@ impl TestCluster {
                 .filter(|r| r.code == 401 || r.code == 403)
                 .filter(|r| {
                     !(["get", "list", "watch"].contains(&r.verb.as_str())
-                        && ["secrets", "configmaps"].contains(&r.resource.as_str()))
+                        && ["secrets", "configmaps", "serviceaccounts"]
+                            .contains(&r.resource.as_str()))
                 })
                 .collect();
             assert!(

@@ -1,5 +1,5 @@
 //! The objects a pod references by name, as the Node authorizer's graph has them: volumes,
-//! projected sources, environment variables and image pull secrets.
+//! projected sources, environment variables, image pull secrets and its service account.
 
 use serde_json::Value;
 
@@ -13,6 +13,13 @@ pub(crate) fn of_pod(pod: &Value) -> Vec<(&'static str, String)> {
             .into_iter()
             .map(|n| ("persistentvolumeclaims", n)),
     );
+    // The API server sets `default` where a pod names none.
+    let account = pod
+        .pointer("/spec/serviceAccountName")
+        .and_then(Value::as_str)
+        .filter(|a| !a.is_empty())
+        .unwrap_or("default");
+    out.push(("serviceaccounts", account.to_string()));
     out.sort();
     out.dedup();
     out

@@ -46,13 +46,13 @@ pub struct ClusterCertificates {
 }
 
 impl ClusterCertificates {
-    /// Requests made with `client` (the node's identity) for node `node`; a pod whose request
-    /// changes is handed to `refresher`.
-    pub(crate) fn new(client: kube::Client, node: String, refresher: Refresher) -> Self {
+    /// Requests for `manager`'s pods, made with `client` (the node's identity); a pod whose
+    /// request the signer answers is processed again at once.
+    pub fn new(manager: &crate::VolumeManager, client: kube::Client) -> Self {
         ClusterCertificates {
             client,
-            node,
-            refresher,
+            node: manager.config().node_name.clone(),
+            refresher: manager.refresher(),
             seen: Arc::default(),
             watch: Mutex::new(None),
         }
@@ -200,16 +200,4 @@ impl std::fmt::Debug for ClusterCertificates {
             .field("node", &self.node)
             .finish_non_exhaustive()
     }
-}
-
-/// Requests for `manager`'s pods, made with `client`.
-pub(super) fn for_manager(
-    manager: &crate::VolumeManager,
-    client: kube::Client,
-) -> Arc<ClusterCertificates> {
-    Arc::new(ClusterCertificates::new(
-        client,
-        manager.config().node_name.clone(),
-        manager.refresher(),
-    ))
 }

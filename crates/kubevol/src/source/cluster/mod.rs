@@ -218,7 +218,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
     manager.set_claim_status_writer(Arc::new(ClusterClaims::new(client.clone())));
     manager.set_trust_bundles(Arc::new(ClusterTrustBundles::new(client.clone())));
-    manager.set_certificate_requests(certificates::for_manager(manager, client.clone()));
+    manager.set_certificate_requests(Arc::new(ClusterCertificates::new(manager, client.clone())));
     let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
     manager.set_event_sink(events);
     vec![
