@@ -681,7 +681,9 @@ impl VolumeManager {
 
     /// The Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
-        self.parts.metrics.render_world(&self.parts.world)
+        self.parts
+            .metrics
+            .render_world(&self.parts.world, &self.parts.host.certificates)
     }
 
     /// A receiver woken on every change of the status report: either state of world, an

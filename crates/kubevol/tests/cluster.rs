@@ -700,6 +700,13 @@ cluster_test! {
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("was denied by signer kubevol.io/test-denier, reason=\"Test\" message=\"this signer denies everything\""), "{e}");
             assert!(m.events().iter().any(|e| e.reason == "Denied" && e.message.contains("kubevol.io/test-denier")), "a Denied event");
+            let metrics = m.metrics_text();
+            // (The second denied source may not have been looked at: the first failed the
+            // volume for good.)
+            for line in [r#"kubelet_podcertificate_states{signer_name="kubevol.io/test-signer",state="fresh"} 2"#,
+                         r#"kubelet_podcertificate_states{signer_name="kubevol.io/test-denier",state="denied"} "#] {
+                assert!(metrics.contains(line), "{line}\n{metrics}");
+            }
             m.shutdown();
             drop(signer);
             cluster.clean_up().await;

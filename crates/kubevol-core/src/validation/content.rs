@@ -721,12 +721,10 @@ fn validate_pod_certificate<'a>(
 ) {
     if c.signer_name.is_empty() {
         errs.push(required(format!("{f}.signerName")));
-    }
-    for e in (!c.signer_name.is_empty())
-        .then(|| signer_name_errors(&c.signer_name))
-        .unwrap_or_default()
-    {
-        errs.push(invalid(format!("{f}.signerName"), &c.signer_name, e));
+    } else {
+        for e in signer_name_errors(&c.signer_name) {
+            errs.push(invalid(format!("{f}.signerName"), &c.signer_name, e));
+        }
     }
     let annotations = c.user_annotations.iter().flatten();
     for (k, _) in annotations.clone() {

@@ -113,13 +113,16 @@ pub fn pem(label: &str, der: &[u8]) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// Signs the request's bytes once.
+type SignOnce = Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String>>;
+
 /// What a key type signs a request with: its public key info, its private key (PKCS#8 DER),
 /// the signature algorithm, and the signing itself.
 struct Signer {
     spki: Vec<u8>,
     pkcs8: Vec<u8>,
     algorithm: Vec<u8>,
-    sign: Box<dyn FnOnce(&[u8]) -> Result<Vec<u8>, String>>,
+    sign: SignOnce,
 }
 
 fn failed(what: &str) -> impl Fn(ring::error::Unspecified) -> String + '_ {

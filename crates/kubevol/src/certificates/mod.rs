@@ -92,7 +92,39 @@ enum State {
         out: Out,
     },
     /// The signer denied or failed a request: nothing more is asked until the pod changes.
-    Refused(String),
+    Refused { text: String, failed: bool },
+}
+
+/// What `kubelet_podcertificate_states` counts of a source: its signer, and its state.
+#[derive(Clone)]
+struct Summary {
+    signer: String,
+    state: Summarized,
+}
+
+#[derive(Clone, Copy)]
+enum Summarized {
+    NotYetIssued,
+    Issued {
+        refresh_at: Instant,
+        not_after: Instant,
+    },
+    Denied,
+    Failed,
+}
+
+impl State {
+    fn summary(&self) -> Summarized {
+        match self {
+            State::Initial | State::Waiting { .. } => Summarized::NotYetIssued,
+            State::Fresh(i) | State::Refreshing { current: i, .. } => Summarized::Issued {
+                refresh_at: i.refresh_at,
+                not_after: i.not_after,
+            },
+            State::Refused { failed: false, .. } => Summarized::Denied,
+            State::Refused { failed: true, .. } => Summarized::Failed,
+        }
+    }
 }
 
 /// What a source of a pod is, for a request.
@@ -126,6 +158,7 @@ pub struct Answer {
 pub struct PodCertificates {
     requests: RwLock<Option<Arc<dyn CertificateRequests>>>,
     states: Mutex<HashMap<SourceKey, Arc<tokio::sync::Mutex<State>>>>,
+    summaries: Mutex<HashMap<SourceKey, Summary>>,
 }
 
 /// A random duration below `max` (refreshes of many pods spread out).
@@ -192,7 +225,11 @@ enum Outcome {
     /// Issued.
     Issued(Issued),
     /// Denied or failed, with the message for the pod.
-    Refused { reason: &'static str, text: String },
+    Refused {
+        reason: &'static str,
+        text: String,
+        failed: bool,
+    },
 }
 
 impl PodCertificates {
@@ -208,7 +245,31 @@ impl PodCertificates {
 
     /// Forgets the sources of pod `uid` (its volume is torn down): their keys are dropped.
     pub fn forget(&self, uid: &str, volume: &str) {
-        crate::sync::lock(&self.states).retain(|(p, v, _), _| !(p == uid && v == volume));
+        let other = |(p, v, _): &SourceKey| !(p == uid && v == volume);
+        crate::sync::lock(&self.states).retain(|k, _| other(k));
+        crate::sync::lock(&self.summaries).retain(|k, _| other(k));
+    }
+
+    /// How many sources are in each state, by signer, as `kubelet_podcertificate_states`
+    /// counts them: `not_yet_issued`, `fresh`, `overdue_for_refresh` (10 minutes past the
+    /// refresh time), `expired`, `denied`, `failed`.
+    pub fn states(&self) -> std::collections::BTreeMap<(String, &'static str), i64> {
+        let now = Instant::now();
+        let mut out = std::collections::BTreeMap::new();
+        for s in crate::sync::lock(&self.summaries).values() {
+            let state = match s.state {
+                Summarized::NotYetIssued => "not_yet_issued",
+                Summarized::Issued { not_after, .. } if now > not_after => "expired",
+                Summarized::Issued { refresh_at, .. } if now > refresh_at + OVERDUE_AFTER => {
+                    "overdue_for_refresh"
+                }
+                Summarized::Issued { .. } => "fresh",
+                Summarized::Denied => "denied",
+                Summarized::Failed => "failed",
+            };
+            *out.entry((s.signer.clone(), state)).or_default() += 1;
+        }
+        out
     }
 
     /// The credentials of a source: those issued, or why there are none yet. `None` when
@@ -221,11 +282,20 @@ impl PodCertificates {
             req.index,
         );
         let state = crate::sync::lock(&self.states)
-            .entry(key)
+            .entry(key.clone())
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(State::Initial)))
             .clone();
         let mut state = state.lock().await;
-        Some(self.step(&*api, &req, &mut state, events).await)
+        let answer = self.step(&*api, &req, &mut state, events).await;
+        let summary = Summary {
+            signer: req.source.signer_name.clone(),
+            state: state.summary(),
+        };
+        // Only while the source is still known (not forgotten meanwhile).
+        if crate::sync::lock(&self.states).contains_key(&key) {
+            crate::sync::lock(&self.summaries).insert(key, summary);
+        }
+        Some(answer)
     }
 
     async fn step(
@@ -264,9 +334,16 @@ impl PodCertificates {
                         *state = State::Fresh(issued);
                         answer(result, Some(at))
                     }
-                    Outcome::Refused { reason, text } => {
+                    Outcome::Refused {
+                        reason,
+                        text,
+                        failed,
+                    } => {
                         events.record(req.pod_ref, true, reason, text.clone());
-                        *state = State::Refused(text.clone());
+                        *state = State::Refused {
+                            text: text.clone(),
+                            failed,
+                        };
                         answer(
                             Err(CredentialsError {
                                 detail: text,
@@ -330,10 +407,17 @@ impl PodCertificates {
                         *state = State::Fresh(issued);
                         answer(result, Some(at))
                     }
-                    Outcome::Refused { reason, text } => {
+                    Outcome::Refused {
+                        reason,
+                        text,
+                        failed,
+                    } => {
                         // As the kubelet: the volume fails; the files already written stay.
                         events.record(req.pod_ref, true, reason, text.clone());
-                        *state = State::Refused(text.clone());
+                        *state = State::Refused {
+                            text: text.clone(),
+                            failed,
+                        };
                         answer(
                             Err(CredentialsError {
                                 detail: text,
@@ -344,8 +428,11 @@ impl PodCertificates {
                     }
                 }
             }
-            State::Refused(text) => {
-                *state = State::Refused(text.clone());
+            State::Refused { text, failed } => {
+                *state = State::Refused {
+                    text: text.clone(),
+                    failed,
+                };
                 answer(
                     Err(CredentialsError {
                         detail: text,
@@ -360,7 +447,7 @@ impl PodCertificates {
 
 /// Tells the pod once that its certificate's refresh is overdue, and once that it expired.
 fn tell_late(current: &mut Issued, req: &SourceRequest<'_>, events: &EventRecorder, now: Instant) {
-    if now >= current.refresh_at + OVERDUE_AFTER && !current.told_overdue {
+    if now > current.refresh_at + OVERDUE_AFTER && !current.told_overdue {
         current.told_overdue = true;
         events.record(
             req.pod_ref,
@@ -372,7 +459,7 @@ fn tell_late(current: &mut Issued, req: &SourceRequest<'_>, events: &EventRecord
             ),
         );
     }
-    if now >= current.not_after && !current.told_expired {
+    if now > current.not_after && !current.told_expired {
         current.told_expired = true;
         events.record(
             req.pod_ref,
@@ -512,6 +599,7 @@ async fn outcome(
             };
             Outcome::Refused {
                 reason: event,
+                failed: kind != "Denied",
                 text: format!(
                     "PodCertificateRequest {full} {verb} by signer {}, reason={reason:?} message={message:?}; change the pod (its signer or key type) to ask again",
                     req.source.signer_name
@@ -654,6 +742,18 @@ mod tests {
                 .expect("requests can be made")
         }
 
+        /// `kubelet_podcertificate_states` as `state=count` (one signer here).
+        fn states(&self) -> Vec<String> {
+            self.certificates
+                .states()
+                .into_iter()
+                .map(|((signer, state), n)| {
+                    assert_eq!(signer, "example.com/s");
+                    format!("{state}={n}")
+                })
+                .collect()
+        }
+
         fn reasons(&self) -> Vec<String> {
             self.events
                 .for_pod(&self.pod_ref.uid)
@@ -720,6 +820,7 @@ mod tests {
         // Still out: no second request.
         assert!(f.get(0).await.result.is_err());
         assert_eq!(f.requests.made().len(), 1);
+        assert_eq!(f.states(), ["not_yet_issued=1"]);
 
         // Issued: the key made for it and the cleaned chain; looked at again at beginRefreshAt
         // plus at most five minutes.
@@ -736,6 +837,8 @@ mod tests {
             due >= Duration::from_secs(3590) && due <= Duration::from_secs(3600 + 300),
             "{due:?}"
         );
+
+        assert_eq!(f.states(), ["fresh=1"]);
 
         // Not due: the same, nothing asked.
         assert_eq!(f.get(0).await.result.unwrap(), first);
@@ -771,6 +874,7 @@ mod tests {
         }
         assert_eq!(f.requests.made().len(), 4);
         assert_eq!(f.reasons(), ["Deniedx1"]);
+        assert_eq!(f.states(), ["denied=1", "fresh=1"]);
 
         // Forgotten with its volume: asked for anew.
         f.certificates.forget("pod-uid", "certs");
@@ -785,6 +889,13 @@ mod tests {
             .detail
             .contains("req-4 failed by signer"));
         assert_eq!(f.reasons(), ["Deniedx1", "Failedx1"]);
+        assert_eq!(
+            f.states(),
+            ["failed=1"],
+            "the forgotten volume's sources went, the first too"
+        );
+        f.certificates.forget("pod-uid", "certs");
+        assert!(f.states().is_empty(), "forgotten with the volume");
     }
 
     #[tokio::test(start_paused = true)]
@@ -816,7 +927,7 @@ mod tests {
         tokio::time::advance(a.recheck_at.unwrap() - Instant::now()).await;
         assert_eq!(f.get(0).await.result.unwrap(), current, "refresh asked for");
         assert!(f.reasons().is_empty());
-        tokio::time::advance(OVERDUE_AFTER).await;
+        tokio::time::advance(OVERDUE_AFTER + Duration::from_secs(1)).await;
         for _ in 0..2 {
             assert_eq!(
                 f.get(0).await.result.unwrap(),
@@ -825,7 +936,9 @@ mod tests {
             );
         }
         assert_eq!(f.reasons(), ["CertificateOverdueForRefreshx1"]);
+        assert_eq!(f.states(), ["overdue_for_refresh=1"]);
         tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(f.states(), ["expired=1"]);
         for _ in 0..2 {
             f.get(0).await.result.unwrap();
         }

@@ -122,6 +122,15 @@ pub struct SelinuxPodLabels {
     pub access_mode: String,
 }
 
+/// Labels of `kubelet_podcertificate_states`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodCertificateLabels {
+    /// The source's signer.
+    pub signer_name: String,
+    /// `not_yet_issued`, `fresh`, `overdue_for_refresh`, `expired`, `denied` or `failed`.
+    pub state: String,
+}
+
 /// What the SELinux gauges count (each as the kubelet's metric of that name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SelinuxCount {
@@ -156,6 +165,7 @@ pub struct Metrics {
     reconstruction_problems: Gauge,
     selinux_pod: [Family<SelinuxPodLabels, Gauge>; 2],
     selinux_volume: [Family<SelinuxVolumeLabels, Gauge>; 3],
+    pod_certificates: Family<PodCertificateLabels, Gauge>,
     render: Mutex<()>,
 }
 
@@ -266,8 +276,15 @@ impl Default for Metrics {
         ] {
             registry.register(name, help, family.clone());
         }
+        let pod_certificates = Family::<PodCertificateLabels, Gauge>::default();
+        registry.register(
+            "kubelet_podcertificate_states",
+            "Gauge vector reporting the number of pod certificate projected volume sources, faceted by signer_name and state.",
+            pod_certificates.clone(),
+        );
         Metrics {
             registry,
+            pod_certificates,
             selinux_pod,
             selinux_volume,
             orphans_cleaned,
@@ -394,8 +411,24 @@ impl Metrics {
     }
 
     /// Renders the Prometheus text format, with `volume_manager_total_volumes` counted from
-    /// both states of world.
-    pub(crate) fn render_world(&self, world: &crate::world::World) -> String {
+    /// both states of world and the pod certificates' states as `certificates` has them.
+    pub(crate) fn render_world(
+        &self,
+        world: &crate::world::World,
+        certificates: &crate::certificates::PodCertificates,
+    ) -> String {
+        {
+            let _one_at_a_time = crate::sync::lock(&self.render);
+            self.pod_certificates.clear();
+            for ((signer_name, state), n) in certificates.states() {
+                self.pod_certificates
+                    .get_or_create(&PodCertificateLabels {
+                        signer_name,
+                        state: state.to_string(),
+                    })
+                    .set(n);
+            }
+        }
         let mut totals: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
         for v in world.dsw().volumes() {
             *totals
