@@ -626,9 +626,7 @@ cluster_test! {
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
-            if cluster.get("v1", "nodes", &node).await.is_none() {
-                cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
-            }
+            ensure_node(&cluster).await;
             if !cluster.is_real() {
                 cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
             }
@@ -724,9 +722,7 @@ cluster_test! {
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
-            if cluster.get("v1", "nodes", &node).await.is_none() {
-                cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
-            }
+            ensure_node(&cluster).await;
             let pv = format!("kubevol-test-{}", cluster.namespace());
             cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},

@@ -34,9 +34,7 @@ cluster_test! {
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
             let node = cluster.node_name().to_string();
-            if cluster.get("v1", "nodes", &node).await.is_none() {
-                cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).await;
-            }
+            ensure_node(&cluster).await;
             let pod = |name: &str, volumes: Value| {
                 json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}], "volumes": volumes}})

@@ -222,6 +222,12 @@ enum Outcome {
     Unseen(String),
     /// Gone: another is to be made.
     Gone,
+    /// The signer's answer.
+    Answered(Answered),
+}
+
+/// What a signer answered.
+enum Answered {
     /// Issued.
     Issued(Issued),
     /// Denied or failed, with the message for the pod.
@@ -328,30 +334,7 @@ impl PodCertificates {
                     }
                     // Deleted before it was answered: ask again.
                     Outcome::Gone => Box::pin(self.step(api, req, state, events)).await,
-                    Outcome::Issued(issued) => {
-                        let result = Ok(issued.credentials.clone());
-                        let at = issued.refresh_at;
-                        *state = State::Fresh(issued);
-                        answer(result, Some(at))
-                    }
-                    Outcome::Refused {
-                        reason,
-                        text,
-                        failed,
-                    } => {
-                        events.record(req.pod_ref, true, reason, text.clone());
-                        *state = State::Refused {
-                            text: text.clone(),
-                            failed,
-                        };
-                        answer(
-                            Err(CredentialsError {
-                                detail: text,
-                                permanent: true,
-                            }),
-                            None,
-                        )
-                    }
+                    Outcome::Answered(a) => concluded(a, state, req, events),
                 }
             }
             State::Fresh(mut current) if now >= current.refresh_at => {
@@ -401,31 +384,9 @@ impl PodCertificates {
                         *state = State::Fresh(current);
                         Box::pin(self.step(api, req, state, events)).await
                     }
-                    Outcome::Issued(issued) => {
-                        let result = Ok(issued.credentials.clone());
-                        let at = issued.refresh_at;
-                        *state = State::Fresh(issued);
-                        answer(result, Some(at))
-                    }
-                    Outcome::Refused {
-                        reason,
-                        text,
-                        failed,
-                    } => {
-                        // As the kubelet: the volume fails; the files already written stay.
-                        events.record(req.pod_ref, true, reason, text.clone());
-                        *state = State::Refused {
-                            text: text.clone(),
-                            failed,
-                        };
-                        answer(
-                            Err(CredentialsError {
-                                detail: text,
-                                permanent: true,
-                            }),
-                            None,
-                        )
-                    }
+                    // Refused, as the kubelet: the volume fails; the files already written
+                    // stay.
+                    Outcome::Answered(a) => concluded(a, state, req, events),
                 }
             }
             State::Refused { text, failed } => {
@@ -433,13 +394,51 @@ impl PodCertificates {
                     text: text.clone(),
                     failed,
                 };
-                answer(
-                    Err(CredentialsError {
-                        detail: text,
-                        permanent: true,
-                    }),
-                    None,
-                )
+                answer(Err(refused(text)), None)
+            }
+        }
+    }
+}
+
+/// A failure for good: only a change of the pod helps.
+fn refused(detail: String) -> CredentialsError {
+    CredentialsError {
+        detail,
+        permanent: true,
+    }
+}
+
+/// The state and answer once the signer has issued or refused a request (a request still out
+/// or gone is the caller's).
+fn concluded(
+    answered: Answered,
+    state: &mut State,
+    req: &SourceRequest<'_>,
+    events: &EventRecorder,
+) -> Answer {
+    match answered {
+        Answered::Issued(issued) => {
+            let result = Ok(issued.credentials.clone());
+            let at = issued.refresh_at;
+            *state = State::Fresh(issued);
+            Answer {
+                result,
+                recheck_at: Some(at),
+            }
+        }
+        Answered::Refused {
+            reason,
+            text,
+            failed,
+        } => {
+            events.record(req.pod_ref, true, reason, text.clone());
+            *state = State::Refused {
+                text: text.clone(),
+                failed,
+            };
+            Answer {
+                result: Err(refused(text)),
+                recheck_at: None,
             }
         }
     }
@@ -580,7 +579,7 @@ async fn outcome(
                 .map(instant_of)
                 .unwrap_or(refresh_at);
             tracing::info!(pod = %req.pod_ref, volume = req.volume, source = req.index, request = %full, "pod certificate issued");
-            Outcome::Issued(Issued {
+            Outcome::Answered(Answered::Issued(Issued {
                 credentials: Credentials {
                     key_pem: key_pem.to_vec(),
                     chain_pem: chain,
@@ -589,7 +588,7 @@ async fn outcome(
                 not_after,
                 told_overdue: false,
                 told_expired: false,
-            })
+            }))
         }
         Some((kind, reason, message)) => {
             let (event, verb) = if kind == "Denied" {
@@ -597,14 +596,14 @@ async fn outcome(
             } else {
                 (crate::observe::events::reason::FAILED, "failed")
             };
-            Outcome::Refused {
+            Outcome::Answered(Answered::Refused {
                 reason: event,
                 failed: kind != "Denied",
                 text: format!(
                     "PodCertificateRequest {full} {verb} by signer {}, reason={reason:?} message={message:?}; change the pod (its signer or key type) to ask again",
                     req.source.signer_name
                 ),
-            }
+            })
         }
     }
 }

@@ -116,6 +116,18 @@ pub fn node_client(cluster: &kubevol_testserver::TestCluster) -> kube::Client {
     kubevol::source::cluster::client(cluster.node_config()).expect("the node's client")
 }
 
+/// Makes sure the cluster has the node's Node object (whoever runs a node creates it).
+pub async fn ensure_node(cluster: &kubevol_testserver::TestCluster) {
+    let node = cluster.node_name();
+    if cluster.get("v1", "nodes", node).await.is_none() {
+        cluster
+            .create(
+                serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+            )
+            .await;
+    }
+}
+
 /// Declares a cluster-mode test that runs twice, each time inside its own private mount
 /// namespace: `<name>::in_process` against the project's in-process API server, and
 /// `<name>::real_cluster` against a real kube-apiserver (the control plane the README's test
