@@ -131,6 +131,9 @@ mod tests {
             "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "s-init"}}]}],
             "imagePullSecrets": [{"name": "s-pull"}]}});
         let got = super::of_pod(&pod);
+        let mut named = pod.clone();
+        named["spec"]["serviceAccountName"] = json!("app");
+        assert!(super::of_pod(&named).contains(&("serviceaccounts", "app".to_string())));
         let want: Vec<(&str, String)> = [
             ("configmaps", "cm-env"),
             ("configmaps", "cm-proj"),
@@ -143,6 +146,7 @@ mod tests {
             ("secrets", "s-proj"),
             ("secrets", "s-pull"),
             ("secrets", "s-vol"),
+            ("serviceaccounts", "default"),
         ]
         .into_iter()
         .map(|(p, n)| (p, n.to_string()))

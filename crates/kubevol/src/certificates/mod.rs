@@ -249,11 +249,11 @@ impl PodCertificates {
         crate::sync::read(&self.requests).is_some()
     }
 
-    /// Forgets the sources of pod `uid` (its volume is torn down): their keys are dropped.
-    pub fn forget(&self, uid: &str, volume: &str) {
-        let other = |(p, v, _): &SourceKey| !(p == uid && v == volume);
-        crate::sync::lock(&self.states).retain(|k, _| other(k));
-        crate::sync::lock(&self.summaries).retain(|k, _| other(k));
+    /// Forgets the sources of pod `uid` (it is gone, or no longer runs): their keys are
+    /// dropped, and a new pod with the same sources asks anew.
+    pub fn forget_pod(&self, uid: &str) {
+        crate::sync::lock(&self.states).retain(|(p, _, _), _| p != uid);
+        crate::sync::lock(&self.summaries).retain(|(p, _, _), _| p != uid);
     }
 
     /// How many sources are in each state, by signer, as `kubelet_podcertificate_states`
@@ -875,8 +875,8 @@ mod tests {
         assert_eq!(f.reasons(), ["Deniedx1"]);
         assert_eq!(f.states(), ["denied=1", "fresh=1"]);
 
-        // Forgotten with its volume: asked for anew.
-        f.certificates.forget("pod-uid", "certs");
+        // Forgotten with its pod: asked for anew.
+        f.certificates.forget_pod("pod-uid");
         assert!(f.get(1).await.result.is_err());
         assert_eq!(f.requests.made().len(), 5);
         f.requests.answer(4, Some(refused("Failed")));
@@ -891,10 +891,10 @@ mod tests {
         assert_eq!(
             f.states(),
             ["failed=1"],
-            "the forgotten volume's sources went, the first too"
+            "the forgotten pod's sources went, the first too"
         );
-        f.certificates.forget("pod-uid", "certs");
-        assert!(f.states().is_empty(), "forgotten with the volume");
+        f.certificates.forget_pod("pod-uid");
+        assert!(f.states().is_empty(), "forgotten with the pod");
     }
 
     #[tokio::test(start_paused = true)]

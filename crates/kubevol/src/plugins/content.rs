@@ -203,10 +203,6 @@ impl VolumePlugin for ContentPlugin {
         req: TearDownRequest,
     ) -> BoxFuture<Result<(), VolumeError>> {
         let kind = self.0;
-        if kind == ContentKind::Projected {
-            host.certificates
-                .forget(req.pod_ref.uid.as_str(), &req.outer_volume_name);
-        }
         blocking(move || {
             host.tear_down_volume_dir(
                 &req.pod_ref,

@@ -470,6 +470,9 @@ impl Populator {
             self.executor
                 .retry_permanent_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
             self.forget_readers(uid, &old);
+            // Its certificates' keys go with it (a set-up that never succeeded has no
+            // teardown to drop them).
+            self.host.certificates.forget_pod(uid.as_str());
             self.dsw.remove_pod(uid);
             self.dsw.world().notify_pod(uid);
             return true;
