@@ -7,6 +7,7 @@
 
 pub mod affinity;
 pub mod backoff;
+pub mod binding;
 pub mod collections;
 pub mod migration;
 pub mod names;
