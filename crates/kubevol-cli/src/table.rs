@@ -94,6 +94,7 @@ pub fn print_report(
         writeln!(out, "\nNo pods for this node ({}).", report.node_name)?;
     }
     print_section(out, "\nNotes:", &report.notes)?;
+    print_section(out, "\nClaims bound by kubevol:", &report.bindings)?;
     print_section(out, "\nManifest errors:", &report.manifest_errors)?;
     print_section(out, "\nFound at start:", &report.reconstruction.problems)?;
     let foreign = &report.reconstruction.foreign_pods;
@@ -242,7 +243,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn report_lists_what_was_found_at_start_and_orphaned_directories_kept() {
+    fn report_lists_what_was_found_at_start_orphaned_directories_kept_and_bindings() {
         let report = kubevol::status::StatusReport {
             manifest_warnings: vec![],
             node_name: "n".into(),
@@ -262,6 +263,18 @@ mod tests {
                 path: "/r/pods/u".into(),
                 reason: "orphaned pod directory kept: /r/pods/u/notes.txt".into(),
             }],
+            bindings: vec![
+                kubevol::status::BindingStatus {
+                    claim: "default/data".into(),
+                    volume: "pv-small".into(),
+                    phase: "Bound".into(),
+                },
+                kubevol::status::BindingStatus {
+                    claim: "default/gone".into(),
+                    volume: "pv-kept".into(),
+                    phase: "Released".into(),
+                },
+            ],
         };
         let mut out = Vec::new();
         print_report(&report, false, &mut out).unwrap();
@@ -278,6 +291,10 @@ mod tests {
         );
         assert!(
             text.contains("Orphaned pod directories kept:\n  /r/pods/u: orphaned pod directory kept: /r/pods/u/notes.txt"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Claims bound by kubevol:\n  default/data -> pv-small\n  default/gone -> pv-kept (Released: the claim is gone; the volume keeps its data and is kept for a claim of that name)\n"),
             "{text}"
         );
     }

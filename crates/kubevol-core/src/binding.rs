@@ -97,26 +97,38 @@ pub fn selector_matches(
     by_label && by_expression
 }
 
-/// The storage a claim asks for, in bytes (none asked: 0).
-fn requested(claim: &PersistentVolumeClaim) -> i64 {
-    claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .and_then(|q| Quantity::parse(&q.0).ok())
-        .map_or(0, |q| q.value())
+/// A storage quantity in bytes, and as written (none: 0, `0`).
+fn storage(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> (i64, String) {
+    match q {
+        Some(q) => (Quantity::parse(&q.0).map_or(0, |q| q.value()), q.0.clone()),
+        None => (0, "0".into()),
+    }
+}
+
+/// The storage a claim asks for, in bytes and as written.
+fn requested(claim: &PersistentVolumeClaim) -> (i64, String) {
+    storage(
+        claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage")),
+    )
 }
 
 /// A volume's capacity in bytes (none given: 0).
 pub fn capacity(pv: &PersistentVolume) -> i64 {
-    pv.spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"))
-        .and_then(|q| Quantity::parse(&q.0).ok())
-        .map_or(0, |q| q.value())
+    capacity_of(pv).0
+}
+
+fn capacity_of(pv: &PersistentVolume) -> (i64, String) {
+    storage(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage")),
+    )
 }
 
 fn mode(m: Option<&String>) -> &str {
@@ -145,7 +157,7 @@ pub fn find<'a>(
     node: &NodeFacts,
 ) -> Found<'a> {
     let spec = claim.spec.clone().unwrap_or_default();
-    let want = requested(claim);
+    let (want, want_text) = requested(claim);
     let want_modes = spec.access_modes.clone().unwrap_or_default();
     let want_mode = mode(spec.volume_mode.as_ref());
     let want_class = claim_class(claim);
@@ -186,10 +198,10 @@ pub fn find<'a>(
         if deleting {
             why.push("it is being deleted".into());
         }
-        let has = capacity(pv);
+        let (has, has_text) = capacity_of(pv);
         if has < want {
             why.push(format!(
-                "its capacity ({has} bytes) is less than the claim's request ({want} bytes)"
+                "its capacity {has_text} is less than the claim's request {want_text}"
             ));
         }
         let has_mode = mode(pv_spec.volume_mode.as_ref());
@@ -391,7 +403,7 @@ mod tests {
                 "bound: it is bound to claim ns/first",
                 "claimed: its claimRef names claim ns/someone",
                 "zoned: its nodeAffinity excludes this node",
-                "other-class: its capacity (104857600 bytes) is less than the claim's request (1073741824 bytes); its storageClassName is \"slow\", the claim's \"local\"; its accessModes [ReadOnlyMany] lack ReadWriteOnce",
+                "other-class: its capacity 100Mi is less than the claim's request 1Gi; its storageClassName is \"slow\", the claim's \"local\"; its accessModes [ReadOnlyMany] lack ReadWriteOnce",
             ]
         );
         let c = claim(

@@ -246,7 +246,9 @@ impl VolumeManager {
         // Before the record is read or anything touched: one owner per root.
         let lock = crate::record::RootLock::take(&root)?;
         let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
-        let store = Arc::new(ObjectStore::new());
+        let store = Arc::new(ObjectStore::with_bindings(crate::store::Bindings::load(
+            &root,
+        )?));
         let library = Library::default();
         // The library has no listing to wait for: it is synced as soon as it starts.
         drop(Box::new(library.clone()).start(store.sink(Library::NAME)));

@@ -13,13 +13,6 @@ use kubevol::source::ManifestSource;
 use kubevol::status::PodPhase;
 use serde_json::json;
 
-fn write_manifest(dir: &Path, name: &str, yaml: &str) {
-    // Write then rename, as an editor or `kubectl` wrapper would: the watcher reads settled files.
-    let tmp = dir.join(format!(".{name}.tmp"));
-    fs::write(&tmp, yaml).unwrap();
-    fs::rename(&tmp, dir.join(name)).unwrap();
-}
-
 const OBJECTS: &str = r#"
 apiVersion: v1
 kind: ConfigMap

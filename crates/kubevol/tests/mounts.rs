@@ -808,3 +808,95 @@ mount_test! {
         });
     }
 }
+
+/// A hostPath PersistentVolume of `size` at `host/<name>`, as YAML, with `extra` spec fields.
+fn host_volume(host: &std::path::Path, name: &str, size: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n{extra}---\n",
+        host.join(name).display()
+    )
+}
+
+/// A claim of `size` and a pod of the same name that mounts it, as YAML.
+fn claim_and_pod(name: &str, size: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
+    )
+}
+
+/// The claims kubevol bound, as `claim -> volume` lines of the status.
+fn bindings(m: &kubevol::VolumeManager) -> Vec<String> {
+    m.status(false)
+        .bindings
+        .iter()
+        .map(|b| b.to_string())
+        .collect()
+}
+
+mount_test! {
+    /// Standalone mode binds a claim nothing binds, as the PersistentVolume controller would:
+    /// once, when a pod first uses it, to the smallest volume that fits (one whose node
+    /// affinity excludes the node does not), kept on disk. A better fit added later, a
+    /// restart, another claim: nothing moves, and a volume is never given to two claims. A
+    /// claim that nothing fits says why for the closest volumes. A claim removed with its pod
+    /// leaves its volume Released, with its data, kept for it: another claim does not get it,
+    /// and the claim, written again, gets its data back.
+    fn unbound_claims_are_bound_once_to_the_volume_that_fits_best_and_stay() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let host = root.path().join("host");
+        let zoned = "  nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [b]}]}]}}\n";
+        let volumes = host_volume(&host, "big", "10Gi", "") + &host_volume(&host, "small", "2Gi", "") + &host_volume(&host, "zoned", "1Gi", zoned);
+        write_manifest(&manifests, "volumes.yaml", &volumes);
+        write_manifest(&manifests, "data.yaml", &claim_and_pod("data", "1Gi"));
+        let pod_named = |name: &str| common::pod(json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}));
+        let error_of = |s: &kubevol::status::PodStatus| s.volumes.first().and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let data = pod_named("data");
+            m.wait_for_attach_and_mount(&data).await.expect("the claim bound and mounted");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();
+            std::fs::write(dir.join("kept"), "yes").unwrap();
+            assert!(host.join("small/kept").exists(), "the smallest volume that fits: small, not zoned (another zone) or big");
+            assert_eq!(bindings(&m), ["default/data -> small"]);
+            let file = root.path().join("root").join(kubevol::record::RECORD_DIR).join(kubevol::store::BINDINGS_FILE);
+            assert!(std::fs::read_to_string(&file).unwrap().contains("\"volume\": \"small\""));
+
+            // A better fit, then a restart: the claim stays where its data is.
+            write_manifest(&manifests, "volumes.yaml", &(volumes.clone() + &host_volume(&host, "tiny", "1Gi", "")));
+            let m = restart(m, root.path(), |_| {}).await;
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            m.wait_for_attach_and_mount(&data).await.expect("mounted again");
+            assert_eq!(bindings(&m), ["default/data -> small"]);
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
+
+            // Another claim gets the new volume; one that nothing fits says why.
+            write_manifest(&manifests, "other.yaml", &claim_and_pod("other", "1Gi"));
+            m.wait_for_attach_and_mount(&pod_named("other")).await.expect("bound and mounted");
+            assert_eq!(bindings(&m), ["default/data -> small", "default/other -> tiny"]);
+            write_manifest(&manifests, "huge.yaml", &claim_and_pod("huge", "50Gi"));
+            let s = wait_for_status(&m, &pod_named("huge"), 20, |s| error_of(s).contains("no PersistentVolume fits")).await;
+            let e = error_of(&s);
+            assert!(e.contains("huge.yaml (document 2): volume \"data\" of pod default/huge: PersistentVolumeClaim default/huge is not bound, and no PersistentVolume fits it (big: its capacity 10Gi is less than the claim's request 50Gi; small: it is bound to claim default/data, its capacity 2Gi is less"), "{e}");
+            assert!(e.ends_with("; 1 more): add one that fits, or change the claim"), "{e}");
+            std::fs::remove_file(manifests.join("huge.yaml")).unwrap();
+
+            // The claim and its pod go: its volume stays its own, with the data.
+            std::fs::remove_file(manifests.join("data.yaml")).unwrap();
+            m.wait_for_unmount(&data).await.expect("torn down");
+            let released = "default/data -> small (Released: the claim is gone; the volume keeps its data and is kept for a claim of that name)".to_string();
+            until_announced(&m, 20, "the volume released", || bindings(&m).contains(&released)).await;
+            write_manifest(&manifests, "intruder.yaml", &claim_and_pod("intruder", "1Gi"));
+            m.wait_for_attach_and_mount(&pod_named("intruder")).await.expect("bound to what is free");
+            assert!(bindings(&m).contains(&"default/intruder -> big".to_string()), "{:?}", bindings(&m));
+            assert_eq!(std::fs::read_to_string(host.join("small/kept")).unwrap(), "yes");
+            write_manifest(&manifests, "data.yaml", &claim_and_pod("data", "1Gi"));
+            m.wait_for_attach_and_mount(&data).await.expect("the claim back");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes", "its own volume, with its data");
+            m.shutdown();
+        });
+    }
+}

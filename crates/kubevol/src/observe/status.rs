@@ -172,6 +172,31 @@ pub struct StatusReport {
     /// Orphaned pod directories that could not be removed, and why.
     #[serde(default)]
     pub leftovers: Vec<crate::reconstruct::Leftover>,
+    /// The claims kubevol bound to PersistentVolumes (standalone mode), by claim.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bindings: Vec<BindingStatus>,
+}
+
+/// A claim kubevol bound, and to what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingStatus {
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    /// The PersistentVolume.
+    pub volume: String,
+    /// `Bound`, or `Released` when the claim is gone (the volume keeps its data and stays
+    /// the claim's: a claim of that name gets it back).
+    pub phase: String,
+}
+
+impl std::fmt::Display for BindingStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}", self.claim, self.volume)?;
+        if self.phase == "Released" {
+            f.write_str(" (Released: the claim is gone; the volume keeps its data and is kept for a claim of that name)")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the status report is built from: read-only views of every part. Every lock it takes
@@ -410,6 +435,20 @@ impl Sources<'_> {
             notes: self.notes(),
             reconstruction: self.findings.reconstruction(),
             leftovers: self.findings.leftovers(),
+            bindings: self
+                .store
+                .bindings()
+                .all()
+                .into_iter()
+                .map(|b| BindingStatus {
+                    phase: match self.store.persistent_volume_claim(&b.namespace, &b.claim) {
+                        Some(_) => "Bound".into(),
+                        None => "Released".into(),
+                    },
+                    claim: format!("{}/{}", b.namespace, b.claim),
+                    volume: b.volume,
+                })
+                .collect(),
         }
     }
 

@@ -117,7 +117,8 @@ pub fn awaits_cluster(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> boo
 }
 
 /// The PersistentVolume a claim is bound to: the one `spec.volumeName` names, or else (a claim
-/// of the manifests or the library) the one whose `spec.claimRef` names the claim.
+/// of the manifests or the library) the one kubevol bound it to, or the one whose
+/// `spec.claimRef` names the claim.
 pub fn bound_volume(
     store: &ObjectStore,
     ns: &str,
@@ -127,18 +128,92 @@ pub fn bound_volume(
     match claim_volume(claim) {
         Some(pv) => store.persistent_volume(pv).map(|s| s.object),
         None if from_cluster(store, ns, cname) => None,
-        None => store
-            .persistent_volumes()
-            .into_iter()
-            .map(|s| s.object)
-            .find(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.claim_ref.as_ref())
-                    .is_some_and(|r| {
-                        r.namespace.as_deref() == Some(ns) && r.name.as_deref() == Some(cname)
-                    })
-            }),
+        None => match store.bindings().volume_of(ns, cname) {
+            Some(pv) => store.persistent_volume(&pv).map(|s| s.object),
+            // A volume kubevol bound to another claim is that claim's, whatever its claimRef
+            // says now.
+            None => store
+                .persistent_volumes()
+                .into_iter()
+                .map(|s| s.object)
+                .find(|pv| {
+                    let name = pv.metadata.name.as_deref().unwrap_or_default();
+                    store.bindings().claim_of(name).is_none()
+                        && pv
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.claim_ref.as_ref())
+                            .is_some_and(|r| {
+                                r.namespace.as_deref() == Some(ns)
+                                    && r.name.as_deref() == Some(cname)
+                            })
+                }),
+        },
+    }
+}
+
+/// How many volumes that do not fit an unbound claim its message names.
+const CLOSEST: usize = 3;
+
+/// Binds the claim of `pod`'s volume to the PersistentVolume that fits it best, as the
+/// PersistentVolume controller would (see [`kubevol_core::binding`]), when it is a claim of
+/// the manifests or the library that nothing binds yet; the binding is on disk before it is
+/// used. Returns the volume bound now, if any; fails, saying why for the closest volumes, when
+/// none fits. A claim of the API server, one that names its volume, one a volume's claimRef
+/// names, one bound already, or one that cannot be used for another reason is left to
+/// [`resolve`].
+pub fn bind(
+    store: &ObjectStore,
+    node: &NodeFacts,
+    pod: &PodRef,
+    volume: &Volume,
+) -> Result<Option<String>, String> {
+    let Some((cname, Some(claim))) = claim_of(store, pod, volume) else {
+        return Ok(None);
+    };
+    let (ns, cname) = (&*pod.namespace, &*cname);
+    if from_cluster(store, ns, cname)
+        || claim_volume(&claim).is_some()
+        || claim.metadata.deletion_timestamp.is_some()
+        || (volume.ephemeral.is_some() && !made_for_pod(pod, &claim, false))
+        || store.bindings().volume_of(ns, cname).is_some()
+        || bound_volume(store, ns, &claim).is_some()
+    {
+        return Ok(None);
+    }
+    let volumes: Vec<Arc<PersistentVolume>> = store
+        .persistent_volumes()
+        .into_iter()
+        .filter(|s| s.invalid.is_none())
+        .map(|s| s.object)
+        .collect();
+    let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
+    let taken = |name: &str| store.bindings().claim_of(name);
+    match kubevol_core::binding::find(ns, &claim, &refs, &taken, node) {
+        kubevol_core::binding::Found::Volume(pv) => {
+            let name = pv.metadata.name.clone().unwrap_or_default();
+            store.bindings().bind(ns, cname, &name).map_err(|e| {
+                format!("PersistentVolumeClaim {ns}/{cname} cannot be bound to PersistentVolume {name}: {e}")
+            })?;
+            tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
+            Ok(Some(name))
+        }
+        kubevol_core::binding::Found::Nothing(unfit) if unfit.is_empty() => Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} is not bound, and there is no PersistentVolume to bind it to: add one that fits it, or set the claim's spec.volumeName"
+        )),
+        kubevol_core::binding::Found::Nothing(unfit) => {
+            let closest: Vec<String> = unfit
+                .iter()
+                .take(CLOSEST)
+                .map(|(name, why)| format!("{name}: {}", why.join(", ")))
+                .collect();
+            let more = unfit.len().saturating_sub(CLOSEST);
+            Err(format!(
+                "PersistentVolumeClaim {ns}/{cname} is not bound, and no PersistentVolume fits it ({}{}): add one that fits, or change the claim",
+                closest.join("; "),
+                if more > 0 { format!("; {more} more") } else { String::new() }
+            ))
+        }
     }
 }
 
@@ -204,13 +279,18 @@ pub fn resolve(
         ));
     }
     let Some(pv) = bound_volume(store, ns, &claim) else {
-        return Err(match volume_name {
-            Some(n) => format!(
+        let kept = store.bindings().volume_of(ns, cname);
+        return Err(match (volume_name, kept) {
+            (Some(n), _) => format!(
                 "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which {}",
                 store.absence("PersistentVolume", "", &n)
             ),
-            None => format!(
-                "PersistentVolumeClaim {ns}/{cname} is not bound: set its spec.volumeName, or a PersistentVolume's spec.claimRef to it"
+            (None, Some(n)) => format!(
+                "PersistentVolumeClaim {ns}/{cname} was bound by kubevol to PersistentVolume {n}, which {} (the binding is kept: a claim never moves to another volume)",
+                store.absence("PersistentVolume", "", &n)
+            ),
+            (None, None) => format!(
+                "PersistentVolumeClaim {ns}/{cname} is not bound: kubevol binds it to a PersistentVolume that fits when a pod uses it; set its spec.volumeName to choose one"
             ),
         });
     };
@@ -474,7 +554,7 @@ mod tests {
                 "is being deleted",
             ),
             ("missing volume", json!([pvc("c", Some("a"), "Filesystem")]), MOUNTED, "bound to PersistentVolume a (spec.volumeName), which does not exist"),
-            ("unbound", json!([pvc("c", None, "Filesystem")]), MOUNTED, "is not bound: set its spec.volumeName"),
+            ("unbound", json!([pvc("c", None, "Filesystem")]), MOUNTED, "is not bound: kubevol binds it to a PersistentVolume that fits when a pod uses it"),
             (
                 "bound to another claim",
                 json!([pv("a", Some(("ns", "other")), "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem")]),

@@ -894,6 +894,8 @@ fn storage_check(
     if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() {
         return Ok(None);
     }
+    // A claim nothing binds is bound here, once, to the volume that fits it best.
+    claims::bind(store, &host.node_facts(), pod, v)?;
     let pv = claims::resolve(store, pod, v, usage)?;
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let spec = pv.spec.as_ref();

@@ -9,11 +9,12 @@ use std::sync::OnceLock;
 /// panics the operation's task) the n-th time (default: the first) the step is reached.
 /// Operations: `attach`, `mount_device`, `set_up`, `tear_down`, `unmount_device`, `detach`;
 /// steps: `before` (the intent is on disk, the side effect not started) and `after` (the side
-/// effect is done, the record not yet updated). For crash tests.
+/// effect is done, the record not yet updated); and `bind` (a claim bound to a volume):
+/// `before` (chosen, not yet on disk) and `after` (on disk, not yet used). For crash tests.
 pub const FAIL_POINT_ENV: &str = "KUBEVOL_FAIL_POINT";
 
 /// Every fail point.
-pub const FAIL_POINTS: [&str; 12] = [
+pub const FAIL_POINTS: [&str; 14] = [
     "attach:before",
     "attach:after",
     "mount_device:before",
@@ -26,6 +27,8 @@ pub const FAIL_POINTS: [&str; 12] = [
     "unmount_device:after",
     "detach:before",
     "detach:after",
+    "bind:before",
+    "bind:after",
 ];
 
 /// What an armed fail point does.

@@ -21,8 +21,10 @@ use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+mod bindings;
 mod definitions;
 
+pub use bindings::{Binding, Bindings, BINDINGS_FILE};
 pub use definitions::Key as ObjectKey;
 use definitions::{Key, Objects, Shared};
 
@@ -373,23 +375,36 @@ pub struct ObjectStore {
     /// The manifest errors last logged: each is logged once when it appears and once when it
     /// clears, however often its file is read again.
     logged_errors: Mutex<BTreeSet<String>>,
+    /// The claims kubevol bound (see [`Bindings`]).
+    bindings: Bindings,
 }
 
 impl Default for ObjectStore {
     fn default() -> Self {
+        Self::with_bindings(Bindings::default())
+    }
+}
+
+impl ObjectStore {
+    /// An empty store with no registered sources (its bindings in memory only).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store whose claims' bindings are `bindings` (the root's, kept on disk).
+    pub fn with_bindings(bindings: Bindings) -> Self {
         ObjectStore {
             objects: RwLock::default(),
             changed: watch::channel(0).0,
             sources: Mutex::default(),
             logged_errors: Mutex::default(),
+            bindings,
         }
     }
-}
 
-impl ObjectStore {
-    /// An empty store with no registered sources.
-    pub fn new() -> Self {
-        Self::default()
+    /// The claims kubevol bound to PersistentVolumes.
+    pub fn bindings(&self) -> &Bindings {
+        &self.bindings
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Objects> {

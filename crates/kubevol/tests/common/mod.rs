@@ -191,6 +191,14 @@ impl TestRoot {
     }
 }
 
+/// Writes a manifest file whole: written beside it, then renamed, as an editor or `kubectl`
+/// wrapper would (the watcher reads settled files).
+pub fn write_manifest(dir: &Path, name: &str, yaml: &str) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, yaml).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
 /// Mount points at or below `dir`, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<(PathBuf, String, String)> {
     use kubevol_mount::Mounter;

@@ -1,0 +1,214 @@
+//! The claims kubevol has bound to PersistentVolumes, as a cluster's PersistentVolume
+//! controller would (standalone mode and the library: the API server's claims are bound by
+//! the cluster).
+//!
+//! A binding is made once, when a pod first uses an unbound claim, and kept for good in
+//! `<root>/volume-record/bindings.json`: a restart, an edit of the claim or of other volumes
+//! (a smaller one that would fit better), even the claim's removal from the manifests, never
+//! moves a claim to another volume, and a volume bound to one claim is never given to
+//! another. A claim that comes back finds its volume, with its data; a volume whose claim is
+//! gone stays reserved for it (the PersistentVolume controller's `Released`, as with the
+//! `Retain` policy). The file is replaced whole (written beside, flushed, renamed, the
+//! directory flushed), so a crash leaves the old bindings or the new, never a torn file.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// The bindings file, in the record's directory.
+pub const BINDINGS_FILE: &str = "bindings.json";
+
+/// The file format's version.
+const VERSION: u32 = 1;
+
+/// One binding.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Binding {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub claim: String,
+    /// The PersistentVolume's name.
+    pub volume: String,
+    /// When it was made (seconds since the epoch).
+    pub bound_at: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct File {
+    version: u32,
+    bindings: Vec<Binding>,
+}
+
+/// The bindings, by claim (`namespace`, `name`).
+pub struct Bindings {
+    /// Where they are kept (`None`: in memory only, for a store without a root).
+    path: Option<PathBuf>,
+    map: Mutex<BTreeMap<(String, String), Binding>>,
+}
+
+impl Default for Bindings {
+    fn default() -> Self {
+        Bindings {
+            path: None,
+            map: Mutex::default(),
+        }
+    }
+}
+
+impl Bindings {
+    /// The bindings kept under `root` (none yet if the file does not exist). A file that
+    /// cannot be read is an error: binding claims without knowing the old bindings could give
+    /// a claim's volume to another.
+    pub fn load(root: &Path) -> std::io::Result<Self> {
+        let path = root.join(crate::record::RECORD_DIR).join(BINDINGS_FILE);
+        let mut map = BTreeMap::new();
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let file: File = serde_json::from_slice(&bytes).map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "{} cannot be read ({e}): it holds which PersistentVolume each claim was bound to; restore it, or move it away to bind claims anew",
+                            path.display()
+                        ),
+                    )
+                })?;
+                if file.version != VERSION {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "{} has version {}, this kubevol reads {VERSION}",
+                            path.display(),
+                            file.version
+                        ),
+                    ));
+                }
+                for b in file.bindings {
+                    map.insert((b.namespace.clone(), b.claim.clone()), b);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Bindings {
+            path: Some(path),
+            map: Mutex::new(map),
+        })
+    }
+
+    /// The volume claim `namespace/name` is bound to.
+    pub fn volume_of(&self, namespace: &str, claim: &str) -> Option<String> {
+        crate::sync::lock(&self.map)
+            .get(&(namespace.to_string(), claim.to_string()))
+            .map(|b| b.volume.clone())
+    }
+
+    /// The claim (`namespace/name`) volume `volume` is bound to.
+    pub fn claim_of(&self, volume: &str) -> Option<String> {
+        crate::sync::lock(&self.map)
+            .values()
+            .find(|b| b.volume == volume)
+            .map(|b| format!("{}/{}", b.namespace, b.claim))
+    }
+
+    /// Every binding.
+    pub fn all(&self) -> Vec<Binding> {
+        crate::sync::lock(&self.map).values().cloned().collect()
+    }
+
+    /// Binds claim `namespace/claim` to `volume`, on disk before it counts. Refused if either
+    /// is bound already.
+    pub fn bind(&self, namespace: &str, claim: &str, volume: &str) -> std::io::Result<()> {
+        let mut map = crate::sync::lock(&self.map);
+        let key = (namespace.to_string(), claim.to_string());
+        if let Some(b) = map.get(&key) {
+            return Err(std::io::Error::other(format!(
+                "claim {namespace}/{claim} is bound to PersistentVolume {} already",
+                b.volume
+            )));
+        }
+        if let Some(b) = map.values().find(|b| b.volume == volume) {
+            return Err(std::io::Error::other(format!(
+                "PersistentVolume {volume} is bound to claim {}/{} already",
+                b.namespace, b.claim
+            )));
+        }
+        let binding = Binding {
+            namespace: namespace.to_string(),
+            claim: claim.to_string(),
+            volume: volume.to_string(),
+            bound_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        let mut next = map.clone();
+        next.insert(key.clone(), binding);
+        crate::record::fail_point("bind", "before");
+        if let Some(path) = &self.path {
+            write_whole(path, next.values().cloned().collect())?;
+        }
+        crate::record::fail_point("bind", "after");
+        *map = next;
+        Ok(())
+    }
+}
+
+/// Replaces the file at `path` with `bindings`: written beside it, flushed, renamed over it,
+/// and the directory flushed.
+fn write_whole(path: &Path, bindings: Vec<Binding>) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let text = serde_json::to_vec_pretty(&File {
+        version: VERSION,
+        bindings,
+    })
+    .map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("json.new");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&text)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bindings_are_kept_across_loads_and_never_doubled() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Bindings::load(root.path()).unwrap();
+        assert!(b.all().is_empty());
+        b.bind("ns", "data", "pv-1").unwrap();
+        assert!(
+            b.bind("ns", "data", "pv-2").is_err(),
+            "a claim is bound once"
+        );
+        let e = b.bind("ns", "other", "pv-1").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "PersistentVolume pv-1 is bound to claim ns/data already"
+        );
+        let again = Bindings::load(root.path()).unwrap();
+        assert_eq!(again.volume_of("ns", "data").as_deref(), Some("pv-1"));
+        assert_eq!(again.claim_of("pv-1").as_deref(), Some("ns/data"));
+        assert_eq!(again.volume_of("ns", "other"), None);
+
+        std::fs::write(
+            root.path()
+                .join(crate::record::RECORD_DIR)
+                .join(BINDINGS_FILE),
+            "{",
+        )
+        .unwrap();
+        let e = Bindings::load(root.path()).err().unwrap();
+        assert!(e.to_string().contains("cannot be read"), "{e}");
+    }
+}
