@@ -548,6 +548,146 @@ fn random_kills() -> usize {
         .unwrap_or(8)
 }
 
+/// The fail points of volume operations (those of binding have a test of their own:
+/// a claim is bound once in a root's life).
+fn volume_fail_points() -> impl Iterator<Item = &'static str> {
+    kubevol::record::FAIL_POINTS
+        .iter()
+        .copied()
+        .filter(|p| !p.starts_with("bind:"))
+}
+
+/// kubevol's bindings in `root`, claim to volume, as on disk.
+fn bindings_on_disk(root: &Path) -> BTreeMap<String, String> {
+    let path = root
+        .join(kubevol::record::RECORD_DIR)
+        .join(kubevol::store::BINDINGS_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return BTreeMap::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the bindings file is whole");
+    v["bindings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                format!(
+                    "{}/{}",
+                    b["namespace"].as_str().unwrap(),
+                    b["claim"].as_str().unwrap()
+                ),
+                b["volume"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A claim of 100Mi and a pod of the same name that mounts it.
+fn bound_claim_and_pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 100Mi}}}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
+    )
+}
+
+mount_test! {
+    /// Binding under SIGKILL: killed before a binding is on disk, the claim is unbound after
+    /// the restart and bound then; killed after, it keeps that volume. Then claims are bound
+    /// while the daemon is killed at random: after the last restart every binding ever on
+    /// disk is unchanged, no volume has two claims, and each pod's volume is the one its claim
+    /// is bound to (a file written through the pod lands in that volume's directory).
+    fn sigkill_while_claims_are_bound_leaves_the_old_bindings_or_the_new() {
+        let env = Env::new();
+        let pool: String = (0..8)
+            .map(|i| {
+                format!(
+                    "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pool-{i}}}\nspec: {{capacity: {{storage: {}Mi}}, accessModes: [ReadWriteOnce], hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n---\n",
+                    100 + 10 * i,
+                    env.host().join(format!("pool-{i}")).display()
+                )
+            })
+            .collect();
+        env.write("pool.yaml", &pool);
+        let root = env.root();
+        for (claim, point) in [("first", "bind:before"), ("second", "bind:after")] {
+            env.write(&format!("{claim}.yaml"), &bound_claim_and_pod(claim));
+            let mut d = Daemon::start(&env, Some(point), &[]);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !d.exited() {
+                assert!(Instant::now() < deadline, "{point} not reached:\n{}", d.log_tail());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+            assert!(log.contains(&format!("fail point {point} reached")), "{}", d.log_tail());
+            let on_disk = bindings_on_disk(&root);
+            let key = format!("default/{claim}");
+            match point {
+                "bind:before" => assert!(!on_disk.contains_key(&key), "{on_disk:?}"),
+                _ => assert!(on_disk.contains_key(&key), "{on_disk:?}"),
+            }
+        }
+        let named = bindings_on_disk(&root);
+        let mut rng = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64
+            | 1;
+        let mut random = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut claims = vec!["first".to_string(), "second".to_string()];
+        for round in 0..random_kills() {
+            let name = format!("r{round}");
+            env.write(&format!("{name}.yaml"), &bound_claim_and_pod(&name));
+            claims.push(name);
+            let mut d = Daemon::start(&env, None, &[]);
+            std::thread::sleep(Duration::from_millis(50 + random(400)));
+            d.kill();
+            let now = bindings_on_disk(&root);
+            for (claim, volume) in &named {
+                assert_eq!(now.get(claim), Some(volume), "a binding moved");
+            }
+        }
+        // The last daemon runs until every claim that a volume is left for is mounted.
+        let d = Daemon::start(&env, None, &[]);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mounted = loop {
+            let status = d.status();
+            let paths: BTreeMap<String, String> = status
+                .iter()
+                .flat_map(|s| s["pods"].as_array().cloned().unwrap_or_default())
+                .filter(|p| p["volumes"][0]["state"] == "Mounted")
+                .map(|p| (format!("default/{}", p["name"].as_str().unwrap()), p["volumes"][0]["path"].as_str().unwrap().to_string()))
+                .collect();
+            if paths.len() == claims.len().min(8) {
+                break paths;
+            }
+            assert!(Instant::now() < deadline, "not converged: {status:#?}\n{}", d.log_tail());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let bound = bindings_on_disk(&root);
+        for (claim, volume) in &named {
+            assert_eq!(bound.get(claim), Some(volume), "a binding moved");
+        }
+        let volumes: BTreeSet<&String> = bound.values().collect();
+        assert_eq!(volumes.len(), bound.len(), "a volume with two claims: {bound:?}");
+        for (claim, path) in &mounted {
+            let volume = &bound[claim];
+            std::fs::write(Path::new(path).join("canary"), claim).unwrap();
+            assert_eq!(
+                std::fs::read_to_string(env.host().join(volume).join("canary")).unwrap(),
+                *claim,
+                "the pod of {claim} uses {volume}"
+            );
+        }
+        eprintln!("{} claims, {} bound: {bound:?}", claims.len(), bound.len());
+    }
+}
+
 mount_test! {
     fn sigkill_at_every_fail_point_and_at_random_during_a_storm_loses_nothing() {
         let env = Env::new();
@@ -563,9 +703,8 @@ mount_test! {
         eprintln!("crash harness seed {seed} (KUBEVOL_CRASH_SEED reproduces the storm)");
         let mut w = World::new(&env, seed);
         let started = Instant::now();
-        let points: Vec<Option<&str>> = kubevol::record::FAIL_POINTS
-            .iter()
-            .map(|p| Some(*p))
+        let points: Vec<Option<&str>> = volume_fail_points()
+            .map(Some)
             .chain(std::iter::repeat_n(None, random_kills()))
             .collect();
         let mut fired = BTreeSet::new();
@@ -615,10 +754,8 @@ mount_test! {
             // Killed again once idle: every round starts from a crash.
             drop(d);
         }
-        let missed: Vec<&str> = kubevol::record::FAIL_POINTS
-            .iter()
-            .filter(|p| !fired.contains(*p))
-            .copied()
+        let missed: Vec<&str> = volume_fail_points()
+            .filter(|p| !fired.contains(p))
             .collect();
         assert!(missed.is_empty(), "fail points never reached: {missed:?}");
         // Finally everything goes away, and nothing of it is left.
@@ -633,7 +770,7 @@ mount_test! {
         eprintln!(
             "crash harness: {} kill points ({} named fail points, {} random kills) plus {} idle kills, {} restarts, {:?}",
             points.len(),
-            kubevol::record::FAIL_POINTS.len(),
+            volume_fail_points().count(),
             random_kills(),
             points.len(),
             2 * points.len() + 1,
