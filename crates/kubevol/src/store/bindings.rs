@@ -45,19 +45,11 @@ struct File {
 }
 
 /// The bindings, by claim (`namespace`, `name`).
+#[derive(Default)]
 pub struct Bindings {
     /// Where they are kept (`None`: in memory only, for a store without a root).
     path: Option<PathBuf>,
     map: Mutex<BTreeMap<(String, String), Binding>>,
-}
-
-impl Default for Bindings {
-    fn default() -> Self {
-        Bindings {
-            path: None,
-            map: Mutex::default(),
-        }
-    }
 }
 
 impl Bindings {
