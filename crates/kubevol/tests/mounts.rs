@@ -892,6 +892,12 @@ mount_test! {
             m.wait_for_attach_and_mount(&pod_named("intruder")).await.expect("bound to what is free");
             assert!(bindings(&m).contains(&"default/intruder -> big".to_string()), "{:?}", bindings(&m));
             assert_eq!(std::fs::read_to_string(host.join("small/kept")).unwrap(), "yes");
+            // Not even a claim that names it gets it.
+            let named = claim_and_pod("named", "1Gi").replace("resources:", "volumeName: small\n  resources:");
+            write_manifest(&manifests, "named.yaml", &named);
+            let s = wait_for_status(&m, &pod_named("named"), 20, |s| error_of(s).contains("never given to two claims")).await;
+            assert!(error_of(&s).contains("PersistentVolume small was bound by kubevol to claim default/data"), "{s:#?}");
+            std::fs::remove_file(manifests.join("named.yaml")).unwrap();
             write_manifest(&manifests, "data.yaml", &claim_and_pod("data", "1Gi"));
             m.wait_for_attach_and_mount(&data).await.expect("the claim back");
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();

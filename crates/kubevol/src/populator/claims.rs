@@ -295,6 +295,17 @@ pub fn resolve(
         });
     };
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    if let Some(other) = store
+        .bindings()
+        .claim_of(&pv_name)
+        .filter(|c| *c != format!("{ns}/{cname}"))
+    {
+        return Err(format!(
+            "PersistentVolume {pv_name} was bound by kubevol to claim {other}, and a volume is never given to two claims: choose another volume, or, to give it to this claim, remove that binding from {}/{} while kubevol is stopped",
+            crate::record::RECORD_DIR,
+            crate::store::BINDINGS_FILE
+        ));
+    }
     if let Some(e) = kubevol_core::validation::dns1123_subdomain_error(&pv_name) {
         return Err(format!("PersistentVolume name {pv_name:?}: {e}"));
     }
