@@ -586,7 +586,7 @@ fn bindings_on_disk(root: &Path) -> BTreeMap<String, String> {
 /// A claim of 100Mi and a pod of the same name that mounts it.
 fn bound_claim_and_pod(name: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 100Mi}}}}}}\n---\n\
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{storageClassName: manual, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 100Mi}}}}}}\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
     )
 }
@@ -602,7 +602,7 @@ mount_test! {
         let pool: String = (0..8)
             .map(|i| {
                 format!(
-                    "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pool-{i}}}\nspec: {{capacity: {{storage: {}Mi}}, accessModes: [ReadWriteOnce], hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n---\n",
+                    "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pool-{i}}}\nspec: {{storageClassName: manual, capacity: {{storage: {}Mi}}, accessModes: [ReadWriteOnce], hostPath: {{path: {}, type: DirectoryOrCreate}}}}\n---\n",
                     100 + 10 * i,
                     env.host().join(format!("pool-{i}")).display()
                 )

@@ -23,19 +23,24 @@ const BETA_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 /// A claim's storage class: the beta annotation, else `spec.storageClassName`, else none
 /// (`""`).
 pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {
+    named_class(claim).unwrap_or_default()
+}
+
+/// The storage class a claim names (the beta annotation, else `spec.storageClassName`; `""`
+/// names no class), or `None` when it names none at all (the default class applies).
+pub fn named_class(claim: &PersistentVolumeClaim) -> Option<&str> {
     if let Some(c) = claim
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(BETA_CLASS_ANNOTATION))
     {
-        return c;
+        return Some(c);
     }
     claim
         .spec
         .as_ref()
         .and_then(|s| s.storage_class_name.as_deref())
-        .unwrap_or_default()
 }
 
 /// A volume's storage class: the beta annotation, else `spec.storageClassName`.
@@ -147,11 +152,13 @@ pub enum Found<'a> {
     Nothing(Vec<(String, Unfit)>),
 }
 
-/// The volume the claim `namespace/claim` binds to among `volumes`, on `node`; `taken` says
-/// which claim (`namespace/name`) already has a volume of that name.
+/// The volume the claim `namespace/claim` of storage class `class` (the claim's own, or the
+/// default class for a claim that names none) binds to among `volumes`, on `node`; `taken`
+/// says which claim (`namespace/name`) already has a volume of that name.
 pub fn find<'a>(
     namespace: &str,
     claim: &PersistentVolumeClaim,
+    class: &str,
     volumes: &[&'a PersistentVolume],
     taken: &dyn Fn(&str) -> Option<String>,
     node: &NodeFacts,
@@ -160,7 +167,7 @@ pub fn find<'a>(
     let (want, want_text) = requested(claim);
     let want_modes = spec.access_modes.clone().unwrap_or_default();
     let want_mode = mode(spec.volume_mode.as_ref());
-    let want_class = claim_class(claim);
+    let want_class = class;
     let want_attributes = spec.volume_attributes_class_name.as_deref().unwrap_or("");
     let mut fits: Vec<&PersistentVolume> = Vec::new();
     let mut unfit: Vec<(String, Unfit)> = Vec::new();
@@ -309,7 +316,7 @@ mod tests {
         taken: &dyn Fn(&str) -> Option<String>,
     ) -> Result<String, Vec<(String, Unfit)>> {
         let refs: Vec<&PersistentVolume> = pvs.iter().collect();
-        match find("ns", c, &refs, taken, &node()) {
+        match find("ns", c, claim_class(c), &refs, taken, &node()) {
             Found::Volume(v) => Ok(v.metadata.name.clone().unwrap()),
             Found::Nothing(why) => Err(why),
         }

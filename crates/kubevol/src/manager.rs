@@ -81,6 +81,9 @@ pub struct Config {
     /// The SELinuxMount feature (Kubernetes 1.36: beta, off by default): volumes of every access
     /// mode, not only ReadWriteOncePod ones, are mounted with their SELinux label.
     pub selinux_mount: bool,
+    /// Where the built-in `kubevol.io/local-path` provisioner makes its volumes' directories
+    /// (standalone mode); `None`: `<root_dir>/local-path`.
+    pub local_path_dir: Option<PathBuf>,
 }
 
 /// Whether the node has SELinux.
@@ -133,6 +136,7 @@ impl Config {
             adopt_foreign_pods: false,
             selinux: Selinux::Detect,
             selinux_mount: false,
+            local_path_dir: None,
         }
     }
 }
@@ -249,6 +253,8 @@ impl VolumeManager {
         let store = Arc::new(ObjectStore::with_bindings(crate::store::Bindings::load(
             &root,
         )?));
+        // The volumes provisioned before: there before any pod is looked at.
+        store.add_provisioned(store.bindings().provisioned());
         let library = Library::default();
         // The library has no listing to wait for: it is synced as soon as it starts.
         drop(Box::new(library.clone()).start(store.sink(Library::NAME)));
@@ -280,6 +286,10 @@ impl VolumeManager {
             mounter,
             host_path_allow: config.host_path_allow.clone(),
             hugepages_dir: config.hugepages_dir.clone(),
+            local_path_dir: config
+                .local_path_dir
+                .clone()
+                .unwrap_or_else(|| config.root_dir.join("local-path")),
             store: store.clone(),
             node_name: config.node_name.clone(),
             node_labels: config.node_labels.clone(),

@@ -784,7 +784,7 @@ mount_test! {
             // The claim appears, unbound: the volume still waits, now for the binding.
             m.library().upsert_objects(vec![kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
                 "metadata": {"name": "later", "namespace": "default"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})).unwrap())]);
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}}})).unwrap())]);
             wait_for_status(&m, &p, 20, |s| error_of(s, "data").contains("PersistentVolumeClaim default/later is not bound")).await;
 
             // A PersistentVolume whose claimRef names the claim binds it.
@@ -812,7 +812,7 @@ mount_test! {
 /// A hostPath PersistentVolume of `size` at `host/<name>`, as YAML, with `extra` spec fields.
 fn host_volume(host: &std::path::Path, name: &str, size: &str, extra: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n{extra}---\n",
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n  storageClassName: manual\n  capacity: {{storage: {size}}}\n  accessModes: [ReadWriteOnce]\n  hostPath: {{path: {}, type: DirectoryOrCreate}}\n{extra}---\n",
         host.join(name).display()
     )
 }
@@ -820,7 +820,7 @@ fn host_volume(host: &std::path::Path, name: &str, size: &str, extra: &str) -> S
 /// A claim of `size` and a pod of the same name that mounts it, as YAML.
 fn claim_and_pod(name: &str, size: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  storageClassName: manual\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: {size}}}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
     )
 }
 
@@ -879,8 +879,8 @@ mount_test! {
             write_manifest(&manifests, "huge.yaml", &claim_and_pod("huge", "50Gi"));
             let s = wait_for_status(&m, &pod_named("huge"), 20, |s| error_of(s).contains("no PersistentVolume fits")).await;
             let e = error_of(&s);
-            assert!(e.contains("huge.yaml (document 2): volume \"data\" of pod default/huge: PersistentVolumeClaim default/huge is not bound, and no PersistentVolume fits it (big: its capacity 10Gi is less than the claim's request 50Gi; small: it is bound to claim default/data, its capacity 2Gi is less"), "{e}");
-            assert!(e.ends_with("; 1 more): add one that fits, or change the claim"), "{e}");
+            assert!(e.contains("huge.yaml (document 2): volume \"data\" of pod default/huge: PersistentVolumeClaim default/huge is not bound: no PersistentVolume fits it (big: its capacity 10Gi is less than the claim's request 50Gi; small: it is bound to claim default/data, its capacity 2Gi is less"), "{e}");
+            assert!(e.ends_with("; 1 more), and no StorageClass manual is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass manual of provisioner kubevol.io/local-path"), "{e}");
             std::fs::remove_file(manifests.join("huge.yaml")).unwrap();
 
             // The claim and its pod go: its volume stays its own, with the data.
@@ -902,6 +902,76 @@ mount_test! {
             m.wait_for_attach_and_mount(&data).await.expect("the claim back");
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes", "its own volume, with its data");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// Standalone provisioning: a claim that no volume fits gets one of its class, as a
+    /// cluster's provisioner would make it. A claim that names no class gets the default one:
+    /// kubevol's `local-path` (a directory of its own under `<root>/local-path`, served as a
+    /// `local` volume of this node, named `pvc-<claim UID>`), or the StorageClass the manifests
+    /// mark default, whose reclaim policy the volume takes. The volume is recorded with its
+    /// binding and is there again after a restart, with its data. A claim of no class, of a
+    /// provisioner kubevol does not run, or of volumeMode Block says why it gets none.
+    fn a_claim_that_no_volume_fits_gets_a_local_path_volume_of_its_class() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let claim = |name: &str, spec: &str| format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n{spec}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n");
+        write_manifest(&manifests, "web.yaml", &claim("web", ""));
+        let pod_named = |name: &str| common::pod(json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}));
+        let error_of = |s: &kubevol::status::PodStatus| s.volumes.first().and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
+        let volume_of = |m: &kubevol::VolumeManager, claim: &str| {
+            m.status(false).bindings.iter().find(|b| b.claim == format!("default/{claim}")).map(|b| b.volume.clone()).unwrap()
+        };
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let web = pod_named("web");
+            m.wait_for_attach_and_mount(&web).await.expect("provisioned and mounted");
+            let volume = volume_of(&m, "web");
+            assert!(volume.starts_with("pvc-") && volume.len() == 40, "{volume}");
+            let dir = root.path().join("root/local-path").join(format!("{volume}_default_web"));
+            assert!(dir.is_dir(), "{}", dir.display());
+            let mounted = m.mounted_volumes_for_pod(&kubevol::pod_uid(&web))["data"].path.clone();
+            std::fs::write(mounted.join("kept"), "yes").unwrap();
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes", "the pod's volume is the directory");
+            let pv = m.store().persistent_volume(&volume).unwrap().object;
+            let spec = pv.spec.clone().unwrap();
+            assert_eq!(spec.storage_class_name.as_deref(), Some("local-path"));
+            assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Delete"));
+            assert_eq!(spec.capacity.unwrap()["storage"].0, "1Gi");
+            assert_eq!(spec.claim_ref.unwrap().name.as_deref(), Some("web"));
+
+            // A restart: the same volume, with its data.
+            let m = restart(m, root.path(), |_| {}).await;
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            m.wait_for_attach_and_mount(&web).await.expect("mounted again");
+            assert_eq!(volume_of(&m, "web"), volume);
+            let mounted = m.mounted_volumes_for_pod(&kubevol::pod_uid(&web))["data"].path.clone();
+            assert_eq!(std::fs::read_to_string(mounted.join("kept")).unwrap(), "yes");
+
+            // The manifests' default class.
+            write_manifest(&manifests, "classes.yaml", "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: kept\n  annotations: {storageclass.kubernetes.io/is-default-class: \"true\"}\nprovisioner: kubevol.io/local-path\nreclaimPolicy: Retain\n---\napiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: cloud}\nprovisioner: ebs.csi.aws.com\n");
+            write_manifest(&manifests, "db.yaml", &claim("db", ""));
+            m.wait_for_attach_and_mount(&pod_named("db")).await.expect("provisioned");
+            let pv = m.store().persistent_volume(&volume_of(&m, "db")).unwrap().object;
+            let spec = pv.spec.clone().unwrap();
+            assert_eq!((spec.storage_class_name.as_deref(), spec.persistent_volume_reclaim_policy.as_deref()), (Some("kept"), Some("Retain")));
+
+            // Claims that get none, and why.
+            for (name, spec, why) in [
+                ("none", "  storageClassName: \"\"\n", "pvc-d8318174-a975-5363-90cd-d5870a66eecc: its claimRef names claim default/web, its storageClassName is \"local-path\", the claim's \"\""),
+                ("none", "  storageClassName: \"\"\n", "and it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits"),
+                ("cloud", "  storageClassName: cloud\n", "StorageClass cloud is provisioned by ebs.csi.aws.com, which kubevol does not run in standalone mode"),
+                ("block", "  volumeMode: Block\n", "makes directories, not block devices: use volumeMode Filesystem"),
+            ] {
+                write_manifest(&manifests, &format!("{name}.yaml"), &claim(name, spec));
+                let s = wait_for_status(&m, &pod_named(name), 20, |s| !error_of(s).is_empty()).await;
+                assert!(error_of(&s).contains(why), "{name}: {s:#?}");
+            }
             m.shutdown();
         });
     }

@@ -90,6 +90,8 @@ pub struct PluginHost {
     pub host_path_allow: Vec<PathBuf>,
     /// Where the kernel lists huge page sizes (`/sys/kernel/mm/hugepages`).
     pub hugepages_dir: PathBuf,
+    /// Where the built-in `kubevol.io/local-path` provisioner makes its volumes' directories.
+    pub local_path_dir: PathBuf,
     /// The objects pods reference (ConfigMaps, Secrets).
     pub store: Arc<ObjectStore>,
     /// This node's name.

@@ -157,17 +157,18 @@ const CLOSEST: usize = 3;
 
 /// Binds the claim of `pod`'s volume to the PersistentVolume that fits it best, as the
 /// PersistentVolume controller would (see [`kubevol_core::binding`]), when it is a claim of
-/// the manifests or the library that nothing binds yet; the binding is on disk before it is
-/// used. Returns the volume bound now, if any; fails, saying why for the closest volumes, when
-/// none fits. A claim of the API server, one that names its volume, one a volume's claimRef
-/// names, one bound already, or one that cannot be used for another reason is left to
-/// [`resolve`].
+/// the manifests or the library that nothing binds yet; where none fits, provisions one of
+/// the claim's class (see [`super::provision`]). The binding is on disk before it is used.
+/// Returns the volume bound now, if any; fails, saying why for the closest volumes, when none
+/// fits and none can be made. A claim of the API server, one that names its volume, one a
+/// volume's claimRef names, one bound already, or one that cannot be used for another reason
+/// is left to [`resolve`].
 pub fn bind(
-    store: &ObjectStore,
-    node: &NodeFacts,
+    host: &crate::plugins::PluginHost,
     pod: &PodRef,
     volume: &Volume,
 ) -> Result<Option<String>, String> {
+    let store = &*host.store;
     let Some((cname, Some(claim))) = claim_of(store, pod, volume) else {
         return Ok(None);
     };
@@ -189,32 +190,55 @@ pub fn bind(
         .collect();
     let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
     let taken = |name: &str| store.bindings().claim_of(name);
-    match kubevol_core::binding::find(ns, &claim, &refs, &taken, node) {
+    let class = super::provision::class_of(store, &claim);
+    let unfit = match kubevol_core::binding::find(
+        ns,
+        &claim,
+        &class,
+        &refs,
+        &taken,
+        &host.node_facts(),
+    ) {
         kubevol_core::binding::Found::Volume(pv) => {
             let name = pv.metadata.name.clone().unwrap_or_default();
             store.bindings().bind(ns, cname, &name).map_err(|e| {
                 format!("PersistentVolumeClaim {ns}/{cname} cannot be bound to PersistentVolume {name}: {e}")
             })?;
             tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
-            Ok(Some(name))
+            return Ok(Some(name));
         }
-        kubevol_core::binding::Found::Nothing(unfit) if unfit.is_empty() => Err(format!(
-            "PersistentVolumeClaim {ns}/{cname} is not bound, and there is no PersistentVolume to bind it to: add one that fits it, or set the claim's spec.volumeName"
-        )),
-        kubevol_core::binding::Found::Nothing(unfit) => {
-            let closest: Vec<String> = unfit
-                .iter()
-                .take(CLOSEST)
-                .map(|(name, why)| format!("{name}: {}", why.join(", ")))
-                .collect();
-            let more = unfit.len().saturating_sub(CLOSEST);
-            Err(format!(
-                "PersistentVolumeClaim {ns}/{cname} is not bound, and no PersistentVolume fits it ({}{}): add one that fits, or change the claim",
-                closest.join("; "),
-                if more > 0 { format!("; {more} more") } else { String::new() }
-            ))
-        }
-    }
+        kubevol_core::binding::Found::Nothing(unfit) => unfit,
+    };
+    // None fits: one of its class is made, where the class has a provisioner kubevol runs.
+    let why_not = match super::provision::storage_class(store, &class) {
+        Some(c) => match super::provision::provision(host, ns, cname, &claim, &c) {
+            Ok(name) => return Ok(Some(name)),
+            Err(e) => e,
+        },
+        None if class.is_empty() => "it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits".to_string(),
+        None => format!("no StorageClass {class} is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass {class} of provisioner {}", super::provision::LOCAL_PATH_PROVISIONER),
+    };
+    let closest: Vec<String> = unfit
+        .iter()
+        .take(CLOSEST)
+        .map(|(name, why)| format!("{name}: {}", why.join(", ")))
+        .collect();
+    let more = unfit.len().saturating_sub(CLOSEST);
+    let volumes = match closest.len() {
+        0 => "there is no PersistentVolume".to_string(),
+        _ => format!(
+            "no PersistentVolume fits it ({}{})",
+            closest.join("; "),
+            if more > 0 {
+                format!("; {more} more")
+            } else {
+                String::new()
+            }
+        ),
+    };
+    Err(format!(
+        "PersistentVolumeClaim {ns}/{cname} is not bound: {volumes}, and {why_not}"
+    ))
 }
 
 fn mode(m: Option<&String>) -> &str {

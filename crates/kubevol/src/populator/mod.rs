@@ -6,6 +6,7 @@
 //! never takes volumes away). Volumes no container uses are skipped, as the kubelet does.
 
 pub mod claims;
+pub mod provision;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -895,7 +896,7 @@ fn storage_check(
         return Ok(None);
     }
     // A claim nothing binds is bound here, once, to the volume that fits it best.
-    claims::bind(store, &host.node_facts(), pod, v)?;
+    claims::bind(host, pod, v)?;
     let pv = claims::resolve(store, pod, v, usage)?;
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let spec = pv.spec.as_ref();

@@ -16,6 +16,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use k8s_openapi::api::core::v1::PersistentVolume;
 use serde::{Deserialize, Serialize};
 
 /// The bindings file, in the record's directory.
@@ -42,6 +43,9 @@ pub struct Binding {
 struct File {
     version: u32,
     bindings: Vec<Binding>,
+    /// The volumes kubevol provisioned (each bound to its claim above).
+    #[serde(default)]
+    provisioned: Vec<PersistentVolume>,
 }
 
 /// The bindings, by claim (`namespace`, `name`).
@@ -49,7 +53,14 @@ struct File {
 pub struct Bindings {
     /// Where they are kept (`None`: in memory only, for a store without a root).
     path: Option<PathBuf>,
-    map: Mutex<BTreeMap<(String, String), Binding>>,
+    map: Mutex<State>,
+}
+
+/// The bindings by claim, and the volumes provisioned, by name.
+#[derive(Clone, Default)]
+struct State {
+    bindings: BTreeMap<(String, String), Binding>,
+    provisioned: BTreeMap<String, PersistentVolume>,
 }
 
 impl Bindings {
@@ -58,7 +69,7 @@ impl Bindings {
     /// a claim's volume to another.
     pub fn load(root: &Path) -> std::io::Result<Self> {
         let path = root.join(crate::record::RECORD_DIR).join(BINDINGS_FILE);
-        let mut map = BTreeMap::new();
+        let mut state = State::default();
         match std::fs::read(&path) {
             Ok(bytes) => {
                 let file: File = serde_json::from_slice(&bytes).map_err(|e| {
@@ -81,7 +92,14 @@ impl Bindings {
                     ));
                 }
                 for b in file.bindings {
-                    map.insert((b.namespace.clone(), b.claim.clone()), b);
+                    state
+                        .bindings
+                        .insert((b.namespace.clone(), b.claim.clone()), b);
+                }
+                for pv in file.provisioned {
+                    state
+                        .provisioned
+                        .insert(pv.metadata.name.clone().unwrap_or_default(), pv);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -89,13 +107,14 @@ impl Bindings {
         }
         Ok(Bindings {
             path: Some(path),
-            map: Mutex::new(map),
+            map: Mutex::new(state),
         })
     }
 
     /// The volume claim `namespace/name` is bound to.
     pub fn volume_of(&self, namespace: &str, claim: &str) -> Option<String> {
         crate::sync::lock(&self.map)
+            .bindings
             .get(&(namespace.to_string(), claim.to_string()))
             .map(|b| b.volume.clone())
     }
@@ -103,6 +122,7 @@ impl Bindings {
     /// The claim (`namespace/name`) volume `volume` is bound to.
     pub fn claim_of(&self, volume: &str) -> Option<String> {
         crate::sync::lock(&self.map)
+            .bindings
             .values()
             .find(|b| b.volume == volume)
             .map(|b| format!("{}/{}", b.namespace, b.claim))
@@ -110,21 +130,55 @@ impl Bindings {
 
     /// Every binding.
     pub fn all(&self) -> Vec<Binding> {
-        crate::sync::lock(&self.map).values().cloned().collect()
+        crate::sync::lock(&self.map)
+            .bindings
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The volumes kubevol provisioned.
+    pub fn provisioned(&self) -> Vec<PersistentVolume> {
+        crate::sync::lock(&self.map)
+            .provisioned
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Binds claim `namespace/claim` to `volume`, on disk before it counts. Refused if either
     /// is bound already.
     pub fn bind(&self, namespace: &str, claim: &str, volume: &str) -> std::io::Result<()> {
+        self.bind_new(namespace, claim, volume, None)
+    }
+
+    /// Records `pv`, provisioned for claim `namespace/claim`, and binds them, in one write.
+    pub fn provision(
+        &self,
+        namespace: &str,
+        claim: &str,
+        pv: PersistentVolume,
+    ) -> std::io::Result<()> {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        self.bind_new(namespace, claim, &name, Some(pv))
+    }
+
+    fn bind_new(
+        &self,
+        namespace: &str,
+        claim: &str,
+        volume: &str,
+        provisioned: Option<PersistentVolume>,
+    ) -> std::io::Result<()> {
         let mut map = crate::sync::lock(&self.map);
         let key = (namespace.to_string(), claim.to_string());
-        if let Some(b) = map.get(&key) {
+        if let Some(b) = map.bindings.get(&key) {
             return Err(std::io::Error::other(format!(
                 "claim {namespace}/{claim} is bound to PersistentVolume {} already",
                 b.volume
             )));
         }
-        if let Some(b) = map.values().find(|b| b.volume == volume) {
+        if let Some(b) = map.bindings.values().find(|b| b.volume == volume) {
             return Err(std::io::Error::other(format!(
                 "PersistentVolume {volume} is bound to claim {}/{} already",
                 b.namespace, b.claim
@@ -139,10 +193,13 @@ impl Bindings {
                 .map_or(0, |d| d.as_secs()),
         };
         let mut next = map.clone();
-        next.insert(key.clone(), binding);
+        next.bindings.insert(key.clone(), binding);
+        if let Some(pv) = provisioned {
+            next.provisioned.insert(volume.to_string(), pv);
+        }
         crate::record::fail_point("bind", "before");
         if let Some(path) = &self.path {
-            write_whole(path, next.values().cloned().collect())?;
+            write_whole(path, &next)?;
         }
         crate::record::fail_point("bind", "after");
         *map = next;
@@ -150,14 +207,15 @@ impl Bindings {
     }
 }
 
-/// Replaces the file at `path` with `bindings`: written beside it, flushed, renamed over it,
-/// and the directory flushed.
-fn write_whole(path: &Path, bindings: Vec<Binding>) -> std::io::Result<()> {
+/// Replaces the file at `path` with `state`: written beside it, flushed, renamed over it, and
+/// the directory flushed.
+fn write_whole(path: &Path, state: &State) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let text = serde_json::to_vec_pretty(&File {
         version: VERSION,
-        bindings,
+        bindings: state.bindings.values().cloned().collect(),
+        provisioned: state.provisioned.values().cloned().collect(),
     })
     .map_err(std::io::Error::other)?;
     let tmp = path.with_extension("json.new");
@@ -202,5 +260,19 @@ mod tests {
         .unwrap();
         let e = Bindings::load(root.path()).err().unwrap();
         assert!(e.to_string().contains("cannot be read"), "{e}");
+    }
+
+    #[test]
+    fn provisioned_volumes_are_kept_with_their_binding() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Bindings::load(root.path()).unwrap();
+        let pv: PersistentVolume = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "pvc-1"}, "spec": {"local": {"path": "/x"}}}),
+        )
+        .unwrap();
+        b.provision("ns", "data", pv.clone()).unwrap();
+        let again = Bindings::load(root.path()).unwrap();
+        assert_eq!(again.provisioned(), [pv]);
+        assert_eq!(again.volume_of("ns", "data").as_deref(), Some("pvc-1"));
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::projection::ObjectKind;
 use kubevol_core::PodUid;
@@ -40,6 +40,8 @@ pub enum Key {
     PersistentVolumeClaim(NsName),
     /// A CSIDriver, by name.
     CSIDriver(String),
+    /// A StorageClass, by name.
+    StorageClass(String),
     /// A Node, by name.
     Node(String),
 }
@@ -54,6 +56,7 @@ impl Key {
             Object::PersistentVolume(pv) => Key::PersistentVolume(name(&pv.metadata)),
             Object::PersistentVolumeClaim(c) => Key::PersistentVolumeClaim(ns_name(&c.metadata)),
             Object::CSIDriver(d) => Key::CSIDriver(name(&d.metadata)),
+            Object::StorageClass(c) => Key::StorageClass(name(&c.metadata)),
             Object::Node(n) => Key::Node(name(&n.metadata)),
         }
     }
@@ -68,6 +71,7 @@ impl std::fmt::Display for Key {
             Key::PersistentVolume(n) => write!(f, "PersistentVolume {n}"),
             Key::PersistentVolumeClaim((ns, n)) => write!(f, "PersistentVolumeClaim {ns}/{n}"),
             Key::CSIDriver(n) => write!(f, "CSIDriver {n}"),
+            Key::StorageClass(n) => write!(f, "StorageClass {n}"),
             Key::Node(n) => write!(f, "Node {n}"),
         }
     }
@@ -83,6 +87,7 @@ pub(super) enum Shared {
     PersistentVolume(Arc<PersistentVolume>),
     PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
     CSIDriver(Arc<CSIDriver>),
+    StorageClass(Arc<StorageClass>),
     Node(Arc<Node>),
 }
 
@@ -95,6 +100,7 @@ impl From<Object> for Shared {
             Object::PersistentVolume(x) => Shared::PersistentVolume(Arc::new(x)),
             Object::PersistentVolumeClaim(x) => Shared::PersistentVolumeClaim(Arc::new(x)),
             Object::CSIDriver(x) => Shared::CSIDriver(Arc::new(x)),
+            Object::StorageClass(x) => Shared::StorageClass(Arc::new(x)),
             Object::Node(x) => Shared::Node(Arc::new(x)),
         }
     }
@@ -110,6 +116,7 @@ impl Shared {
             (Shared::PersistentVolume(a), Object::PersistentVolume(b)) => **a == *b,
             (Shared::PersistentVolumeClaim(a), Object::PersistentVolumeClaim(b)) => **a == *b,
             (Shared::CSIDriver(a), Object::CSIDriver(b)) => **a == *b,
+            (Shared::StorageClass(a), Object::StorageClass(b)) => **a == *b,
             (Shared::Node(a), Object::Node(b)) => **a == *b,
             _ => false,
         }
@@ -155,6 +162,7 @@ pub(super) struct Objects {
     pub(super) persistent_volumes: BTreeMap<String, Stored<PersistentVolume>>,
     pub(super) persistent_volume_claims: BTreeMap<NsName, Stored<PersistentVolumeClaim>>,
     pub(super) csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
+    pub(super) storage_classes: BTreeMap<String, Stored<StorageClass>>,
     pub(super) nodes: BTreeMap<String, Stored<Node>>,
     /// Every definition of every object, by origin: when the one in effect goes, the next one
     /// takes its place without any file being read again.
@@ -228,6 +236,7 @@ impl Objects {
                 Key::PersistentVolume(k) => self.persistent_volumes.remove(k).is_some(),
                 Key::PersistentVolumeClaim(k) => self.persistent_volume_claims.remove(k).is_some(),
                 Key::CSIDriver(k) => self.csi_drivers.remove(k).is_some(),
+                Key::StorageClass(k) => self.storage_classes.remove(k).is_some(),
                 Key::Node(k) => self.nodes.remove(k).is_some(),
             };
         };
@@ -264,6 +273,9 @@ impl Objects {
             ),
             (Key::CSIDriver(k), Shared::CSIDriver(d)) => {
                 put(&mut self.csi_drivers, k.clone(), d, &origin, None)
+            }
+            (Key::StorageClass(k), Shared::StorageClass(d)) => {
+                put(&mut self.storage_classes, k.clone(), d, &origin, None)
             }
             (Key::Node(k), Shared::Node(d)) => put(&mut self.nodes, k.clone(), d, &origin, None),
             _ => unreachable!("a key and its definitions are of one kind"),
@@ -408,6 +420,7 @@ impl Objects {
                 true
             }
             Change::Upsert(obj) => self.upsert(Origin::Api, *obj, touched),
+            Change::Provisioned(obj) => self.upsert(Origin::Provisioned, *obj, touched),
             Change::ClusterUpsert(obj) => {
                 self.absent.remove(&Key::of(&obj));
                 self.upsert(Origin::Cluster, *obj, touched)
@@ -524,6 +537,7 @@ impl Objects {
                     let rule = match winner {
                         Origin::Api => "the library API's definition wins",
                         Origin::Cluster => "the API server's definition wins over files",
+                        Origin::Provisioned => "the provisioned volume wins over files",
                         Origin::File { path: p, .. } if p == path => {
                             "the first document of a file wins"
                         }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::names::SharedStr;
 use kubevol_core::projection::ObjectKind;
@@ -37,6 +37,8 @@ pub enum Origin {
     Api,
     /// The API server (cluster mode).
     Cluster,
+    /// kubevol's own provisioner (standalone mode): a volume made for a claim.
+    Provisioned,
     /// A manifest file, and the 1-based index of the document in it.
     File {
         /// The file.
@@ -54,6 +56,7 @@ impl std::fmt::Display for Origin {
             }
             Origin::Api => f.write_str("library API"),
             Origin::Cluster => f.write_str("API server"),
+            Origin::Provisioned => f.write_str("kubevol's provisioner"),
         }
     }
 }
@@ -86,6 +89,8 @@ pub enum Object {
     PersistentVolumeClaim(PersistentVolumeClaim),
     /// A CSIDriver.
     CSIDriver(CSIDriver),
+    /// A StorageClass (standalone mode provisions claims of it).
+    StorageClass(StorageClass),
     /// A Node (in cluster mode, this node's own: its labels are what PersistentVolumes'
     /// nodeAffinity is checked against).
     Node(Node),
@@ -112,6 +117,25 @@ pub fn pod_uid(pod: &Pod) -> PodUid {
         .unwrap_or(DEFAULT_NAMESPACE);
     let name = pod.metadata.name.as_deref().unwrap_or("");
     PodUid::from(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
+}
+
+/// A claim's UID: its own, or, for a claim of the manifests that has none, one derived from
+/// its namespace and name (stable: the same claim written again has the same UID).
+pub fn claim_uid(claim: &PersistentVolumeClaim) -> String {
+    if let Some(uid) = claim.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        return uid.to_string();
+    }
+    let ns = claim
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE);
+    let name = claim.metadata.name.as_deref().unwrap_or("");
+    uuid::Uuid::new_v5(
+        &UID_NAMESPACE,
+        format!("PersistentVolumeClaim/{ns}/{name}").as_bytes(),
+    )
+    .to_string()
 }
 
 /// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
@@ -318,6 +342,8 @@ pub enum Change {
     Upsert(Box<Object>),
     /// A pod given through the library API, removed.
     RemovePod(PodUid),
+    /// A volume kubevol provisioned, added.
+    Provisioned(Box<Object>),
     /// An object the API server delivered, added or replaced.
     ClusterUpsert(Box<Object>),
     /// An object the API server no longer has (or no longer lets this node read).
@@ -613,6 +639,21 @@ impl ObjectStore {
     /// A CSIDriver by name.
     pub fn csi_driver(&self, name: &str) -> Option<Stored<CSIDriver>> {
         self.read().csi_drivers.get(name).cloned()
+    }
+
+    /// Adds volumes kubevol provisioned (recorded in [`Bindings`] first).
+    pub fn add_provisioned(&self, volumes: impl IntoIterator<Item = PersistentVolume>) {
+        self.apply(
+            volumes
+                .into_iter()
+                .map(|pv| Change::Provisioned(Box::new(Object::PersistentVolume(pv))))
+                .collect::<Vec<_>>(),
+        );
+    }
+
+    /// Every StorageClass.
+    pub fn storage_classes(&self) -> Vec<Stored<StorageClass>> {
+        self.read().storage_classes.values().cloned().collect()
     }
 
     /// Whether an object is still to be delivered by the API server: its watch has started

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::storage::v1::CSIDriver;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tracing::debug;
@@ -41,7 +41,7 @@ fn object_name(kind: &str, value: &serde_json::Value) -> Option<ObjectName> {
             .and_then(|v| v.as_str())
             .filter(|v| !v.is_empty())
     };
-    let cluster_scoped = matches!(kind, "PersistentVolume" | "CSIDriver");
+    let cluster_scoped = matches!(kind, "PersistentVolume" | "CSIDriver" | "StorageClass");
     Some(ObjectName {
         kind: kind.to_string(),
         namespace: if cluster_scoped {
@@ -249,7 +249,7 @@ fn convert(
         "Pod" | "ConfigMap" | "Secret" | "PersistentVolume" | "PersistentVolumeClaim" | "List" => {
             "v1"
         }
-        "CSIDriver" => "storage.k8s.io/v1",
+        "CSIDriver" | "StorageClass" => "storage.k8s.io/v1",
         other => {
             debug!(file = %path.display(), document, kind = other, "skipping object of a kind kubevol does not use");
             found.skipped.extend(object_name(other, &value));
@@ -277,6 +277,7 @@ fn convert(
             "Secret" => unknown_fields::<Secret>(&value),
             "PersistentVolume" => unknown_fields::<PersistentVolume>(&value),
             "PersistentVolumeClaim" => unknown_fields::<PersistentVolumeClaim>(&value),
+            "StorageClass" => unknown_fields::<StorageClass>(&value),
             _ => unknown_fields::<CSIDriver>(&value),
         };
         for u in unknown {
@@ -357,6 +358,10 @@ fn convert(
             &mut found.errors,
         )
         .map(Object::PersistentVolumeClaim),
+        "StorageClass" => {
+            typed::<StorageClass>(value, &kind, path, document, relocate, &mut found.errors)
+                .map(Object::StorageClass)
+        }
         _ => typed::<CSIDriver>(value, &kind, path, document, relocate, &mut found.errors)
             .map(Object::CSIDriver),
     };

@@ -1,0 +1,182 @@
+//! Storage classes and provisioning in standalone mode: what a cluster's default-class
+//! admission and external provisioners do for a claim that no existing volume fits.
+//!
+//! A claim that names no class gets the default one: the StorageClass of the manifests
+//! annotated `storageclass.kubernetes.io/is-default-class: "true"` (the newest, if several),
+//! else kubevol's own `local-path` class. A claim whose class's provisioner is
+//! `kubevol.io/local-path` gets a directory of its own under the node's local-path directory,
+//! served as a `local` PersistentVolume of this node, named `pvc-<claim UID>` as an external
+//! provisioner names it, with the claim's request, access modes and class and the class's
+//! reclaim policy. The volume is recorded, and bound to its claim, in one write of
+//! `bindings.json` before anything uses it.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde_json::json;
+
+use crate::plugins::PluginHost;
+use crate::store::{claim_uid, ObjectStore};
+
+/// The built-in provisioner: directories on this node.
+pub const LOCAL_PATH_PROVISIONER: &str = "kubevol.io/local-path";
+
+/// The built-in class, the default where the manifests mark none.
+pub const LOCAL_PATH_CLASS: &str = "local-path";
+
+/// The annotation that makes a StorageClass the default.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+
+/// The annotation a provisioned volume names its provisioner by.
+pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+
+/// The default class: the newest StorageClass marked default (then the first by name), else
+/// the built-in `local-path`.
+pub fn default_class(store: &ObjectStore) -> String {
+    let mut marked: Vec<Arc<StorageClass>> = store
+        .storage_classes()
+        .into_iter()
+        .filter(|c| c.invalid.is_none())
+        .map(|c| c.object)
+        .filter(|c| {
+            c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+        })
+        .collect();
+    marked.sort_by(|a, b| {
+        let created = |c: &StorageClass| c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        created(b)
+            .cmp(&created(a))
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    marked
+        .first()
+        .and_then(|c| c.metadata.name.clone())
+        .unwrap_or_else(|| LOCAL_PATH_CLASS.to_string())
+}
+
+/// The class a claim's volume must have: the one it names, else the default.
+pub fn class_of(store: &ObjectStore, claim: &PersistentVolumeClaim) -> String {
+    match kubevol_core::binding::named_class(claim) {
+        Some(c) => c.to_string(),
+        None => default_class(store),
+    }
+}
+
+/// A StorageClass by name: the manifests', else the built-in one for `local-path`.
+pub fn storage_class(store: &ObjectStore, name: &str) -> Option<Arc<StorageClass>> {
+    let defined = store
+        .storage_classes()
+        .into_iter()
+        .find(|c| c.object.metadata.name.as_deref() == Some(name))
+        .map(|c| c.object);
+    defined.or_else(|| {
+        (name == LOCAL_PATH_CLASS).then(|| {
+            Arc::new(StorageClass {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(LOCAL_PATH_CLASS.into()),
+                    ..Default::default()
+                },
+                provisioner: LOCAL_PATH_PROVISIONER.into(),
+                reclaim_policy: Some("Delete".into()),
+                volume_binding_mode: Some("WaitForFirstConsumer".into()),
+                ..Default::default()
+            })
+        })
+    })
+}
+
+/// Provisions a volume of `class` for claim `namespace/name` and binds them; returns the
+/// volume's name, or why it cannot be made (a message for the claim's pods).
+pub fn provision(
+    host: &PluginHost,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<String, String> {
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    if class.provisioner != LOCAL_PATH_PROVISIONER {
+        return Err(format!(
+            "StorageClass {class_name} is provisioned by {}, which kubevol does not run in standalone mode (it runs {LOCAL_PATH_PROVISIONER}): add a PersistentVolume that fits the claim, or use another class",
+            class.provisioner
+        ));
+    }
+    let spec = claim.spec.clone().unwrap_or_default();
+    if spec.volume_mode.as_deref() == Some("Block") {
+        return Err(format!(
+            "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) makes directories, not block devices: use volumeMode Filesystem, or add a Block PersistentVolume that fits the claim"
+        ));
+    }
+    if spec.data_source.is_some() || spec.data_source_ref.is_some() {
+        return Err(format!(
+            "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) cannot fill a volume from a dataSource: remove it, or add a PersistentVolume that fits the claim"
+        ));
+    }
+    let request = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .ok_or_else(|| {
+            "the claim asks for no storage (resources.requests.storage): set it".to_string()
+        })?;
+    let uid = claim_uid(claim);
+    let volume = format!("pvc-{uid}");
+    let dir = host
+        .local_path_dir
+        .join(format!("{volume}_{namespace}_{name}"));
+    let made = |e: std::io::Error| {
+        format!(
+            "cannot make the directory {} of a {LOCAL_PATH_PROVISIONER} volume: {e}",
+            dir.display()
+        )
+    };
+    std::fs::create_dir_all(&host.local_path_dir).map_err(made)?;
+    match std::fs::create_dir(&dir) {
+        // Made before a crash, and never recorded: still empty, and this claim's.
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(made(e)),
+    }
+    // Any container user may write, as the local-path provisioners make them.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).map_err(made)?;
+    let access_modes = spec
+        .access_modes
+        .clone()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| vec!["ReadWriteOnce".into()]);
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {
+            "name": volume,
+            "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER},
+        },
+        "spec": {
+            "capacity": {"storage": request},
+            "accessModes": access_modes,
+            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+            "storageClassName": class_name,
+            "volumeMode": "Filesystem",
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
+            "local": {"path": dir},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]}]}},
+        },
+    }))
+    .map_err(|e| format!("cannot describe the provisioned volume: {e}"))?;
+    host.store
+        .bindings()
+        .provision(namespace, name, pv.clone())
+        .map_err(|e| {
+            format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
+        })?;
+    host.store.add_provisioned([pv]);
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
+    Ok(volume)
+}
