@@ -98,6 +98,10 @@ struct RunArgs {
     /// (repeatable); without any, every host path is allowed.
     #[arg(long = "host-path-allow")]
     host_path_allow: Vec<PathBuf>,
+    /// Where the built-in kubevol.io/local-path provisioner makes the directories of the
+    /// volumes it provisions for claims (standalone mode) [default: <root-dir>/local-path].
+    #[arg(long = "local-path-dir")]
+    local_path_dir: Option<PathBuf>,
     /// Delay after an operation's first failure.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     backoff_initial: Duration,
@@ -395,6 +399,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     config.resync_period = args.resync_period;
     config.host_path_allow = args.host_path_allow.clone();
+    config.local_path_dir = args.local_path_dir.clone();
     config.node_labels = args.node_labels.iter().flatten().cloned().collect();
     config.csi_drivers = args.csi_drivers.clone();
     config.csi_controllers = args.csi_controllers.clone();

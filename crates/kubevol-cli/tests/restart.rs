@@ -548,13 +548,13 @@ fn random_kills() -> usize {
         .unwrap_or(8)
 }
 
-/// The fail points of volume operations (those of binding have a test of their own:
-/// a claim is bound once in a root's life).
+/// The fail points of volume operations (those of binding and reclaiming have tests of their
+/// own: a claim is bound once in a root's life).
 fn volume_fail_points() -> impl Iterator<Item = &'static str> {
     kubevol::record::FAIL_POINTS
         .iter()
         .copied()
-        .filter(|p| !p.starts_with("bind:"))
+        .filter(|p| !p.starts_with("bind:") && !p.starts_with("reclaim:"))
 }
 
 /// kubevol's bindings in `root`, claim to volume, as on disk.

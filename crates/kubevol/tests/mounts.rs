@@ -972,6 +972,33 @@ mount_test! {
                 let s = wait_for_status(&m, &pod_named(name), 20, |s| !error_of(s).is_empty()).await;
                 assert!(error_of(&s).contains(why), "{name}: {s:#?}");
             }
+
+            // A manifest that no longer parses deletes nothing.
+            let dir = root.path().join("root/local-path").join(format!("{volume}_default_web"));
+            write_manifest(&manifests, "web.yaml", "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: web\n");
+            until_announced(&m, 20, "the manifest error", || !m.status(false).manifest_errors.is_empty()).await;
+            assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&web)).contains_key("data"));
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
+            // Removed with its pod: reclaim policy Delete deletes the volume once it is
+            // unmounted; Retain keeps it, Released.
+            std::fs::remove_file(manifests.join("web.yaml")).unwrap();
+            m.wait_for_unmount(&web).await.expect("torn down");
+            until_announced(&m, 20, "the volume deleted", || !dir.exists() && m.store().persistent_volume(&volume).is_none()).await;
+            assert!(!m.status(false).bindings.iter().any(|b| b.claim == "default/web"));
+            let db_volume = volume_of(&m, "db");
+            let db_dir = root.path().join("root/local-path").join(format!("{db_volume}_default_db"));
+            std::fs::write(db_dir.join("kept"), "yes").unwrap();
+            std::fs::remove_file(manifests.join("db.yaml")).unwrap();
+            m.wait_for_unmount(&pod_named("db")).await.expect("torn down");
+            until_announced(&m, 20, "the volume released", || m.status(false).bindings.iter().any(|b| b.claim == "default/db" && b.phase == "Released")).await;
+            assert_eq!(std::fs::read_to_string(db_dir.join("kept")).unwrap(), "yes", "Retain keeps the data");
+            // The claim written again: Delete made a new volume; Retain gives the old one back.
+            write_manifest(&manifests, "web.yaml", &claim("web", ""));
+            write_manifest(&manifests, "db.yaml", &claim("db", ""));
+            m.wait_for_attach_and_mount(&web).await.expect("a new volume");
+            m.wait_for_attach_and_mount(&pod_named("db")).await.expect("its old volume");
+            assert!(!m.mounted_volumes_for_pod(&kubevol::pod_uid(&web))["data"].path.join("kept").exists(), "a new, empty volume");
+            assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod_named("db")))["data"].path.join("kept").exists(), "the data kept");
             m.shutdown();
         });
     }

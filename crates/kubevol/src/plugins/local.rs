@@ -321,7 +321,13 @@ impl VolumePlugin for LocalPlugin {
                 });
             };
             let path = PathBuf::from(&local.path);
-            check_allowed(&path, &host.host_path_allow)?;
+            // The local-path provisioner's own directory is allowed where host paths are
+            // limited: kubevol chose it.
+            let mut allow = host.host_path_allow.clone();
+            if !allow.is_empty() {
+                allow.push(host.local_path_dir.clone());
+            }
+            check_allowed(&path, &allow)?;
             if req.spec.block {
                 set_up_block(&host, &req, pv, &path)
             } else {

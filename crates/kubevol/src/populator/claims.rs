@@ -319,6 +319,11 @@ pub fn resolve(
         });
     };
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    if store.bindings().is_releasing(&pv_name) {
+        return Err(format!(
+            "PersistentVolume {pv_name}, provisioned for claim {ns}/{cname}, is being deleted (its claim was removed, and its reclaim policy is Delete): the claim gets a new volume once that is done"
+        ));
+    }
     if let Some(other) = store
         .bindings()
         .claim_of(&pv_name)

@@ -180,3 +180,108 @@ pub fn provision(
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
     Ok(volume)
 }
+
+/// The provisioned volumes to delete now: of reclaim policy `Delete`, whose claim is gone for
+/// good (every source synced and readable, and no broken manifest file that defined the claim
+/// holds it back), that no pod wants or has mounted, and that are not being deleted already.
+/// Each is marked as being deleted (nothing may mount it meanwhile) before it is returned.
+pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(String, String)> {
+    let bindings = store.bindings();
+    let provisioned = bindings.provisioned();
+    if provisioned.is_empty()
+        || !world.states_synced()
+        || !store.all_sources_synced()
+        || !store.source_problems().is_empty()
+    {
+        return Vec::new();
+    }
+    let in_use: std::collections::BTreeSet<String> = {
+        let name = |spec: &kubevol_core::state::VolumeSpec| {
+            spec.persistent_volume
+                .as_ref()
+                .and_then(|pv| pv.metadata.name.clone())
+        };
+        let dsw = world.dsw();
+        let asw = world.asw();
+        let wanted = dsw
+            .volumes()
+            .flat_map(|v| v.pods.values().filter_map(|p| name(&p.spec)));
+        let mounted = asw
+            .volumes()
+            .filter_map(|v| v.spec.as_deref().and_then(name));
+        wanted.chain(mounted).collect()
+    };
+    let mut out = Vec::new();
+    for pv in provisioned {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let spec = pv.spec.clone().unwrap_or_default();
+        let Some(claim) = spec.claim_ref else {
+            continue;
+        };
+        let (ns, claim) = (
+            claim.namespace.unwrap_or_default(),
+            claim.name.unwrap_or_default(),
+        );
+        let gone = store.persistent_volume_claim(&ns, &claim).is_none()
+            && store
+                .not_loaded("PersistentVolumeClaim", &ns, &claim)
+                .is_none();
+        if spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
+            && gone
+            && !in_use.contains(&name)
+            && bindings.start_release(&name)
+        {
+            out.push((name, format!("{ns}/{claim}")));
+        }
+    }
+    out
+}
+
+/// Deletes provisioned volume `name` (its claim `claim` is gone; [`to_reclaim`] chose it):
+/// its directory, on its own filesystem only (a mount inside it stops the removal), then its
+/// record and binding, then the store's object. A failure is logged and tried again at the
+/// next look.
+pub fn reclaim(host: &PluginHost, name: &str, claim: &str) {
+    let store = &host.store;
+    let Some(pv) = store
+        .bindings()
+        .provisioned()
+        .into_iter()
+        .find(|pv| pv.metadata.name.as_deref() == Some(name))
+    else {
+        let _ = store.bindings().finish_release(name, false);
+        return;
+    };
+    let dir = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.local.as_ref())
+        .map(|l| std::path::PathBuf::from(&l.path));
+    crate::record::fail_point("reclaim", "before");
+    let removed = match dir {
+        Some(dir) if dir.parent() == Some(host.local_path_dir.as_path()) => {
+            let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+            kubevol_mount::safe::Dir::open(&host.local_path_dir)
+                .and_then(|d| d.remove_dir_all_one_fs(&leaf.unwrap_or_default()))
+                .map_err(|e| e.to_string())
+        }
+        Some(dir) => Err(format!(
+            "its directory {} is not in the local-path directory {}: left alone",
+            dir.display(),
+            host.local_path_dir.display()
+        )),
+        None => Ok(()),
+    };
+    if let Err(e) = removed {
+        tracing::warn!(volume = %name, %claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
+        let _ = store.bindings().finish_release(name, false);
+        return;
+    }
+    crate::record::fail_point("reclaim", "after");
+    if let Err(e) = store.bindings().finish_release(name, true) {
+        tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again at the next change");
+        return;
+    }
+    store.remove_provisioned(name);
+    tracing::info!(volume = %name, %claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
+}

@@ -9,12 +9,15 @@ use std::sync::OnceLock;
 /// panics the operation's task) the n-th time (default: the first) the step is reached.
 /// Operations: `attach`, `mount_device`, `set_up`, `tear_down`, `unmount_device`, `detach`;
 /// steps: `before` (the intent is on disk, the side effect not started) and `after` (the side
-/// effect is done, the record not yet updated); and `bind` (a claim bound to a volume):
-/// `before` (chosen, not yet on disk) and `after` (on disk, not yet used). For crash tests.
+/// effect is done, the record not yet updated); `bind` (a claim bound to a volume, or a
+/// volume provisioned for it): `before` (chosen, not yet on disk) and `after` (on disk, not
+/// yet used); `reclaim` (a provisioned volume of a removed claim deleted): `before` (its
+/// directory not yet removed) and `after` (removed, the record not yet updated). For crash
+/// tests.
 pub const FAIL_POINT_ENV: &str = "KUBEVOL_FAIL_POINT";
 
 /// Every fail point.
-pub const FAIL_POINTS: [&str; 14] = [
+pub const FAIL_POINTS: [&str; 16] = [
     "attach:before",
     "attach:after",
     "mount_device:before",
@@ -29,6 +32,8 @@ pub const FAIL_POINTS: [&str; 14] = [
     "detach:after",
     "bind:before",
     "bind:after",
+    "reclaim:before",
+    "reclaim:after",
 ];
 
 /// What an armed fail point does.

@@ -54,6 +54,8 @@ pub struct Bindings {
     /// Where they are kept (`None`: in memory only, for a store without a root).
     path: Option<PathBuf>,
     map: Mutex<State>,
+    /// Provisioned volumes being deleted (their claim is gone): nothing may use them.
+    releasing: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The bindings by claim, and the volumes provisioned, by name.
@@ -108,6 +110,7 @@ impl Bindings {
         Ok(Bindings {
             path: Some(path),
             map: Mutex::new(state),
+            releasing: Mutex::default(),
         })
     }
 
@@ -161,6 +164,39 @@ impl Bindings {
     ) -> std::io::Result<()> {
         let name = pv.metadata.name.clone().unwrap_or_default();
         self.bind_new(namespace, claim, &name, Some(pv))
+    }
+
+    /// Marks provisioned volume `volume` as being deleted; false if it already is.
+    pub fn start_release(&self, volume: &str) -> bool {
+        crate::sync::lock(&self.releasing).insert(volume.to_string())
+    }
+
+    /// Whether provisioned volume `volume` is being deleted.
+    pub fn is_releasing(&self, volume: &str) -> bool {
+        crate::sync::lock(&self.releasing).contains(volume)
+    }
+
+    /// Forgets provisioned volume `volume` and its binding (its data is gone), on disk; or,
+    /// with `done: false`, gives up deleting it for now.
+    pub fn finish_release(&self, volume: &str, done: bool) -> std::io::Result<()> {
+        let result = if done {
+            let mut map = crate::sync::lock(&self.map);
+            let mut next = map.clone();
+            next.provisioned.remove(volume);
+            next.bindings.retain(|_, b| b.volume != volume);
+            let written = match &self.path {
+                Some(path) => write_whole(path, &next),
+                None => Ok(()),
+            };
+            if written.is_ok() {
+                *map = next;
+            }
+            written
+        } else {
+            Ok(())
+        };
+        crate::sync::lock(&self.releasing).remove(volume);
+        result
     }
 
     fn bind_new(
@@ -274,5 +310,12 @@ mod tests {
         let again = Bindings::load(root.path()).unwrap();
         assert_eq!(again.provisioned(), [pv]);
         assert_eq!(again.volume_of("ns", "data").as_deref(), Some("pvc-1"));
+        assert!(again.start_release("pvc-1"));
+        assert!(!again.start_release("pvc-1"), "one release at a time");
+        assert!(again.is_releasing("pvc-1"));
+        again.finish_release("pvc-1", true).unwrap();
+        assert!(!again.is_releasing("pvc-1"));
+        let last = Bindings::load(root.path()).unwrap();
+        assert!(last.provisioned().is_empty() && last.all().is_empty());
     }
 }

@@ -421,6 +421,11 @@ impl Objects {
             }
             Change::Upsert(obj) => self.upsert(Origin::Api, *obj, touched),
             Change::Provisioned(obj) => self.upsert(Origin::Provisioned, *obj, touched),
+            Change::Unprovisioned(key) => {
+                self.undefine(&key, &Origin::Provisioned);
+                touched.insert(key);
+                true
+            }
             Change::ClusterUpsert(obj) => {
                 self.absent.remove(&Key::of(&obj));
                 self.upsert(Origin::Cluster, *obj, touched)

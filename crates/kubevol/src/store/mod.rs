@@ -344,6 +344,8 @@ pub enum Change {
     RemovePod(PodUid),
     /// A volume kubevol provisioned, added.
     Provisioned(Box<Object>),
+    /// A volume kubevol provisioned, deleted.
+    Unprovisioned(ObjectKey),
     /// An object the API server delivered, added or replaced.
     ClusterUpsert(Box<Object>),
     /// An object the API server no longer has (or no longer lets this node read).
@@ -649,6 +651,13 @@ impl ObjectStore {
                 .map(|pv| Change::Provisioned(Box::new(Object::PersistentVolume(pv))))
                 .collect::<Vec<_>>(),
         );
+    }
+
+    /// Removes a volume kubevol provisioned (deleted, and forgotten by [`Bindings`] first).
+    pub fn remove_provisioned(&self, name: &str) {
+        self.apply([Change::Unprovisioned(ObjectKey::PersistentVolume(
+            name.to_string(),
+        ))]);
     }
 
     /// Every StorageClass.
