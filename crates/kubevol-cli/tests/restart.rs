@@ -688,6 +688,111 @@ mount_test! {
     }
 }
 
+/// Runs a daemon armed with fail point `point` until it dies there.
+fn die_at(env: &Env, point: &str) {
+    let mut d = Daemon::start(env, Some(point), &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !d.exited() {
+        assert!(
+            Instant::now() < deadline,
+            "{point} not reached:\n{}",
+            d.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+    assert!(
+        log.contains(&format!("fail point {point} reached")),
+        "{}",
+        d.log_tail()
+    );
+}
+
+/// Waits until `ready` holds of the daemon's status; panics after 60 s.
+fn until_status(
+    d: &Daemon,
+    what: &str,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(s) = d.status().filter(|s| ready(s)) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within 60 s: {:#?}\n{}",
+            d.status(),
+            d.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The path of pod `name`'s first volume once it is mounted.
+fn mounted_path(status: &serde_json::Value, name: &str) -> Option<PathBuf> {
+    status["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .filter(|p| p["volumes"][0]["state"] == "Mounted")
+        .and_then(|p| p["volumes"][0]["path"].as_str())
+        .map(PathBuf::from)
+}
+
+mount_test! {
+    /// Provisioning and reclaiming under SIGKILL. Killed before a provisioned volume is on
+    /// disk and after; before a removed claim's volume is deleted and after: each restart
+    /// converges, the volumes of present claims keep their data, a deleted one leaves no
+    /// directory and no record, and nothing else under the local-path directory is touched.
+    fn sigkill_while_volumes_are_provisioned_and_reclaimed_loses_nothing() {
+        let env = Env::new();
+        let claim = |name: &str| bound_claim_and_pod(name).replace("storageClassName: manual, ", "");
+        for (name, point) in [("p1", "bind:before"), ("p2", "bind:after")] {
+            env.write(&format!("{name}.yaml"), &claim(name));
+            die_at(&env, point);
+        }
+        let local = env.root().join("local-path");
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::write(local.join("not-a-volume"), "someone else's").unwrap();
+        let d = Daemon::start(&env, None, &[]);
+        let s = until_status(&d, "both provisioned and mounted", |s| mounted_path(s, "p1").is_some() && mounted_path(s, "p2").is_some());
+        for name in ["p1", "p2"] {
+            std::fs::write(mounted_path(&s, name).unwrap().join("canary"), name).unwrap();
+        }
+        drop(d);
+        let provisioned = || {
+            let text = std::fs::read_to_string(env.root().join(kubevol::record::RECORD_DIR).join(kubevol::store::BINDINGS_FILE)).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            v["provisioned"].as_array().unwrap().len()
+        };
+        assert_eq!(provisioned(), 2);
+        let dirs = || {
+            let mut d: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            d.sort();
+            d
+        };
+        assert_eq!(dirs().len(), 3, "{:?}", dirs());
+
+        // p1 removed: killed before its directory goes, then after.
+        env.remove("p1.yaml");
+        die_at(&env, "reclaim:before");
+        assert_eq!(dirs().len(), 3, "nothing removed yet");
+        let p2 = dirs().into_iter().find(|d| d.ends_with("_default_p2")).unwrap();
+        assert_eq!(std::fs::read_to_string(local.join(&p2).join("canary")).unwrap(), "p2", "a present claim's data");
+        env.remove("p2.yaml");
+        die_at(&env, "reclaim:after");
+        let d = Daemon::start(&env, None, &[]);
+        until_status(&d, "both deleted", |s| s["pods"].as_array().is_some_and(|p| p.is_empty()) && s.get("bindings").is_none_or(|b| b.as_array().is_some_and(|b| b.is_empty())));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while dirs() != ["not-a-volume"] || provisioned() != 0 {
+            assert!(Instant::now() < deadline, "{:?} {}\n{}", dirs(), provisioned(), d.log_tail());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(std::fs::read_to_string(local.join("not-a-volume")).unwrap(), "someone else's");
+    }
+}
+
 mount_test! {
     fn sigkill_at_every_fail_point_and_at_random_during_a_storm_loses_nothing() {
         let env = Env::new();

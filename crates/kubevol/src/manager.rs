@@ -472,6 +472,11 @@ impl VolumeManager {
             p.metrics.clone(),
             p.config.volume_stats_period,
         ));
+        beside.spawn(crate::populator::provision::reclaim_loop(
+            p.host.clone(),
+            p.world.clone(),
+            stop.clone(),
+        ));
         beside.spawn(crate::reconstruct::sweep_loop(
             crate::reconstruct::Sweep {
                 world: p.world.clone(),

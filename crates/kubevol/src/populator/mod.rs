@@ -165,7 +165,6 @@ impl Populator {
                 return;
             }
             let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.sync()));
-            self.reclaim();
             match pass {
                 Ok(true) => self.dsw.world().wake_reconciler(),
                 Ok(false) => {}
@@ -515,15 +514,6 @@ impl Populator {
         self.process_pod(uid, stored, &pending);
         self.dsw.world().notify_pod(uid);
         true
-    }
-
-    /// Deletes, off this task, the provisioned volumes whose claim is gone and that nothing
-    /// uses (reclaim policy Delete).
-    fn reclaim(&self) {
-        for (name, claim) in provision::to_reclaim(&self.store, self.dsw.world()) {
-            let host = self.host.clone();
-            tokio::task::spawn_blocking(move || provision::reclaim(&host, &name, &claim));
-        }
     }
 
     /// Processes `uid` again in the next pass whatever changed: forgotten, so nothing

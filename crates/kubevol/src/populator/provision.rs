@@ -187,8 +187,25 @@ pub fn provision(
 /// Each is marked as being deleted (nothing may mount it meanwhile) before it is returned.
 pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(String, String)> {
     let bindings = store.bindings();
-    let provisioned = bindings.provisioned();
-    if provisioned.is_empty()
+    let gone: Vec<(String, String)> = bindings
+        .provisioned()
+        .into_iter()
+        .filter_map(|pv| {
+            let spec = pv.spec?;
+            let claim = spec.claim_ref?;
+            let (ns, claim) = (claim.namespace?, claim.name?);
+            let gone = store.persistent_volume_claim(&ns, &claim).is_none()
+                && store
+                    .not_loaded("PersistentVolumeClaim", &ns, &claim)
+                    .is_none();
+            let name = pv.metadata.name?;
+            (spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
+                && gone
+                && !bindings.is_releasing(&name))
+            .then(|| (name, format!("{ns}/{claim}")))
+        })
+        .collect();
+    if gone.is_empty()
         || !world.states_synced()
         || !store.all_sources_synced()
         || !store.source_problems().is_empty()
@@ -211,30 +228,31 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(Stri
             .filter_map(|v| v.spec.as_deref().and_then(name));
         wanted.chain(mounted).collect()
     };
-    let mut out = Vec::new();
-    for pv in provisioned {
-        let name = pv.metadata.name.clone().unwrap_or_default();
-        let spec = pv.spec.clone().unwrap_or_default();
-        let Some(claim) = spec.claim_ref else {
-            continue;
-        };
-        let (ns, claim) = (
-            claim.namespace.unwrap_or_default(),
-            claim.name.unwrap_or_default(),
-        );
-        let gone = store.persistent_volume_claim(&ns, &claim).is_none()
-            && store
-                .not_loaded("PersistentVolumeClaim", &ns, &claim)
-                .is_none();
-        if spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
-            && gone
-            && !in_use.contains(&name)
-            && bindings.start_release(&name)
-        {
-            out.push((name, format!("{ns}/{claim}")));
+    gone.into_iter()
+        .filter(|(name, _)| !in_use.contains(name) && bindings.start_release(name))
+        .collect()
+}
+
+/// Deletes the provisioned volumes of removed claims as they become unused: looks again at
+/// every change of the objects or of either state of world, until `stop`.
+pub async fn reclaim_loop(
+    host: Arc<PluginHost>,
+    world: Arc<crate::world::World>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut objects = host.store.subscribe();
+    let mut states = world.subscribe();
+    loop {
+        for (name, claim) in to_reclaim(&host.store, &world) {
+            let host = host.clone();
+            tokio::task::spawn_blocking(move || reclaim(&host, &name, &claim));
+        }
+        tokio::select! {
+            r = objects.changed() => if r.is_err() { return },
+            r = states.changed() => if r.is_err() { return },
+            _ = stop.changed() => return,
         }
     }
-    out
 }
 
 /// Deletes provisioned volume `name` (its claim `claim` is gone; [`to_reclaim`] chose it):
