@@ -612,14 +612,7 @@ mount_test! {
         let root = env.root();
         for (claim, point) in [("first", "bind:before"), ("second", "bind:after")] {
             env.write(&format!("{claim}.yaml"), &bound_claim_and_pod(claim));
-            let mut d = Daemon::start(&env, Some(point), &[]);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !d.exited() {
-                assert!(Instant::now() < deadline, "{point} not reached:\n{}", d.log_tail());
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let log = std::fs::read_to_string(&d.log).unwrap_or_default();
-            assert!(log.contains(&format!("fail point {point} reached")), "{}", d.log_tail());
+            die_at(&env, point);
             let on_disk = bindings_on_disk(&root);
             let key = format!("default/{claim}");
             match point {
