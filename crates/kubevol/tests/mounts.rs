@@ -461,8 +461,10 @@ mount_test! {
 mount_test! {
     /// A generic ephemeral volume uses the claim `<pod>-<volume>` only if the pod controls it
     /// (the kubelet's "was not created for pod" check): a claim that merely has the name is
-    /// never mounted, a missing one says what to add, and a claim of the manifests may name its
-    /// owner pod by kind and name when the pod has no UID of its own.
+    /// never mounted, and a claim of the manifests may name its owner pod by kind and name
+    /// when the pod has no UID of its own. Where nothing defines the claim, kubevol makes it
+    /// from the template, as the ephemeral-volume controller would, and it gets a volume of
+    /// the default class; both go with the pod.
     fn a_generic_ephemeral_volume_uses_only_the_claim_made_for_its_pod() {
         let root = TestRoot::new();
         let (mine, theirs) = (root.path().join("host/mine"), root.path().join("host/theirs"));
@@ -492,9 +494,16 @@ mount_test! {
             assert!(m.library().upsert_objects(objects).is_empty());
             m.add_pod(p.clone());
             let error = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().find(|v| v.name == name).and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
-            let s = wait_for_status(&m, &p, 20, |s| !error(s, "other").is_empty() && !error(s, "later").is_empty() && s.volumes.iter().any(|v| v.name == "scratch" && v.state == VolumePhase::Mounted)).await;
+            let mounted = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().any(|v| v.name == name && v.state == VolumePhase::Mounted);
+            let s = wait_for_status(&m, &p, 20, |s| !error(s, "other").is_empty() && mounted(s, "later") && mounted(s, "scratch")).await;
             assert!(error(&s, "other").contains("PVC default/app-other was not created for pod default/app (pod is not owner)"), "{s:#?}");
-            assert!(error(&s, "later").contains("PersistentVolumeClaim default/app-later of the generic ephemeral volume does not exist: add it to the manifests"), "{s:#?}");
+            let made = m.store().persistent_volume_claim("default", "app-later").expect("the claim made from the template");
+            assert_eq!(made.origin, kubevol::store::Origin::Provisioned);
+            let owner = &made.object.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("Pod", uid.as_str(), Some(true)));
+            let later = m.status(false).bindings.iter().find(|b| b.claim == "default/app-later").map(|b| b.volume.clone()).expect("bound");
+            let later_dir = root.path().join("root/local-path").join(format!("{later}_default_app-later"));
+            assert!(later_dir.is_dir(), "provisioned: {}", later_dir.display());
             assert_eq!(m.mounted_volumes_for_pod(&uid)["scratch"].path, mine);
             assert!(!theirs.exists(), "nothing was made for the claim that is not the pod's");
             assert!(m.events().iter().any(|e| e.reason == "FailedMount" && e.message.contains("app-other was not created for pod")), "a FailedMount event");
@@ -507,6 +516,11 @@ mount_test! {
 
             m.remove_pods(std::slice::from_ref(&p));
             m.wait_for_all_pods_unmount(&[p]).await.expect("torn down");
+            // The claim made for it goes with it, and its volume by the class's policy; the
+            // claims of the library stay.
+            until_announced(&m, 20, "the made claim and its volume gone", || m.store().persistent_volume_claim("default", "app-later").is_none() && !later_dir.exists()).await;
+            assert!(m.store().persistent_volume_claim("default", "app-scratch").is_some());
+            assert!(mine.exists());
             m.shutdown();
         });
     }

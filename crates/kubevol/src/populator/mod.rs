@@ -28,7 +28,7 @@ use crate::events::{reason, EventRecorder};
 use crate::operations::executor::Executor;
 use crate::plugins::{PluginHost, PluginRegistry};
 pub use crate::store::is_for_node;
-use crate::store::{ObjectKey, ObjectStore, StoredPod, DEFAULT_NAMESPACE};
+use crate::store::{ObjectKey, ObjectStore, Origin, StoredPod, DEFAULT_NAMESPACE};
 use crate::world::{DswWriter, Rejected};
 
 /// Whether a pod has finished or is being deleted: its volumes are torn down.
@@ -464,6 +464,9 @@ impl Populator {
             !is_terminated(pod)
         });
         let Some(stored) = wanted else {
+            // The claims made for its generic ephemeral volumes go with it (and their volumes
+            // by their reclaim policy).
+            self.store.remove_claims_made_for(uid.as_str());
             let Some(old) = self.seen.remove(uid) else {
                 return false;
             };
@@ -479,6 +482,9 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
+        if *stored.origin() != Origin::Cluster {
+            provision::make_ephemeral_claims(&self.store, pod);
+        }
         let (objects, pending) = object_versions(&self.store, &self.node_name, pod, uid);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)

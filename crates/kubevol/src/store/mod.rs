@@ -660,6 +660,39 @@ impl ObjectStore {
         ))]);
     }
 
+    /// Adds claims kubevol made (for generic ephemeral volumes).
+    pub fn add_made_claims(&self, claims: impl IntoIterator<Item = PersistentVolumeClaim>) {
+        self.apply(
+            claims
+                .into_iter()
+                .map(|c| Change::Provisioned(Box::new(Object::PersistentVolumeClaim(c))))
+                .collect::<Vec<_>>(),
+        );
+    }
+
+    /// Removes the claims kubevol made for pod `uid` (their controlling owner); claims of the
+    /// manifests or the library are never touched.
+    pub fn remove_claims_made_for(&self, uid: &str) {
+        let made: Vec<Change> = self
+            .read()
+            .persistent_volume_claims
+            .iter()
+            .filter(|(_, c)| {
+                c.origin == Origin::Provisioned
+                    && c.object
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.controller == Some(true) && o.uid == uid)
+            })
+            .map(|(k, _)| Change::Unprovisioned(ObjectKey::PersistentVolumeClaim(k.clone())))
+            .collect();
+        if !made.is_empty() {
+            self.apply(made);
+        }
+    }
+
     /// Every StorageClass.
     pub fn storage_classes(&self) -> Vec<Stored<StorageClass>> {
         self.read().storage_classes.values().cloned().collect()
