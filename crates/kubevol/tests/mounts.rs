@@ -1017,3 +1017,120 @@ mount_test! {
         });
     }
 }
+
+/// The claim examples of the Kubernetes documentation, as a user copies them: the task
+/// "Configure a Pod to Use a PersistentVolume for Storage" (a hostPath volume at /mnt/data of
+/// class `manual`, a claim of 3Gi of that class, a pod mounting it) and the claims a
+/// StatefulSet's `volumeClaimTemplates` make (`www-web-0`, `www-web-1`: no class).
+const DOCS_EXAMPLES: &str = r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: task-pv-volume
+  labels:
+    type: local
+spec:
+  storageClassName: manual
+  capacity:
+    storage: 10Gi
+  accessModes:
+    - ReadWriteOnce
+  hostPath:
+    path: "/mnt/data"
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: task-pv-claim
+spec:
+  storageClassName: manual
+  accessModes:
+    - ReadWriteOnce
+  resources:
+    requests:
+      storage: 3Gi
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: task-pv-pod
+spec:
+  volumes:
+    - name: task-pv-storage
+      persistentVolumeClaim:
+        claimName: task-pv-claim
+  containers:
+    - name: task-pv-container
+      image: nginx
+      ports:
+        - containerPort: 80
+          name: "http-server"
+      volumeMounts:
+        - mountPath: "/usr/share/nginx/html"
+          name: task-pv-storage
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: www-web-0
+  labels:
+    app: nginx
+spec:
+  accessModes: [ "ReadWriteOnce" ]
+  resources:
+    requests:
+      storage: 1Gi
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-0
+  labels:
+    app: nginx
+spec:
+  containers:
+  - name: nginx
+    image: registry.k8s.io/nginx-slim:0.24
+    ports:
+    - containerPort: 80
+      name: web
+    volumeMounts:
+    - name: www
+      mountPath: /usr/share/nginx/html
+  volumes:
+  - name: www
+    persistentVolumeClaim:
+      claimName: www-web-0
+"#;
+
+mount_test! {
+    /// The documentation's claim examples run unchanged in standalone mode: the task's claim
+    /// is bound to the task's volume (its class, and the only one that fits), the
+    /// StatefulSet-style claim gets a volume of the default class.
+    fn the_documentations_claim_examples_run_unchanged() {
+        let root = TestRoot::new();
+        // The task's volume is the host's /mnt/data: here a tmpfs of this test's own mount
+        // namespace, gone with it.
+        std::fs::create_dir_all("/mnt").unwrap();
+        rustix::mount::mount("tmpfs", "/mnt", "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+        std::fs::create_dir("/mnt/data").unwrap();
+        std::fs::write("/mnt/data/index.html", "Hello from Kubernetes storage").unwrap();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "examples.yaml", DOCS_EXAMPLES);
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let pod = |name: &str| common::pod(json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}));
+            for name in ["task-pv-pod", "web-0"] {
+                m.wait_for_attach_and_mount(&pod(name)).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+            let html = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod("task-pv-pod")))["task-pv-storage"].path.join("index.html");
+            assert_eq!(std::fs::read_to_string(html).unwrap(), "Hello from Kubernetes storage");
+            let bindings: Vec<String> = m.status(false).bindings.iter().map(|b| b.to_string()).collect();
+            assert_eq!(bindings.len(), 2, "{bindings:?}");
+            assert!(bindings.contains(&"default/task-pv-claim -> task-pv-volume".to_string()), "{bindings:?}");
+            assert!(bindings.iter().any(|b| b.starts_with("default/www-web-0 -> pvc-")), "{bindings:?}");
+            m.shutdown();
+        });
+    }
+}
