@@ -91,6 +91,60 @@ fn mount_path(m: &VolumeManager, pod: &Pod, volume: &str) -> PathBuf {
 }
 
 mount_test! {
+    /// Standalone provisioning by a CSI driver: a claim of a StorageClass whose provisioner is
+    /// a driver given with --csi-controller gets a volume from CreateVolume (named
+    /// `pvc-<claim UID>`, the claim's request, the class's parameters but the reserved ones,
+    /// the node's topology), recorded as a PersistentVolume of the driver with the filesystem
+    /// the class names and the topology the driver answered; it is attached, staged and
+    /// published as any. Removed from the manifests, the claim's volume is unpublished,
+    /// unstaged and detached, then deleted (DeleteVolume), and forgotten.
+    fn a_claim_of_a_csi_class_gets_a_volume_from_create_volume_and_loses_it_with_delete_volume() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        let manifests = t.manifests();
+        let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "loop"},
+            "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+            "parameters": {"csi.storage.k8s.io/fstype": "ext4", "flavour": "plain"}});
+        write_manifest(&manifests, "objects.json", &json!({"apiVersion": "v1", "kind": "List", "items": [csi_driver(true), class]}).to_string());
+        let claim = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "default"},
+             "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "32Mi"}}}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "default"},
+             "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}]});
+        write_manifest(&manifests, "claim.json", &claim.to_string());
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let _watch = kubevol::source::ManifestSource::new(&manifests).listen(m.store().sink(kubevol::source::ManifestSource::NAME)).await.unwrap();
+            let app = claim_pod("app", "data");
+            m.wait_for_attach_and_mount(&app).await.expect("created, attached, staged, published");
+            assert_eq!(driver.count("CreateVolume", "Ok"), 1);
+            let volume = m.status(false).bindings[0].volume.clone();
+            assert!(volume.starts_with("pvc-"), "{volume}");
+            let pv = m.store().persistent_volume(&volume).unwrap().object;
+            let spec = pv.spec.clone().unwrap();
+            let csi = spec.csi.clone().unwrap();
+            assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str(), csi.fs_type.as_deref()), (DRIVER, volume.as_str(), Some("ext4")));
+            assert_eq!(spec.capacity.unwrap()["storage"].0, "33554432");
+            let affinity = serde_json::to_value(&spec.node_affinity).unwrap();
+            assert_eq!(affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "topology.loop.csi.kubevol.io/node", "{affinity}");
+            let created = driver.requests("CreateVolume");
+            assert_eq!(created[0]["context"], json!({"flavour": "plain"}), "the class's parameters but the reserved ones: {created:?}");
+            assert_eq!(created[0]["access_mode"], 1, "SINGLE_NODE_WRITER");
+            std::fs::write(mount_path(&m, &app, "data").join("canary"), "yes").unwrap();
+
+            std::fs::remove_file(manifests.join("claim.json")).unwrap();
+            m.wait_for_unmount(&app).await.expect("torn down");
+            wait_until("DeleteVolume", 30, || driver.count("DeleteVolume", "Ok") == 1).await;
+            assert_eq!(driver.count("ControllerUnpublishVolume", "Ok"), 1, "detached first");
+            wait_until("forgotten", 10, || m.store().persistent_volume(&volume).is_none() && m.status(false).bindings.is_empty()).await;
+            m.shutdown();
+        });
+        drop(driver);
+    }
+}
+
+mount_test! {
     /// A claim's volume: attached, staged once for two pods, published per pod; unstaged and
     /// detached after the last pod; its data survives the pods.
     fn persistent_volume_staged_once_published_per_pod_and_data_survives() {

@@ -979,7 +979,7 @@ mount_test! {
             for (name, spec, why) in [
                 ("none", "  storageClassName: \"\"\n", "pvc-d8318174-a975-5363-90cd-d5870a66eecc: its claimRef names claim default/web, its storageClassName is \"local-path\", the claim's \"\""),
                 ("none", "  storageClassName: \"\"\n", "and it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits"),
-                ("cloud", "  storageClassName: cloud\n", "StorageClass cloud is provisioned by ebs.csi.aws.com, which kubevol does not run in standalone mode"),
+                ("cloud", "  storageClassName: cloud\n", "StorageClass cloud is provisioned by ebs.csi.aws.com, which kubevol does not run: kubevol runs kubevol.io/local-path, and the CSI drivers whose controller service it is given (--csi-controller ebs.csi.aws.com=unix:///…)"),
                 ("block", "  volumeMode: Block\n", "makes directories, not block devices: use volumeMode Filesystem"),
             ] {
                 write_manifest(&manifests, &format!("{name}.yaml"), &claim(name, spec));

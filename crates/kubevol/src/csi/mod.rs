@@ -521,6 +521,13 @@ impl Drivers {
             .insert(name.to_string(), (endpoint, channel));
     }
 
+    /// The topology segments every registered driver reported for this node, as the labels
+    /// the kubelet gives the Node for them.
+    pub fn topology_labels(&self) -> BTreeMap<String, String> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.values().flat_map(|d| d.topology.clone()).collect()
+    }
+
     /// A controller client for a driver, if an endpoint is configured.
     pub fn controller_client(&self, name: &str) -> Option<ControllerClient<Channel>> {
         self.controllers

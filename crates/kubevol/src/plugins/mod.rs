@@ -146,7 +146,13 @@ impl PluginHost {
                     .as_ref()
                     .unwrap_or(&Default::default()),
             ),
-            None => crate::node::facts(&self.node_name, &self.node_labels),
+            // Without a Node object, the CSI drivers' topology labels are the node's too, as
+            // the kubelet puts them on its Node.
+            None => {
+                let mut labels = self.csi.topology_labels();
+                labels.extend(self.node_labels.clone());
+                crate::node::facts(&self.node_name, &labels)
+            }
         }
     }
 

@@ -102,10 +102,13 @@ pub fn provision(
 ) -> Result<String, String> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     if class.provisioner != LOCAL_PATH_PROVISIONER {
-        return Err(format!(
-            "StorageClass {class_name} is provisioned by {}, which kubevol does not run in standalone mode (it runs {LOCAL_PATH_PROVISIONER}): add a PersistentVolume that fits the claim, or use another class",
-            class.provisioner
-        ));
+        return Err(match host.csi.controller_client(&class.provisioner) {
+            Some(_) => start_csi(host, namespace, name, claim, class),
+            None => format!(
+                "StorageClass {class_name} is provisioned by {}, which kubevol does not run: kubevol runs {LOCAL_PATH_PROVISIONER}, and the CSI drivers whose controller service it is given (--csi-controller {}=unix:///…); add a PersistentVolume that fits the claim, or use another class",
+                class.provisioner, class.provisioner
+            ),
+        });
     }
     let spec = claim.spec.clone().unwrap_or_default();
     if spec.volume_mode.as_deref() == Some("Block") {
@@ -179,6 +182,206 @@ pub fn provision(
     host.store.add_provisioned([pv]);
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
     Ok(volume)
+}
+
+/// The prefix of the StorageClass parameters meant for the provisioner itself, not the driver.
+const RESERVED_PARAMETERS: &str = "csi.storage.k8s.io/";
+
+/// The parameter that gives a CSI volume's filesystem.
+const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
+
+/// Starts creating the volume of claim `namespace/name` with the CSI driver of `class` (once:
+/// a call already out is waited for), and says what the claim waits for. When the call ends,
+/// the volume is recorded and bound (and the store's change brings the claim's pods back), or
+/// the pods are looked at again after a backoff.
+fn start_csi(
+    host: &PluginHost,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> String {
+    let volume = format!("pvc-{}", claim_uid(claim));
+    let driver = class.provisioner.clone();
+    let waiting = format!(
+        "waiting for CSI driver {driver} to create volume {volume} (CreateVolume) for StorageClass {}",
+        class.metadata.name.as_deref().unwrap_or_default()
+    );
+    let bindings = host.store.bindings();
+    let Some(before) = bindings.start_creating(namespace, name) else {
+        return waiting;
+    };
+    let host = Arc::new(HostRef {
+        store: host.store.clone(),
+        csi: host.csi.clone(),
+        node_name: host.node_name.clone(),
+    });
+    let (ns, claim_name) = (namespace.to_string(), name.to_string());
+    let (claim, class) = (claim.clone(), class.clone());
+    tokio::spawn(async move {
+        let result = create_csi(&host, &ns, &claim_name, &claim, &class).await;
+        let failures = host
+            .store
+            .bindings()
+            .finish_creating(&ns, &claim_name, result.err());
+        if failures > 0 {
+            // Looked at again after a backoff: 1 s, doubling to a minute.
+            let delay = std::time::Duration::from_secs(1 << failures.min(6))
+                .min(std::time::Duration::from_secs(60));
+            tokio::time::sleep(delay).await;
+            host.store.touch_claim(&ns, &claim_name);
+        }
+    });
+    match before.last_error {
+        Some(e) => format!("{waiting}; the last attempt failed: {e}"),
+        None => waiting,
+    }
+}
+
+/// What a CSI creation needs of the host, owned (it outlives the pass that started it).
+struct HostRef {
+    store: Arc<ObjectStore>,
+    csi: Arc<crate::csi::Drivers>,
+    node_name: String,
+}
+
+/// Creates the volume of claim `namespace/name` with the CSI driver of `class`, as the
+/// external-provisioner does (name `pvc-<claim UID>`, the claim's request, access mode and
+/// volume mode, the class's parameters, this node's topology), then records and binds it.
+async fn create_csi(
+    host: &HostRef,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<(), String> {
+    use kubevol_csi::v1::{
+        volume_capability, CapacityRange, CreateVolumeRequest, TopologyRequirement,
+        VolumeCapability,
+    };
+    let driver = &class.provisioner;
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    let spec = claim.spec.clone().unwrap_or_default();
+    let volume = format!("pvc-{}", claim_uid(claim));
+    let request = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .ok_or("the claim asks for no storage (resources.requests.storage): set it")?;
+    let bytes = kubevol_core::quantity::Quantity::parse(&request.0)
+        .map_err(|e| format!("its request {}: {e}", request.0))?
+        .value();
+    let parameters = class.parameters.clone().unwrap_or_default();
+    let fs_type = parameters
+        .get(FSTYPE_PARAMETER)
+        .cloned()
+        .unwrap_or_default();
+    let block = spec.volume_mode.as_deref() == Some("Block");
+    let node = host
+        .csi
+        .get(driver)
+        .ok_or_else(|| format!("CSI driver {driver} is not registered on this node (its node plugin must be, for its topology)"))?;
+    let access_modes = spec
+        .access_modes
+        .clone()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| vec!["ReadWriteOnce".into()]);
+    let capability = VolumeCapability {
+        access_type: Some(if block {
+            volume_capability::AccessType::Block(volume_capability::BlockVolume {})
+        } else {
+            volume_capability::AccessType::Mount(volume_capability::MountVolume {
+                fs_type: fs_type.clone(),
+                ..Default::default()
+            })
+        }),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: crate::plugins::csi::csi_access_mode(
+                access_modes.first().map(String::as_str),
+                node.capabilities.single_node_multi_writer,
+            ),
+        }),
+    };
+    let topology = (!node.topology.is_empty()).then(|| {
+        let here = kubevol_csi::v1::Topology {
+            segments: node.topology.clone().into_iter().collect(),
+        };
+        TopologyRequirement {
+            requisite: vec![here.clone()],
+            preferred: vec![here],
+        }
+    });
+    let Some(mut client) = host.csi.controller_client(driver) else {
+        return Err(format!(
+            "no controller service of CSI driver {driver} is given (--csi-controller)"
+        ));
+    };
+    let created = host
+        .csi
+        .call(
+            driver,
+            "Controller",
+            "CreateVolume",
+            client.create_volume(CreateVolumeRequest {
+                name: volume.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability],
+                parameters: parameters
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with(RESERVED_PARAMETERS))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                accessibility_requirements: topology,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .volume
+        .ok_or_else(|| format!("CSI driver {driver} created no volume"))?;
+    let capacity = if created.capacity_bytes > 0 {
+        created.capacity_bytes.to_string()
+    } else {
+        request.0.clone()
+    };
+    let affinity: Vec<serde_json::Value> = created
+        .accessible_topology
+        .iter()
+        .map(|t| {
+            json!({"matchExpressions": t.segments.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": [v]})).collect::<Vec<_>>()})
+        })
+        .collect();
+    let mut pv = json!({
+        "metadata": {"name": volume, "annotations": {PROVISIONED_BY: driver}},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "accessModes": access_modes,
+            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+            "storageClassName": class_name,
+            "volumeMode": if block { "Block" } else { "Filesystem" },
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
+            "csi": {"driver": driver, "volumeHandle": created.volume_id, "volumeAttributes": created.volume_context},
+        },
+    });
+    if !fs_type.is_empty() && !block {
+        pv["spec"]["csi"]["fsType"] = json!(fs_type);
+    }
+    if !affinity.is_empty() {
+        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": affinity}});
+    }
+    let pv: PersistentVolume = serde_json::from_value(pv)
+        .map_err(|e| format!("cannot describe the created volume: {e}"))?;
+    host.store
+        .bindings()
+        .provision(namespace, name, pv.clone())
+        .map_err(|e| format!("the created volume {volume} cannot be recorded: {e}"))?;
+    host.store.add_provisioned([pv]);
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, %driver, node = %host.node_name, "volume provisioned by CSI driver");
+    Ok(())
 }
 
 /// Makes the claims of `pod`'s generic ephemeral volumes that nothing defines, as the
@@ -304,7 +507,21 @@ pub async fn reclaim_loop(
     loop {
         for (name, claim) in to_reclaim(&host.store, &world) {
             let host = host.clone();
-            tokio::task::spawn_blocking(move || reclaim(&host, &name, &claim));
+            let csi = host
+                .store
+                .bindings()
+                .provisioned()
+                .into_iter()
+                .find(|pv| pv.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|pv| pv.spec?.csi);
+            match csi {
+                Some(csi) => {
+                    tokio::spawn(async move { reclaim_csi(&host, &name, &claim, csi).await });
+                }
+                None => {
+                    tokio::task::spawn_blocking(move || reclaim(&host, &name, &claim));
+                }
+            }
         }
         tokio::select! {
             r = objects.changed() => if r.is_err() { return },
@@ -312,6 +529,51 @@ pub async fn reclaim_loop(
             _ = stop.changed() => return,
         }
     }
+}
+
+/// Deletes provisioned volume `name` of a CSI driver (its claim `claim` is gone, and it is
+/// neither mounted, staged nor attached any more): DeleteVolume, then its record and binding,
+/// then the store's object. A failure is logged and tried again at the next change.
+async fn reclaim_csi(
+    host: &PluginHost,
+    name: &str,
+    claim: &str,
+    csi: k8s_openapi::api::core::v1::CSIPersistentVolumeSource,
+) {
+    let store = &host.store;
+    crate::record::fail_point("reclaim", "before");
+    let deleted = match host.csi.controller_client(&csi.driver) {
+        Some(mut client) => host
+            .csi
+            .call(
+                &csi.driver,
+                "Controller",
+                "DeleteVolume",
+                client.delete_volume(kubevol_csi::v1::DeleteVolumeRequest {
+                    volume_id: csi.volume_handle.clone(),
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        None => Err(format!(
+            "no controller service of CSI driver {} is given (--csi-controller)",
+            csi.driver
+        )),
+    };
+    if let Err(e) = deleted {
+        tracing::warn!(volume = %name, %claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
+        let _ = store.bindings().finish_release(name, false);
+        return;
+    }
+    crate::record::fail_point("reclaim", "after");
+    if let Err(e) = store.bindings().finish_release(name, true) {
+        tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again at the next change");
+        return;
+    }
+    store.remove_provisioned(name);
+    tracing::info!(volume = %name, %claim, driver = %csi.driver, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
 }
 
 /// Deletes provisioned volume `name` (its claim `claim` is gone; [`to_reclaim`] chose it):

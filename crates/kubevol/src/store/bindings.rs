@@ -56,6 +56,19 @@ pub struct Bindings {
     map: Mutex<State>,
     /// Provisioned volumes being deleted (their claim is gone): nothing may use them.
     releasing: Mutex<std::collections::BTreeSet<String>>,
+    /// Claims whose volume a CSI driver is creating, and the last failure of each.
+    creating: Mutex<BTreeMap<(String, String), Creating>>,
+}
+
+/// A volume being created for a claim.
+#[derive(Clone, Debug, Default)]
+pub struct Creating {
+    /// A CreateVolume call is out.
+    pub in_flight: bool,
+    /// Failed calls so far.
+    pub failures: u32,
+    /// The last failure.
+    pub last_error: Option<String>,
 }
 
 /// The bindings by claim, and the volumes provisioned, by name.
@@ -111,6 +124,7 @@ impl Bindings {
             path: Some(path),
             map: Mutex::new(state),
             releasing: Mutex::default(),
+            creating: Mutex::default(),
         })
     }
 
@@ -164,6 +178,47 @@ impl Bindings {
     ) -> std::io::Result<()> {
         let name = pv.metadata.name.clone().unwrap_or_default();
         self.bind_new(namespace, claim, &name, Some(pv))
+    }
+
+    /// Marks claim `namespace/claim`'s volume as being created: its state before, or `None`
+    /// when a call is already out.
+    pub fn start_creating(&self, namespace: &str, claim: &str) -> Option<Creating> {
+        let mut creating = crate::sync::lock(&self.creating);
+        let c = creating
+            .entry((namespace.to_string(), claim.to_string()))
+            .or_default();
+        if c.in_flight {
+            return None;
+        }
+        let before = c.clone();
+        c.in_flight = true;
+        Some(before)
+    }
+
+    /// How the creation of claim `namespace/claim`'s volume stands.
+    pub fn creating(&self, namespace: &str, claim: &str) -> Option<Creating> {
+        crate::sync::lock(&self.creating)
+            .get(&(namespace.to_string(), claim.to_string()))
+            .cloned()
+    }
+
+    /// Ends a creation: done (forgotten), or failed with `error`; returns the failures so far.
+    pub fn finish_creating(&self, namespace: &str, claim: &str, error: Option<String>) -> u32 {
+        let mut creating = crate::sync::lock(&self.creating);
+        let key = (namespace.to_string(), claim.to_string());
+        match error {
+            None => {
+                creating.remove(&key);
+                0
+            }
+            Some(e) => {
+                let c = creating.entry(key).or_default();
+                c.in_flight = false;
+                c.failures += 1;
+                c.last_error = Some(e);
+                c.failures
+            }
+        }
     }
 
     /// Marks provisioned volume `volume` as being deleted; false if it already is.

@@ -693,6 +693,19 @@ impl ObjectStore {
         }
     }
 
+    /// Has the readers of claim `namespace/name` look at it again, though nothing of it
+    /// changed (its volume could not be made, and may be now).
+    pub fn touch_claim(&self, namespace: &str, name: &str) {
+        self.write()
+            .journal
+            .keys
+            .insert(ObjectKey::PersistentVolumeClaim((
+                namespace.into(),
+                name.into(),
+            )));
+        self.bump();
+    }
+
     /// Every StorageClass.
     pub fn storage_classes(&self) -> Vec<Stored<StorageClass>> {
         self.read().storage_classes.values().cloned().collect()

@@ -459,7 +459,24 @@ impl Controller for Svc {
         } else {
             DEFAULT_SIZE
         };
+        // The parameters are logged as the request's context.
+        self.log_request(
+            "CreateVolume",
+            &id,
+            &r.parameters,
+            &HashMap::new(),
+            &r.secrets,
+            r.volume_capabilities.first(),
+            false,
+        );
         let image = self.image(&id);
+        // A loop device exists on its node only: the volume is where it was asked to be (the
+        // first preferred or requisite topology), which for this driver is its own node.
+        let topology: Vec<Topology> = r
+            .accessibility_requirements
+            .and_then(|t| t.preferred.into_iter().chain(t.requisite).next())
+            .into_iter()
+            .collect();
         self.call("CreateVolume", &id.clone(), "", move || {
             let have = create_image(&image, size)?;
             if have < want || (limit > 0 && have > limit) {
@@ -472,6 +489,7 @@ impl Controller for Svc {
                     capacity_bytes: have,
                     volume_id: id,
                     volume_context: HashMap::new(),
+                    accessible_topology: topology,
                 }),
             })
         })

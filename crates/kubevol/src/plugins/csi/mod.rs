@@ -13,6 +13,13 @@
 
 mod layout;
 mod resize;
+
+/// The CSI access mode (`VolumeCapability.AccessMode.Mode`) of a volume whose first access
+/// mode is `first`, for a driver with or without SINGLE_NODE_MULTI_WRITER, as the kubelet maps
+/// it.
+pub(crate) fn csi_access_mode(first: Option<&str>, single_node_multi_writer: bool) -> i32 {
+    volume::csi_access_mode(first, single_node_multi_writer) as i32
+}
 mod stats;
 mod volume;
 

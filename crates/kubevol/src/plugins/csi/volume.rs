@@ -184,7 +184,7 @@ pub(super) fn access_mode(r: &Resolved, driver: &Driver) -> i32 {
 }
 
 /// The mapping of [`access_mode`].
-fn csi_access_mode(first: Option<&str>, single_node_multi_writer: bool) -> Mode {
+pub(super) fn csi_access_mode(first: Option<&str>, single_node_multi_writer: bool) -> Mode {
     match (first.unwrap_or("ReadWriteOnce"), single_node_multi_writer) {
         ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
         ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
