@@ -96,19 +96,20 @@ mount_test! {
     /// `pvc-<claim UID>`, the claim's request, the class's parameters but the reserved ones,
     /// the node's topology), recorded as a PersistentVolume of the driver with the filesystem
     /// the class names and the topology the driver answered; it is attached, staged and
-    /// published as any. Removed from the manifests, the claim's volume is unpublished,
-    /// unstaged and detached, then deleted (DeleteVolume), and forgotten.
+    /// published as any. The claim asks for more: the volume grows (ControllerExpandVolume,
+    /// NodeExpandVolume, the filesystem too). Removed from the manifests, the claim's volume
+    /// is unpublished, unstaged and detached, then deleted (DeleteVolume), and forgotten.
     fn a_claim_of_a_csi_class_gets_a_volume_from_create_volume_and_loses_it_with_delete_volume() {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         let manifests = t.manifests();
         let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "loop"},
-            "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
-            "parameters": {"csi.storage.k8s.io/fstype": "ext4", "flavour": "plain"}});
+            "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": true,
+            "parameters": {"csi.storage.k8s.io/fstype": "xfs", "flavour": "plain"}});
         write_manifest(&manifests, "objects.json", &json!({"apiVersion": "v1", "kind": "List", "items": [csi_driver(true), class]}).to_string());
         let claim = json!({"apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "default"},
-             "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "32Mi"}}}},
+             "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "300Mi"}}}},
             {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "default"},
              "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
                       "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}]});
@@ -124,14 +125,25 @@ mount_test! {
             let pv = m.store().persistent_volume(&volume).unwrap().object;
             let spec = pv.spec.clone().unwrap();
             let csi = spec.csi.clone().unwrap();
-            assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str(), csi.fs_type.as_deref()), (DRIVER, volume.as_str(), Some("ext4")));
-            assert_eq!(spec.capacity.unwrap()["storage"].0, "33554432");
+            assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str(), csi.fs_type.as_deref()), (DRIVER, volume.as_str(), Some("xfs")));
+            assert_eq!(spec.capacity.unwrap()["storage"].0, "314572800");
             let affinity = serde_json::to_value(&spec.node_affinity).unwrap();
             assert_eq!(affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "topology.loop.csi.kubevol.io/node", "{affinity}");
             let created = driver.requests("CreateVolume");
             assert_eq!(created[0]["context"], json!({"flavour": "plain"}), "the class's parameters but the reserved ones: {created:?}");
             assert_eq!(created[0]["access_mode"], 1, "SINGLE_NODE_WRITER");
             std::fs::write(mount_path(&m, &app, "data").join("canary"), "yes").unwrap();
+
+            // The claim asks for more.
+            let size = |p: &Path| rustix::fs::statvfs(p).map(|s| s.f_blocks * s.f_frsize).unwrap();
+            let before = size(&mount_path(&m, &app, "data"));
+            write_manifest(&manifests, "claim.json", &claim.to_string().replace("300Mi", "600Mi"));
+            wait_until("expanded on the node", 30, || driver.count("NodeExpandVolume", "Ok") == 1).await;
+            assert_eq!(driver.count("ControllerExpandVolume", "Ok"), 1);
+            assert_eq!(m.store().persistent_volume(&volume).unwrap().object.spec.clone().unwrap().capacity.unwrap()["storage"].0, "600Mi");
+            let after = size(&mount_path(&m, &app, "data"));
+            assert!(after > before + 200 * 1024 * 1024, "{before} -> {after}");
+            assert_eq!(std::fs::read_to_string(mount_path(&m, &app, "data").join("canary")).unwrap(), "yes");
 
             std::fs::remove_file(manifests.join("claim.json")).unwrap();
             m.wait_for_unmount(&app).await.expect("torn down");

@@ -975,6 +975,13 @@ mount_test! {
             let spec = pv.spec.clone().unwrap();
             assert_eq!((spec.storage_class_name.as_deref(), spec.persistent_volume_reclaim_policy.as_deref()), (Some("kept"), Some("Retain")));
 
+            // A claim that asks for more than its class lets it have: the volume stays as it
+            // is, mounted, and the pod is told.
+            write_manifest(&manifests, "db.yaml", &claim("db", "").replace("storage: 1Gi", "storage: 2Gi"));
+            until_announced(&m, 20, "the resize refused", || m.events().iter().any(|e| e.reason == "VolumeResizeFailed" && e.message.contains("StorageClass kept does not allow volume expansion"))).await;
+            assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod_named("db"))).contains_key("data"));
+            assert_eq!(m.store().persistent_volume(&volume_of(&m, "db")).unwrap().object.spec.clone().unwrap().capacity.unwrap()["storage"].0, "1Gi");
+
             // Claims that get none, and why.
             for (name, spec, why) in [
                 ("none", "  storageClassName: \"\"\n", "pvc-d8318174-a975-5363-90cd-d5870a66eecc: its claimRef names claim default/web, its storageClassName is \"local-path\", the claim's \"\""),

@@ -35,6 +35,8 @@ pub mod reason {
     /// A pod asks for an SELinux label for a volume that would be mounted with it, but the node
     /// has no SELinux: mounted without the label.
     pub const SELINUX_UNAVAILABLE: &str = "SELinuxUnavailable";
+    /// A provisioned volume cannot grow to its claim's new request.
+    pub const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
     /// The signer denied a pod certificate's request.
     pub const DENIED: &str = "Denied";
     /// The signer failed a pod certificate's request.

@@ -901,8 +901,21 @@ fn storage_check(
     if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() {
         return Ok(None);
     }
-    // A claim nothing binds is bound here, once, to the volume that fits it best.
+    // A claim nothing binds is bound here, once, to the volume that fits it best; a
+    // provisioned volume grows with its claim.
     claims::bind(host, pod, v)?;
+    if let Some((_, Some(claim))) = claims::claim_of(store, pod, v) {
+        // A claim that asks for more than it may have keeps its volume as it is (the API
+        // server would have refused the edit): the pod is told, not failed.
+        if let Err(e) = provision::grow(host, &pod.namespace, &claim) {
+            host.events.record(
+                pod,
+                true,
+                crate::observe::events::reason::VOLUME_RESIZE_FAILED,
+                e,
+            );
+        }
+    }
     let pv = claims::resolve(store, pod, v, usage)?;
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let spec = pv.spec.as_ref();

@@ -184,6 +184,65 @@ pub fn provision(
     Ok(volume)
 }
 
+/// Grows the volume kubevol provisioned for claim `namespace/name` when the claim asks for
+/// more than it has, as the external-resizer does: where the volume's class allows expansion
+/// (`allowVolumeExpansion: true`), its recorded capacity becomes the claim's request, and the
+/// volume is then expanded by its driver (ControllerExpandVolume, then NodeExpandVolume) as any
+/// volume whose capacity grew. A smaller request changes nothing (a volume never shrinks).
+pub fn grow(
+    host: &PluginHost,
+    namespace: &str,
+    claim: &PersistentVolumeClaim,
+) -> Result<(), String> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let bindings = host.store.bindings();
+    let Some(volume) = bindings.volume_of(namespace, name) else {
+        return Ok(());
+    };
+    let Some(mut pv) = bindings
+        .provisioned()
+        .into_iter()
+        .find(|pv| pv.metadata.name.as_deref() == Some(volume.as_str()))
+    else {
+        return Ok(());
+    };
+    let Some(request) = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .cloned()
+    else {
+        return Ok(());
+    };
+    let want = kubevol_core::quantity::Quantity::parse(&request.0).map_or(0, |q| q.value());
+    if want <= kubevol_core::binding::capacity(&pv) {
+        return Ok(());
+    }
+    let class_name = kubevol_core::binding::volume_class(&pv).to_string();
+    let allowed = storage_class(&host.store, &class_name)
+        .is_some_and(|c| c.allow_volume_expansion == Some(true));
+    if !allowed {
+        return Err(format!(
+            "PersistentVolumeClaim {namespace}/{name} asks for {} but its volume {volume} has {}, and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion: true): set it, or ask for no more than the volume has",
+            request.0,
+            pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.clone()).unwrap_or_default()
+        ));
+    }
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.capacity
+            .get_or_insert_with(Default::default)
+            .insert("storage".into(), request.clone());
+    }
+    bindings
+        .update_provisioned(pv.clone())
+        .map_err(|e| format!("the grown volume {volume} cannot be recorded: {e}"))?;
+    host.store.add_provisioned([pv]);
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request.0, "provisioned volume grown to the claim's request");
+    Ok(())
+}
+
 /// The prefix of the StorageClass parameters meant for the provisioner itself, not the driver.
 const RESERVED_PARAMETERS: &str = "csi.storage.k8s.io/";
 

@@ -254,6 +254,24 @@ impl Bindings {
         result
     }
 
+    /// Replaces the record of provisioned volume `pv` (its capacity grew), on disk.
+    pub fn update_provisioned(&self, pv: PersistentVolume) -> std::io::Result<()> {
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let mut map = crate::sync::lock(&self.map);
+        if !map.provisioned.contains_key(&name) {
+            return Err(std::io::Error::other(format!(
+                "PersistentVolume {name} is not one kubevol provisioned"
+            )));
+        }
+        let mut next = map.clone();
+        next.provisioned.insert(name, pv);
+        if let Some(path) = &self.path {
+            write_whole(path, &next)?;
+        }
+        *map = next;
+        Ok(())
+    }
+
     fn bind_new(
         &self,
         namespace: &str,
