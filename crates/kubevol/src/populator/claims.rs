@@ -98,7 +98,9 @@ fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
 /// comes from the API server and is not bound yet, or the API server said it does not exist
 /// (yet: a claim is made by a user, a StatefulSet or the ephemeral-volume controller, and bound
 /// by the PersistentVolume controller). Such a volume is Pending, not failed, and `--once` waits
-/// for it; its FailedMount event is posted all the same.
+/// for it; its FailedMount event is posted all the same. In standalone mode, a claim whose
+/// volume a CSI driver is creating, or whose provisioned volume is being deleted to make way
+/// for a new one, waits likewise.
 pub fn awaits_cluster(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> bool {
     let Some((name, claim)) = claim_of(store, pod, volume) else {
         return false;
@@ -108,7 +110,13 @@ pub fn awaits_cluster(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> boo
         Some(c) if from_cluster(store, ns, &name) => {
             !claim_bound(&c) && (volume.ephemeral.is_none() || made_for_pod(pod, &c, true))
         }
-        Some(_) => false,
+        Some(_) => {
+            let bindings = store.bindings();
+            bindings.creating(ns, &name).is_some()
+                || bindings
+                    .volume_of(ns, &name)
+                    .is_some_and(|v| bindings.is_releasing(&v))
+        }
         None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
             ns.to_string(),
             name.to_string(),
