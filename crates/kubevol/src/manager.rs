@@ -472,7 +472,7 @@ impl VolumeManager {
             p.metrics.clone(),
             p.config.volume_stats_period,
         ));
-        beside.spawn(crate::populator::provision::reclaim_loop(
+        beside.spawn(crate::populator::provision::storage_loop(
             p.host.clone(),
             p.world.clone(),
             stop.clone(),

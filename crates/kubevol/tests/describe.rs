@@ -58,7 +58,7 @@ mount_test! {
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": name, "namespace": "default"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": if bound { name } else { "" },
-                         "resources": {"requests": {"storage": "1Gi"}}},
+                         "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}},
                 "status": {"phase": if bound { "Bound" } else { "Pending" }}}));
             m.library().upsert_objects([
                 pv("here", "a"),

@@ -1141,3 +1141,31 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A claim of a class that binds at once (`volumeBindingMode: Immediate`, the default, or
+    /// a class no StorageClass defines) is bound, or gets its volume, without any pod; one of
+    /// a `WaitForFirstConsumer` class (the built-in `local-path`) waits for its first pod.
+    fn claims_of_immediate_classes_are_bound_without_a_pod() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let host = root.path().join("host");
+        let claim = |name: &str, class: &str| format!(
+            "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{storageClassName: {class}, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}\n---\n");
+        let objects = host_volume(&host, "static", "1Gi", "")
+            + "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: now}\nprovisioner: kubevol.io/local-path\nvolumeBindingMode: Immediate\n---\n"
+            + &claim("bound", "manual") + &claim("made", "now") + &claim("waits", "local-path");
+        write_manifest(&manifests, "objects.yaml", &objects);
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            until_announced(&m, 20, "both bound", || m.status(false).bindings.len() == 2).await;
+            let bindings = bindings(&m);
+            assert_eq!(bindings[0], "default/bound -> static");
+            assert!(bindings[1].starts_with("default/made -> pvc-"), "{bindings:?}");
+            assert!(m.store().persistent_volume_claim("default", "waits").is_some());
+            assert!(!m.status(false).bindings.iter().any(|b| b.claim == "default/waits"), "a WaitForFirstConsumer claim waits for its pod");
+            m.shutdown();
+        });
+    }
+}

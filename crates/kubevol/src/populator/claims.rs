@@ -180,16 +180,30 @@ pub fn bind(
     let Some((cname, Some(claim))) = claim_of(store, pod, volume) else {
         return Ok(None);
     };
-    let (ns, cname) = (&*pod.namespace, &*cname);
+    if volume.ephemeral.is_some() && !made_for_pod(pod, &claim, false) {
+        return Ok(None);
+    }
+    bind_claim(host, &pod.namespace, &cname, &claim)
+}
+
+/// [`bind`] for claim `ns/cname` itself, whether a pod uses it or not (a claim of a class that
+/// binds at once, `volumeBindingMode: Immediate`).
+pub fn bind_claim(
+    host: &crate::plugins::PluginHost,
+    ns: &str,
+    cname: &str,
+    claim: &PersistentVolumeClaim,
+) -> Result<Option<String>, String> {
+    let store = &*host.store;
     if from_cluster(store, ns, cname)
-        || claim_volume(&claim).is_some()
+        || claim_volume(claim).is_some()
         || claim.metadata.deletion_timestamp.is_some()
-        || (volume.ephemeral.is_some() && !made_for_pod(pod, &claim, false))
         || store.bindings().volume_of(ns, cname).is_some()
-        || bound_volume(store, ns, &claim).is_some()
+        || bound_volume(store, ns, claim).is_some()
     {
         return Ok(None);
     }
+    let claim = claim.clone();
     let volumes: Vec<Arc<PersistentVolume>> = store
         .persistent_volumes()
         .into_iter()

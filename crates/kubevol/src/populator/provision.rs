@@ -554,16 +554,57 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(Stri
         .collect()
 }
 
-/// Deletes the provisioned volumes of removed claims as they become unused: looks again at
-/// every change of the objects or of either state of world, until `stop`.
-pub async fn reclaim_loop(
+/// Whether claims of class `class` are bound (or get a volume) at once rather than when a pod
+/// first uses them: `volumeBindingMode: Immediate`, the API's default, and the behaviour of the
+/// PersistentVolume controller for a class that no StorageClass defines.
+fn binds_at_once(store: &ObjectStore, class: &str) -> bool {
+    storage_class(store, class)
+        .is_none_or(|c| c.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer"))
+}
+
+/// Binds, or provisions for, the unbound claims of the manifests and the library whose class
+/// binds at once, as the PersistentVolume controller does without waiting for a pod. A claim
+/// that cannot be bound yet is looked at again at the next change (its pods, if any, say why).
+pub fn bind_at_once(host: &PluginHost) {
+    let store = &host.store;
+    for claim in store.persistent_volume_claims() {
+        if claim.origin == crate::store::Origin::Cluster || claim.invalid.is_some() {
+            continue;
+        }
+        let c = &claim.object;
+        let ns = c
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(crate::store::DEFAULT_NAMESPACE);
+        let name = c.metadata.name.as_deref().unwrap_or_default();
+        if store.bindings().volume_of(ns, name).is_some()
+            || !binds_at_once(store, &class_of(store, c))
+        {
+            continue;
+        }
+        if let Err(e) = super::claims::bind_claim(host, ns, name, c) {
+            tracing::debug!(claim = %format!("{ns}/{name}"), "not bound yet: {e}");
+        }
+    }
+}
+
+/// Binds the claims that bind at once, and deletes the provisioned volumes of removed claims
+/// as they become unused: looks again at every change of the objects (both) or of either state
+/// of world (deletions), until `stop`.
+pub async fn storage_loop(
     host: Arc<PluginHost>,
     world: Arc<crate::world::World>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut objects = host.store.subscribe();
     let mut states = world.subscribe();
+    let mut objects_changed = true;
     loop {
+        if objects_changed && world.states_synced() {
+            objects_changed = false;
+            bind_at_once(&host);
+        }
         for (name, claim) in to_reclaim(&host.store, &world) {
             let host = host.clone();
             let csi = host
@@ -583,7 +624,12 @@ pub async fn reclaim_loop(
             }
         }
         tokio::select! {
-            r = objects.changed() => if r.is_err() { return },
+            r = objects.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                objects_changed = true;
+            }
             r = states.changed() => if r.is_err() { return },
             _ = stop.changed() => return,
         }

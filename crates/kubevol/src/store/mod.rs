@@ -706,6 +706,15 @@ impl ObjectStore {
         self.bump();
     }
 
+    /// Every PersistentVolumeClaim.
+    pub fn persistent_volume_claims(&self) -> Vec<Stored<PersistentVolumeClaim>> {
+        self.read()
+            .persistent_volume_claims
+            .values()
+            .cloned()
+            .collect()
+    }
+
     /// Every StorageClass.
     pub fn storage_classes(&self) -> Vec<Stored<StorageClass>> {
         self.read().storage_classes.values().cloned().collect()
