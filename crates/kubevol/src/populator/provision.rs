@@ -667,6 +667,12 @@ async fn reclaim_csi(
             csi.driver
         )),
     };
+    forget_deleted(store, name, claim, deleted);
+}
+
+/// After the deletion of provisioned volume `name` of claim `claim`: forgotten (its record,
+/// its binding, the store's object) if it went; else given up until the next change.
+fn forget_deleted(store: &ObjectStore, name: &str, claim: &str, deleted: Result<(), String>) {
     if let Err(e) = deleted {
         tracing::warn!(volume = %name, %claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
         let _ = store.bindings().finish_release(name, false);
@@ -678,7 +684,7 @@ async fn reclaim_csi(
         return;
     }
     store.remove_provisioned(name);
-    tracing::info!(volume = %name, %claim, driver = %csi.driver, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
+    tracing::info!(volume = %name, %claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
 }
 
 /// Deletes provisioned volume `name` (its claim `claim` is gone; [`to_reclaim`] chose it):
@@ -716,16 +722,5 @@ pub fn reclaim(host: &PluginHost, name: &str, claim: &str) {
         )),
         None => Ok(()),
     };
-    if let Err(e) = removed {
-        tracing::warn!(volume = %name, %claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
-        let _ = store.bindings().finish_release(name, false);
-        return;
-    }
-    crate::record::fail_point("reclaim", "after");
-    if let Err(e) = store.bindings().finish_release(name, true) {
-        tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again at the next change");
-        return;
-    }
-    store.remove_provisioned(name);
-    tracing::info!(volume = %name, %claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
+    forget_deleted(store, name, claim, removed);
 }
