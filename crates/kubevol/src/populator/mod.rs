@@ -464,9 +464,12 @@ impl Populator {
             !is_terminated(pod)
         });
         let Some(stored) = wanted else {
-            // The claims made for its generic ephemeral volumes go with it (and their volumes
-            // by their reclaim policy).
-            self.store.remove_claims_made_for(uid.as_str());
+            // The claims made for its generic ephemeral volumes go once it is gone (not when it
+            // merely ended: as the garbage collector, which deletes them with the pod), and
+            // their volumes by their reclaim policy.
+            if stored.is_none() {
+                self.store.remove_claims_made_for(uid.as_str());
+            }
             let Some(old) = self.seen.remove(uid) else {
                 return false;
             };

@@ -568,7 +568,10 @@ fn binds_at_once(store: &ObjectStore, class: &str) -> bool {
 pub fn bind_at_once(host: &PluginHost) {
     let store = &host.store;
     for claim in store.persistent_volume_claims() {
-        if claim.origin == crate::store::Origin::Cluster || claim.invalid.is_some() {
+        if claim.origin == crate::store::Origin::Cluster
+            || claim.invalid.is_some()
+            || crate::store::claim_volume(&claim.object).is_some()
+        {
             continue;
         }
         let c = &claim.object;
