@@ -583,10 +583,16 @@ fn bindings_on_disk(root: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A claim of 100Mi and a pod of the same name that mounts it.
-fn bound_claim_and_pod(name: &str) -> String {
+/// A claim of 100Mi (of class `manual`, or else the default class) and a pod of the same name
+/// that mounts it.
+fn bound_claim_and_pod(name: &str, manual: bool) -> String {
+    let class = if manual {
+        "storageClassName: manual, "
+    } else {
+        ""
+    };
     format!(
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{storageClassName: manual, accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 100Mi}}}}}}\n---\n\
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec: {{{class}accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 100Mi}}}}}}\n---\n\
          apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {name}}}}}]\n"
     )
 }
@@ -611,7 +617,7 @@ mount_test! {
         env.write("pool.yaml", &pool);
         let root = env.root();
         for (claim, point) in [("first", "bind:before"), ("second", "bind:after")] {
-            env.write(&format!("{claim}.yaml"), &bound_claim_and_pod(claim));
+            env.write(&format!("{claim}.yaml"), &bound_claim_and_pod(claim, true));
             die_at(&env, point);
             let on_disk = bindings_on_disk(&root);
             let key = format!("default/{claim}");
@@ -635,7 +641,7 @@ mount_test! {
         let mut claims = vec!["first".to_string(), "second".to_string()];
         for round in 0..random_kills() {
             let name = format!("r{round}");
-            env.write(&format!("{name}.yaml"), &bound_claim_and_pod(&name));
+            env.write(&format!("{name}.yaml"), &bound_claim_and_pod(&name, true));
             claims.push(name);
             let mut d = Daemon::start(&env, None, &[]);
             std::thread::sleep(Duration::from_millis(50 + random(400)));
@@ -740,7 +746,7 @@ mount_test! {
     /// directory and no record, and nothing else under the local-path directory is touched.
     fn sigkill_while_volumes_are_provisioned_and_reclaimed_loses_nothing() {
         let env = Env::new();
-        let claim = |name: &str| bound_claim_and_pod(name).replace("storageClassName: manual, ", "");
+        let claim = |name: &str| bound_claim_and_pod(name, false);
         for (name, point) in [("p1", "bind:before"), ("p2", "bind:after")] {
             env.write(&format!("{name}.yaml"), &claim(name));
             die_at(&env, point);

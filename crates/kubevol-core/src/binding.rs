@@ -11,7 +11,9 @@
 //! the fewest access modes wins, then the smallest; equal ones are told apart by name, so the
 //! choice never depends on the order volumes were listed in.
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::affinity::{self, NodeFacts};
@@ -110,16 +112,18 @@ fn storage(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) 
     }
 }
 
-/// The storage a claim asks for, in bytes and as written.
-fn requested(claim: &PersistentVolumeClaim) -> (i64, String) {
-    storage(
-        claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage")),
-    )
+/// The storage a claim asks for (`resources.requests.storage`), in bytes and as written, if
+/// it asks.
+pub fn requested(claim: &PersistentVolumeClaim) -> Option<(i64, String)> {
+    let q = claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")?;
+    Some(storage(Some(q)))
 }
 
 /// A volume's capacity in bytes (none given: 0).
@@ -163,9 +167,11 @@ pub fn find<'a>(
     taken: &dyn Fn(&str) -> Option<String>,
     node: &NodeFacts,
 ) -> Found<'a> {
-    let spec = claim.spec.clone().unwrap_or_default();
-    let (want, want_text) = requested(claim);
-    let want_modes = spec.access_modes.clone().unwrap_or_default();
+    let no_claim_spec = PersistentVolumeClaimSpec::default();
+    let no_volume_spec = PersistentVolumeSpec::default();
+    let spec = claim.spec.as_ref().unwrap_or(&no_claim_spec);
+    let (want, want_text) = requested(claim).unwrap_or((0, "0".into()));
+    let want_modes = spec.access_modes.as_deref().unwrap_or_default();
     let want_mode = mode(spec.volume_mode.as_ref());
     let want_class = class;
     let want_attributes = spec.volume_attributes_class_name.as_deref().unwrap_or("");
@@ -173,7 +179,7 @@ pub fn find<'a>(
     let mut unfit: Vec<(String, Unfit)> = Vec::new();
     for &pv in volumes {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let pv_spec = pv.spec.clone().unwrap_or_default();
+        let pv_spec = pv.spec.as_ref().unwrap_or(&no_volume_spec);
         let node_ok = pv_spec
             .node_affinity
             .as_ref()

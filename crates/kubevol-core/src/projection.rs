@@ -69,8 +69,8 @@ pub trait Objects {
         let _ = index;
         None
     }
-    /// Whether an API server is there (a node of a cluster): a source kubevol cannot serve is
-    /// then one it does not serve yet, not one that needs a cluster.
+    /// Whether an API server is there (a node of a cluster): a podCertificate source without
+    /// a place to make requests is then the node agent's gap, not the lack of a cluster.
     fn in_cluster(&self) -> bool {
         false
     }
@@ -183,14 +183,6 @@ pub enum ProjectionError {
     /// A projected source kubevol cannot serve without a cluster.
     #[error("projected source {kind} (sources[{index}]) needs a Kubernetes API server, which standalone mode does not have; remove the source or run kubevol as a cluster node agent")]
     NeedsCluster {
-        /// The source's field name.
-        kind: &'static str,
-        /// Its index in `sources`.
-        index: usize,
-    },
-    /// A projected source kubevol does not serve yet, even as a node of a cluster.
-    #[error("projected source {kind} (sources[{index}]) is not supported by kubevol yet: remove the source, or run the pod on a node whose kubelet serves it")]
-    NotSupportedYet {
         /// The source's field name.
         kind: &'static str,
         /// Its index in `sources`.
@@ -427,8 +419,8 @@ enum Source<'a> {
         chain: Option<&'a str>,
         mode: u32,
     },
-    /// A projected source that needs an API server.
-    NeedsCluster { kind: &'static str, index: usize },
+    /// A projected source of no kind (validation refuses it first).
+    Empty { index: usize },
 }
 
 /// The mode of a token's or key's file: the volume's, but `0600` where the pod has an fsGroup
@@ -545,10 +537,7 @@ fn sources<'a>(pod: &'a Pod, volume: &'a Volume) -> Option<Vec<Source<'a>>> {
                 mode: secret_file_mode(pod, mode),
             }
         } else {
-            Source::NeedsCluster {
-                kind: "(none)",
-                index,
-            }
+            Source::Empty { index }
         });
     }
     Some(out)
@@ -666,11 +655,11 @@ fn project(
                     insert(&mut payload, path, file(credentials.chain_pem.clone()))?;
                 }
             }
-            Source::NeedsCluster { kind, index } if objects.in_cluster() => {
-                return Err(ProjectionError::NotSupportedYet { kind, index })
-            }
-            Source::NeedsCluster { kind, index } => {
-                return Err(ProjectionError::NeedsCluster { kind, index })
+            Source::Empty { index } => {
+                return Err(ProjectionError::Field {
+                    field: format!("projected.sources[{index}]"),
+                    detail: "names no source: set one of configMap, secret, downwardAPI, serviceAccountToken, clusterTrustBundle and podCertificate".into(),
+                })
             }
         }
     }

@@ -159,13 +159,8 @@ impl VolumeError {
             | VolumeError::SubPath { .. } => true,
             VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
-                matches!(
-                    e,
-                    P::NeedsCluster { .. }
-                        | P::NotSupportedYet { .. }
-                        | P::Field { .. }
-                        | P::Path { .. }
-                ) || matches!(e, P::Certificate { error, .. } if error.permanent)
+                matches!(e, P::NeedsCluster { .. } | P::Field { .. } | P::Path { .. })
+                    || matches!(e, P::Certificate { error, .. } if error.permanent)
             }
             VolumeError::Mount(_)
             | VolumeError::HostPathType { .. }
@@ -269,13 +264,6 @@ mod tests {
             (
                 VolumeError::Content(P::NeedsCluster {
                     kind: "serviceAccountToken",
-                    index: 0,
-                }),
-                true,
-            ),
-            (
-                VolumeError::Content(P::NotSupportedYet {
-                    kind: "(none)",
                     index: 0,
                 }),
                 true,

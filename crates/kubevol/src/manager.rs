@@ -254,7 +254,13 @@ impl VolumeManager {
             &root,
         )?));
         // The volumes provisioned before: there before any pod is looked at.
-        store.add_provisioned(store.bindings().provisioned());
+        store.add_provisioned(
+            store
+                .bindings()
+                .provisioned()
+                .into_iter()
+                .map(crate::store::Object::PersistentVolume),
+        );
         let library = Library::default();
         // The library has no listing to wait for: it is synced as soon as it starts.
         drop(Box::new(library.clone()).start(store.sink(Library::NAME)));

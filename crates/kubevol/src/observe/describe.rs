@@ -470,7 +470,7 @@ impl super::status::Sources<'_> {
         let pv = match crate::populator::claims::resolve(self.store, pref, v, usage) {
             Ok(pv) => pv,
             Err(why) => {
-                let waits = crate::populator::claims::awaits_cluster(self.store, pref, v)
+                let waits = crate::populator::claims::waits_for_others(self.store, pref, v)
                     || self
                         .store
                         .persistent_volume_claim(namespace, name)

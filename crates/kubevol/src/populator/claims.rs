@@ -94,14 +94,15 @@ fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
         .is_some_and(|s| s.origin == Origin::Cluster)
 }
 
-/// Whether a claim volume waits for the cluster's controllers rather than for a fix: its claim
+/// Whether a claim volume waits for others (the cluster's controllers, or kubevol's own
+/// provisioner) rather than for a fix: its claim
 /// comes from the API server and is not bound yet, or the API server said it does not exist
 /// (yet: a claim is made by a user, a StatefulSet or the ephemeral-volume controller, and bound
 /// by the PersistentVolume controller). Such a volume is Pending, not failed, and `--once` waits
 /// for it; its FailedMount event is posted all the same. In standalone mode, a claim whose
 /// volume a CSI driver is creating, or whose provisioned volume is being deleted to make way
 /// for a new one, waits likewise.
-pub fn awaits_cluster(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> bool {
+pub fn waits_for_others(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> bool {
     let Some((name, claim)) = claim_of(store, pod, volume) else {
         return false;
     };
@@ -172,7 +173,7 @@ const CLOSEST: usize = 3;
 /// volume's claimRef names, one bound already, or one that cannot be used for another reason
 /// is left to [`resolve`].
 pub fn bind(
-    host: &crate::plugins::PluginHost,
+    host: &Arc<crate::plugins::PluginHost>,
     pod: &PodRef,
     volume: &Volume,
 ) -> Result<Option<String>, String> {
@@ -189,7 +190,7 @@ pub fn bind(
 /// [`bind`] for claim `ns/cname` itself, whether a pod uses it or not (a claim of a class that
 /// binds at once, `volumeBindingMode: Immediate`).
 pub fn bind_claim(
-    host: &crate::plugins::PluginHost,
+    host: &Arc<crate::plugins::PluginHost>,
     ns: &str,
     cname: &str,
     claim: &PersistentVolumeClaim,
@@ -203,7 +204,6 @@ pub fn bind_claim(
     {
         return Ok(None);
     }
-    let claim = claim.clone();
     let volumes: Vec<Arc<PersistentVolume>> = store
         .persistent_volumes()
         .into_iter()
@@ -212,10 +212,10 @@ pub fn bind_claim(
         .collect();
     let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
     let taken = |name: &str| store.bindings().claim_of(name);
-    let class = super::provision::class_of(store, &claim);
+    let class = super::provision::class_of(store, claim);
     let unfit = match kubevol_core::binding::find(
         ns,
-        &claim,
+        claim,
         &class,
         &refs,
         &taken,
@@ -233,7 +233,7 @@ pub fn bind_claim(
     };
     // None fits: one of its class is made, where the class has a provisioner kubevol runs.
     let why_not = match super::provision::storage_class(store, &class) {
-        Some(c) => match super::provision::provision(host, ns, cname, &claim, &c) {
+        Some(c) => match super::provision::provision(host, ns, cname, claim, &c) {
             Ok(name) => return Ok(Some(name)),
             Err(e) => e,
         },

@@ -649,7 +649,7 @@ impl Populator {
             let persistent_volume = match storage_check(&self.store, &self.host, &pref, v, usage) {
                 Ok(pv) => pv,
                 Err(Refusal { why, unsupported }) => {
-                    let waiting = claims::awaits_cluster(&self.store, &pref, v);
+                    let waiting = claims::waits_for_others(&self.store, &pref, v);
                     fail(why, unsupported, waiting);
                     continue;
                 }
@@ -883,7 +883,7 @@ impl From<String> for Refusal {
 /// Returns the PersistentVolume of a claim.
 fn storage_check(
     store: &ObjectStore,
-    host: &PluginHost,
+    host: &Arc<PluginHost>,
     pod: &PodRef,
     v: &k8s_openapi::api::core::v1::Volume,
     usage: claims::Usage,

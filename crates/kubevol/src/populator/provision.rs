@@ -18,7 +18,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::json;
 
 use crate::plugins::PluginHost;
-use crate::store::{claim_uid, ObjectStore};
+use crate::store::{claim_uid, Creating, Object, ObjectStore};
 
 /// The built-in provisioner: directories on this node.
 pub const LOCAL_PATH_PROVISIONER: &str = "kubevol.io/local-path";
@@ -91,10 +91,97 @@ pub fn storage_class(store: &ObjectStore, name: &str) -> Option<Arc<StorageClass
     })
 }
 
+/// What a claim asks a provisioner for.
+struct Ask {
+    /// Its storage request as written, and in bytes.
+    request: String,
+    bytes: i64,
+    /// Its access modes (`ReadWriteOnce` where it names none).
+    access_modes: Vec<String>,
+    /// `volumeMode: Block`.
+    block: bool,
+}
+
+impl Ask {
+    fn of(claim: &PersistentVolumeClaim) -> Result<Ask, String> {
+        let (bytes, request) = kubevol_core::binding::requested(claim).ok_or(
+            "the claim asks for no storage (resources.requests.storage): set it".to_string(),
+        )?;
+        let spec = claim.spec.as_ref();
+        Ok(Ask {
+            request,
+            bytes,
+            access_modes: spec
+                .and_then(|s| s.access_modes.clone())
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
+            block: spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block"),
+        })
+    }
+}
+
+/// The volume a provisioner makes for `claim` (`pvc-<claim UID>`, as the external-provisioner
+/// names it).
+fn volume_name(claim: &PersistentVolumeClaim) -> String {
+    format!("pvc-{}", claim_uid(claim))
+}
+
+/// The PersistentVolume of volume `volume`, provisioned by `by` for claim `namespace/name` of
+/// `class`: what every provisioner writes (the claim's access modes and volume mode, the
+/// class's name and reclaim policy, a claimRef), with `capacity`, the volume `source` (its
+/// field and value: `local` or `csi`) and the node selector terms that say where it is.
+#[allow(clippy::too_many_arguments)]
+fn provisioned_volume(
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    ask: &Ask,
+    (volume, by, capacity): (&str, &str, &str),
+    (field, source): (&str, serde_json::Value),
+    terms: Vec<serde_json::Value>,
+) -> Result<PersistentVolume, String> {
+    let mut pv = json!({
+        "metadata": {"name": volume, "annotations": {PROVISIONED_BY: by}},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "accessModes": ask.access_modes,
+            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+            "storageClassName": class.metadata.name,
+            "volumeMode": if ask.block { "Block" } else { "Filesystem" },
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
+        },
+    });
+    pv["spec"][field] = source;
+    if !terms.is_empty() {
+        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": terms}});
+    }
+    serde_json::from_value(pv).map_err(|e| format!("cannot describe the provisioned volume: {e}"))
+}
+
+/// Records `pv`, provisioned for claim `namespace/name`, bound to it (one write), then puts it
+/// in the store.
+fn record(
+    store: &ObjectStore,
+    namespace: &str,
+    name: &str,
+    pv: PersistentVolume,
+) -> Result<(), String> {
+    let volume = pv.metadata.name.clone().unwrap_or_default();
+    store
+        .bindings()
+        .provision(namespace, name, pv.clone())
+        .map_err(|e| {
+            format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
+        })?;
+    store.add_provisioned([Object::PersistentVolume(pv)]);
+    Ok(())
+}
+
 /// Provisions a volume of `class` for claim `namespace/name` and binds them; returns the
 /// volume's name, or why it cannot be made (a message for the claim's pods).
 pub fn provision(
-    host: &PluginHost,
+    host: &Arc<PluginHost>,
     namespace: &str,
     name: &str,
     claim: &PersistentVolumeClaim,
@@ -110,28 +197,22 @@ pub fn provision(
             ),
         });
     }
-    let spec = claim.spec.clone().unwrap_or_default();
-    if spec.volume_mode.as_deref() == Some("Block") {
+    let ask = Ask::of(claim)?;
+    if ask.block {
         return Err(format!(
             "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) makes directories, not block devices: use volumeMode Filesystem, or add a Block PersistentVolume that fits the claim"
         ));
     }
-    if spec.data_source.is_some() || spec.data_source_ref.is_some() {
+    if claim
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.data_source.is_some() || s.data_source_ref.is_some())
+    {
         return Err(format!(
             "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) cannot fill a volume from a dataSource: remove it, or add a PersistentVolume that fits the claim"
         ));
     }
-    let request = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .map(|q| q.0.clone())
-        .ok_or_else(|| {
-            "the claim asks for no storage (resources.requests.storage): set it".to_string()
-        })?;
-    let uid = claim_uid(claim);
-    let volume = format!("pvc-{uid}");
+    let volume = volume_name(claim);
     let dir = host
         .local_path_dir
         .join(format!("{volume}_{namespace}_{name}"));
@@ -150,36 +231,19 @@ pub fn provision(
     }
     // Any container user may write, as the local-path provisioners make them.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).map_err(made)?;
-    let access_modes = spec
-        .access_modes
-        .clone()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| vec!["ReadWriteOnce".into()]);
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {
-            "name": volume,
-            "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER},
-        },
-        "spec": {
-            "capacity": {"storage": request},
-            "accessModes": access_modes,
-            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-            "storageClassName": class_name,
-            "volumeMode": "Filesystem",
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
-            "local": {"path": dir},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]}]}},
-        },
-    }))
-    .map_err(|e| format!("cannot describe the provisioned volume: {e}"))?;
-    host.store
-        .bindings()
-        .provision(namespace, name, pv.clone())
-        .map_err(|e| {
-            format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
-        })?;
-    host.store.add_provisioned([pv]);
+    let here = json!({"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]});
+    let pv = provisioned_volume(
+        namespace,
+        name,
+        claim,
+        class,
+        &ask,
+        (&volume, LOCAL_PATH_PROVISIONER, &ask.request),
+        ("local", json!({"path": dir})),
+        vec![here],
+    )?;
+    record(&host.store, namespace, name, pv)?;
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
     Ok(volume)
 }
@@ -199,24 +263,12 @@ pub fn grow(
     let Some(volume) = bindings.volume_of(namespace, name) else {
         return Ok(());
     };
-    let Some(mut pv) = bindings
-        .provisioned()
-        .into_iter()
-        .find(|pv| pv.metadata.name.as_deref() == Some(volume.as_str()))
-    else {
+    let Some(mut pv) = bindings.provisioned_volume(&volume) else {
         return Ok(());
     };
-    let Some(request) = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .cloned()
-    else {
+    let Some((want, request)) = kubevol_core::binding::requested(claim) else {
         return Ok(());
     };
-    let want = kubevol_core::quantity::Quantity::parse(&request.0).map_or(0, |q| q.value());
     if want <= kubevol_core::binding::capacity(&pv) {
         return Ok(());
     }
@@ -225,21 +277,21 @@ pub fn grow(
         .is_some_and(|c| c.allow_volume_expansion == Some(true));
     if !allowed {
         return Err(format!(
-            "PersistentVolumeClaim {namespace}/{name} asks for {} but its volume {volume} has {}, and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion: true): set it, or ask for no more than the volume has",
-            request.0,
+            "PersistentVolumeClaim {namespace}/{name} asks for {request} but its volume {volume} has {}, and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion: true): set it, or ask for no more than the volume has",
             pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.clone()).unwrap_or_default()
         ));
     }
     if let Some(spec) = pv.spec.as_mut() {
-        spec.capacity
-            .get_or_insert_with(Default::default)
-            .insert("storage".into(), request.clone());
+        spec.capacity.get_or_insert_with(Default::default).insert(
+            "storage".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(request.clone()),
+        );
     }
     bindings
         .update_provisioned(pv.clone())
         .map_err(|e| format!("the grown volume {volume} cannot be recorded: {e}"))?;
-    host.store.add_provisioned([pv]);
-    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request.0, "provisioned volume grown to the claim's request");
+    host.store.add_provisioned([Object::PersistentVolume(pv)]);
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request, "provisioned volume grown to the claim's request");
     Ok(())
 }
 
@@ -254,61 +306,50 @@ const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
 /// the volume is recorded and bound (and the store's change brings the claim's pods back), or
 /// the pods are looked at again after a backoff.
 fn start_csi(
-    host: &PluginHost,
+    host: &Arc<PluginHost>,
     namespace: &str,
     name: &str,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
 ) -> String {
-    let volume = format!("pvc-{}", claim_uid(claim));
+    let volume = volume_name(claim);
     let driver = class.provisioner.clone();
     let waiting = format!(
         "waiting for CSI driver {driver} to create volume {volume} (CreateVolume) for StorageClass {}",
         class.metadata.name.as_deref().unwrap_or_default()
     );
     let bindings = host.store.bindings();
-    let Some(before) = bindings.start_creating(namespace, name) else {
-        return waiting;
+    // What the claim waits for, with the last failure while a call is out or backing off.
+    let said = |c: Option<Creating>| match c.and_then(|c| c.last_error) {
+        Some(e) => format!("{waiting}; the last attempt failed: {e}"),
+        None => waiting.clone(),
     };
-    let host = Arc::new(HostRef {
-        store: host.store.clone(),
-        csi: host.csi.clone(),
-        node_name: host.node_name.clone(),
-    });
+    let Some(before) = bindings.start_creating(namespace, name) else {
+        return said(bindings.creating(namespace, name));
+    };
+    let host = host.clone();
     let (ns, claim_name) = (namespace.to_string(), name.to_string());
     let (claim, class) = (claim.clone(), class.clone());
     tokio::spawn(async move {
         let result = create_csi(&host, &ns, &claim_name, &claim, &class).await;
-        let failures = host
+        let retry = host
             .store
             .bindings()
             .finish_creating(&ns, &claim_name, result.err());
-        if failures > 0 {
-            // Looked at again after a backoff: 1 s, doubling to a minute.
-            let delay = std::time::Duration::from_secs(1 << failures.min(6))
-                .min(std::time::Duration::from_secs(60));
+        // Looked at again once the backoff has passed (nothing starts a call before).
+        if let Some(delay) = retry {
             tokio::time::sleep(delay).await;
             host.store.touch_claim(&ns, &claim_name);
         }
     });
-    match before.last_error {
-        Some(e) => format!("{waiting}; the last attempt failed: {e}"),
-        None => waiting,
-    }
-}
-
-/// What a CSI creation needs of the host, owned (it outlives the pass that started it).
-struct HostRef {
-    store: Arc<ObjectStore>,
-    csi: Arc<crate::csi::Drivers>,
-    node_name: String,
+    said(Some(before))
 }
 
 /// Creates the volume of claim `namespace/name` with the CSI driver of `class`, as the
 /// external-provisioner does (name `pvc-<claim UID>`, the claim's request, access mode and
 /// volume mode, the class's parameters, this node's topology), then records and binds it.
 async fn create_csi(
-    host: &HostRef,
+    host: &PluginHost,
     namespace: &str,
     name: &str,
     claim: &PersistentVolumeClaim,
@@ -319,35 +360,19 @@ async fn create_csi(
         VolumeCapability,
     };
     let driver = &class.provisioner;
-    let class_name = class.metadata.name.clone().unwrap_or_default();
-    let spec = claim.spec.clone().unwrap_or_default();
-    let volume = format!("pvc-{}", claim_uid(claim));
-    let request = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .ok_or("the claim asks for no storage (resources.requests.storage): set it")?;
-    let bytes = kubevol_core::quantity::Quantity::parse(&request.0)
-        .map_err(|e| format!("its request {}: {e}", request.0))?
-        .value();
+    let volume = volume_name(claim);
+    let ask = Ask::of(claim)?;
     let parameters = class.parameters.clone().unwrap_or_default();
     let fs_type = parameters
         .get(FSTYPE_PARAMETER)
         .cloned()
         .unwrap_or_default();
-    let block = spec.volume_mode.as_deref() == Some("Block");
     let node = host
         .csi
         .get(driver)
         .ok_or_else(|| format!("CSI driver {driver} is not registered on this node (its node plugin must be, for its topology)"))?;
-    let access_modes = spec
-        .access_modes
-        .clone()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| vec!["ReadWriteOnce".into()]);
     let capability = VolumeCapability {
-        access_type: Some(if block {
+        access_type: Some(if ask.block {
             volume_capability::AccessType::Block(volume_capability::BlockVolume {})
         } else {
             volume_capability::AccessType::Mount(volume_capability::MountVolume {
@@ -357,7 +382,7 @@ async fn create_csi(
         }),
         access_mode: Some(volume_capability::AccessMode {
             mode: crate::plugins::csi::csi_access_mode(
-                access_modes.first().map(String::as_str),
+                ask.access_modes.first().map(String::as_str),
                 node.capabilities.single_node_multi_writer,
             ),
         }),
@@ -385,7 +410,7 @@ async fn create_csi(
             client.create_volume(CreateVolumeRequest {
                 name: volume.clone(),
                 capacity_range: Some(CapacityRange {
-                    required_bytes: bytes,
+                    required_bytes: ask.bytes,
                     limit_bytes: 0,
                 }),
                 volume_capabilities: vec![capability],
@@ -405,40 +430,30 @@ async fn create_csi(
     let capacity = if created.capacity_bytes > 0 {
         created.capacity_bytes.to_string()
     } else {
-        request.0.clone()
+        ask.request.clone()
     };
-    let affinity: Vec<serde_json::Value> = created
+    let terms = created
         .accessible_topology
         .iter()
         .map(|t| {
             json!({"matchExpressions": t.segments.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": [v]})).collect::<Vec<_>>()})
         })
         .collect();
-    let mut pv = json!({
-        "metadata": {"name": volume, "annotations": {PROVISIONED_BY: driver}},
-        "spec": {
-            "capacity": {"storage": capacity},
-            "accessModes": access_modes,
-            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-            "storageClassName": class_name,
-            "volumeMode": if block { "Block" } else { "Filesystem" },
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
-            "csi": {"driver": driver, "volumeHandle": created.volume_id, "volumeAttributes": created.volume_context},
-        },
-    });
-    if !fs_type.is_empty() && !block {
-        pv["spec"]["csi"]["fsType"] = json!(fs_type);
+    let mut source = json!({"driver": driver, "volumeHandle": created.volume_id, "volumeAttributes": created.volume_context});
+    if !fs_type.is_empty() && !ask.block {
+        source["fsType"] = json!(fs_type);
     }
-    if !affinity.is_empty() {
-        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": affinity}});
-    }
-    let pv: PersistentVolume = serde_json::from_value(pv)
-        .map_err(|e| format!("cannot describe the created volume: {e}"))?;
-    host.store
-        .bindings()
-        .provision(namespace, name, pv.clone())
-        .map_err(|e| format!("the created volume {volume} cannot be recorded: {e}"))?;
-    host.store.add_provisioned([pv]);
+    let pv = provisioned_volume(
+        namespace,
+        name,
+        claim,
+        class,
+        &ask,
+        (&volume, driver, &capacity),
+        ("csi", source),
+        terms,
+    )?;
+    record(&host.store, namespace, name, pv)?;
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, %driver, node = %host.node_name, "volume provisioned by CSI driver");
     Ok(())
 }
@@ -498,32 +513,46 @@ pub fn make_ephemeral_claims(store: &ObjectStore, pod: &k8s_openapi::api::core::
     }
     if !made.is_empty() {
         tracing::info!(pod = %format!("{ns}/{pod_name}"), claims = made.len(), "claims made for generic ephemeral volumes");
-        store.add_made_claims(made);
+        store.add_provisioned(made.into_iter().map(Object::PersistentVolumeClaim));
     }
+}
+
+/// A provisioned volume to delete, and its claim (`namespace/name`), which is gone.
+pub struct Reclaim {
+    /// The volume, as recorded.
+    pub volume: PersistentVolume,
+    /// Its claim.
+    pub claim: String,
 }
 
 /// The provisioned volumes to delete now: of reclaim policy `Delete`, whose claim is gone for
 /// good (every source synced and readable, and no broken manifest file that defined the claim
 /// holds it back), that no pod wants or has mounted, and that are not being deleted already.
 /// Each is marked as being deleted (nothing may mount it meanwhile) before it is returned.
-pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(String, String)> {
+pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Reclaim> {
     let bindings = store.bindings();
-    let gone: Vec<(String, String)> = bindings
+    // Looked at on every change of either state of world: nothing to copy when nothing was
+    // provisioned.
+    if !bindings.has_provisioned() {
+        return Vec::new();
+    }
+    let gone: Vec<Reclaim> = bindings
         .provisioned()
         .into_iter()
-        .filter_map(|pv| {
-            let spec = pv.spec?;
-            let claim = spec.claim_ref?;
-            let (ns, claim) = (claim.namespace?, claim.name?);
-            let gone = store.persistent_volume_claim(&ns, &claim).is_none()
+        .filter_map(|volume| {
+            let spec = volume.spec.as_ref()?;
+            let claim = spec.claim_ref.as_ref()?;
+            let (ns, claim) = (claim.namespace.as_deref()?, claim.name.as_deref()?);
+            let gone = store.persistent_volume_claim(ns, claim).is_none()
                 && store
-                    .not_loaded("PersistentVolumeClaim", &ns, &claim)
+                    .not_loaded("PersistentVolumeClaim", ns, claim)
                     .is_none();
-            let name = pv.metadata.name?;
-            (spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
-                && gone
-                && !bindings.is_releasing(&name))
-            .then(|| (name, format!("{ns}/{claim}")))
+            let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
+            let name = volume.metadata.name.as_deref()?;
+            (delete && gone && !bindings.is_releasing(name)).then(|| Reclaim {
+                claim: format!("{ns}/{claim}"),
+                volume: volume.clone(),
+            })
         })
         .collect();
     if gone.is_empty()
@@ -550,7 +579,10 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<(Stri
         wanted.chain(mounted).collect()
     };
     gone.into_iter()
-        .filter(|(name, _)| !in_use.contains(name) && bindings.start_release(name))
+        .filter(|r| {
+            let name = r.volume.metadata.name.as_deref().unwrap_or_default();
+            !in_use.contains(name) && bindings.start_release(name)
+        })
         .collect()
 }
 
@@ -565,7 +597,7 @@ fn binds_at_once(store: &ObjectStore, class: &str) -> bool {
 /// Binds, or provisions for, the unbound claims of the manifests and the library whose class
 /// binds at once, as the PersistentVolume controller does without waiting for a pod. A claim
 /// that cannot be bound yet is looked at again at the next change (its pods, if any, say why).
-pub fn bind_at_once(host: &PluginHost) {
+pub fn bind_at_once(host: &Arc<PluginHost>) {
     let store = &host.store;
     for claim in store.persistent_volume_claims() {
         if claim.origin == crate::store::Origin::Cluster
@@ -608,23 +640,8 @@ pub async fn storage_loop(
             objects_changed = false;
             bind_at_once(&host);
         }
-        for (name, claim) in to_reclaim(&host.store, &world) {
-            let host = host.clone();
-            let csi = host
-                .store
-                .bindings()
-                .provisioned()
-                .into_iter()
-                .find(|pv| pv.metadata.name.as_deref() == Some(name.as_str()))
-                .and_then(|pv| pv.spec?.csi);
-            match csi {
-                Some(csi) => {
-                    tokio::spawn(async move { reclaim_csi(&host, &name, &claim, csi).await });
-                }
-                None => {
-                    tokio::task::spawn_blocking(move || reclaim(&host, &name, &claim));
-                }
-            }
+        for r in to_reclaim(&host.store, &world) {
+            tokio::spawn(reclaim(host.clone(), r));
         }
         tokio::select! {
             r = objects.changed() => {
@@ -639,91 +656,73 @@ pub async fn storage_loop(
     }
 }
 
-/// Deletes provisioned volume `name` of a CSI driver (its claim `claim` is gone, and it is
-/// neither mounted, staged nor attached any more): DeleteVolume, then its record and binding,
-/// then the store's object. A failure is logged and tried again at the next change.
-async fn reclaim_csi(
-    host: &PluginHost,
-    name: &str,
-    claim: &str,
-    csi: k8s_openapi::api::core::v1::CSIPersistentVolumeSource,
-) {
-    let store = &host.store;
+/// Deletes a provisioned volume that [`to_reclaim`] chose (its claim is gone, and it is
+/// neither mounted, staged nor attached any more): a CSI driver's with DeleteVolume, a
+/// `local-path` one by removing its directory, on its own filesystem only (a mount inside it
+/// stops the removal, and a directory outside the local-path directory is left alone); then
+/// its record and binding, then the store's object. A failure is logged and tried again at the
+/// next change.
+pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) {
+    let name = r.volume.metadata.name.clone().unwrap_or_default();
+    let spec = r.volume.spec.clone().unwrap_or_default();
     crate::record::fail_point("reclaim", "before");
-    let deleted = match host.csi.controller_client(&csi.driver) {
-        Some(mut client) => host
-            .csi
-            .call(
-                &csi.driver,
-                "Controller",
-                "DeleteVolume",
-                client.delete_volume(kubevol_csi::v1::DeleteVolumeRequest {
-                    volume_id: csi.volume_handle.clone(),
-                    ..Default::default()
-                }),
-            )
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string()),
-        None => Err(format!(
-            "no controller service of CSI driver {} is given (--csi-controller)",
-            csi.driver
-        )),
+    let deleted = match (spec.csi, spec.local) {
+        (Some(csi), _) => match host.csi.controller_client(&csi.driver) {
+            Some(mut client) => host
+                .csi
+                .call(
+                    &csi.driver,
+                    "Controller",
+                    "DeleteVolume",
+                    client.delete_volume(kubevol_csi::v1::DeleteVolumeRequest {
+                        volume_id: csi.volume_handle.clone(),
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            None => Err(format!(
+                "no controller service of CSI driver {} is given (--csi-controller)",
+                csi.driver
+            )),
+        },
+        (None, Some(local)) => {
+            let dir = std::path::PathBuf::from(&local.path);
+            let root = host.local_path_dir.clone();
+            match (dir.parent() == Some(root.as_path()), dir.file_name()) {
+                (true, Some(leaf)) => {
+                    let leaf = leaf.to_string_lossy().into_owned();
+                    let removed = tokio::task::spawn_blocking(move || {
+                        kubevol_mount::safe::Dir::open(&root)
+                            .and_then(|d| d.remove_dir_all_one_fs(&leaf))
+                    })
+                    .await;
+                    match removed {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(e) => Err(format!("the removal did not finish: {e}")),
+                    }
+                }
+                _ => Err(format!(
+                    "its directory {} is not in the local-path directory {}: left alone",
+                    dir.display(),
+                    root.display()
+                )),
+            }
+        }
+        (None, None) => Ok(()),
     };
-    forget_deleted(store, name, claim, deleted);
-}
-
-/// After the deletion of provisioned volume `name` of claim `claim`: forgotten (its record,
-/// its binding, the store's object) if it went; else given up until the next change.
-fn forget_deleted(store: &ObjectStore, name: &str, claim: &str, deleted: Result<(), String>) {
+    let store = &host.store;
     if let Err(e) = deleted {
-        tracing::warn!(volume = %name, %claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
-        let _ = store.bindings().finish_release(name, false);
+        tracing::warn!(volume = %name, claim = %r.claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
+        let _ = store.bindings().finish_release(&name, false);
         return;
     }
     crate::record::fail_point("reclaim", "after");
-    if let Err(e) = store.bindings().finish_release(name, true) {
+    if let Err(e) = store.bindings().finish_release(&name, true) {
         tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again at the next change");
         return;
     }
-    store.remove_provisioned(name);
-    tracing::info!(volume = %name, %claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
-}
-
-/// Deletes provisioned volume `name` (its claim `claim` is gone; [`to_reclaim`] chose it):
-/// its directory, on its own filesystem only (a mount inside it stops the removal), then its
-/// record and binding, then the store's object. A failure is logged and tried again at the
-/// next look.
-pub fn reclaim(host: &PluginHost, name: &str, claim: &str) {
-    let store = &host.store;
-    let Some(pv) = store
-        .bindings()
-        .provisioned()
-        .into_iter()
-        .find(|pv| pv.metadata.name.as_deref() == Some(name))
-    else {
-        let _ = store.bindings().finish_release(name, false);
-        return;
-    };
-    let dir = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.local.as_ref())
-        .map(|l| std::path::PathBuf::from(&l.path));
-    crate::record::fail_point("reclaim", "before");
-    let removed = match dir {
-        Some(dir) if dir.parent() == Some(host.local_path_dir.as_path()) => {
-            let leaf = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-            kubevol_mount::safe::Dir::open(&host.local_path_dir)
-                .and_then(|d| d.remove_dir_all_one_fs(&leaf.unwrap_or_default()))
-                .map_err(|e| e.to_string())
-        }
-        Some(dir) => Err(format!(
-            "its directory {} is not in the local-path directory {}: left alone",
-            dir.display(),
-            host.local_path_dir.display()
-        )),
-        None => Ok(()),
-    };
-    forget_deleted(store, name, claim, removed);
+    store.remove_provisioned(&name);
+    tracing::info!(volume = %name, claim = %r.claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
 }

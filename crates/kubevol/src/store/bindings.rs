@@ -69,6 +69,8 @@ pub struct Creating {
     pub failures: u32,
     /// The last failure.
     pub last_error: Option<String>,
+    /// No call before this, after a failure (1 s, doubling to a minute).
+    pub retry_at: Option<std::time::Instant>,
 }
 
 /// The bindings by claim, and the volumes provisioned, by name.
@@ -163,6 +165,16 @@ impl Bindings {
             .collect()
     }
 
+    /// Whether kubevol provisioned any volume.
+    pub fn has_provisioned(&self) -> bool {
+        !crate::sync::lock(&self.map).provisioned.is_empty()
+    }
+
+    /// Provisioned volume `name`, if kubevol made it.
+    pub fn provisioned_volume(&self, name: &str) -> Option<PersistentVolume> {
+        crate::sync::lock(&self.map).provisioned.get(name).cloned()
+    }
+
     /// Binds claim `namespace/claim` to `volume`, on disk before it counts. Refused if either
     /// is bound already.
     pub fn bind(&self, namespace: &str, claim: &str, volume: &str) -> std::io::Result<()> {
@@ -181,13 +193,13 @@ impl Bindings {
     }
 
     /// Marks claim `namespace/claim`'s volume as being created: its state before, or `None`
-    /// when a call is already out.
+    /// when a call is already out, or a failed one's backoff has not passed.
     pub fn start_creating(&self, namespace: &str, claim: &str) -> Option<Creating> {
         let mut creating = crate::sync::lock(&self.creating);
         let c = creating
             .entry((namespace.to_string(), claim.to_string()))
             .or_default();
-        if c.in_flight {
+        if c.in_flight || c.retry_at.is_some_and(|t| std::time::Instant::now() < t) {
             return None;
         }
         let before = c.clone();
@@ -202,23 +214,31 @@ impl Bindings {
             .cloned()
     }
 
-    /// Ends a creation: done (forgotten), or failed with `error`; returns the failures so far.
-    pub fn finish_creating(&self, namespace: &str, claim: &str, error: Option<String>) -> u32 {
+    /// Ends a creation: done (forgotten), or failed with `error`; then returns how long until
+    /// it may be tried again (1 s, doubling to a minute).
+    pub fn finish_creating(
+        &self,
+        namespace: &str,
+        claim: &str,
+        error: Option<String>,
+    ) -> Option<std::time::Duration> {
         let mut creating = crate::sync::lock(&self.creating);
         let key = (namespace.to_string(), claim.to_string());
-        match error {
+        let e = match error {
             None => {
                 creating.remove(&key);
-                0
+                return None;
             }
-            Some(e) => {
-                let c = creating.entry(key).or_default();
-                c.in_flight = false;
-                c.failures += 1;
-                c.last_error = Some(e);
-                c.failures
-            }
-        }
+            Some(e) => e,
+        };
+        let c = creating.entry(key).or_default();
+        c.in_flight = false;
+        c.failures += 1;
+        c.last_error = Some(e);
+        let delay = std::time::Duration::from_secs(1 << c.failures.min(6))
+            .min(std::time::Duration::from_secs(60));
+        c.retry_at = Some(std::time::Instant::now() + delay);
+        Some(delay)
     }
 
     /// Marks provisioned volume `volume` as being deleted; false if it already is.

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 mod bindings;
 mod definitions;
 
-pub use bindings::{Binding, Bindings, BINDINGS_FILE};
+pub use bindings::{Binding, Bindings, Creating, BINDINGS_FILE};
 pub use definitions::Key as ObjectKey;
 use definitions::{Key, Objects, Shared};
 
@@ -643,12 +643,13 @@ impl ObjectStore {
         self.read().csi_drivers.get(name).cloned()
     }
 
-    /// Adds volumes kubevol provisioned (recorded in [`Bindings`] first).
-    pub fn add_provisioned(&self, volumes: impl IntoIterator<Item = PersistentVolume>) {
+    /// Adds what kubevol made: volumes it provisioned (recorded in [`Bindings`] first), claims
+    /// of generic ephemeral volumes.
+    pub fn add_provisioned(&self, objects: impl IntoIterator<Item = Object>) {
         self.apply(
-            volumes
+            objects
                 .into_iter()
-                .map(|pv| Change::Provisioned(Box::new(Object::PersistentVolume(pv))))
+                .map(|o| Change::Provisioned(Box::new(o)))
                 .collect::<Vec<_>>(),
         );
     }
@@ -658,16 +659,6 @@ impl ObjectStore {
         self.apply([Change::Unprovisioned(ObjectKey::PersistentVolume(
             name.to_string(),
         ))]);
-    }
-
-    /// Adds claims kubevol made (for generic ephemeral volumes).
-    pub fn add_made_claims(&self, claims: impl IntoIterator<Item = PersistentVolumeClaim>) {
-        self.apply(
-            claims
-                .into_iter()
-                .map(|c| Change::Provisioned(Box::new(Object::PersistentVolumeClaim(c))))
-                .collect::<Vec<_>>(),
-        );
     }
 
     /// Removes the claims kubevol made for pod `uid` (their controlling owner); claims of the
