@@ -1000,6 +1000,15 @@ mount_test! {
             until_announced(&m, 20, "the manifest error", || !m.status(false).manifest_errors.is_empty()).await;
             assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&web)).contains_key("data"));
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
+            // The claim removed while its pod still names it: nothing is deleted while the pod
+            // is there.
+            write_manifest(&manifests, "web.yaml", claim("web", "").split("---\n").nth(1).unwrap());
+            until_announced(&m, 20, "the claim gone", || m.store().persistent_volume_claim("default", "web").is_none()).await;
+            write_manifest(&manifests, "other.yaml", &claim("other", "  storageClassName: \"\"\n"));
+            until_announced(&m, 20, "another change looked at", || m.store().persistent_volume_claim("default", "other").is_some()).await;
+            assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes", "kept while its pod names the claim");
+            assert!(m.store().persistent_volume(&volume).is_some());
+            std::fs::remove_file(manifests.join("other.yaml")).unwrap();
             // Removed with its pod: reclaim policy Delete deletes the volume once it is
             // unmounted; Retain keeps it, Released.
             std::fs::remove_file(manifests.join("web.yaml")).unwrap();

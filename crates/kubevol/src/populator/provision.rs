@@ -527,7 +527,8 @@ pub struct Reclaim {
 
 /// The provisioned volumes to delete now: of reclaim policy `Delete`, whose claim is gone for
 /// good (every source synced and readable, and no broken manifest file that defined the claim
-/// holds it back), that no pod wants or has mounted, and that are not being deleted already.
+/// holds it back), that no pod names, wants or has mounted, and that are not being deleted
+/// already.
 /// Each is marked as being deleted (nothing may mount it meanwhile) before it is returned.
 pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Reclaim> {
     let bindings = store.bindings();
@@ -562,6 +563,28 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Recla
     {
         return Vec::new();
     }
+    // A claim a pod still names is in use though it is gone from the manifests (what
+    // PersistentVolumeClaim protection keeps on a cluster): its volume waits for the pod.
+    let named: std::collections::BTreeSet<String> = store
+        .pods()
+        .iter()
+        .flat_map(|(_, p)| {
+            let pod = &p.pod;
+            let ns = pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| crate::store::DEFAULT_NAMESPACE.into());
+            let pod_name = pod.metadata.name.clone().unwrap_or_default();
+            pod.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| {
+                    super::claims::claim_name(&pod_name, v).map(|c| format!("{ns}/{c}"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
     let in_use: std::collections::BTreeSet<String> = {
         let name = |spec: &kubevol_core::state::VolumeSpec| {
             spec.persistent_volume
@@ -581,7 +604,7 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Recla
     gone.into_iter()
         .filter(|r| {
             let name = r.volume.metadata.name.as_deref().unwrap_or_default();
-            !in_use.contains(name) && bindings.start_release(name)
+            !in_use.contains(name) && !named.contains(&r.claim) && bindings.start_release(name)
         })
         .collect()
 }
