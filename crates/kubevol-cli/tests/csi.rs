@@ -748,6 +748,17 @@ async fn fresh_node(cluster: &kubevol_testserver::TestCluster) {
 }
 
 /// A manager as `kubevol run --kubeconfig` makes it: a node of `cluster`.
+/// A cluster on `backend` for node `test-node`, and the guard that keeps `driver`'s
+/// cluster-wide objects this test's alone while it runs.
+async fn cluster_for(
+    backend: kubevol_testserver::Backend,
+    driver: &str,
+) -> (kubevol_testserver::TestCluster, Option<std::fs::File>) {
+    let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
+    let guard = cluster.exclusive(driver);
+    (cluster, guard)
+}
+
 fn cluster_manager(root: &Path, cluster: &kubevol_testserver::TestCluster) -> VolumeManager {
     let name = cluster.node_name().to_string();
     let m = manager(root, |c| c.node_name = name);
@@ -776,8 +787,7 @@ cluster_test! {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(DRIVER);
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             let name = cluster.node_name().to_string();
             without_node(&cluster).await;
             let pod = create_claim_pod(&cluster, "data", false).await;
@@ -863,8 +873,7 @@ cluster_test! {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(DRIVER);
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             let name = cluster.node_name().to_string();
             fresh_node(&cluster).await;
             let pod = create_claim_pod(&cluster, "att", true).await;
@@ -1021,8 +1030,7 @@ cluster_test! {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(DRIVER);
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             let audience = cluster.scoped("loop-audience");
             fresh(&cluster, token_driver(&audience, false)).await;
             if !cluster.is_real() {
@@ -1091,8 +1099,7 @@ cluster_test! {
         std::fs::write(&max, "5").unwrap();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--max-volumes-file", max.to_str().unwrap()]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(DRIVER);
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             let name = cluster.node_name().to_string();
             fresh_node(&cluster).await;
             let mut with_period = csi_driver(true);
@@ -1192,8 +1199,7 @@ cluster_test! {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--inject", "NodeExpandVolume:OUT_OF_RANGE:1"]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(DRIVER);
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             fresh(&cluster, csi_driver(false)).await;
             // The node reports its volumes in use before staging them.
             fresh_node(&cluster).await;
@@ -1327,8 +1333,7 @@ cluster_test! {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", GCE]);
         runtime().block_on(async {
-            let cluster = kubevol_testserver::TestCluster::start_on(backend, "test-node").await;
-            let _driver_name = cluster.exclusive(GCE);
+            let (cluster, _driver_name) = cluster_for(backend, GCE).await;
             let name = cluster.node_name().to_string();
             // The disk is this test's driver's own (its data directory): its name need not be
             // scoped.
