@@ -23,14 +23,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::safe::{io, Dir};
+use crate::walk::{At, Visit};
 use crate::MountError;
 
 /// The link that names the current payload.
@@ -242,77 +243,86 @@ impl Compare<'_> {
     }
 }
 
-/// Walks the payload directory `dir` (opened a moment ago) and compares each file with its
-/// entry, reading no file after the first difference; every entry is still looked at, so that
-/// anything but a regular file or a directory anywhere in the payload is refused.
-fn compare_payload(dir: &Dir, prefix: &str, cmp: &mut Compare<'_>) -> Result<(), MountError> {
-    for (name, ft) in dir.own_entries()? {
-        let name = String::from_utf8_lossy(&name).into_owned();
-        let rel = if prefix.is_empty() {
-            name.clone()
-        } else {
-            format!("{prefix}/{name}")
-        };
+fn payload_link(path: PathBuf) -> MountError {
+    MountError::Unsafe {
+        path,
+        reason: "is a symbolic link inside a payload directory".into(),
+    }
+}
+
+/// Compares each file of a payload directory with its entry, reading no file after the first
+/// difference; every entry is still looked at, so that anything but a regular file or a
+/// directory anywhere in the payload is refused.
+impl Visit for Compare<'_> {
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        ft: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
         match ft {
-            FileType::Directory => {
-                let child = dir.open_child(OsStr::new(&name)).map_err(|e| match e {
-                    MountError::Symlink { path } => MountError::Unsafe {
-                        path,
-                        reason: "is a symbolic link inside a payload directory".into(),
-                    },
-                    e => e,
-                })?;
-                compare_payload(&child, &rel, cmp)?;
-            }
             FileType::RegularFile => {
-                cmp.seen += 1;
-                if cmp.differs {
-                    continue;
+                self.seen += 1;
+                if self.differs {
+                    return Ok(());
                 }
-                match cmp.want.get(rel.as_str()) {
+                let rel = at.relative(name);
+                match self.want.get(rel.as_str()) {
                     Some(e) => {
-                        let same = file_is(dir, &name, e, cmp.own)?;
-                        cmp.differs = !same;
+                        let same = file_is(parent, name, e, self.own, || at.child(name))?;
+                        self.differs = !same;
                     }
-                    None => cmp.differs = true,
+                    None => self.differs = true,
                 }
+                Ok(())
             }
-            FileType::Symlink => {
-                return Err(unsafe_entry(
-                    dir,
-                    &name,
-                    "is a symbolic link inside a payload directory",
-                ))
-            }
-            _ => return Err(unsafe_entry(dir, &name, "is not a regular file")),
+            FileType::Symlink => Err(payload_link(at.child(name))),
+            _ => Err(MountError::Unsafe {
+                path: at.child(name),
+                reason: "is not a regular file".into(),
+            }),
         }
     }
-    Ok(())
+
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        crate::walk::open_dir(parent, name, at).map_err(|e| match e {
+            MountError::Symlink { path } => payload_link(path),
+            e => e,
+        })
+    }
 }
 
 /// Whether the payload file `name` has exactly the entry's content, mode and group: its size
 /// is looked at before its content is read, in one read.
-fn file_is(dir: &Dir, name: &str, e: &Entry<'_>, own: Ownership) -> Result<bool, MountError> {
-    let path = || dir.child_path(OsStr::new(name));
+fn file_is(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    e: &Entry<'_>,
+    own: Ownership,
+    path: impl Fn() -> PathBuf,
+) -> Result<bool, MountError> {
     let fd = match rustix::fs::openat(
-        &dir.fd,
+        parent,
         name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
         Mode::empty(),
     ) {
         Ok(fd) => fd,
-        Err(Errno::LOOP) => {
-            return Err(unsafe_entry(
-                dir,
-                name,
-                "is a symbolic link inside a payload directory",
-            ))
-        }
+        Err(Errno::LOOP) => return Err(payload_link(path())),
         Err(e) => return Err(io("open", &path())(e)),
     };
     let st = rustix::fs::fstat(&fd).map_err(io("stat", &path()))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(unsafe_entry(dir, name, "is not a regular file"));
+        return Err(MountError::Unsafe {
+            path: path(),
+            reason: "is not a regular file".into(),
+        });
     }
     if u64::try_from(st.st_size).ok() != Some(e.data.len() as u64)
         || st.st_mode & 0o7777 != own.file_mode(e.mode)
@@ -528,7 +538,7 @@ pub fn write(
             seen: 0,
             differs: false,
         };
-        compare_payload(payload, "", &mut cmp)?;
+        crate::walk::walk(payload, &mut cmp)?;
         if cmp.matches() {
             remove_link(dir, DATA_DIR_TMP)?;
             converge(dir, name, &top, hook)?;

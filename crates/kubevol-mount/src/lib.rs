@@ -16,6 +16,7 @@ pub mod mountinfo;
 pub mod ns;
 pub mod safe;
 pub mod subpath;
+pub mod walk;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};

@@ -7,13 +7,13 @@
 //! failed unmount can never delete the data of a mounted volume.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
+use crate::walk::{At, Visit};
 use crate::MountError;
 
 /// When `fsGroup` ownership is applied (`securityContext.fsGroupChangePolicy`).
@@ -297,121 +297,21 @@ impl Dir {
     pub(crate) fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
         let dup = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
             .map_err(io("open", &self.path))?;
-        self.read_entries(&dup)
-    }
-
-    /// The entries of a directory opened a moment ago, read from its own descriptor (no
-    /// second one is opened for the reading).
-    pub(crate) fn own_entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
-        self.read_entries(&self.fd)
-    }
-
-    /// Reads the entries of this directory from `fd`, open on it; an entry whose type the
-    /// filesystem does not say is looked at.
-    fn read_entries(&self, fd: &OwnedFd) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-        let mut dir = rustix::fs::RawDir::new(fd, &mut buf);
-        let mut out = Vec::new();
-        while let Some(entry) = dir.next() {
-            let entry = entry.map_err(io("readdir", &self.path))?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            let ft = match entry.file_type() {
-                FileType::Unknown => {
-                    let st = rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW)
-                        .map_err(io("stat", &self.child_path(OsStr::from_bytes(name))))?;
-                    FileType::from_raw_mode(st.st_mode)
-                }
-                ft => ft,
-            };
-            out.push((name.to_vec(), ft));
-        }
-        Ok(out)
+        crate::walk::read_entries(dup.as_fd(), || self.path.clone())
     }
 
     /// Opens the directory `name` of this one on this directory's own mount: a mount point
-    /// there is [`MountError::NestedMount`], a link [`MountError::Symlink`]. One openat2 call
-    /// (RESOLVE_NO_XDEV) where the kernel has it.
+    /// there is [`MountError::NestedMount`], a link [`MountError::Symlink`].
     fn open_child_same_mount(&self, name: &OsStr) -> Result<Dir, MountError> {
         let path = self.child_path(name);
-        let resolve = ResolveFlags::BENEATH
-            | ResolveFlags::NO_SYMLINKS
-            | ResolveFlags::NO_MAGICLINKS
-            | ResolveFlags::NO_XDEV;
-        match rustix::fs::openat2(&self.fd, name, DIR_FLAGS, Mode::empty(), resolve) {
-            Ok(fd) => Ok(Dir { fd, path }),
-            Err(Errno::XDEV) => Err(MountError::NestedMount { path }),
-            Err(Errno::LOOP) => Err(MountError::Symlink { path }),
-            Err(Errno::NOSYS) => {
-                let child = self.open_child(name)?;
-                if is_mount_root_at(&self.fd, Path::new(name))? {
-                    return Err(MountError::NestedMount { path });
-                }
-                Ok(child)
-            }
-            Err(e) => Err(io("open", &path)(e)),
-        }
+        let fd = open_same_mount(self.fd.as_fd(), name, || path.clone())?;
+        Ok(Dir { fd, path })
     }
 
     pub(crate) fn device(&self) -> Result<(u32, u32), MountError> {
         let st = rustix::fs::statx(&self.fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
             .map_err(io("statx", &self.path))?;
         Ok((st.stx_dev_major, st.stx_dev_minor))
-    }
-
-    /// Whether the entry `name` (not followed) is a mount root or lies on another device than
-    /// `dev`: a walk that must stay on one filesystem stops there.
-    fn leaves_filesystem(&self, name: &OsStr, dev: (u32, u32)) -> Result<bool, MountError> {
-        let st = rustix::fs::statx(
-            &self.fd,
-            name,
-            AtFlags::SYMLINK_NOFOLLOW,
-            StatxFlags::BASIC_STATS,
-        )
-        .map_err(io("statx", &self.child_path(name)))?;
-        let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-        Ok(mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev)
-    }
-
-    /// Checks that nothing below this directory is a mount root or on another device.
-    fn check_one_fs(&self, dev: (u32, u32)) -> Result<(), MountError> {
-        for (name, ft) in self.entries()? {
-            let name = OsStr::from_bytes(&name);
-            let path = self.child_path(name);
-            if self.leaves_filesystem(name, dev)? {
-                return Err(MountError::NestedMount { path });
-            }
-            if ft == FileType::Directory {
-                self.open_child(name)?.check_one_fs(dev)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn remove_one_fs(&self, dev: (u32, u32)) -> Result<(), MountError> {
-        for (name, ft) in self.entries()? {
-            let name = OsStr::from_bytes(&name);
-            let path = self.child_path(name);
-            if ft == FileType::Directory {
-                let child = self.open_child(name)?;
-                if child.device()? != dev || is_mount_root_at(&self.fd, Path::new(name))? {
-                    return Err(MountError::NestedMount { path });
-                }
-                child.remove_one_fs(dev)?;
-                rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)
-                    .map_err(io("rmdir", &path))?;
-            } else {
-                match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
-                    Ok(()) | Err(Errno::NOENT) => {}
-                    Err(Errno::BUSY) => return Err(MountError::NestedMount { path }),
-                    Err(e) => return Err(io("unlink", &path)(e)),
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Gives the tree below (and including) this directory the pod's fsGroup, as the kubelet
@@ -436,70 +336,8 @@ impl Dir {
             }
         }
         let dev = self.device()?;
-        self.chown_chmod_dir(gid, mask, dev)?;
+        crate::walk::walk(self, &mut FsGroup { gid, mask, dev })?;
         Ok(true)
-    }
-
-    fn chown_chmod_dir(&self, gid: u32, mask: u32, dev: (u32, u32)) -> Result<(), MountError> {
-        let st = rustix::fs::fstat(&self.fd).map_err(io("stat", &self.path))?;
-        rustix::fs::fchown(&self.fd, None, Some(rustix::fs::Gid::from_raw(gid)))
-            .map_err(io("chown", &self.path))?;
-        let mode = (st.st_mode & 0o7777) | mask | 0o110 | 0o2000;
-        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode)).map_err(io("chmod", &self.path))?;
-        for (name, ft) in self.entries()? {
-            let name = OsStr::from_bytes(&name);
-            let path = self.child_path(name);
-            if self.leaves_filesystem(name, dev)? {
-                continue;
-            }
-            match ft {
-                FileType::Symlink => {}
-                FileType::Directory => match self.open_child(name) {
-                    Ok(child) => child.chown_chmod_dir(gid, mask, dev)?,
-                    Err(MountError::Symlink { .. }) => {}
-                    Err(e) => return Err(e),
-                },
-                FileType::RegularFile => {
-                    let fd = match rustix::fs::openat(
-                        &self.fd,
-                        name,
-                        OFlags::RDONLY
-                            | OFlags::NOFOLLOW
-                            | OFlags::NONBLOCK
-                            | OFlags::NOCTTY
-                            | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    ) {
-                        Ok(fd) => fd,
-                        // Swapped for a link or removed since it was listed: not ours to touch.
-                        Err(Errno::LOOP | Errno::NOENT) => continue,
-                        Err(e) => return Err(io("open", &path)(e)),
-                    };
-                    let st = rustix::fs::fstat(&fd).map_err(io("stat", &path))?;
-                    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-                        continue;
-                    }
-                    rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(gid)))
-                        .map_err(io("chown", &path))?;
-                    rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode & 0o7777) | mask))
-                        .map_err(io("chmod", &path))?;
-                }
-                _ => {
-                    // Sockets, FIFOs and devices: change the group without opening them.
-                    match rustix::fs::chownat(
-                        &self.fd,
-                        name,
-                        None,
-                        Some(rustix::fs::Gid::from_raw(gid)),
-                        AtFlags::SYMLINK_NOFOLLOW,
-                    ) {
-                        Ok(()) | Err(Errno::NOENT) => {}
-                        Err(e) => return Err(io("chown", &path)(e)),
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Removes everything inside this directory, staying on its filesystem. It first checks the
@@ -507,8 +345,8 @@ impl Dir {
     /// found below; while removing it checks again, so a mount made in between is not entered.
     pub fn remove_contents_one_fs(&self) -> Result<(), MountError> {
         let dev = self.device()?;
-        self.check_one_fs(dev)?;
-        self.remove_one_fs(dev)
+        crate::walk::walk(self, &mut CheckOneFs { dev })?;
+        crate::walk::walk(self, &mut RemoveOneFs { dev })
     }
 
     pub(crate) fn open_child_if_exists(&self, name: &str) -> Result<Option<Dir>, MountError> {
@@ -611,31 +449,318 @@ impl Dir {
             Err(e) => return Err(e),
         };
         // Every empty directory goes, even beside a leftover; the first leftover is reported.
-        let mut first_leftover = None;
-        for (entry, ft) in child.own_entries()? {
-            let entry = String::from_utf8_lossy(&entry).into_owned();
-            let r = if ft != FileType::Directory {
-                Err(MountError::Leftover {
-                    path: path.join(&entry),
-                })
-            } else {
-                child.remove_empty_tree(&entry)
-            };
-            match r {
-                Ok(()) => {}
-                Err(e @ (MountError::Leftover { .. } | MountError::NestedMount { .. })) => {
-                    first_leftover.get_or_insert(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some(e) = first_leftover {
+        let mut empty = EmptyTree {
+            first_leftover: None,
+        };
+        crate::walk::walk(&child, &mut empty)?;
+        drop(child);
+        if let Some(e) = empty.first_leftover {
             return Err(e);
         }
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(Errno::NOTEMPTY) => Err(MountError::Leftover { path }),
             Err(e) => Err(io("rmdir", &path)(e)),
+        }
+    }
+}
+
+/// Opens the directory `name` of `parent` on the parent's own mount: a mount point there is
+/// [`MountError::NestedMount`], a link [`MountError::Symlink`]. One openat2 call
+/// (RESOLVE_NO_XDEV) where the kernel has it.
+fn open_same_mount(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    path: impl Fn() -> PathBuf,
+) -> Result<OwnedFd, MountError> {
+    let resolve = ResolveFlags::BENEATH
+        | ResolveFlags::NO_SYMLINKS
+        | ResolveFlags::NO_MAGICLINKS
+        | ResolveFlags::NO_XDEV;
+    match rustix::fs::openat2(parent, name, DIR_FLAGS, Mode::empty(), resolve) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::XDEV) => Err(MountError::NestedMount { path: path() }),
+        Err(Errno::LOOP) => Err(MountError::Symlink { path: path() }),
+        Err(Errno::NOSYS) => {
+            let fd = match rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::LOOP) => return Err(MountError::Symlink { path: path() }),
+                Err(e) => return Err(io("open", &path())(e)),
+            };
+            if is_mount_root_at(parent, Path::new(name))? {
+                return Err(MountError::NestedMount { path: path() });
+            }
+            Ok(fd)
+        }
+        Err(e) => Err(io("open", &path())(e)),
+    }
+}
+
+/// Whether the entry `name` of `parent` (not followed) is a mount root or lies on another
+/// device than `dev`: a walk that must stay on one filesystem stops there.
+fn leaves_filesystem(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    dev: (u32, u32),
+    at: &At<'_>,
+) -> Result<bool, MountError> {
+    let st = rustix::fs::statx(
+        parent,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    )
+    .map_err(|e| io("statx", &at.child(name))(e))?;
+    let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+        && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+    Ok(mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev)
+}
+
+/// The device of the directory open at `fd`.
+fn device_of(fd: BorrowedFd<'_>, at: &At<'_>) -> Result<(u32, u32), MountError> {
+    let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
+        .map_err(|e| io("statx", &at.dir())(e))?;
+    Ok((st.stx_dev_major, st.stx_dev_minor))
+}
+
+/// Finds anything below a directory that is a mount root or on another device than `dev`.
+struct CheckOneFs {
+    dev: (u32, u32),
+}
+
+impl Visit for CheckOneFs {
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        _: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        if leaves_filesystem(parent, name, self.dev, at)? {
+            return Err(MountError::NestedMount {
+                path: at.child(name),
+            });
+        }
+        Ok(())
+    }
+
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        self.other(parent, name, FileType::Directory, at)?;
+        crate::walk::open_dir(parent, name, at)
+    }
+}
+
+/// Removes everything below a directory on the device `dev`, bottom up, and stops at a mount
+/// point or another device.
+struct RemoveOneFs {
+    dev: (u32, u32),
+}
+
+impl Visit for RemoveOneFs {
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        _: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::BUSY) => Err(MountError::NestedMount {
+                path: at.child(name),
+            }),
+            Err(e) => Err(io("unlink", &at.child(name))(e)),
+        }
+    }
+
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        let Some(child) = crate::walk::open_dir(parent, name, at)? else {
+            return Ok(None);
+        };
+        if device_of(child.as_fd(), at)? != self.dev || is_mount_root_at(parent, Path::new(name))? {
+            return Err(MountError::NestedMount {
+                path: at.child(name),
+            });
+        }
+        Ok(Some(child))
+    }
+
+    fn leave(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+            .map_err(|e| io("rmdir", &at.child(name))(e))
+    }
+}
+
+/// Gives everything below a directory on the device `dev` the group `gid` and the bits `mask`
+/// (see [`Dir::apply_fs_group`]).
+struct FsGroup {
+    gid: u32,
+    mask: u32,
+    dev: (u32, u32),
+}
+
+impl Visit for FsGroup {
+    fn enter(&mut self, dir: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
+        let st = rustix::fs::fstat(dir).map_err(|e| io("stat", &at.dir())(e))?;
+        rustix::fs::fchown(dir, None, Some(rustix::fs::Gid::from_raw(self.gid)))
+            .map_err(|e| io("chown", &at.dir())(e))?;
+        let mode = (st.st_mode & 0o7777) | self.mask | 0o110 | 0o2000;
+        rustix::fs::fchmod(dir, Mode::from_raw_mode(mode)).map_err(|e| io("chmod", &at.dir())(e))
+    }
+
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        ft: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        if ft == FileType::Symlink || leaves_filesystem(parent, name, self.dev, at)? {
+            return Ok(());
+        }
+        let gid = Some(rustix::fs::Gid::from_raw(self.gid));
+        if ft != FileType::RegularFile {
+            // Sockets, FIFOs and devices: change the group without opening them.
+            return match rustix::fs::chownat(parent, name, None, gid, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(io("chown", &at.child(name))(e)),
+            };
+        }
+        let flags =
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            // Swapped for a link or removed since it was listed: not ours to touch.
+            Err(Errno::LOOP | Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(io("open", &at.child(name))(e)),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| io("stat", &at.child(name))(e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Ok(());
+        }
+        rustix::fs::fchown(&fd, None, gid).map_err(|e| io("chown", &at.child(name))(e))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode & 0o7777) | self.mask))
+            .map_err(|e| io("chmod", &at.child(name))(e))
+    }
+
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        if leaves_filesystem(parent, name, self.dev, at)? {
+            return Ok(None);
+        }
+        match crate::walk::open_dir(parent, name, at) {
+            Err(MountError::Symlink { .. }) => Ok(None),
+            r => r,
+        }
+    }
+}
+
+/// Removes the empty directories below a directory with rmdir alone; keeps the first thing
+/// found that is not one (see [`Dir::remove_empty_tree`]).
+struct EmptyTree {
+    first_leftover: Option<MountError>,
+}
+
+impl EmptyTree {
+    fn found(&mut self, e: MountError) {
+        self.first_leftover.get_or_insert(e);
+    }
+}
+
+impl Visit for EmptyTree {
+    fn other(
+        &mut self,
+        _: BorrowedFd<'_>,
+        name: &OsStr,
+        _: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        self.found(MountError::Leftover {
+            path: at.child(name),
+        });
+        Ok(())
+    }
+
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        // An empty directory goes with one rmdir; only one with something in it is entered.
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::BUSY) => {
+                self.found(MountError::NestedMount {
+                    path: at.child(name),
+                });
+                return Ok(None);
+            }
+            Err(_) => {}
+        }
+        match open_same_mount(parent, name, || at.child(name)) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e @ MountError::NestedMount { .. }) => {
+                self.found(e);
+                Ok(None)
+            }
+            Err(
+                MountError::Io {
+                    errno: Errno::NOTDIR,
+                    ..
+                }
+                | MountError::Symlink { .. },
+            ) => {
+                self.found(MountError::Leftover {
+                    path: at.child(name),
+                });
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn leave(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOTEMPTY | Errno::EXIST) => {
+                self.found(MountError::Leftover {
+                    path: at.child(name),
+                });
+                Ok(())
+            }
+            Err(Errno::BUSY) => {
+                self.found(MountError::NestedMount {
+                    path: at.child(name),
+                });
+                Ok(())
+            }
+            Err(e) => Err(io("rmdir", &at.child(name))(e)),
         }
     }
 }
@@ -944,5 +1069,76 @@ mod tests {
         assert!(matches!(err, MountError::Leftover { .. }), "{err}");
         assert!(outside.path().join("p").exists());
         assert!(t.path().join("pod/volumes").symlink_metadata().is_ok());
+    }
+
+    /// A pod that makes a tree 100,000 levels deep in its volume: the fsGroup walk, the check
+    /// and the removal each get through it on a thread with a small stack.
+    #[test]
+    fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_removed_without_recursion() {
+        let t = crate::walk::tests::memory_tempdir();
+        let v = t.path().join("v");
+        std::fs::create_dir(&v).unwrap();
+        let deepest = crate::walk::tests::chain(&v, 100_000);
+        let gid = rustix::process::getgid().as_raw();
+        let top = t.path().to_path_buf();
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let vol = Dir::open(&top.join("v")).unwrap();
+                assert!(vol
+                    .apply_fs_group(gid, false, FsGroupPolicy::Always)
+                    .unwrap());
+                let st = rustix::fs::statat(&deepest, "..", AtFlags::empty()).unwrap();
+                assert_eq!(
+                    st.st_mode & 0o2070,
+                    0o2070,
+                    "the deepest level has the bits"
+                );
+                // (A directory held open deep in the tree makes each rmdir above it walk the
+                // held chain in the kernel.)
+                drop((vol, deepest));
+                Dir::open(&top).unwrap().remove_dir_all_one_fs("v").unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!v.exists());
+    }
+
+    #[test]
+    fn a_deep_tree_of_empty_directories_goes_with_rmdir_alone() {
+        let t = crate::walk::tests::memory_tempdir();
+        let mut cur = rustix::fs::open(t.path(), DIR_FLAGS, Mode::empty()).unwrap();
+        for _ in 0..20_000 {
+            rustix::fs::mkdirat(&cur, "e", Mode::from_raw_mode(0o755)).unwrap();
+            cur = rustix::fs::openat(&cur, "e", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        rustix::fs::mkdirat(&cur, "keep", Mode::from_raw_mode(0o755)).unwrap();
+        std::fs::write(t.path().join("marker"), b"").unwrap();
+        let deep_file = rustix::fs::openat(
+            &cur,
+            "keep/data",
+            OFlags::CREATE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        drop(deep_file);
+        let d = Dir::open(t.path()).unwrap();
+        let e = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn_scoped(s, || d.remove_empty_tree("e").unwrap_err())
+                .unwrap()
+                .join()
+                .unwrap()
+        });
+        assert!(
+            matches!(&e, MountError::Leftover { path } if path.ends_with("keep/data")),
+            "{e}"
+        );
+        rustix::fs::unlinkat(&cur, "keep/data", AtFlags::empty()).unwrap();
+        drop(cur);
+        d.remove_empty_tree("e").unwrap();
+        assert!(!t.path().join("e").exists());
     }
 }

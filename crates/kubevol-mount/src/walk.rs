@@ -1,0 +1,513 @@
+//! Walks over a directory tree whose shape someone else chose: a volume's contents, written by
+//! a pod, or a payload whose paths a manifest gave.
+//!
+//! The walk keeps an explicit stack on the heap instead of recursing, so a tree 100,000 levels
+//! deep costs memory in proportion to its depth and never the thread's stack. At most
+//! [`OPEN_LIMIT`] directory descriptors are open at once: the shallowest levels give theirs up
+//! as the walk goes deeper, and a level is opened again, when the walk comes back up to it,
+//! through `..` of the level below, and only taken if it is the very directory it left (same
+//! device and inode) — never by a path, so a tree moved while it is walked can send the walk
+//! nowhere else. Every directory is opened relative to its parent with `O_NOFOLLOW`.
+//!
+//! What a walk does at each entry (check, remove, change ownership, compare, count) is a
+//! [`Visit`]; this module only moves through the tree.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode};
+use rustix::io::Errno;
+
+use crate::safe::{io, Dir, DIR_FLAGS};
+use crate::MountError;
+
+/// The most directory descriptors one walk keeps open.
+pub const OPEN_LIMIT: usize = 32;
+
+/// How many names of a deep path a message spells out at each end.
+const SHOWN_NAMES: usize = 4;
+
+/// Where a walk is: the path of the directory being walked, for messages only (it is never
+/// resolved). Deep paths are shortened in the middle.
+pub struct At<'w> {
+    root: &'w Path,
+    frames: &'w [Frame],
+}
+
+impl At<'_> {
+    /// How many levels below the walk's root the current directory is (the root is 0).
+    pub fn depth(&self) -> usize {
+        self.frames.len().saturating_sub(1)
+    }
+
+    /// The path of the current directory.
+    pub fn dir(&self) -> PathBuf {
+        let names: Vec<&[u8]> = self.frames[1..].iter().map(|f| f.name.as_slice()).collect();
+        let mut path = self.root.to_path_buf();
+        if names.len() <= 2 * SHOWN_NAMES {
+            names.iter().for_each(|n| path.push(OsStr::from_bytes(n)));
+            return path;
+        }
+        let hidden = names.len() - 2 * SHOWN_NAMES;
+        names[..SHOWN_NAMES]
+            .iter()
+            .for_each(|n| path.push(OsStr::from_bytes(n)));
+        path.push(format!("…({hidden} more levels)…"));
+        names[names.len() - SHOWN_NAMES..]
+            .iter()
+            .for_each(|n| path.push(OsStr::from_bytes(n)));
+        path
+    }
+
+    /// The path of the entry `name` of the current directory relative to the walk's root,
+    /// `/`-separated (names that are not UTF-8 are shown lossily).
+    pub fn relative(&self, name: &OsStr) -> String {
+        let mut rel = String::new();
+        for f in &self.frames[1..] {
+            rel.push_str(&String::from_utf8_lossy(&f.name));
+            rel.push('/');
+        }
+        rel.push_str(&name.to_string_lossy());
+        rel
+    }
+
+    /// The path of the entry `name` of the current directory.
+    pub fn child(&self, name: &OsStr) -> PathBuf {
+        self.dir().join(name)
+    }
+}
+
+/// What a walk does. Every call gets the descriptor of the directory it concerns, open, and
+/// where the walk is.
+pub trait Visit {
+    /// A directory has been entered, the walk's root included, before its entries.
+    fn enter(&mut self, _dir: BorrowedFd<'_>, _at: &At<'_>) -> Result<(), MountError> {
+        Ok(())
+    }
+
+    /// An entry of `parent` that is not a directory (as the listing said; a walk that opens it
+    /// opens it with `O_NOFOLLOW` and checks again).
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        file_type: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError>;
+
+    /// The directory `name` of `parent`: its descriptor, opened as this walk wants it (see
+    /// [`open_dir`]), to enter it; `None` to pass it by.
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError>;
+
+    /// The directory `name` of `parent`, entered earlier, has been walked whole.
+    fn leave(
+        &mut self,
+        _parent: BorrowedFd<'_>,
+        _name: &OsStr,
+        _at: &At<'_>,
+    ) -> Result<(), MountError> {
+        Ok(())
+    }
+}
+
+/// One level of the walk.
+struct Frame {
+    /// Open while the level is one of the deepest [`OPEN_LIMIT`].
+    fd: Option<OwnedFd>,
+    /// Which directory it is, to know it again when it is reopened through `..`.
+    id: (u64, u64),
+    /// Its name in its parent (empty for the root).
+    name: Vec<u8>,
+    /// Its subdirectories not entered yet.
+    pending: Vec<Vec<u8>>,
+}
+
+fn identity(fd: BorrowedFd<'_>, path: impl FnOnce() -> PathBuf) -> Result<(u64, u64), MountError> {
+    let st = rustix::fs::fstat(fd).map_err(|e| io("stat", &path())(e))?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Opens the directory `name` of `parent` with `O_NOFOLLOW`: `None` when it is gone, or no
+/// longer a directory, since it was listed; [`MountError::Symlink`] when it is a link now.
+pub fn open_dir(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    at: &At<'_>,
+) -> Result<Option<OwnedFd>, MountError> {
+    match rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT | Errno::NOTDIR) => Ok(None),
+        Err(Errno::LOOP) => Err(MountError::Symlink {
+            path: at.child(name),
+        }),
+        Err(e) => Err(io("open", &at.child(name))(e)),
+    }
+}
+
+/// The entries of the directory open at `fd` (which must be freshly opened: it is read from
+/// its own offset), `.` and `..` left out; an entry whose type the filesystem does not say
+/// is looked at.
+pub(crate) fn read_entries(
+    fd: BorrowedFd<'_>,
+    path: impl Fn() -> PathBuf,
+) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut dir = rustix::fs::RawDir::new(fd, &mut buf);
+    let mut out = Vec::new();
+    while let Some(entry) = dir.next() {
+        let entry = entry.map_err(|e| io("readdir", &path())(e))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let ft = match entry.file_type() {
+            FileType::Unknown => {
+                match rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) => FileType::from_raw_mode(st.st_mode),
+                    // Gone since it was listed.
+                    Err(Errno::NOENT) => continue,
+                    Err(e) => {
+                        return Err(io("stat", &path().join(OsStr::from_bytes(name)))(e));
+                    }
+                }
+            }
+            ft => ft,
+        };
+        out.push((name.to_vec(), ft));
+    }
+    Ok(out)
+}
+
+/// Walks the tree below `root` (which is entered first), calling `visit` at every entry:
+/// [`Visit::enter`] before a directory's entries, [`Visit::other`] for each entry that is not a
+/// directory, [`Visit::descend`] for each that is, and [`Visit::leave`] after a directory's
+/// whole tree. The root itself is never left (it has no parent here).
+pub fn walk(root: &Dir, visit: &mut dyn Visit) -> Result<(), MountError> {
+    let fd = rustix::fs::openat(root.fd(), ".", DIR_FLAGS, Mode::empty())
+        .map_err(io("open", root.path()))?;
+    let id = identity(fd.as_fd(), || root.path().to_path_buf())?;
+    let mut frames = vec![Frame {
+        fd: Some(fd),
+        id,
+        name: Vec::new(),
+        pending: Vec::new(),
+    }];
+    // Levels below this index have given up their descriptors.
+    let mut first_open = 0;
+    enter(root.path(), &mut frames, visit)?;
+    loop {
+        let top = frames.len() - 1;
+        if let Some(name) = frames[top].pending.pop() {
+            let at = At {
+                root: root.path(),
+                frames: &frames,
+            };
+            let parent = frames[top].fd.as_ref().expect("the deepest level is open");
+            let Some(child) = visit.descend(parent.as_fd(), OsStr::from_bytes(&name), &at)? else {
+                continue;
+            };
+            let id = identity(child.as_fd(), || at.child(OsStr::from_bytes(&name)))?;
+            if frames.len() - first_open >= OPEN_LIMIT {
+                frames[first_open].fd = None;
+                first_open += 1;
+            }
+            frames.push(Frame {
+                fd: Some(child),
+                id,
+                name,
+                pending: Vec::new(),
+            });
+            enter(root.path(), &mut frames, visit)?;
+            continue;
+        }
+        // This level is done: go back up to its parent.
+        if top == 0 {
+            return Ok(());
+        }
+        if frames[top - 1].fd.is_none() {
+            let child = frames[top].fd.as_ref().expect("the deepest level is open");
+            let at = At {
+                root: root.path(),
+                frames: &frames[..top],
+            };
+            let parent = rustix::fs::openat(child, "..", DIR_FLAGS, Mode::empty())
+                .map_err(|e| io("open", &at.dir())(e))?;
+            if identity(parent.as_fd(), || at.dir())? != frames[top - 1].id {
+                return Err(MountError::Unsafe {
+                    path: at.dir(),
+                    reason: "was moved while kubevol walked the tree below it".into(),
+                });
+            }
+            frames[top - 1].fd = Some(parent);
+            first_open = top - 1;
+        }
+        let done = frames.pop().expect("a level to leave");
+        drop(done.fd);
+        let at = At {
+            root: root.path(),
+            frames: &frames,
+        };
+        let parent = frames[top - 1]
+            .fd
+            .as_ref()
+            .expect("the parent was reopened");
+        visit.leave(parent.as_fd(), OsStr::from_bytes(&done.name), &at)?;
+    }
+}
+
+/// Enters the deepest level: [`Visit::enter`], then its entries read, those that are not
+/// directories visited at once and the directories kept to be entered in the order read.
+fn enter(root: &Path, frames: &mut [Frame], visit: &mut dyn Visit) -> Result<(), MountError> {
+    let pending = {
+        let at = At {
+            root,
+            frames: &*frames,
+        };
+        let top = frames.last().expect("a level to enter");
+        let fd = top.fd.as_ref().expect("the deepest level is open").as_fd();
+        visit.enter(fd, &at)?;
+        let mut dirs = Vec::new();
+        for (name, ft) in read_entries(fd, || at.dir())? {
+            if ft == FileType::Directory {
+                dirs.push(name);
+            } else {
+                visit.other(fd, OsStr::from_bytes(&name), ft, &at)?;
+            }
+        }
+        // Taken from the end: entered in the order they were read.
+        dirs.reverse();
+        dirs
+    };
+    frames.last_mut().expect("a level to enter").pending = pending;
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A temporary directory in memory where there is a tmpfs for it (a deep tree is made
+    /// and removed ten times faster than on a disk).
+    pub(crate) fn memory_tempdir() -> tempfile::TempDir {
+        tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
+    }
+
+    /// Makes a chain of `depth` directories named `d` below `top`, each holding a file `f`;
+    /// returns the descriptor of the deepest.
+    pub(crate) fn chain(top: &Path, depth: usize) -> OwnedFd {
+        let mut cur = rustix::fs::open(top, DIR_FLAGS, Mode::empty()).unwrap();
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&cur, "d", Mode::from_raw_mode(0o755)).unwrap();
+            let f = rustix::fs::openat(
+                &cur,
+                "f",
+                rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            drop(f);
+            cur = rustix::fs::openat(&cur, "d", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        cur
+    }
+
+    struct Count {
+        dirs: usize,
+        files: usize,
+        deepest: usize,
+        open_at_deepest: usize,
+    }
+
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    impl Visit for Count {
+        fn enter(&mut self, _: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
+            if at.depth() > self.deepest {
+                self.deepest = at.depth();
+                self.open_at_deepest = open_descriptors();
+            }
+            Ok(())
+        }
+
+        fn other(
+            &mut self,
+            _: BorrowedFd<'_>,
+            _: &OsStr,
+            _: FileType,
+            _: &At<'_>,
+        ) -> Result<(), MountError> {
+            self.files += 1;
+            Ok(())
+        }
+
+        fn descend(
+            &mut self,
+            parent: BorrowedFd<'_>,
+            name: &OsStr,
+            at: &At<'_>,
+        ) -> Result<Option<OwnedFd>, MountError> {
+            self.dirs += 1;
+            open_dir(parent, name, at)
+        }
+    }
+
+    #[test]
+    fn a_tree_100000_levels_deep_is_walked_with_a_bounded_stack_and_bounded_descriptors() {
+        let t = memory_tempdir();
+        drop(chain(t.path(), 100_000));
+        // A thread with a small stack: recursion would overflow it within a few hundred levels.
+        let root = t.path().to_path_buf();
+        let walked = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let before = open_descriptors();
+                let mut count = Count {
+                    dirs: 0,
+                    files: 0,
+                    deepest: 0,
+                    open_at_deepest: 0,
+                };
+                walk(&Dir::open(&root).unwrap(), &mut count).unwrap();
+                (
+                    count.dirs,
+                    count.files,
+                    count.deepest,
+                    count.open_at_deepest - before,
+                )
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let (dirs, files, deepest, opened) = walked;
+        assert_eq!((dirs, files, deepest), (100_000, 100_000, 100_000));
+        assert!(
+            opened <= OPEN_LIMIT + 2,
+            "{opened} descriptors were open at the deepest level"
+        );
+        // std's own removal recurses: the tree goes with kubevol's.
+        Dir::open(t.path())
+            .unwrap()
+            .remove_contents_one_fs()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_deep_path_is_shortened_in_messages() {
+        let t = tempfile::tempdir().unwrap();
+        drop(chain(t.path(), 50));
+        struct Deepest(Option<PathBuf>);
+        impl Visit for Deepest {
+            fn enter(&mut self, _: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
+                if at.depth() == 50 {
+                    self.0 = Some(at.child(OsStr::new("x")));
+                }
+                Ok(())
+            }
+            fn other(
+                &mut self,
+                _: BorrowedFd<'_>,
+                _: &OsStr,
+                _: FileType,
+                _: &At<'_>,
+            ) -> Result<(), MountError> {
+                Ok(())
+            }
+            fn descend(
+                &mut self,
+                parent: BorrowedFd<'_>,
+                name: &OsStr,
+                at: &At<'_>,
+            ) -> Result<Option<OwnedFd>, MountError> {
+                open_dir(parent, name, at)
+            }
+        }
+        let mut deepest = Deepest(None);
+        walk(&Dir::open(t.path()).unwrap(), &mut deepest).unwrap();
+        let shown = deepest.0.unwrap();
+        assert_eq!(
+            shown,
+            t.path().join("d/d/d/d/…(42 more levels)…/d/d/d/d/x"),
+            "{}",
+            shown.display()
+        );
+    }
+
+    /// A level moved elsewhere while the walk is below it is never taken as its old parent.
+    #[test]
+    fn a_tree_moved_while_it_is_walked_stops_the_walk() {
+        let t = tempfile::tempdir().unwrap();
+        let tree = t.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        drop(chain(&tree, 100));
+        std::fs::create_dir(t.path().join("elsewhere")).unwrap();
+        struct Mover {
+            tree: PathBuf,
+            elsewhere: PathBuf,
+            moved: bool,
+            left: Vec<usize>,
+        }
+        impl Visit for Mover {
+            fn enter(&mut self, _: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
+                if at.depth() == 3 * OPEN_LIMIT && !self.moved {
+                    // Level 10 (long since closed) goes to another parent.
+                    let from = self.tree.join("d/".repeat(10).trim_end_matches('/'));
+                    std::fs::rename(from, self.elsewhere.join("d")).unwrap();
+                    self.moved = true;
+                }
+                Ok(())
+            }
+            fn other(
+                &mut self,
+                _: BorrowedFd<'_>,
+                _: &OsStr,
+                _: FileType,
+                _: &At<'_>,
+            ) -> Result<(), MountError> {
+                Ok(())
+            }
+            fn descend(
+                &mut self,
+                parent: BorrowedFd<'_>,
+                name: &OsStr,
+                at: &At<'_>,
+            ) -> Result<Option<OwnedFd>, MountError> {
+                open_dir(parent, name, at)
+            }
+            fn leave(
+                &mut self,
+                _: BorrowedFd<'_>,
+                _: &OsStr,
+                at: &At<'_>,
+            ) -> Result<(), MountError> {
+                self.left.push(at.depth());
+                Ok(())
+            }
+        }
+        let mut mover = Mover {
+            tree: tree.clone(),
+            elsewhere: t.path().join("elsewhere"),
+            moved: false,
+            left: Vec::new(),
+        };
+        let e = walk(&Dir::open(&tree).unwrap(), &mut mover).unwrap_err();
+        assert!(mover.moved);
+        assert!(
+            matches!(&e, MountError::Unsafe { reason, .. } if reason.contains("was moved")),
+            "{e}"
+        );
+        assert!(
+            mover.left.iter().all(|d| *d >= 10),
+            "nothing above the moved level was visited again: {:?}",
+            mover.left.iter().min()
+        );
+    }
+}
