@@ -235,6 +235,80 @@ pub fn escape_plugin_name(plugin: &str) -> std::borrow::Cow<'static, str> {
     }
 }
 
+/// One component of a path under the root directory or the local-path directory, made from
+/// a name that came from a manifest, the API server or a volume: the one way such a name
+/// becomes part of a path. It is never empty, `.` or `..`, never holds `/` or NUL, and is at
+/// most 255 bytes (the longest name a Linux filesystem takes), so that joined to a directory it
+/// names an entry of that directory and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PathName(String);
+
+/// Why a name cannot be a path component.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} cannot name a directory: {why}")]
+pub struct PathNameError {
+    /// What the name is (`"the claim's UID"`).
+    pub what: &'static str,
+    /// The name, cut to 80 characters.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+impl PathName {
+    /// The longest name a component may have, in bytes.
+    pub const MAX_LEN: usize = 255;
+
+    /// Takes `name` (`what` it is, for the message) as one path component, or says why it
+    /// cannot be one.
+    pub fn new(what: &'static str, name: &str) -> Result<PathName, PathNameError> {
+        let why = if name.is_empty() {
+            Some("it is empty")
+        } else if name == "." || name == ".." {
+            Some("'.' and '..' name no directory of their own")
+        } else if name.contains('/') {
+            Some("it holds a '/'")
+        } else if name.contains('\0') {
+            Some("it holds a NUL byte")
+        } else if name.len() > Self::MAX_LEN {
+            Some("it is longer than 255 bytes")
+        } else {
+            None
+        };
+        match why {
+            None => Ok(PathName(name.to_string())),
+            Some(why) => Err(PathNameError {
+                what,
+                value: name.chars().take(80).collect(),
+                why,
+            }),
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PathName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<std::path::Path> for PathName {
+    fn as_ref(&self) -> &std::path::Path {
+        self.0.as_ref()
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for PathName {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_ref()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +334,34 @@ mod tests {
         assert_eq!(s, t);
         assert_eq!(hasher.hash_one(&s), hasher.hash_one("n"));
         assert_ne!(s, SharedStr::from("m"));
+    }
+
+    /// Every kind of hostile name: a separator, a backstep, a NUL, one too long.
+    #[test]
+    fn a_path_name_is_one_component_and_nothing_else() {
+        let long = "a".repeat(300);
+        let rows: [(&str, &str, Option<&str>); 10] = [
+            ("plain", "pvc-0b3f4c2e", None),
+            ("dots inside", "a..b", None),
+            ("255 bytes", &long[..255], None),
+            ("empty", "", Some("empty")),
+            ("dot", ".", Some("'.'")),
+            ("backstep", "..", Some("'..'")),
+            ("separator", "a/b", Some("'/'")),
+            ("escape", "u1_default_c/../pvc-u1", Some("'/'")),
+            ("nul", "a\0b", Some("NUL")),
+            ("300 bytes", &long, Some("255 bytes")),
+        ];
+        for (row, name, refused) in rows {
+            match (PathName::new("the name", name), refused) {
+                (Ok(p), None) => assert_eq!(p.as_str(), name, "{row}"),
+                (Err(e), Some(why)) => {
+                    assert!(e.to_string().contains(why), "{row}: {e}");
+                    assert!(e.value.chars().count() <= 80, "{row}");
+                }
+                (r, _) => panic!("{row}: {r:?}"),
+            }
+        }
     }
 
     #[test]

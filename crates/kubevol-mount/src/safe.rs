@@ -292,6 +292,11 @@ impl Dir {
         }
     }
 
+    /// Whether this directory has no entries (`.` and `..` aside).
+    pub fn is_empty(&self) -> Result<bool, MountError> {
+        Ok(self.entries()?.is_empty())
+    }
+
     /// The entries of this directory, read through a descriptor of its own (this one may be
     /// shared, and a reading moves its offset).
     pub(crate) fn entries(&self) -> Result<Vec<(Vec<u8>, FileType)>, MountError> {

@@ -58,6 +58,15 @@ pub enum VolumeError {
         /// Why it cannot be had.
         detail: String,
     },
+    /// A mount option made from the pod's spec or a PersistentVolume holds what would end the
+    /// option early (a quote, a line break): it is never passed on.
+    #[error("mount option {option:?} {detail}")]
+    MountOption {
+        /// The option, as it would have been written.
+        option: String,
+        /// What is wrong, and what to change.
+        detail: &'static str,
+    },
     /// The plugin cannot do this operation.
     #[error("plugin {plugin} does not support {operation}")]
     Unsupported {
@@ -156,6 +165,7 @@ impl VolumeError {
             | VolumeError::HugePages { .. }
             | VolumeError::Unsupported { .. }
             | VolumeError::CsiNeedsCluster { .. }
+            | VolumeError::MountOption { .. }
             | VolumeError::SubPath { .. } => true,
             VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
@@ -197,6 +207,7 @@ impl VolumeError {
             | VolumeError::LocalPath { .. }
             | VolumeError::HugePages { .. }
             | VolumeError::CsiNeedsCluster { .. }
+            | VolumeError::MountOption { .. }
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
         }
     }
@@ -250,6 +261,13 @@ mod tests {
                 VolumeError::Unsupported {
                     plugin: "p",
                     operation: "o",
+                },
+                true,
+            ),
+            (
+                VolumeError::MountOption {
+                    option: "context=\"a\"b\"".into(),
+                    detail: "holds a quote",
                 },
                 true,
             ),

@@ -216,8 +216,9 @@ struct Parts {
     shutdown: watch::Sender<bool>,
     /// Taken by [`VolumeManager::run`]: the populator owns the DSW writer.
     populator: Mutex<Option<Populator>>,
-    /// The root directory's lock, held as long as any part of the manager lives.
-    _lock: crate::record::RootLock,
+    /// The locks of the root directory and of the local-path directory, held as long as any
+    /// part of the manager lives.
+    _locks: (crate::record::RootLock, crate::record::DirLock),
 }
 
 /// The volume manager. Cheap to clone; all clones share one manager.
@@ -249,6 +250,12 @@ impl VolumeManager {
         };
         // Before the record is read or anything touched: one owner per root.
         let lock = crate::record::RootLock::take(&root)?;
+        let local_path_dir = config
+            .local_path_dir
+            .clone()
+            .unwrap_or_else(|| root.join("local-path"));
+        std::fs::create_dir_all(&local_path_dir)?;
+        let local_path_lock = crate::record::DirLock::take_local_path(&local_path_dir, &root)?;
         let root_dir = kubevol_mount::safe::Dir::open(&root).map_err(std::io::Error::other)?;
         let store = Arc::new(ObjectStore::with_bindings(crate::store::Bindings::load(
             &root,
@@ -292,10 +299,7 @@ impl VolumeManager {
             mounter,
             host_path_allow: config.host_path_allow.clone(),
             hugepages_dir: config.hugepages_dir.clone(),
-            local_path_dir: config
-                .local_path_dir
-                .clone()
-                .unwrap_or_else(|| config.root_dir.join("local-path")),
+            local_path_dir,
             store: store.clone(),
             node_name: config.node_name.clone(),
             node_labels: config.node_labels.clone(),
@@ -341,7 +345,7 @@ impl VolumeManager {
                 findings: Arc::default(),
                 shutdown: watch::channel(false).0,
                 populator: Mutex::new(Some(populator)),
-                _lock: lock,
+                _locks: (lock, local_path_lock),
             }),
         })
     }

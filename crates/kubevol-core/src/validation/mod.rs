@@ -16,7 +16,9 @@ mod content;
 mod volume;
 
 pub use content::*;
-pub use volume::validate_persistent_volume;
+pub use volume::{
+    mount_option_error, validate_claim, validate_persistent_volume, validate_storage_class,
+};
 
 /// One violation, with the field path the API server would name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +56,13 @@ pub enum FieldErrorKind {
     Forbidden(String),
     /// The value is longer than the given number of bytes.
     TooLong(usize),
+    /// The value has more items than allowed.
+    TooMany {
+        /// How many it has.
+        count: usize,
+        /// The most allowed.
+        max: usize,
+    },
 }
 
 impl fmt::Display for FieldError {
@@ -78,6 +87,12 @@ impl fmt::Display for FieldError {
             FieldErrorKind::Forbidden(d) => write!(f, "{field}: Forbidden: {d}"),
             FieldErrorKind::TooLong(n) => {
                 write!(f, "{field}: Too long: may not be more than {n} bytes")
+            }
+            FieldErrorKind::TooMany { count, max } => {
+                write!(
+                    f,
+                    "{field}: Too many: {count}: must have at most {max} items"
+                )
             }
         }
     }
@@ -402,9 +417,27 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         }
     }
 
+    let pod_selinux = spec
+        .security_context
+        .as_ref()
+        .and_then(|c| c.se_linux_options.as_ref());
+    selinux_options(
+        "spec.securityContext.seLinuxOptions",
+        pod_selinux,
+        &mut errs,
+    );
     let containers = all_containers(pod);
     let mut seen_containers = BTreeSet::new();
     for (path, c) in &containers {
+        let opts = c
+            .security_context
+            .as_ref()
+            .and_then(|s| s.se_linux_options.as_ref());
+        selinux_options(
+            &format!("{path}.securityContext.seLinuxOptions"),
+            opts,
+            &mut errs,
+        );
         if let Some(d) = dns1123_label_error(&c.name) {
             errs.push(invalid(format!("{path}.name"), &c.name, d));
         } else if !seen_containers.insert(c.name.as_str()) {
@@ -416,6 +449,30 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
         validate_container_mounts(c, path, &by_name, &mut errs);
     }
     errs
+}
+
+/// SELinux options become a mount option (`-o context="…"`): each field may hold only what
+/// an SELinux context holds.
+fn selinux_options(
+    path: &str,
+    opts: Option<&k8s_openapi::api::core::v1::SELinuxOptions>,
+    errs: &mut Vec<FieldError>,
+) {
+    for (field, value, why) in opts.map(crate::selinux::options_errors).unwrap_or_default() {
+        errs.push(invalid(format!("{path}.{field}"), value, why));
+    }
+}
+
+/// A CSI driver's name, as the API server checks it: set, at most 63 characters, and in lower
+/// case a DNS-1123 subdomain (it names the driver's directories on the node).
+pub fn csi_driver_name(field: &str, driver: &str, errs: &mut Vec<FieldError>) {
+    if driver.is_empty() {
+        errs.push(required(field));
+    } else if driver.len() > 63 {
+        errs.push(err(field, FieldErrorKind::TooLong(63)));
+    } else if let Some(why) = dns1123_subdomain_error(&driver.to_lowercase()) {
+        errs.push(invalid(field, driver, why));
+    }
 }
 
 /// Every container of a pod (init, regular, ephemeral) with its field path.
@@ -466,6 +523,16 @@ fn validate_volume_source(v: &Volume, path: &dyn fmt::Display, errs: &mut Vec<Fi
                     allowed: HOST_PATH_TYPES.to_vec(),
                 },
             ));
+        }
+    }
+    if let Some(csi) = &v.csi {
+        let p = FieldPath::child(path, "csi", None);
+        csi_driver_name(&format!("{p}.driver"), &csi.driver, errs);
+        let secret = csi.node_publish_secret_ref.as_ref();
+        if let Some(name) = secret.map(|r| r.name.as_str()).filter(|n| !n.is_empty()) {
+            if let Some(why) = dns1123_subdomain_error(name) {
+                errs.push(invalid(format!("{p}.nodePublishSecretRef.name"), name, why));
+            }
         }
     }
     if let Some(ed) = &v.empty_dir {

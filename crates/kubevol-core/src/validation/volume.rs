@@ -5,9 +5,10 @@
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{
-    EphemeralVolumeSource, NodeSelector, PersistentVolume, PersistentVolumeClaimSpec,
-    PersistentVolumeSpec,
+    EphemeralVolumeSource, NodeSelector, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeSpec,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{dns1123_subdomain_error, label_error, FieldError};
@@ -116,6 +117,32 @@ fn node_selector(field: &str, s: &NodeSelector, errs: &mut Vec<FieldError>) {
     }
 }
 
+/// Why `option` cannot be passed on as a mount option (the kernel and `mount -o` split
+/// options at commas outside double quotes): a NUL or a line break, or a double quote left
+/// open, which would make the options after it part of this one.
+pub fn mount_option_error(option: &str) -> Option<&'static str> {
+    if option.is_empty() {
+        return Some("must not be empty");
+    }
+    if option.bytes().any(|c| matches!(c, b'\0' | b'\n' | b'\r')) {
+        return Some("must not contain a NUL or a line break");
+    }
+    if option.bytes().filter(|c| *c == b'"').count() % 2 == 1 {
+        return Some("must close every double quote it opens");
+    }
+    None
+}
+
+/// The mount options of a PersistentVolume or StorageClass, each checked as
+/// [`mount_option_error`] says.
+pub fn mount_options(field: &str, options: Option<&[String]>, errs: &mut Vec<FieldError>) {
+    for (i, o) in options.unwrap_or_default().iter().enumerate() {
+        if let Some(why) = mount_option_error(o) {
+            errs.push(invalid(format!("{field}[{i}]"), o, why));
+        }
+    }
+}
+
 /// Validates a PersistentVolume as the API server does (its name, access modes, capacity,
 /// reclaim policy, node affinity, exactly one volume type, the hostPath and local paths, the
 /// CSI driver and handle, the volume mode and the class name). An empty result means it may
@@ -133,6 +160,7 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
         return errs;
     };
     access_modes(&"spec", s.access_modes.as_deref(), &mut errs);
+    mount_options("spec.mountOptions", s.mount_options.as_deref(), &mut errs);
     let capacity = s.capacity.clone().unwrap_or_default();
     if capacity.is_empty() {
         errs.push(required("spec.capacity"));
@@ -208,11 +236,7 @@ pub fn validate_persistent_volume(pv: &PersistentVolume) -> Vec<FieldError> {
         }
     }
     if let Some(csi) = &s.csi {
-        if csi.driver.is_empty() {
-            errs.push(required("spec.csi.driver"));
-        } else if let Some(why) = dns1123_subdomain_error(&csi.driver.to_lowercase()) {
-            errs.push(invalid("spec.csi.driver", &csi.driver, why));
-        }
+        super::csi_driver_name("spec.csi.driver", &csi.driver, &mut errs);
         if csi.volume_handle.is_empty() {
             errs.push(required("spec.csi.volumeHandle"));
         }
@@ -314,6 +338,104 @@ pub fn validate_claim_spec(
         s.storage_class_name.as_deref(),
         errs,
     );
+}
+
+/// The UID of an object from a manifest: a canonical lower-case UUID when it is set (it names
+/// directories, as a claim's names its provisioned volume's).
+fn uid(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
+    if let Some(uid) = meta.uid.as_deref() {
+        if !super::is_canonical_uuid(uid) {
+            errs.push(invalid(
+                "metadata.uid",
+                uid,
+                "must be a lower-case UUID such as 0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70 (it names directories); remove it to let kubevol derive one",
+            ));
+        }
+    }
+}
+
+/// A namespaced object's name and namespace, as the API server checks them.
+fn namespaced_meta(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
+    match meta.name.as_deref() {
+        None | Some("") => errs.push(required("metadata.name")),
+        Some(n) => {
+            if let Some(why) = dns1123_subdomain_error(n) {
+                errs.push(invalid("metadata.name", n, why));
+            }
+        }
+    }
+    if let Some(ns) = meta.namespace.as_deref() {
+        if let Some(why) = super::dns1123_label_error(ns) {
+            errs.push(invalid("metadata.namespace", ns, why));
+        }
+    }
+    uid(meta, errs);
+}
+
+/// Validates a PersistentVolumeClaim as the API server does (its name, namespace and spec),
+/// and its UID, which kubevol's provisioner names a directory after.
+pub fn validate_claim(claim: &PersistentVolumeClaim) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    namespaced_meta(&claim.metadata, &mut errs);
+    match &claim.spec {
+        None => errs.push(required("spec")),
+        Some(s) => validate_claim_spec(s, &"spec", &mut errs),
+    }
+    errs
+}
+
+const BINDING_MODES: [&str; 2] = ["Immediate", "WaitForFirstConsumer"];
+
+/// Validates a StorageClass as the API server does: its name, provisioner, reclaim policy,
+/// binding mode, mount options and number of parameters.
+pub fn validate_storage_class(class: &StorageClass) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    match class.metadata.name.as_deref() {
+        None | Some("") => errs.push(required("metadata.name")),
+        Some(n) => {
+            if let Some(why) = dns1123_subdomain_error(n) {
+                errs.push(invalid("metadata.name", n, why));
+            }
+        }
+    }
+    uid(&class.metadata, &mut errs);
+    if class.provisioner.is_empty() {
+        errs.push(required("provisioner"));
+    } else if let Some(why) = label_error(&class.provisioner.to_lowercase(), "") {
+        errs.push(invalid("provisioner", &class.provisioner, why));
+    }
+    let policy = class.reclaim_policy.as_deref().unwrap_or("Delete");
+    if !["Delete", "Retain"].contains(&policy) {
+        errs.push(err(
+            "reclaimPolicy",
+            FieldErrorKind::NotSupported {
+                value: policy.into(),
+                allowed: vec!["Delete", "Retain"],
+            },
+        ));
+    }
+    let mode = class.volume_binding_mode.as_deref().unwrap_or("Immediate");
+    if !BINDING_MODES.contains(&mode) {
+        errs.push(err(
+            "volumeBindingMode",
+            FieldErrorKind::NotSupported {
+                value: mode.into(),
+                allowed: BINDING_MODES.to_vec(),
+            },
+        ));
+    }
+    mount_options("mountOptions", class.mount_options.as_deref(), &mut errs);
+    let parameters = class.parameters.as_ref().map_or(0, |p| p.len());
+    if parameters > 512 {
+        errs.push(err(
+            "parameters",
+            FieldErrorKind::TooMany {
+                count: parameters,
+                max: 512,
+            },
+        ));
+    }
+    errs
 }
 
 /// A generic ephemeral volume of pod `pod_name` at `path`: its `volumeClaimTemplate` (only

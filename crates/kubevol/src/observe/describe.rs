@@ -282,7 +282,7 @@ impl super::status::Sources<'_> {
                     "SELinux",
                     StepState::Done,
                     if mounted {
-                        format!("mounted with -o {}", kubevol_core::selinux::context_option(&label))
+                        format!("mounted with -o context=\"{label}\"")
                     } else {
                         format!("label {label}, not used for the mount (only ReadWriteOncePod volumes are mounted with their label unless --selinux-mount): the container runtime relabels the files")
                     },

@@ -442,8 +442,8 @@ impl Sources<'_> {
                 .into_iter()
                 .map(|b| BindingStatus {
                     phase: match self.store.persistent_volume_claim(&b.namespace, &b.claim) {
-                        Some(_) => "Bound".into(),
-                        None => "Released".into(),
+                        Some(c) if crate::store::claim_uid(&c.object) == b.uid => "Bound".into(),
+                        _ => "Released".into(),
                     },
                     claim: format!("{}/{}", b.namespace, b.claim),
                     volume: b.volume,

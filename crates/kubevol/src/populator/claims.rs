@@ -13,7 +13,7 @@ use std::borrow::Cow;
 
 use kubevol_core::PodRef;
 
-use crate::store::{claim_bound, claim_volume, ObjectStore, Origin};
+use crate::store::{claim_bound, claim_uid, claim_volume, ObjectStore, Origin};
 
 /// How a pod's containers use a volume.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,11 +111,11 @@ pub fn waits_for_others(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> b
         Some(c) if from_cluster(store, ns, &name) => {
             !claim_bound(&c) && (volume.ephemeral.is_none() || made_for_pod(pod, &c, true))
         }
-        Some(_) => {
+        Some(c) => {
             let bindings = store.bindings();
             bindings.creating(ns, &name).is_some()
                 || bindings
-                    .volume_of(ns, &name)
+                    .volume_of(ns, &name, &claim_uid(&c))
                     .is_some_and(|v| bindings.is_releasing(&v))
         }
         None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
@@ -137,7 +137,7 @@ pub fn bound_volume(
     match claim_volume(claim) {
         Some(pv) => store.persistent_volume(pv).map(|s| s.object),
         None if from_cluster(store, ns, cname) => None,
-        None => match store.bindings().volume_of(ns, cname) {
+        None => match store.bindings().volume_of(ns, cname, &claim_uid(claim)) {
             Some(pv) => store.persistent_volume(&pv).map(|s| s.object),
             // A volume kubevol bound to another claim is that claim's, whatever its claimRef
             // says now.
@@ -158,6 +158,16 @@ pub fn bound_volume(
                             })
                 }),
         },
+    }
+}
+
+/// Why the claim `ns/name` cannot be used (it is invalid: its fields and file), if it cannot.
+fn invalid_claim(store: &ObjectStore, ns: &str, name: &str) -> Result<(), String> {
+    match store.persistent_volume_claim(ns, name).and_then(|s| s.invalid) {
+        Some(why) => Err(format!(
+            "PersistentVolumeClaim {ns}/{name} is invalid (the API server refuses it too), so nothing is bound, provisioned or mounted for it: {why}; fix the claim"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -196,10 +206,14 @@ pub fn bind_claim(
     claim: &PersistentVolumeClaim,
 ) -> Result<Option<String>, String> {
     let store = &*host.store;
+    invalid_claim(store, ns, cname)?;
     if from_cluster(store, ns, cname)
         || claim_volume(claim).is_some()
         || claim.metadata.deletion_timestamp.is_some()
-        || store.bindings().volume_of(ns, cname).is_some()
+        || store
+            .bindings()
+            .volume_of(ns, cname, &claim_uid(claim))
+            .is_some()
         || bound_volume(store, ns, claim).is_some()
     {
         return Ok(None);
@@ -223,7 +237,7 @@ pub fn bind_claim(
     ) {
         kubevol_core::binding::Found::Volume(pv) => {
             let name = pv.metadata.name.clone().unwrap_or_default();
-            store.bindings().bind(ns, cname, &name).map_err(|e| {
+            store.bindings().bind(ns, cname, &claim_uid(claim), &name).map_err(|e| {
                 format!("PersistentVolumeClaim {ns}/{cname} cannot be bound to PersistentVolume {name}: {e}")
             })?;
             tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
@@ -305,6 +319,7 @@ pub fn resolve(
             ),
         });
     };
+    invalid_claim(store, ns, cname)?;
     if volume.ephemeral.is_some() && !made_for_pod(pod, &claim, from_cluster(store, ns, cname)) {
         return Err(format!(
             "PVC {ns}/{cname} was not created for pod {pod} (pod is not owner): the claim of a generic ephemeral volume is used only when the pod is its controlling owner; delete or rename the claim, or rename the pod or the volume"
@@ -325,7 +340,7 @@ pub fn resolve(
         ));
     }
     let Some(pv) = bound_volume(store, ns, &claim) else {
-        let kept = store.bindings().volume_of(ns, cname);
+        let kept = store.bindings().volume_of(ns, cname, &claim_uid(&claim));
         return Err(match (volume_name, kept) {
             (Some(n), _) => format!(
                 "PersistentVolumeClaim {ns}/{cname} is bound to PersistentVolume {n} (spec.volumeName), which {}",

@@ -10,7 +10,6 @@
 //! reclaim policy. The volume is recorded, and bound to its claim, in one write of
 //! `bindings.json` before anything uses it.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -149,7 +148,7 @@ fn provisioned_volume(
             "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
             "storageClassName": class.metadata.name,
             "volumeMode": if ask.block { "Block" } else { "Filesystem" },
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim.metadata.uid},
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim_uid(claim)},
         },
     });
     pv["spec"][field] = source;
@@ -168,9 +167,14 @@ fn record(
     pv: PersistentVolume,
 ) -> Result<(), String> {
     let volume = pv.metadata.name.clone().unwrap_or_default();
+    let uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref()?.uid.clone())
+        .unwrap_or_default();
     store
         .bindings()
-        .provision(namespace, name, pv.clone())
+        .provision(namespace, name, &uid, pv.clone())
         .map_err(|e| {
             format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
         })?;
@@ -213,24 +217,7 @@ pub fn provision(
         ));
     }
     let volume = volume_name(claim);
-    let dir = host
-        .local_path_dir
-        .join(format!("{volume}_{namespace}_{name}"));
-    let made = |e: std::io::Error| {
-        format!(
-            "cannot make the directory {} of a {LOCAL_PATH_PROVISIONER} volume: {e}",
-            dir.display()
-        )
-    };
-    std::fs::create_dir_all(&host.local_path_dir).map_err(made)?;
-    match std::fs::create_dir(&dir) {
-        // Made before a crash, and never recorded: still empty, and this claim's.
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(made(e)),
-    }
-    // Any container user may write, as the local-path provisioners make them.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).map_err(made)?;
+    let dir = local_path_directory(host, &volume, namespace, name)?;
     let here = json!({"matchExpressions": [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]});
     let pv = provisioned_volume(
@@ -248,6 +235,44 @@ pub fn provision(
     Ok(volume)
 }
 
+/// Makes the directory of the `local-path` volume `volume` for claim `namespace/name`,
+/// `<local-path dir>/<volume>_<namespace>_<name>`, with mode 0777 (any container user may
+/// write, as the local-path provisioners make them): relative to the local-path directory's
+/// descriptor, never through a link. One that is there already is taken only when it is empty
+/// (made before a crash and never recorded); one with anything in it is not this claim's to
+/// take, and is left alone. Returns its path.
+fn local_path_directory(
+    host: &PluginHost,
+    volume: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<std::path::PathBuf, String> {
+    let leaf = kubevol_core::names::PathName::new(
+        "the directory of a local-path volume",
+        &format!("{volume}_{namespace}_{name}"),
+    )
+    .map_err(|e| e.to_string())?;
+    let path = host.local_path_dir.join(&leaf);
+    let made = |e: kubevol_mount::MountError| {
+        format!(
+            "cannot make the directory {} of a {LOCAL_PATH_PROVISIONER} volume: {e}",
+            path.display()
+        )
+    };
+    let base = kubevol_mount::safe::Dir::open(&host.local_path_dir).map_err(made)?;
+    let (dir, created) = base.make_child(leaf.as_ref(), 0o777).map_err(made)?;
+    if !created {
+        if !dir.is_empty().map_err(made)? {
+            return Err(format!(
+                "the directory {} of a {LOCAL_PATH_PROVISIONER} volume is there already and holds files: kubevol takes only an empty one (made before a crash) and never another's data; move it away, or remove it if nobody needs it",
+                path.display()
+            ));
+        }
+        dir.chmod(0o777).map_err(made)?;
+    }
+    Ok(path)
+}
+
 /// Grows the volume kubevol provisioned for claim `namespace/name` when the claim asks for
 /// more than it has, as the external-resizer does: where the volume's class allows expansion
 /// (`allowVolumeExpansion: true`), its recorded capacity becomes the claim's request, and the
@@ -260,7 +285,7 @@ pub fn grow(
 ) -> Result<(), String> {
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let bindings = host.store.bindings();
-    let Some(volume) = bindings.volume_of(namespace, name) else {
+    let Some(volume) = bindings.volume_of(namespace, name, &claim_uid(claim)) else {
         return Ok(());
     };
     let Some(mut pv) = bindings.provisioned_volume(&volume) else {
@@ -491,6 +516,7 @@ pub fn make_ephemeral_claims(store: &ObjectStore, pod: &k8s_openapi::api::core::
         let meta = template.metadata.clone().unwrap_or_default();
         made.push(PersistentVolumeClaim {
             metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                uid: Some(crate::store::ephemeral_claim_uid(uid, &v.name)),
                 name: Some(name),
                 namespace: Some(ns.to_string()),
                 labels: meta.labels,
@@ -523,6 +549,9 @@ pub struct Reclaim {
     pub volume: PersistentVolume,
     /// Its claim.
     pub claim: String,
+    /// Another claim of the same name (another UID) is there now: the pods that name the
+    /// claim name that one.
+    replaced: bool,
 }
 
 /// The provisioned volumes to delete now: of reclaim policy `Delete`, whose claim is gone for
@@ -544,15 +573,27 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Recla
             let spec = volume.spec.as_ref()?;
             let claim = spec.claim_ref.as_ref()?;
             let (ns, claim) = (claim.namespace.as_deref()?, claim.name.as_deref()?);
-            let gone = store.persistent_volume_claim(ns, claim).is_none()
-                && store
-                    .not_loaded("PersistentVolumeClaim", ns, claim)
-                    .is_none();
-            let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
             let name = volume.metadata.name.as_deref()?;
+            // Gone, or another claim of the same name now (another UID): the volume's claim is
+            // not coming back.
+            let bound = bindings.binding_of(name);
+            let (gone, replaced) = match store.persistent_volume_claim(ns, claim) {
+                Some(c) => {
+                    let other = bound.is_some_and(|b| b.uid != claim_uid(&c.object));
+                    (other, other)
+                }
+                None => {
+                    let absent = store
+                        .not_loaded("PersistentVolumeClaim", ns, claim)
+                        .is_none();
+                    (absent, false)
+                }
+            };
+            let delete = spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
             (delete && gone && !bindings.is_releasing(name)).then(|| Reclaim {
                 claim: format!("{ns}/{claim}"),
                 volume: volume.clone(),
+                replaced,
             })
         })
         .collect();
@@ -604,7 +645,9 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Recla
     gone.into_iter()
         .filter(|r| {
             let name = r.volume.metadata.name.as_deref().unwrap_or_default();
-            !in_use.contains(name) && !named.contains(&r.claim) && bindings.start_release(name)
+            !in_use.contains(name)
+                && (r.replaced || !named.contains(&r.claim))
+                && bindings.start_release(name)
         })
         .collect()
 }
@@ -636,7 +679,10 @@ pub fn bind_at_once(host: &Arc<PluginHost>) {
             .as_deref()
             .unwrap_or(crate::store::DEFAULT_NAMESPACE);
         let name = c.metadata.name.as_deref().unwrap_or_default();
-        if store.bindings().volume_of(ns, name).is_some()
+        if store
+            .bindings()
+            .volume_of(ns, name, &claim_uid(c))
+            .is_some()
             || !binds_at_once(store, &class_of(store, c))
         {
             continue;

@@ -39,7 +39,7 @@ mod writer;
 pub use fail::{fail_point, FAIL_POINTS, FAIL_POINT_ENV};
 pub use journal::JOURNAL;
 use journal::{Appender, Lines, Live, Place};
-pub use owner::{RootLock, LOCK_FILE};
+pub use owner::{DirLock, RootLock, LOCAL_PATH_LOCK_FILE, LOCK_FILE};
 pub(crate) use writer::copy_error;
 use writer::Job;
 pub use writer::{Answers, Change, Committed};

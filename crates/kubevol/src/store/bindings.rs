@@ -6,9 +6,12 @@
 //! `<root>/volume-record/bindings.json`: a restart, an edit of the claim or of other volumes
 //! (a smaller one that would fit better), even the claim's removal from the manifests, never
 //! moves a claim to another volume, and a volume bound to one claim is never given to
-//! another. A claim that comes back finds its volume, with its data; a volume whose claim is
-//! gone stays reserved for it (the PersistentVolume controller's `Released`, as with the
-//! `Retain` policy). The file is replaced whole (written beside, flushed, renamed, the
+//! another. A claim is known by its namespace, name and UID, as the PersistentVolume
+//! controller knows it (`claimRef.uid`): a claim that comes back (the same UID: a claim of the
+//! manifests without one has one derived from its name) finds its volume, with its data; a
+//! claim of the same name and another UID (the claim made for another pod's ephemeral volume)
+//! is another claim, and never inherits it. A volume whose claim is gone stays reserved for
+//! it (the PersistentVolume controller's `Released`, as with the `Retain` policy). The file is replaced whole (written beside, flushed, renamed, the
 //! directory flushed), so a crash leaves the old bindings or the new, never a torn file.
 
 use std::collections::BTreeMap;
@@ -33,6 +36,10 @@ pub struct Binding {
     pub namespace: String,
     /// The claim's name.
     pub claim: String,
+    /// The claim's UID (a file written before UIDs were kept has none: it is the UID derived
+    /// from the namespace and name).
+    #[serde(default)]
+    pub uid: String,
     /// The PersistentVolume's name.
     pub volume: String,
     /// When it was made (seconds since the epoch).
@@ -48,7 +55,7 @@ struct File {
     provisioned: Vec<PersistentVolume>,
 }
 
-/// The bindings, by claim (`namespace`, `name`).
+/// The bindings (each claim known by its namespace, name and UID).
 #[derive(Default)]
 pub struct Bindings {
     /// Where they are kept (`None`: in memory only, for a store without a root).
@@ -73,10 +80,10 @@ pub struct Creating {
     pub retry_at: Option<std::time::Instant>,
 }
 
-/// The bindings by claim, and the volumes provisioned, by name.
+/// The bindings and the volumes provisioned, by volume name.
 #[derive(Clone, Default)]
 struct State {
-    bindings: BTreeMap<(String, String), Binding>,
+    bindings: BTreeMap<String, Binding>,
     provisioned: BTreeMap<String, PersistentVolume>,
 }
 
@@ -108,10 +115,11 @@ impl Bindings {
                         ),
                     ));
                 }
-                for b in file.bindings {
-                    state
-                        .bindings
-                        .insert((b.namespace.clone(), b.claim.clone()), b);
+                for mut b in file.bindings {
+                    if b.uid.is_empty() {
+                        b.uid = super::derived_claim_uid(&b.namespace, &b.claim);
+                    }
+                    state.bindings.insert(b.volume.clone(), b);
                 }
                 for pv in file.provisioned {
                     state
@@ -130,21 +138,24 @@ impl Bindings {
         })
     }
 
-    /// The volume claim `namespace/name` is bound to.
-    pub fn volume_of(&self, namespace: &str, claim: &str) -> Option<String> {
+    /// The volume claim `namespace/name` of UID `uid` is bound to.
+    pub fn volume_of(&self, namespace: &str, claim: &str, uid: &str) -> Option<String> {
         crate::sync::lock(&self.map)
             .bindings
-            .get(&(namespace.to_string(), claim.to_string()))
+            .values()
+            .find(|b| b.is(namespace, claim, uid))
             .map(|b| b.volume.clone())
     }
 
     /// The claim (`namespace/name`) volume `volume` is bound to.
     pub fn claim_of(&self, volume: &str) -> Option<String> {
-        crate::sync::lock(&self.map)
-            .bindings
-            .values()
-            .find(|b| b.volume == volume)
+        self.binding_of(volume)
             .map(|b| format!("{}/{}", b.namespace, b.claim))
+    }
+
+    /// The binding of volume `volume`.
+    pub fn binding_of(&self, volume: &str) -> Option<Binding> {
+        crate::sync::lock(&self.map).bindings.get(volume).cloned()
     }
 
     /// Every binding.
@@ -175,21 +186,29 @@ impl Bindings {
         crate::sync::lock(&self.map).provisioned.get(name).cloned()
     }
 
-    /// Binds claim `namespace/claim` to `volume`, on disk before it counts. Refused if either
-    /// is bound already.
-    pub fn bind(&self, namespace: &str, claim: &str, volume: &str) -> std::io::Result<()> {
-        self.bind_new(namespace, claim, volume, None)
+    /// Binds claim `namespace/claim` of UID `uid` to `volume`, on disk before it counts.
+    /// Refused if either is bound already.
+    pub fn bind(
+        &self,
+        namespace: &str,
+        claim: &str,
+        uid: &str,
+        volume: &str,
+    ) -> std::io::Result<()> {
+        self.bind_new((namespace, claim, uid), volume, None)
     }
 
-    /// Records `pv`, provisioned for claim `namespace/claim`, and binds them, in one write.
+    /// Records `pv`, provisioned for claim `namespace/claim` of UID `uid`, and binds them, in
+    /// one write.
     pub fn provision(
         &self,
         namespace: &str,
         claim: &str,
+        uid: &str,
         pv: PersistentVolume,
     ) -> std::io::Result<()> {
         let name = pv.metadata.name.clone().unwrap_or_default();
-        self.bind_new(namespace, claim, &name, Some(pv))
+        self.bind_new((namespace, claim, uid), &name, Some(pv))
     }
 
     /// Marks claim `namespace/claim`'s volume as being created: its state before, or `None`
@@ -258,7 +277,7 @@ impl Bindings {
             let mut map = crate::sync::lock(&self.map);
             let mut next = map.clone();
             next.provisioned.remove(volume);
-            next.bindings.retain(|_, b| b.volume != volume);
+            next.bindings.remove(volume);
             let written = match &self.path {
                 Some(path) => write_whole(path, &next),
                 None => Ok(()),
@@ -294,20 +313,18 @@ impl Bindings {
 
     fn bind_new(
         &self,
-        namespace: &str,
-        claim: &str,
+        (namespace, claim, uid): (&str, &str, &str),
         volume: &str,
         provisioned: Option<PersistentVolume>,
     ) -> std::io::Result<()> {
         let mut map = crate::sync::lock(&self.map);
-        let key = (namespace.to_string(), claim.to_string());
-        if let Some(b) = map.bindings.get(&key) {
+        if let Some(b) = map.bindings.values().find(|b| b.is(namespace, claim, uid)) {
             return Err(std::io::Error::other(format!(
                 "claim {namespace}/{claim} is bound to PersistentVolume {} already",
                 b.volume
             )));
         }
-        if let Some(b) = map.bindings.values().find(|b| b.volume == volume) {
+        if let Some(b) = map.bindings.get(volume) {
             return Err(std::io::Error::other(format!(
                 "PersistentVolume {volume} is bound to claim {}/{} already",
                 b.namespace, b.claim
@@ -316,13 +333,14 @@ impl Bindings {
         let binding = Binding {
             namespace: namespace.to_string(),
             claim: claim.to_string(),
+            uid: uid.to_string(),
             volume: volume.to_string(),
             bound_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
         let mut next = map.clone();
-        next.bindings.insert(key.clone(), binding);
+        next.bindings.insert(volume.to_string(), binding);
         if let Some(pv) = provisioned {
             next.provisioned.insert(volume.to_string(), pv);
         }
@@ -333,6 +351,13 @@ impl Bindings {
         crate::record::fail_point("bind", "after");
         *map = next;
         Ok(())
+    }
+}
+
+impl Binding {
+    /// Whether this binding is of claim `namespace/claim` of UID `uid`.
+    pub fn is(&self, namespace: &str, claim: &str, uid: &str) -> bool {
+        self.namespace == namespace && self.claim == claim && self.uid == uid
     }
 }
 
@@ -365,20 +390,26 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let b = Bindings::load(root.path()).unwrap();
         assert!(b.all().is_empty());
-        b.bind("ns", "data", "pv-1").unwrap();
+        b.bind("ns", "data", "u1", "pv-1").unwrap();
         assert!(
-            b.bind("ns", "data", "pv-2").is_err(),
+            b.bind("ns", "data", "u1", "pv-2").is_err(),
             "a claim is bound once"
         );
-        let e = b.bind("ns", "other", "pv-1").unwrap_err();
+        let e = b.bind("ns", "other", "u2", "pv-1").unwrap_err();
         assert_eq!(
             e.to_string(),
             "PersistentVolume pv-1 is bound to claim ns/data already"
         );
         let again = Bindings::load(root.path()).unwrap();
-        assert_eq!(again.volume_of("ns", "data").as_deref(), Some("pv-1"));
+        assert_eq!(again.volume_of("ns", "data", "u1").as_deref(), Some("pv-1"));
         assert_eq!(again.claim_of("pv-1").as_deref(), Some("ns/data"));
-        assert_eq!(again.volume_of("ns", "other"), None);
+        assert_eq!(again.volume_of("ns", "other", "u2"), None);
+        // Another claim of the same name (another UID) is not this one's heir, and may be
+        // bound to a volume of its own.
+        assert_eq!(again.volume_of("ns", "data", "u3"), None);
+        again.bind("ns", "data", "u3", "pv-3").unwrap();
+        assert_eq!(again.volume_of("ns", "data", "u1").as_deref(), Some("pv-1"));
+        assert_eq!(again.volume_of("ns", "data", "u3").as_deref(), Some("pv-3"));
 
         std::fs::write(
             root.path()
@@ -399,10 +430,13 @@ mod tests {
             serde_json::json!({"metadata": {"name": "pvc-1"}, "spec": {"local": {"path": "/x"}}}),
         )
         .unwrap();
-        b.provision("ns", "data", pv.clone()).unwrap();
+        b.provision("ns", "data", "u1", pv.clone()).unwrap();
         let again = Bindings::load(root.path()).unwrap();
         assert_eq!(again.provisioned(), [pv]);
-        assert_eq!(again.volume_of("ns", "data").as_deref(), Some("pvc-1"));
+        assert_eq!(
+            again.volume_of("ns", "data", "u1").as_deref(),
+            Some("pvc-1")
+        );
         assert!(again.start_release("pvc-1"));
         assert!(!again.start_release("pvc-1"), "one release at a time");
         assert!(again.is_releasing("pvc-1"));
@@ -410,5 +444,23 @@ mod tests {
         assert!(!again.is_releasing("pvc-1"));
         let last = Bindings::load(root.path()).unwrap();
         assert!(last.provisioned().is_empty() && last.all().is_empty());
+    }
+
+    /// A file written before claims' UIDs were kept: each binding is of the claim of its name
+    /// without a UID of its own (the UID derived from its namespace and name).
+    #[test]
+    fn a_binding_without_a_uid_is_the_named_claims_of_the_derived_uid() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join(crate::record::RECORD_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join(BINDINGS_FILE),
+            r#"{"version": 1, "bindings": [{"namespace": "ns", "claim": "data", "volume": "pv-1", "boundAt": 1}]}"#,
+        )
+        .unwrap();
+        let b = Bindings::load(root.path()).unwrap();
+        let derived = super::super::derived_claim_uid("ns", "data");
+        assert_eq!(b.volume_of("ns", "data", &derived).as_deref(), Some("pv-1"));
+        assert_eq!(b.volume_of("ns", "data", "another"), None);
     }
 }

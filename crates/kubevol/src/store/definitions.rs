@@ -122,14 +122,23 @@ impl Shared {
         }
     }
 
-    /// The object's validation errors, joined (ConfigMaps and Secrets are checked here; pods
-    /// by the populator).
+    /// The object's validation errors, joined (pods are checked by the populator, which keeps
+    /// an earlier valid version of an edited one).
     pub(super) fn invalid(&self) -> Option<String> {
-        use kubevol_core::validation::{validate_config_map, validate_secret};
+        use kubevol_core::validation as v;
         let errs = match self {
-            Shared::ConfigMap(c) => validate_config_map(c),
-            Shared::Secret(s) => validate_secret(s),
-            _ => return None,
+            Shared::ConfigMap(c) => v::validate_config_map(c),
+            Shared::Secret(s) => v::validate_secret(s),
+            Shared::PersistentVolume(pv) => v::validate_persistent_volume(pv),
+            Shared::PersistentVolumeClaim(c) => v::validate_claim(c),
+            Shared::StorageClass(c) => v::validate_storage_class(c),
+            Shared::CSIDriver(d) => {
+                let mut errs = Vec::new();
+                let name = d.metadata.name.as_deref().unwrap_or_default();
+                v::csi_driver_name("metadata.name", name, &mut errs);
+                errs
+            }
+            Shared::Pod(..) | Shared::Node(_) => return None,
         };
         (!errs.is_empty()).then(|| {
             errs.iter()

@@ -131,9 +131,25 @@ pub fn claim_uid(claim: &PersistentVolumeClaim) -> String {
         .as_deref()
         .unwrap_or(DEFAULT_NAMESPACE);
     let name = claim.metadata.name.as_deref().unwrap_or("");
+    derived_claim_uid(ns, name)
+}
+
+/// The UID of a claim of the manifests that sets none.
+pub fn derived_claim_uid(namespace: &str, name: &str) -> String {
     uuid::Uuid::new_v5(
         &UID_NAMESPACE,
-        format!("PersistentVolumeClaim/{ns}/{name}").as_bytes(),
+        format!("PersistentVolumeClaim/{namespace}/{name}").as_bytes(),
+    )
+    .to_string()
+}
+
+/// The UID of the claim kubevol makes for the generic ephemeral volume `volume` of the pod of
+/// UID `pod`: another for every pod, as the API server gives every claim its own, so that a
+/// claim that merely has the same name later is another claim, not this one's heir.
+pub fn ephemeral_claim_uid(pod: &str, volume: &str) -> String {
+    uuid::Uuid::new_v5(
+        &UID_NAMESPACE,
+        format!("PersistentVolumeClaim/ephemeral/{pod}/{volume}").as_bytes(),
     )
     .to_string()
 }

@@ -81,6 +81,14 @@ pub(super) struct Resolved {
     pub(super) expand_secret: Option<SecretRef>,
 }
 
+/// The SELinux mount option of `label`, or why there is none.
+fn context_option(label: &str) -> Result<String, VolumeError> {
+    kubevol_core::selinux::context_option(label).ok_or_else(|| VolumeError::MountOption {
+        option: format!("context={label:?}"),
+        detail: "holds a character no SELinux label has, which would end the option early: fix the pod's seLinuxOptions",
+    })
+}
+
 pub(super) fn not_ready(msg: String) -> VolumeError {
     VolumeError::CsiNotReady(msg)
 }
@@ -117,7 +125,7 @@ pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolve
                 let mut options = ps.and_then(|s| s.mount_options.clone()).unwrap_or_default();
                 // Stage and publish alike, as the kubelet does.
                 if let Some(label) = spec.selinux_label.as_deref().filter(|_| spec.selinux_mount) {
-                    options.push(kubevol_core::selinux::context_option(label));
+                    options.push(context_option(label)?);
                 }
                 options
             },

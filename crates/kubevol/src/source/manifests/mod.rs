@@ -22,6 +22,7 @@ use parse::manifest_error;
 mod locate;
 mod parse;
 mod read;
+mod shape;
 
 pub use parse::{humanize, parse_manifest};
 pub use read::{read_file, DEFAULT_MAX_FILE_SIZE};

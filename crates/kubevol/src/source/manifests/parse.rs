@@ -524,6 +524,11 @@ pub struct Parsed {
 /// Parses a manifest file's text, keeping the names of the objects it skips too.
 pub fn parse_file(path: &Path, text: &str) -> Parsed {
     let mut found = Parsed::default();
+    if let Err(e) = super::shape::check(text) {
+        let at = Some((e.line, e.column));
+        found.errors.push(manifest_error(path, None, at, e.message));
+        return found;
+    }
     if path.extension().and_then(|e| e.to_str()) == Some("json") {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
