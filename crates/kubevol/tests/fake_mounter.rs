@@ -386,7 +386,7 @@ async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
     .into_iter()
     .map(|v| kubevol::store::Object::PersistentVolume(serde_json::from_value(v).unwrap()))
     .chain([kubevol::store::Object::PersistentVolumeClaim(
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {"volumeName": "nfs-pv", "accessModes": ["ReadWriteOnce"]}, "status": {"phase": "Bound"}})).unwrap(),
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "c", "namespace": "default"}, "spec": {"volumeName": "nfs-pv", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}, "status": {"phase": "Bound"}})).unwrap(),
     )])
     .collect();
     assert!(m.library().upsert_objects(objects).is_empty());

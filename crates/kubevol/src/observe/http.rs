@@ -23,6 +23,13 @@ use crate::VolumeManager;
 
 /// The router, for serving on any listener.
 pub fn router(manager: VolumeManager) -> Router {
+    let report = std::sync::Arc::new(Shared::default());
+    let pods = move |State(m): State<VolumeManager>| async move {
+        let bytes = report
+            .get(move || serde_json::to_vec(&m.status(true)).unwrap_or_default())
+            .await;
+        ([(header::CONTENT_TYPE, "application/json")], bytes)
+    };
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -69,8 +76,50 @@ async fn metrics(State(m): State<VolumeManager>) -> impl IntoResponse {
     )
 }
 
-async fn pods(State(m): State<VolumeManager>) -> impl IntoResponse {
-    Json(m.status(true))
+/// A document built for every request that arrives while it is being built: the status report
+/// of 5,000 pods is megabytes, and 128 clients asking at once get one copy of it, built once,
+/// instead of 128. A request that finds no build under way starts one, so what it gets was
+/// built after it arrived.
+#[derive(Default)]
+struct Shared {
+    building: std::sync::Mutex<Option<SharedBuild>>,
+    /// Requests that joined a build (for the tests).
+    #[cfg(test)]
+    joined: std::sync::atomic::AtomicUsize,
+}
+
+type SharedBuild =
+    futures_util::future::Shared<futures_util::future::BoxFuture<'static, bytes::Bytes>>;
+
+impl Shared {
+    /// The document: the one being built, else one `build` makes now (on a blocking thread).
+    async fn get(&self, build: impl FnOnce() -> Vec<u8> + Send + 'static) -> bytes::Bytes {
+        use futures_util::FutureExt;
+        let shared = {
+            let mut building = crate::sync::lock(&self.building);
+            building
+                .get_or_insert_with(|| {
+                    async move {
+                        tokio::task::spawn_blocking(build)
+                            .await
+                            .map(bytes::Bytes::from)
+                            .unwrap_or_default()
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        #[cfg(test)]
+        self.joined
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let document = shared.clone().await;
+        let mut building = crate::sync::lock(&self.building);
+        if building.as_ref().is_some_and(|b| b.ptr_eq(&shared)) {
+            *building = None;
+        }
+        document
+    }
 }
 
 /// A pod's description as JSON, or 404 naming what was asked for.
@@ -215,6 +264,39 @@ pub async fn serve_with(
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// Sixty-four requests that arrive while the report is built get that one build; the next
+    /// request, after it, gets a new one.
+    #[tokio::test]
+    async fn requests_during_a_build_share_it_and_a_later_one_gets_a_new_build() {
+        let shared = Arc::new(Shared::default());
+        let builds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Arc::new(std::sync::Mutex::new(released));
+        let mut requests = Vec::new();
+        for _ in 0..64 {
+            let (shared, builds, released) = (shared.clone(), builds.clone(), released.clone());
+            requests.push(tokio::spawn(async move {
+                shared
+                    .get(move || {
+                        let n = builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        released.lock().unwrap().recv().unwrap();
+                        format!("build {n}").into_bytes()
+                    })
+                    .await
+            }));
+        }
+        while shared.joined.load(std::sync::atomic::Ordering::SeqCst) < 64 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        for r in requests {
+            assert_eq!(&r.await.unwrap()[..], b"build 0");
+        }
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let later = shared.get(|| b"build 1".to_vec()).await;
+        assert_eq!(&later[..], b"build 1");
+    }
 
     /// A server of one route within `limits`; its address and a handle that stops it (the
     /// task ends when the server has stopped).

@@ -271,20 +271,20 @@ impl Objects {
                 put(&mut self.secrets, k.clone(), d, &origin, invalid)
             }
             (Key::PersistentVolume(k), Shared::PersistentVolume(d)) => {
-                put(&mut self.persistent_volumes, k.clone(), d, &origin, None)
+                put(&mut self.persistent_volumes, k.clone(), d, &origin, invalid)
             }
             (Key::PersistentVolumeClaim(k), Shared::PersistentVolumeClaim(d)) => put(
                 &mut self.persistent_volume_claims,
                 k.clone(),
                 d,
                 &origin,
-                None,
+                invalid,
             ),
             (Key::CSIDriver(k), Shared::CSIDriver(d)) => {
-                put(&mut self.csi_drivers, k.clone(), d, &origin, None)
+                put(&mut self.csi_drivers, k.clone(), d, &origin, invalid)
             }
             (Key::StorageClass(k), Shared::StorageClass(d)) => {
-                put(&mut self.storage_classes, k.clone(), d, &origin, None)
+                put(&mut self.storage_classes, k.clone(), d, &origin, invalid)
             }
             (Key::Node(k), Shared::Node(d)) => put(&mut self.nodes, k.clone(), d, &origin, None),
             _ => unreachable!("a key and its definitions are of one kind"),

@@ -66,11 +66,42 @@ type Content = (
     bool,
 );
 
-/// Only a regular file is read (a symbolic link is followed, and the type is checked on the
-/// opened descriptor, so nothing can be swapped in between), opened non-blocking so that a
-/// FIFO or a device never blocks, and at most `max_size` bytes of it.
-fn read_content(path: &Path, max_size: u64) -> Content {
+/// Opens `path` for reading only once it is known to be a regular file: it is first opened
+/// with `O_PATH` (links followed; an `O_PATH` open has no side effect on a device, a FIFO or a
+/// socket), its type read from that descriptor, and only a regular file is opened again, for
+/// reading, through that very descriptor (`/proc/self/fd`), so nothing can be swapped in
+/// between. Where `/proc` is not mounted, the path is opened non-blocking and checked to be
+/// the same file.
+fn open_regular(
+    path: &Path,
+) -> Result<Result<std::os::fd::OwnedFd, rustix::fs::FileType>, rustix::io::Errno> {
     use rustix::fs::{FileType, Mode, OFlags};
+    let pinned = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let st = rustix::fs::fstat(&pinned)?;
+    let kind = FileType::from_raw_mode(st.st_mode);
+    if kind != FileType::RegularFile {
+        return Ok(Err(kind));
+    }
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let through = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));
+    match rustix::fs::open(through.as_str(), flags, Mode::empty()) {
+        Ok(fd) => Ok(Ok(fd)),
+        Err(rustix::io::Errno::NOENT) if !Path::new("/proc/self/fd").exists() => {
+            let fd = rustix::fs::open(path, flags, Mode::empty())?;
+            let again = rustix::fs::fstat(&fd)?;
+            if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+                return Err(rustix::io::Errno::AGAIN);
+            }
+            Ok(Ok(fd))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Only a regular file is read (a symbolic link is followed, and the type is checked before
+/// the file is opened for reading, on a descriptor that pins it: see [`open_regular`]), and at
+/// most `max_size` bytes of it.
+fn read_content(path: &Path, max_size: u64) -> Content {
     let failed = |message: String, transient: bool| {
         let message = if transient {
             format!("{message}; it is read again shortly")
@@ -81,28 +112,26 @@ fn read_content(path: &Path, max_size: u64) -> Content {
         (FileContent::Broken(vec![err]), None, transient)
     };
     let broken = |message: String| failed(message, false);
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
-    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
-        Ok(fd) => fd,
+    let fd = match open_regular(path) {
+        Ok(Ok(fd)) => fd,
+        Ok(Err(kind)) => {
+            return broken(format!(
+                "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
+                file_type_name(kind)
+            ));
+        }
         Err(rustix::io::Errno::NOENT) => {
             return (FileContent::Gone, None, false);
         }
         Err(e) => {
             let message = format!("cannot open: {}", std::io::Error::from(e));
-            return failed(message, is_transient(e));
+            return failed(message, is_transient(e) || e == rustix::io::Errno::AGAIN);
         }
     };
     let stat = match rustix::fs::fstat(&fd) {
         Ok(st) => st,
         Err(e) => return broken(format!("cannot stat: {}", std::io::Error::from(e))),
     };
-    let kind = FileType::from_raw_mode(stat.st_mode);
-    if kind != FileType::RegularFile {
-        return broken(format!(
-            "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
-            file_type_name(kind)
-        ));
-    }
     let too_big = |size: u64| {
         format!(
             "is {size} bytes, more than the limit of {max_size} bytes for one manifest file: split it, or raise the limit (--max-manifest-size)"
@@ -148,5 +177,67 @@ fn read_content(path: &Path, max_size: u64) -> Content {
         // A file with any error is not applied: what it delivered before stays, so a
         // half-written edit never takes a running pod's volumes away.
         (FileContent::Broken(errors), None, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::inotify;
+
+    /// A manifest that is a link to a FIFO (or a device, whose open may act: rewind a tape,
+    /// start a watchdog) is refused without ever being opened: its type is read through an
+    /// `O_PATH` descriptor, which the kernel does not report as an open.
+    #[test]
+    fn a_link_to_something_not_a_regular_file_is_refused_without_opening_it() {
+        let t = tempfile::tempdir().unwrap();
+        let fifo = t.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let manifest = t.path().join("pod.yaml");
+        std::os::unix::fs::symlink(&fifo, &manifest).unwrap();
+        let watch =
+            inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+        inotify::add_watch(&watch, &fifo, inotify::WatchFlags::OPEN).unwrap();
+        let (changes, transient) = read_file(&manifest, DEFAULT_MAX_FILE_SIZE);
+        assert!(!transient);
+        let Change::File {
+            content: FileContent::Broken(errors),
+            ..
+        } = &changes[0]
+        else {
+            panic!("not refused")
+        };
+        assert!(
+            errors[0]
+                .message
+                .contains("is a FIFO (named pipe) (after following links)"),
+            "{}",
+            errors[0].message
+        );
+        let mut buf = [std::mem::MaybeUninit::uninit(); 1024];
+        let mut events = inotify::Reader::new(&watch, &mut buf);
+        let opened = events.next().map(|e| e.events());
+        assert_eq!(opened, Err(rustix::io::Errno::AGAIN), "the FIFO was opened");
+        // A regular file behind a link is read.
+        let real = t.path().join("real");
+        std::fs::write(
+            &real,
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+        )
+        .unwrap();
+        let link = t.path().join("cm.yaml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let (changes, _) = read_file(&link, DEFAULT_MAX_FILE_SIZE);
+        assert!(matches!(
+            &changes[0],
+            Change::File { content: FileContent::Objects(o), .. } if o.len() == 1
+        ));
     }
 }

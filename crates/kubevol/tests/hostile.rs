@@ -1,0 +1,295 @@
+//! What a manifest author or a container can try against the node, each attack made for real
+//! in a private mount namespace: names that climb out of the local-path directory, trees deep
+//! enough to overflow any recursion, manifests that cost minutes to parse, mount options with
+//! options smuggled in, a local-path directory two managers share, and a claim that takes
+//! another pod's ephemeral data by its name.
+
+#[macro_use]
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+use kubevol::source::ManifestSource;
+use kubevol::status::PodPhase;
+use serde_json::json;
+
+/// Mounts a tmpfs on `dir` (in the test's own mount namespace): trees of 100,000 levels are
+/// made and removed ten times faster than on a disk.
+fn in_memory(dir: &Path) {
+    rustix::mount::mount(
+        "tmpfs",
+        dir,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )
+    .expect("mount a tmpfs");
+}
+
+/// Makes a chain of `depth` directories `d` below `top`, each with a file `f`, as a container
+/// can (each level made relative to the one before: no path is ever that long).
+fn deep_tree(top: &Path, depth: usize) {
+    use rustix::fs::{Mode, OFlags};
+    let dir = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut cur = rustix::fs::open(top, dir, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        rustix::fs::mkdirat(&cur, "d", Mode::from_raw_mode(0o755)).unwrap();
+        let f = OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC;
+        drop(rustix::fs::openat(&cur, "f", f, Mode::from_raw_mode(0o644)).unwrap());
+        cur = rustix::fs::openat(&cur, "d", dir, Mode::empty()).unwrap();
+    }
+}
+
+/// The group of the deepest directory of a [`deep_tree`].
+fn deepest_group(top: &Path, depth: usize) -> u32 {
+    use rustix::fs::{Mode, OFlags};
+    let dir = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+    let mut cur = rustix::fs::open(top, dir, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        cur = rustix::fs::openat(&cur, "d", dir, Mode::empty()).unwrap();
+    }
+    rustix::fs::fstat(&cur).unwrap().st_gid
+}
+
+fn pod_named(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    common::pod(
+        json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}),
+    )
+}
+
+fn claim(name: &str) -> String {
+    format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {name}}}\nspec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 1Gi}}}}\n")
+}
+
+fn claim_pod(name: &str, claim: &str, security: &str) -> String {
+    format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{security}  containers: [{{name: c, volumeMounts: [{{name: data, mountPath: /data}}]}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}]\n")
+}
+
+fn error_of(s: &kubevol::status::PodStatus) -> String {
+    let mut all = s.errors.clone();
+    all.extend(s.volumes.iter().filter_map(|v| v.retry.last_error.clone()));
+    all.join("\n")
+}
+
+const DEPTH: usize = 100_000;
+
+mount_test! {
+    /// A container that makes a tree 100,000 levels deep in its emptyDir: the teardown removes
+    /// it whole and the manager goes on (a recursive walk aborted the daemon, at every start).
+    fn a_tree_100000_levels_deep_in_an_empty_dir_is_torn_down() {
+        let root = TestRoot::new();
+        in_memory(root.path());
+        let manifests = root.manifests();
+        let pod = |name: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, volumeMounts: [{{name: cache, mountPath: /cache}}]}}]\n  volumes: [{{name: cache, emptyDir: {{}}}}]\n");
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            write_manifest(&manifests, "deep.yaml", &pod("deep"));
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let deep = pod_named("deep");
+            m.wait_for_attach_and_mount(&deep).await.expect("mounted");
+            let volume = m.mounted_volumes_for_pod(&kubevol::pod_uid(&deep))["cache"].path.clone();
+            let tree = volume.clone();
+            tokio::task::spawn_blocking(move || deep_tree(&tree, DEPTH)).await.unwrap();
+            std::fs::remove_file(manifests.join("deep.yaml")).unwrap();
+            m.wait_for_unmount(&deep).await.expect("torn down, the tree removed");
+            assert!(!volume.exists());
+            // The manager lives on: a new pod is served.
+            write_manifest(&manifests, "next.yaml", &pod("next"));
+            m.wait_for_attach_and_mount(&pod_named("next")).await.expect("mounted");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// A claim's volume holding a tree 100,000 levels deep: a pod with `fsGroup` gets the
+    /// group on every level, and when the claim is removed its volume (reclaim policy Delete)
+    /// is deleted whole; the manager lives on throughout.
+    fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_reclaimed() {
+        let root = TestRoot::new();
+        in_memory(root.path());
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            write_manifest(&manifests, "claim.yaml", &claim("data"));
+            write_manifest(&manifests, "writer.yaml", &claim_pod("writer", "data", ""));
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let writer = pod_named("writer");
+            m.wait_for_attach_and_mount(&writer).await.expect("provisioned and mounted");
+            let volume = m.mounted_volumes_for_pod(&kubevol::pod_uid(&writer))["data"].path.clone();
+            let tree = volume.clone();
+            tokio::task::spawn_blocking(move || deep_tree(&tree, DEPTH)).await.unwrap();
+            std::fs::remove_file(manifests.join("writer.yaml")).unwrap();
+            m.wait_for_unmount(&writer).await.expect("torn down");
+
+            write_manifest(&manifests, "grouped.yaml", &claim_pod("grouped", "data", "  securityContext: {fsGroup: 2345}\n"));
+            let grouped = pod_named("grouped");
+            m.wait_for_attach_and_mount(&grouped).await.expect("mounted, the fsGroup walk done");
+            let volume = m.mounted_volumes_for_pod(&kubevol::pod_uid(&grouped))["data"].path.clone();
+            let tree = volume.clone();
+            let gid = tokio::task::spawn_blocking(move || deepest_group(&tree, DEPTH)).await.unwrap();
+            assert_eq!(gid, 2345, "the deepest level has the pod's group");
+
+            let local = root.path().join("root/local-path");
+            let dirs = || std::fs::read_dir(&local).unwrap().filter(|e| !e.as_ref().unwrap().file_name().to_string_lossy().starts_with('.')).count();
+            assert_eq!(dirs(), 1);
+            std::fs::remove_file(manifests.join("grouped.yaml")).unwrap();
+            std::fs::remove_file(manifests.join("claim.yaml")).unwrap();
+            m.wait_for_unmount(&grouped).await.expect("torn down");
+            until_announced(&m, 120, "the reclaimed volume deleted", || dirs() == 0).await;
+            write_manifest(&manifests, "next.yaml", &claim("next"));
+            write_manifest(&manifests, "next-pod.yaml", &claim_pod("next", "next", ""));
+            m.wait_for_attach_and_mount(&pod_named("next")).await.expect("the manager lives on");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// Claims whose UID, name or namespace would make a path outside the local-path directory
+    /// are refused as the API server refuses them: the pod says which field of which file to
+    /// fix, nothing is made or changed outside the local-path directory, and a pod beside them
+    /// is served.
+    fn a_claim_whose_names_climb_out_makes_nothing_outside_the_local_path_directory() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let outside = root.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let escapes = [
+            ("uid", "metadata: {name: c, uid: \"u1_default_c/../../../outside\"}", "metadata.uid"),
+            ("nul", "metadata: {name: c, uid: \"0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f7\\0\"}", "metadata.uid"),
+            ("long", &format!("metadata: {{name: c, uid: \"{}\"}}", "a".repeat(300)), "metadata.uid"),
+        ];
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            for (row, meta, field) in escapes {
+                let text = claim("c").replace("metadata: {name: c}", meta) + "---\n" + &claim_pod(row, "c", "");
+                write_manifest(&manifests, &format!("{row}.yaml"), &text);
+                let s = wait_for_status(&m, &pod_named(row), 20, |s| !error_of(s).is_empty()).await;
+                let e = error_of(&s);
+                assert!(e.contains("PersistentVolumeClaim default/c is invalid") && e.contains(field) && e.contains(&format!("{row}.yaml")), "{row}: {e}");
+                std::fs::remove_file(manifests.join(format!("{row}.yaml"))).unwrap();
+            }
+            // A name with a separator is no name a claim can have: the pod's reference to it is
+            // refused, and the claim's own file says why.
+            write_manifest(&manifests, "slash.yaml", &claim("c").replace("name: c", "name: \"../../outside\""));
+            until_announced(&m, 20, "the claim's file refused", || m.status(false).manifest_errors.iter().any(|e| e.contains("slash.yaml") && e.contains("metadata.name"))).await;
+            write_manifest(&manifests, "fine.yaml", &(claim("fine") + "---\n" + &claim_pod("fine", "fine", "")));
+            m.wait_for_attach_and_mount(&pod_named("fine")).await.expect("a pod beside them is served");
+            let local = root.path().join("root/local-path");
+            let made: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
+            assert_eq!(made.len(), 1, "{made:?}");
+            assert!(made[0].ends_with("_default_fine"), "{made:?}");
+            assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o7777, 0o700, "the directory outside keeps its mode");
+            assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// A manifest of flow YAML nested 200,000 levels deep (400 KB) is refused at once, naming
+    /// the file, line and column; a pod written beside it is served.
+    fn a_deeply_nested_manifest_is_refused_and_the_pod_beside_it_served() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            for i in 0..8 {
+                write_manifest(&manifests, &format!("bomb{i}.yaml"), &format!("x: {}", "[".repeat(200_000)));
+            }
+            write_manifest(&manifests, "web.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: c, volumeMounts: [{name: m, mountPath: /m}]}]\n  volumes: [{name: m, emptyDir: {medium: Memory}}]\n");
+            m.wait_for_attach_and_mount(&pod_named("web")).await.expect("served beside the bombs");
+            until_announced(&m, 20, "every bomb refused", || m.status(false).manifest_errors.iter().filter(|e| e.contains("nests more than 128 levels")).count() == 8).await;
+            let errors = m.status(false).manifest_errors;
+            let e = errors.iter().find(|e| e.contains("bomb0.yaml")).unwrap();
+            assert!(e.contains("line 1") && e.contains("column"), "{e}");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// SELinux options that would smuggle mount options into `-o context="…"` are refused with
+    /// the field that holds them; the pod's volume is never mounted.
+    fn selinux_options_that_would_end_the_context_option_are_refused() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let rows = [
+                ("level", "  securityContext: {seLinuxOptions: {level: \"s0:c1,c2\\\",dev,suid,exec,nodev=\\\"x\\nfoo\"}}\n", "spec.securityContext.seLinuxOptions.level"),
+                ("type", "  securityContext: {seLinuxOptions: {type: \"spc_t\\\",dev\"}}\n", "spec.securityContext.seLinuxOptions.type"),
+            ];
+            for (name, security, field) in rows {
+                write_manifest(&manifests, &format!("{name}.yaml"), &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{security}  containers: [{{name: c, volumeMounts: [{{name: m, mountPath: /m}}]}}]\n  volumes: [{{name: m, emptyDir: {{}}}}]\n"));
+                let s = wait_for_status(&m, &pod_named(name), 20, |s| s.phase == PodPhase::Rejected).await;
+                assert!(error_of(&s).contains(field) && error_of(&s).contains("SELinux"), "{name}: {s:#?}");
+                assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod_named(name))).is_empty());
+            }
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// Two managers with different roots and one local-path directory: the second is refused
+    /// at its start, naming the first's root, before it reads or changes anything.
+    fn a_local_path_directory_serves_one_manager() {
+        let root = TestRoot::new();
+        let shared = root.path().join("shared-local-path");
+        runtime().block_on(async {
+            let first = manager(root.path(), |c| c.local_path_dir = Some(shared.clone()));
+            let mut config = kubevol::Config::new(root.path().join("other-root"), "test-node");
+            config.local_path_dir = Some(shared.clone());
+            let e = kubevol::VolumeManager::new(config, std::sync::Arc::new(kubevol_mount::LinuxMounter)).err().expect("refused");
+            assert_eq!(e.kind(), std::io::ErrorKind::ResourceBusy);
+            let first_root = std::fs::canonicalize(root.path().join("root")).unwrap();
+            assert!(e.to_string().contains(&format!("the kubevol of root {}", first_root.display())), "{e}");
+            assert!(!root.path().join("other-root/volume-record").exists(), "the second read or wrote nothing");
+            first.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// A claim of the manifests named as another pod's generic ephemeral claim was
+    /// (`<pod>-<volume>`), written as that pod goes: it is another claim (another UID), gets a
+    /// volume of its own, empty, and the ephemeral volume is deleted as its class says.
+    fn a_claim_named_as_a_gone_pods_ephemeral_claim_does_not_inherit_its_data() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let ephemeral = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes:\n  - name: v\n    ephemeral:\n      volumeClaimTemplate:\n        spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n";
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            write_manifest(&manifests, "p.yaml", ephemeral);
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let p = pod_named("p");
+            m.wait_for_attach_and_mount(&p).await.expect("provisioned and mounted");
+            let old = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["v"].path.clone();
+            std::fs::write(old.join("secret"), "the pod's data").unwrap();
+            let old_volume = m.status(false).bindings.iter().find(|b| b.claim == "default/p-v").unwrap().volume.clone();
+            // In one change: the pod goes, a claim of its ephemeral claim's name and a pod
+            // that uses it come.
+            write_manifest(&manifests, "p.yaml", &(claim("p-v") + "---\n" + &claim_pod("heir", "p-v", "")));
+            let heir = pod_named("heir");
+            m.wait_for_attach_and_mount(&heir).await.expect("mounted");
+            let new = m.mounted_volumes_for_pod(&kubevol::pod_uid(&heir))["data"].path.clone();
+            assert!(!new.join("secret").exists(), "the heir sees none of the gone pod's data");
+            let bindings = m.status(false).bindings;
+            let new_volume = &bindings.iter().find(|b| b.claim == "default/p-v" && b.phase == "Bound").unwrap().volume;
+            assert_ne!(new_volume, &old_volume);
+            until_announced(&m, 30, "the ephemeral volume deleted", || m.store().persistent_volume(&old_volume).is_none()).await;
+            let local = root.path().join("root/local-path");
+            let left: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
+            assert!(left.len() == 1 && left[0].starts_with(new_volume.as_str()), "{left:?}");
+            m.shutdown();
+        });
+    }
+}
