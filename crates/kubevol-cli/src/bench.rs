@@ -950,7 +950,8 @@ mod csi {
             out.push(Object::PersistentVolumeClaim(
                 serde_json::from_value(
                     serde_json::json!({"metadata": {"name": name, "namespace": "bench"},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": name}}),
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": name,
+                             "resources": {"requests": {"storage": "16Mi"}}}}),
                 )
                 .expect("valid PersistentVolumeClaim"),
             ));

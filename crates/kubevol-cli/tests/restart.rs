@@ -192,7 +192,7 @@ fn objects(env: &Env) -> String {
          \x20 local: {{path: {}}},\n\
          \x20 nodeAffinity: {{required: {{nodeSelectorTerms: [{{matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [test-node]}}]}}]}}}}}}\n\
          ---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: local-pv, namespace: default}}\n\
-         spec: {{accessModes: [ReadWriteOnce], volumeName: local-pv}}\n",
+         spec: {{accessModes: [ReadWriteOnce], volumeName: local-pv, resources: {{requests: {{storage: 1Gi}}}}}}\n",
         env.host().join("host").display()
     ));
     for pv in ["pv-a", "pv-b"] {
@@ -767,7 +767,8 @@ mount_test! {
         };
         assert_eq!(provisioned(), 2);
         let dirs = || {
-            let mut d: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            // (Without the directory's lock file, `.kubevol.lock`.)
+            let mut d: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n != kubevol::record::LOCAL_PATH_LOCK_FILE).collect();
             d.sort();
             d
         };

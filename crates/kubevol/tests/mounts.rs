@@ -424,7 +424,7 @@ mount_test! {
                 })).unwrap()),
                 kubevol::store::Object::PersistentVolumeClaim(serde_json::from_value(json!({
                     "metadata": {"name": "block-claim", "namespace": "default"},
-                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "volumeName": "block-pv"},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "volumeName": "block-pv", "resources": {"requests": {"storage": "1Gi"}}},
                     "status": {"phase": "Bound"}
                 })).unwrap()),
             ];
@@ -545,7 +545,7 @@ fn bound_pair(
         kubevol::store::Object::PersistentVolumeClaim(
             serde_json::from_value(json!({
                 "metadata": {"name": claim, "namespace": "default"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "volumeName": pv},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}},
             }))
             .unwrap(),
         ),
@@ -581,7 +581,9 @@ mount_test! {
             objects.extend(bound_pair("loose-pv", "loose-claim", "Filesystem", json!({"local": {"path": disk}})));
             objects.extend(bound_pair("gone-pv", "gone-claim", "Filesystem", json!({"local": {"path": host.join("not-yet")}, "nodeAffinity": here})));
             objects.extend(bound_pair("out-pv", "out-claim", "Filesystem", json!({"local": {"path": outside}, "nodeAffinity": here})));
-            assert!(m.library().upsert_objects(objects).is_empty());
+            // The volume without node affinity is kept, and refused as the API server refuses it.
+            let problems = m.library().upsert_objects(objects);
+            assert!(problems.len() == 1 && problems[0].contains("PersistentVolume loose-pv is invalid") && problems[0].contains("Local volume requires node affinity"), "{problems:?}");
 
             let mut p = pod_with_volumes("app", json!([{"name": "data", "persistentVolumeClaim": {"claimName": "local-claim"}}]));
             p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 2000})).unwrap());

@@ -528,7 +528,7 @@ mod tests {
     fn pvc(name: &str, volume_name: Option<&str>, mode: &str) -> serde_json::Value {
         let mut v = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": name, "namespace": "ns"},
-            "spec": {"volumeMode": mode}});
+            "spec": {"volumeMode": mode, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
         if let Some(n) = volume_name {
             v["spec"]["volumeName"] = json!(n);
         }
@@ -626,7 +626,7 @@ mod tests {
             ("missing claim", json!([]), MOUNTED, "PersistentVolumeClaim ns/c does not exist: add it"),
             (
                 "claim being deleted",
-                json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "a"}}]),
+                json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"volumeName": "a", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]),
                 MOUNTED,
                 "is being deleted",
             ),

@@ -341,6 +341,42 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever the strings of a record hold (they come from manifests and volumes), the
+        /// line written by hand is serde_json's, and reads back as the record it was.
+        #[test]
+        fn any_record_is_written_as_serde_json_writes_it(
+            text in proptest::prelude::any::<String>(),
+            other in proptest::prelude::any::<String>(),
+            version in proptest::prop_oneof![proptest::prelude::Just(super::super::VERSION), proptest::prelude::any::<u32>()],
+            state in 0usize..4,
+        ) {
+            let states = [
+                PodVolumeState::SettingUp,
+                PodVolumeState::SetUp,
+                PodVolumeState::Uncertain,
+                PodVolumeState::TearingDown,
+            ];
+            let mut r = record(&text, states[state]);
+            r.version = version;
+            r.source = other.clone().into();
+            r.volume = other.into();
+            let (fast, serde) = (fast_line(&r), serde_line(&r));
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&serde));
+            // It reads back; a line of another format version is refused as such.
+            match super::super::journal::parse(&fast) {
+                Ok(_) => proptest::prop_assert_eq!(version, super::super::VERSION),
+                Err(e) => proptest::prop_assert!(version != super::super::VERSION && e.contains("format version"), "{}", e),
+            }
+        }
+
+        /// Any bytes in the journal are a record or a refused line, never a panic.
+        #[test]
+        fn any_line_is_read_or_refused(line in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let _ = super::super::journal::parse(&line);
+        }
+    }
+
     /// An emptyDir spec is serde_json's too, with or without its medium and size, whatever its
     /// name holds, as a raw block volume; a spec with another source beside it, or of another
     /// kind, or with a PersistentVolume, is left to serde_json.

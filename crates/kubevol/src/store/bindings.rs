@@ -158,13 +158,15 @@ impl Bindings {
         crate::sync::lock(&self.map).bindings.get(volume).cloned()
     }
 
-    /// Every binding.
+    /// Every binding, by claim.
     pub fn all(&self) -> Vec<Binding> {
-        crate::sync::lock(&self.map)
+        let mut all: Vec<Binding> = crate::sync::lock(&self.map)
             .bindings
             .values()
             .cloned()
-            .collect()
+            .collect();
+        all.sort_by(|a, b| (&a.namespace, &a.claim, &a.uid).cmp(&(&b.namespace, &b.claim, &b.uid)));
+        all
     }
 
     /// The volumes kubevol provisioned.

@@ -161,4 +161,51 @@ mod tests {
         let many = format!("x: [{}]", "a,".repeat(MAX_NODES + 10));
         assert!(check(&many).unwrap_err().message.contains("split it"));
     }
+
+    /// YAML made of the tokens that nest, quote and end nodes, in any order: the check and the
+    /// parse behind it end, with objects or errors that name the file, never a panic.
+    #[test]
+    fn any_token_soup_is_checked_and_parsed_or_refused() {
+        use proptest::prelude::*;
+        let token = prop::sample::select(vec![
+            "[",
+            "]",
+            "{",
+            "}",
+            ",",
+            ":",
+            " ",
+            "\n",
+            "- ",
+            "'",
+            "\"",
+            "#",
+            "|",
+            ">",
+            "&a",
+            "*a",
+            "!t",
+            "a",
+            "kind: Pod",
+            "apiVersion: v1",
+            "---\n",
+            "\t",
+            "? ",
+            "\\",
+            "%YAML 1.2\n",
+        ]);
+        let soup = prop::collection::vec(token, 0..200).prop_map(|t| t.concat());
+        proptest!(|(text in soup)| {
+            let _ = check(&text);
+            let path = std::path::Path::new("/m/soup.yaml");
+            let (_, errors) = super::super::parse_manifest(path, &text);
+            for e in errors {
+                prop_assert_eq!(e.path.as_path(), path);
+            }
+        });
+        proptest!(|(text in any::<String>())| {
+            let _ = check(&text);
+            let _ = super::super::parse_manifest(std::path::Path::new("/m/any.json"), &text);
+        });
+    }
 }
