@@ -18,6 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol::{Config, VolumeManager};
 use kubevol_mount::{LinuxMounter, MountOptions, Mounter};
 
+mod churn;
+
 /// Benchmark options.
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -65,6 +67,11 @@ pub struct BenchArgs {
     /// print the cost curve as a table.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["pods", "content", "csi", "cluster", "restart"])]
     scale: Vec<usize>,
+    /// Benchmark memory after churn instead: waves of N pods are added and removed for this
+    /// many seconds, then every pod is gone; reports the resident memory before, at its peak
+    /// and after.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale"])]
+    churn: Option<u64>,
     /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
     /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
     #[arg(long)]
@@ -326,6 +333,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.restart {
         return restart(args);
+    }
+    if let Some(seconds) = args.churn {
+        return churn::run(args, seconds);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -117,47 +117,9 @@ pub fn mode_allows_mount(modes: Option<&[String]>, selinux_mount_all: bool) -> b
     }
 }
 
-/// Why `value` cannot be an SELinux user, role or type (identifiers of the policy: letters,
-/// digits, `_`, `.` and `-`), or `None` when it can.
-pub fn identifier_error(value: &str) -> Option<&'static str> {
-    let ok = value.len() <= 255
-        && value
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
-    (!ok).then_some("must be an SELinux identifier: at most 255 letters, digits, '_', '.' and '-' (it becomes part of a mount option)")
-}
-
-/// Why `value` cannot be an SELinux level (sensitivities and categories such as `s0`,
-/// `s0:c1,c2` or `s0-s0:c0.c1023`: letters, digits, `_`, `.`, `-`, `:` and `,`), or `None`
-/// when it can.
-pub fn level_error(value: &str) -> Option<&'static str> {
-    let ok = value.len() <= 4096
-        && value
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b':' | b','));
-    (!ok).then_some("must be an SELinux level such as s0:c1,c2: at most 4096 letters, digits, '_', '.', '-', ':' and ',' (it becomes part of a mount option)")
-}
-
-/// The errors of `opts`, by field name (`user`, `role`, `type`, `level`) and value.
-pub fn options_errors(opts: &SELinuxOptions) -> Vec<(&'static str, &str, &'static str)> {
-    let fields = [
-        ("user", &opts.user, identifier_error as fn(&str) -> _),
-        ("role", &opts.role, identifier_error),
-        ("type", &opts.type_, identifier_error),
-        ("level", &opts.level, level_error),
-    ];
-    fields
-        .into_iter()
-        .filter_map(|(name, value, check)| {
-            let value = value.as_deref()?;
-            check(value).map(|why| (name, value, why))
-        })
-        .collect()
-}
-
 /// The mount option for `label`, as the kubelet writes it: `context="<label>"`. `None` for a
-/// label with anything but what the four parts of a context may hold ([`identifier_error`],
-/// [`level_error`]): a quote, a backslash or a line break would end the option early and let
+/// label with anything but what the four parts of a context may hold (see
+/// [`crate::validation::selinux_options_errors`]): a quote, a backslash or a line break would end the option early and let
 /// the rest be read as options of its own.
 pub fn context_option(label: &str) -> Option<String> {
     let safe = !label.is_empty()

@@ -109,7 +109,7 @@ proptest! {
         let opts = k8s_openapi::api::core::v1::SELinuxOptions {
             user: Some(user), role: Some(role), type_: Some(type_), level: Some(level),
         };
-        if selinux::options_errors(&opts).is_empty() {
+        if kubevol_core::validation::selinux_options_errors(&opts).is_empty() {
             if let Some(label) = selinux::file_label(selinux::DEFAULT_FILE_CONTEXT, &opts) {
                 let option = selinux::context_option(&label);
                 prop_assert!(option.is_some(), "{}", label);

@@ -30,7 +30,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::safe::{io, Dir};
+use crate::at::io;
+use crate::safe::Dir;
 use crate::walk::{At, Visit};
 use crate::MountError;
 
@@ -538,7 +539,7 @@ pub fn write(
             seen: 0,
             differs: false,
         };
-        crate::walk::walk(payload, &mut cmp)?;
+        crate::walk::walk(payload.fd(), payload.path(), &mut cmp)?;
         if cmp.matches() {
             remove_link(dir, DATA_DIR_TMP)?;
             converge(dir, name, &top, hook)?;

@@ -9,6 +9,7 @@
 
 #![deny(unsafe_code)]
 
+mod at;
 pub mod atomic;
 pub mod fake;
 pub mod holders;

@@ -13,6 +13,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
+pub(crate) use crate::at::{io, DIR_FLAGS};
 use crate::walk::{At, Visit};
 use crate::MountError;
 
@@ -32,19 +33,6 @@ pub struct Dir {
     pub(crate) fd: OwnedFd,
     pub(crate) path: PathBuf,
 }
-
-pub(crate) fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> MountError + 'a {
-    move |errno| MountError::Io {
-        op,
-        path: path.to_path_buf(),
-        errno,
-    }
-}
-
-pub(crate) const DIR_FLAGS: OFlags = OFlags::DIRECTORY
-    .union(OFlags::NOFOLLOW)
-    .union(OFlags::CLOEXEC)
-    .union(OFlags::RDONLY);
 
 /// Whether the process's umask takes bits from `mode` (a directory made with it must then be
 /// given its mode after mkdir). The umask is read once, from `/proc/self/status`: kubevol never
@@ -341,7 +329,7 @@ impl Dir {
             }
         }
         let dev = self.device()?;
-        crate::walk::walk(self, &mut FsGroup { gid, mask, dev })?;
+        crate::walk::walk(self.fd(), &self.path, &mut FsGroup { gid, mask, dev })?;
         Ok(true)
     }
 
@@ -350,8 +338,8 @@ impl Dir {
     /// found below; while removing it checks again, so a mount made in between is not entered.
     pub fn remove_contents_one_fs(&self) -> Result<(), MountError> {
         let dev = self.device()?;
-        crate::walk::walk(self, &mut CheckOneFs { dev })?;
-        crate::walk::walk(self, &mut RemoveOneFs { dev })
+        crate::walk::walk(self.fd(), &self.path, &mut CheckOneFs { dev })?;
+        crate::walk::walk(self.fd(), &self.path, &mut RemoveOneFs { dev })
     }
 
     pub(crate) fn open_child_if_exists(&self, name: &str) -> Result<Option<Dir>, MountError> {
@@ -457,7 +445,7 @@ impl Dir {
         let mut empty = EmptyTree {
             first_leftover: None,
         };
-        crate::walk::walk(&child, &mut empty)?;
+        crate::walk::walk(child.fd(), child.path(), &mut empty)?;
         drop(child);
         if let Some(e) = empty.first_leftover {
             return Err(e);
@@ -1145,5 +1133,44 @@ mod tests {
         drop(cur);
         d.remove_empty_tree("e").unwrap();
         assert!(!t.path().join("e").exists());
+    }
+    #[test]
+    fn a_tree_100000_levels_deep_is_walked_with_a_bounded_stack_and_bounded_descriptors() {
+        let t = crate::walk::tests::memory_tempdir();
+        drop(crate::walk::tests::chain(t.path(), 100_000));
+        // A thread with a small stack: recursion would overflow it within a few hundred levels.
+        let root = t.path().to_path_buf();
+        let walked = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let before = crate::walk::tests::open_descriptors();
+                let mut count = crate::walk::tests::Count {
+                    dirs: 0,
+                    files: 0,
+                    deepest: 0,
+                    open_at_deepest: 0,
+                };
+                crate::walk::tests::walk_path(&root, &mut count).unwrap();
+                (
+                    count.dirs,
+                    count.files,
+                    count.deepest,
+                    count.open_at_deepest - before,
+                )
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let (dirs, files, deepest, opened) = walked;
+        assert_eq!((dirs, files, deepest), (100_000, 100_000, 100_000));
+        assert!(
+            opened <= crate::walk::OPEN_LIMIT + 2,
+            "{opened} descriptors were open at the deepest level"
+        );
+        // std's own removal recurses: the tree goes with kubevol's.
+        Dir::open(t.path())
+            .unwrap()
+            .remove_contents_one_fs()
+            .unwrap();
     }
 }

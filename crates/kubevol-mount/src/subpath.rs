@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
-use crate::safe::{io, Dir};
+use crate::at::io;
+use crate::safe::Dir;
 use crate::{MountError, Mounter};
 
 /// The directory under a pod's directory that holds its subPath mounts.

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode};
 use rustix::io::Errno;
 
-use crate::safe::{io, Dir, DIR_FLAGS};
+use crate::at::{io, DIR_FLAGS};
 use crate::MountError;
 
 /// The deepest levels whose descriptors a walk keeps open.
@@ -194,14 +194,14 @@ pub(crate) fn read_entries(
     Ok(out)
 }
 
-/// Walks the tree below `root` (which is entered first), calling `visit` at every entry:
+/// Walks the tree below the directory open at `root` (reached by `path`, for messages), which
+/// is entered first, calling `visit` at every entry:
 /// [`Visit::enter`] before a directory's entries, [`Visit::other`] for each entry that is not a
 /// directory, [`Visit::descend`] for each that is, and [`Visit::leave`] after a directory's
 /// whole tree. The root itself is never left (it has no parent here).
-pub fn walk(root: &Dir, visit: &mut dyn Visit) -> Result<(), MountError> {
-    let fd = rustix::fs::openat(root.fd(), ".", DIR_FLAGS, Mode::empty())
-        .map_err(io("open", root.path()))?;
-    let id = identity(fd.as_fd(), || root.path().to_path_buf())?;
+pub fn walk(root: BorrowedFd<'_>, path: &Path, visit: &mut dyn Visit) -> Result<(), MountError> {
+    let fd = rustix::fs::openat(root, ".", DIR_FLAGS, Mode::empty()).map_err(io("open", path))?;
+    let id = identity(fd.as_fd(), || path.to_path_buf())?;
     let mut frames = vec![Frame {
         fd: Some(fd),
         id,
@@ -210,12 +210,12 @@ pub fn walk(root: &Dir, visit: &mut dyn Visit) -> Result<(), MountError> {
     }];
     // Above the window, only the levels that are multiples of this keep their descriptors.
     let mut spacing = 1;
-    enter(root.path(), &mut frames, visit)?;
+    enter(path, &mut frames, visit)?;
     loop {
         let top = frames.len() - 1;
         if let Some(name) = frames[top].pending.pop() {
             let at = At {
-                root: root.path(),
+                root: path,
                 frames: &frames,
             };
             let parent = frames[top].fd.as_ref().expect("the deepest level is open");
@@ -230,7 +230,7 @@ pub fn walk(root: &Dir, visit: &mut dyn Visit) -> Result<(), MountError> {
                 pending: Vec::new(),
             });
             spacing = give_up_descriptors(&mut frames, spacing);
-            enter(root.path(), &mut frames, visit)?;
+            enter(path, &mut frames, visit)?;
             continue;
         }
         // This level is done: go back up to its parent.
@@ -240,10 +240,10 @@ pub fn walk(root: &Dir, visit: &mut dyn Visit) -> Result<(), MountError> {
         let done = frames.pop().expect("a level to leave");
         drop(done.fd);
         if frames[top - 1].fd.is_none() {
-            reopen(root.path(), &mut frames, spacing)?;
+            reopen(path, &mut frames, spacing)?;
         }
         let at = At {
-            root: root.path(),
+            root: path,
             frames: &frames,
         };
         let parent = frames[top - 1]
@@ -357,6 +357,12 @@ pub(crate) mod tests {
 
     /// A temporary directory in memory where there is a tmpfs for it (a deep tree is made
     /// and removed ten times faster than on a disk).
+    /// Walks the tree at `path`.
+    pub(crate) fn walk_path(path: &Path, visit: &mut dyn Visit) -> Result<(), MountError> {
+        let dir = rustix::fs::open(path, DIR_FLAGS, Mode::empty()).unwrap();
+        walk(dir.as_fd(), path, visit)
+    }
+
     pub(crate) fn memory_tempdir() -> tempfile::TempDir {
         tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
     }
@@ -380,14 +386,14 @@ pub(crate) mod tests {
         cur
     }
 
-    struct Count {
-        dirs: usize,
-        files: usize,
-        deepest: usize,
-        open_at_deepest: usize,
+    pub(crate) struct Count {
+        pub(crate) dirs: usize,
+        pub(crate) files: usize,
+        pub(crate) deepest: usize,
+        pub(crate) open_at_deepest: usize,
     }
 
-    fn open_descriptors() -> usize {
+    pub(crate) fn open_descriptors() -> usize {
         std::fs::read_dir("/proc/self/fd").unwrap().count()
     }
 
@@ -423,46 +429,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_tree_100000_levels_deep_is_walked_with_a_bounded_stack_and_bounded_descriptors() {
-        let t = memory_tempdir();
-        drop(chain(t.path(), 100_000));
-        // A thread with a small stack: recursion would overflow it within a few hundred levels.
-        let root = t.path().to_path_buf();
-        let walked = std::thread::Builder::new()
-            .stack_size(64 << 10)
-            .spawn(move || {
-                let before = open_descriptors();
-                let mut count = Count {
-                    dirs: 0,
-                    files: 0,
-                    deepest: 0,
-                    open_at_deepest: 0,
-                };
-                walk(&Dir::open(&root).unwrap(), &mut count).unwrap();
-                (
-                    count.dirs,
-                    count.files,
-                    count.deepest,
-                    count.open_at_deepest - before,
-                )
-            })
-            .unwrap()
-            .join()
-            .unwrap();
-        let (dirs, files, deepest, opened) = walked;
-        assert_eq!((dirs, files, deepest), (100_000, 100_000, 100_000));
-        assert!(
-            opened <= OPEN_LIMIT + 2,
-            "{opened} descriptors were open at the deepest level"
-        );
-        // std's own removal recurses: the tree goes with kubevol's.
-        Dir::open(t.path())
-            .unwrap()
-            .remove_contents_one_fs()
-            .unwrap();
-    }
-
-    #[test]
     fn a_deep_path_is_shortened_in_messages() {
         let t = tempfile::tempdir().unwrap();
         drop(chain(t.path(), 50));
@@ -493,7 +459,7 @@ pub(crate) mod tests {
             }
         }
         let mut deepest = Deepest(None);
-        walk(&Dir::open(t.path()).unwrap(), &mut deepest).unwrap();
+        walk_path(t.path(), &mut deepest).unwrap();
         let shown = deepest.0.unwrap();
         assert_eq!(
             shown,
@@ -560,7 +526,7 @@ pub(crate) mod tests {
             moved: false,
             left: Vec::new(),
         };
-        let e = walk(&Dir::open(&tree).unwrap(), &mut mover).unwrap_err();
+        let e = walk_path(&tree, &mut mover).unwrap_err();
         assert!(mover.moved);
         assert!(
             matches!(&e, MountError::Unsafe { reason, .. } if reason.contains("was moved")),

@@ -451,6 +451,50 @@ pub fn validate_pod(pod: &Pod) -> Vec<FieldError> {
     errs
 }
 
+/// Why `value` cannot be an SELinux user, role or type (identifiers of the policy: letters,
+/// digits, `_`, `.` and `-`), or `None` when it can.
+pub fn selinux_identifier_error(value: &str) -> Option<&'static str> {
+    let ok = value.len() <= 255
+        && value
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'));
+    (!ok).then_some("must be an SELinux identifier: at most 255 letters, digits, '_', '.' and '-' (it becomes part of a mount option)")
+}
+
+/// Why `value` cannot be an SELinux level (sensitivities and categories such as `s0`,
+/// `s0:c1,c2` or `s0-s0:c0.c1023`: letters, digits, `_`, `.`, `-`, `:` and `,`), or `None`
+/// when it can.
+pub fn selinux_level_error(value: &str) -> Option<&'static str> {
+    let ok = value.len() <= 4096
+        && value
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b':' | b','));
+    (!ok).then_some("must be an SELinux level such as s0:c1,c2: at most 4096 letters, digits, '_', '.', '-', ':' and ',' (it becomes part of a mount option)")
+}
+
+/// The errors of `opts`, by field name (`user`, `role`, `type`, `level`) and value.
+pub fn selinux_options_errors(
+    opts: &k8s_openapi::api::core::v1::SELinuxOptions,
+) -> Vec<(&'static str, &str, &'static str)> {
+    let fields = [
+        (
+            "user",
+            &opts.user,
+            selinux_identifier_error as fn(&str) -> _,
+        ),
+        ("role", &opts.role, selinux_identifier_error),
+        ("type", &opts.type_, selinux_identifier_error),
+        ("level", &opts.level, selinux_level_error),
+    ];
+    fields
+        .into_iter()
+        .filter_map(|(name, value, check)| {
+            let value = value.as_deref()?;
+            check(value).map(|why| (name, value, why))
+        })
+        .collect()
+}
+
 /// SELinux options become a mount option (`-o context="…"`): each field may hold only what
 /// an SELinux context holds.
 fn selinux_options(
@@ -458,7 +502,7 @@ fn selinux_options(
     opts: Option<&k8s_openapi::api::core::v1::SELinuxOptions>,
     errs: &mut Vec<FieldError>,
 ) {
-    for (field, value, why) in opts.map(crate::selinux::options_errors).unwrap_or_default() {
+    for (field, value, why) in opts.map(selinux_options_errors).unwrap_or_default() {
         errs.push(invalid(format!("{path}.{field}"), value, why));
     }
 }
