@@ -747,6 +747,43 @@ mod tests {
     use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
     use kubevol_core::state::{MountedPodVolume, PodMountState, VolumeSpec, VolumeTraits};
 
+    /// A node that has waited for thousands of pods holds no memory for them once they are
+    /// gone: a waiter's signal goes with the waiter, whether it saw its pod ready, saw it
+    /// gone, or timed out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_leave_nothing_behind_for_pods_that_are_gone() {
+        let t = tempfile::tempdir().unwrap();
+        let mut config = Config::new(t.path(), "n");
+        config.wait_timeout = std::time::Duration::from_millis(200);
+        let m = VolumeManager::new(config, Arc::new(kubevol_mount::FakeMounter::new())).unwrap();
+        let run = m.clone();
+        tokio::spawn(async move { run.run().await });
+        let pods: Vec<Pod> = (0..200)
+            .map(|i| {
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("p{i}"), "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "m", "mountPath": "/m"}]}],
+                             "volumes": [{"name": "m", "emptyDir": {"medium": "Memory"}}]}
+                }))
+                .unwrap()
+            })
+            .collect();
+        m.add_pods(pods.clone());
+        for p in &pods {
+            m.wait_for_attach_and_mount(p).await.expect("mounted");
+        }
+        m.remove_pods(&pods);
+        m.wait_for_all_pods_unmount(&pods).await.expect("torn down");
+        // A wait that times out, for a pod that never comes.
+        let never: Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "never", "namespace": "default"}}),
+        )
+        .unwrap();
+        assert!(m.wait_for_attach_and_mount(&never).await.is_err());
+        assert_eq!(m.parts.world.pod_signals_held(), 0);
+        m.shutdown();
+    }
+
     #[test]
     fn extra_supplemental_groups_come_from_mounted_persistent_volumes() {
         let t = tempfile::tempdir().unwrap();

@@ -71,6 +71,22 @@ impl Waited {
     }
 }
 
+/// A pod's signal, held by a waiter: when the waiter ends, however it ends (done, a timeout,
+/// dropped), the signal goes from the world's map unless another waiter holds it, so that the
+/// map holds the signals of the pods being waited for, not of every pod ever waited for.
+struct SignalHeld<'a> {
+    world: &'a crate::world::World,
+    uid: &'a PodUid,
+    signal: Option<std::sync::Arc<tokio::sync::Notify>>,
+}
+
+impl Drop for SignalHeld<'_> {
+    fn drop(&mut self) {
+        drop(self.signal.take());
+        self.world.forget_pod_signal(self.uid);
+    }
+}
+
 impl Wait<'_> {
     async fn until(
         mut self,
@@ -80,7 +96,12 @@ impl Wait<'_> {
         describe: impl Fn(&Sources<'_>, &PodUid) -> String,
     ) -> Result<(), WaitError> {
         let Waited { uid, name } = pod;
-        let signal = self.sources.world.pod_signal(&uid);
+        let held = SignalHeld {
+            world: self.sources.world,
+            uid: &uid,
+            signal: Some(self.sources.world.pod_signal(&uid)),
+        };
+        let signal = held.signal.as_ref().expect("held until dropped");
         loop {
             // Register for the next signal before checking, so a change in between is not lost.
             let notified = signal.notified();

@@ -181,6 +181,12 @@ impl World {
             .clone()
     }
 
+    /// How many pods' signals are held (for the tests: each is a pod being waited for).
+    #[cfg(test)]
+    pub(crate) fn pod_signals_held(&self) -> usize {
+        crate::sync::lock(&self.pod_signals).len()
+    }
+
     /// Wakes one pod's waiters.
     pub fn notify_pod(&self, uid: &PodUid) {
         let signal = crate::sync::lock(&self.pod_signals).get(uid).cloned();
@@ -189,7 +195,8 @@ impl World {
         }
     }
 
-    /// Forgets a gone pod's signal unless a waiter still holds it.
+    /// Forgets a pod's signal unless a waiter still holds it (a signal is wanted only while
+    /// someone waits: a new waiter makes a new one).
     pub fn forget_pod_signal(&self, uid: &PodUid) {
         let mut map = crate::sync::lock(&self.pod_signals);
         if map.get(uid).is_some_and(|s| Arc::strong_count(s) == 1) {

@@ -47,8 +47,9 @@ pub fn run(args: &BenchArgs, seconds: u64) -> anyhow::Result<ExitCode> {
             waves += 1;
         }
         let churned = start.elapsed();
-        // What is left once the node is quiet again.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // What is left once the node is quiet again: threads of the blocking pool idle for
+        // ten seconds end.
+        tokio::time::sleep(Duration::from_secs(12)).await;
         let after = status_mib("VmRSS:");
         let peak = peak_rss_mib();
         let left = manager.status(false).pods.len();
