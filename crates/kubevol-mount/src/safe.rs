@@ -280,6 +280,129 @@ impl Dir {
         }
     }
 
+    /// The directory that holds `rel` (made where missing, 0750, when `make`), beneath this
+    /// one, and `rel`'s last name.
+    fn parent_of<'r>(&self, rel: &'r Path, make: bool) -> Result<(Dir, &'r OsStr), MountError> {
+        let names = components(rel)?;
+        let Some((last, parents)) = names.split_last() else {
+            return Err(MountError::NotRelative {
+                path: rel.to_path_buf(),
+            });
+        };
+        let parent: PathBuf = parents.iter().collect();
+        let dir = if make {
+            self.create_dir_all(&parent, 0o750)?.0
+        } else {
+            self.open_beneath(&parent)?
+        };
+        Ok((dir, last))
+    }
+
+    /// Makes `rel`, beneath this directory, a symbolic link to `target` (the directories to it
+    /// made where missing), replacing a link or file there; a directory there is refused.
+    pub fn replace_symlink(&self, rel: &Path, target: &Path) -> Result<(), MountError> {
+        let (dir, name) = self.parent_of(rel, true)?;
+        let path = || dir.child_path(name);
+        match rustix::fs::unlinkat(&dir.fd, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(io("unlink", &path())(e)),
+        }
+        rustix::fs::symlinkat(target, &dir.fd, name).map_err(|e| io("symlink", &path())(e))
+    }
+
+    /// Removes the entry `rel` beneath this directory: a file or link, or with `dir` an empty
+    /// directory (rmdir, which never removes a mount point or anything in it). Gone already is
+    /// done.
+    pub fn remove_beneath(&self, rel: &Path, dir: bool) -> Result<(), MountError> {
+        let (parent, name) = match self.parent_of(rel, false) {
+            Ok(p) => p,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let flags = if dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        match rustix::fs::unlinkat(&parent.fd, name, flags) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io(
+                if dir { "rmdir" } else { "unlink" },
+                &parent.child_path(name),
+            )(e)),
+        }
+    }
+
+    /// Writes `bytes` to the file `rel` beneath this directory, whole or not at all: into
+    /// `.<name>.tmp` beside it (never through a link), flushed, then renamed over it, the
+    /// directory flushed; the directories to it are made where missing (0750).
+    pub fn write_file(&self, rel: &Path, bytes: &[u8]) -> Result<(), MountError> {
+        let (dir, name) = self.parent_of(rel, true)?;
+        let mut tmp = std::ffi::OsString::from(".");
+        tmp.push(name);
+        tmp.push(".tmp");
+        let tmp_path = dir.child_path(&tmp);
+        let fd = rustix::fs::openat(
+            &dir.fd,
+            &tmp,
+            OFlags::CREATE | OFlags::TRUNC | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| io("create", &tmp_path)(e))?;
+        let mut written = 0;
+        while written < bytes.len() {
+            match rustix::io::write(&fd, &bytes[written..]) {
+                Ok(n) => written += n,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(io("write", &tmp_path)(e)),
+            }
+        }
+        rustix::fs::fsync(&fd).map_err(|e| io("fsync", &tmp_path)(e))?;
+        rustix::fs::renameat(&dir.fd, &tmp, &dir.fd, name)
+            .map_err(|e| io("rename", &dir.child_path(name))(e))?;
+        rustix::fs::fsync(&dir.fd).map_err(|e| io("fsync", &dir.path)(e))
+    }
+
+    /// The content of the regular file `rel` beneath this directory (never through a link),
+    /// at most `limit` bytes (more is an error).
+    pub fn read_file(&self, rel: &Path, limit: usize) -> Result<Vec<u8>, MountError> {
+        let (dir, name) = self.parent_of(rel, false)?;
+        let path = || dir.child_path(name);
+        let fd = rustix::fs::openat(
+            &dir.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP => MountError::Symlink { path: path() },
+            e => io("open", &path())(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io("stat", &path())(e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(MountError::Unsafe {
+                path: path(),
+                reason: "is not a regular file".into(),
+            });
+        }
+        let mut out = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match rustix::io::read(&fd, &mut buf) {
+                Ok(0) => return Ok(out),
+                Ok(n) if out.len() + n > limit => {
+                    return Err(MountError::Unsafe {
+                        path: path(),
+                        reason: format!("is larger than {limit} bytes"),
+                    })
+                }
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(io("read", &path())(e)),
+            }
+        }
+    }
+
     /// Whether this directory has no entries (`.` and `..` aside).
     pub fn is_empty(&self) -> Result<bool, MountError> {
         Ok(self.entries()?.is_empty())

@@ -67,6 +67,9 @@ pub enum VolumeError {
         /// What is wrong, and what to change.
         detail: &'static str,
     },
+    /// A name that would become a directory under the root cannot be one.
+    #[error(transparent)]
+    PathName(#[from] kubevol_core::names::PathNameError),
     /// The plugin cannot do this operation.
     #[error("plugin {plugin} does not support {operation}")]
     Unsupported {
@@ -166,6 +169,7 @@ impl VolumeError {
             | VolumeError::Unsupported { .. }
             | VolumeError::CsiNeedsCluster { .. }
             | VolumeError::MountOption { .. }
+            | VolumeError::PathName(_)
             | VolumeError::SubPath { .. } => true,
             VolumeError::Redacted { permanent, .. } => *permanent,
             VolumeError::Content(e) => {
@@ -208,6 +212,7 @@ impl VolumeError {
             | VolumeError::HugePages { .. }
             | VolumeError::CsiNeedsCluster { .. }
             | VolumeError::MountOption { .. }
+            | VolumeError::PathName(_)
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
         }
     }
@@ -262,6 +267,12 @@ mod tests {
                     plugin: "p",
                     operation: "o",
                 },
+                true,
+            ),
+            (
+                VolumeError::PathName(
+                    kubevol_core::names::PathName::new("the name", "a/b").unwrap_err(),
+                ),
                 true,
             ),
             (

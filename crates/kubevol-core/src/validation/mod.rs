@@ -772,6 +772,119 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Every name that becomes part of a path, tried with a separator, a backstep, a NUL and
+    /// 300 characters: each is refused, by the field that holds it.
+    #[test]
+    fn every_name_that_becomes_a_path_refuses_what_would_climb_out() {
+        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+        use k8s_openapi::api::storage::v1::StorageClass;
+        let long = "a".repeat(300);
+        let hostile = ["a/b", "..", "../x", "a\0b", long.as_str()];
+        // (what, field, the object with `{}` where the name goes, its validation)
+        type Check = fn(&serde_json::Value) -> Vec<FieldError>;
+        let check_pod: Check = |v| validate_pod(&serde_json::from_value(v.clone()).unwrap());
+        let check_claim: Check = |v| {
+            validate_claim(&serde_json::from_value::<PersistentVolumeClaim>(v.clone()).unwrap())
+        };
+        let check_pv: Check = |v| {
+            validate_persistent_volume(
+                &serde_json::from_value::<PersistentVolume>(v.clone()).unwrap(),
+            )
+        };
+        let check_class: Check =
+            |v| validate_storage_class(&serde_json::from_value::<StorageClass>(v.clone()).unwrap());
+        let pod_with = |uid: &str, volume: &str, container: &str, driver: &str| {
+            json!({"metadata": {"name": "p", "namespace": "default", "uid": uid}, "spec": {
+                "containers": [{"name": container, "volumeMounts": [{"name": volume, "mountPath": "/v"}]}],
+                "volumes": [{"name": volume, "csi": {"driver": driver}}]}})
+        };
+        let uid = "0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70";
+        let claim_with = |name: &str, ns: &str, uid: &str| {
+            json!({"metadata": {"name": name, "namespace": ns, "uid": uid}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+        };
+        let pv_with = |name: &str, driver: &str| {
+            json!({"metadata": {"name": name}, "spec": {"capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"], "csi": {"driver": driver, "volumeHandle": "h"}}})
+        };
+        for bad in hostile {
+            let rows: Vec<(&str, &str, serde_json::Value, Check)> = vec![
+                (
+                    "pod UID",
+                    "metadata.uid",
+                    pod_with(bad, "v", "c", "d.example"),
+                    check_pod,
+                ),
+                (
+                    "volume name",
+                    "spec.volumes[0].name",
+                    pod_with(uid, bad, "c", "d.example"),
+                    check_pod,
+                ),
+                (
+                    "container name",
+                    "spec.containers[0].name",
+                    pod_with(uid, "v", bad, "d.example"),
+                    check_pod,
+                ),
+                (
+                    "inline CSI driver",
+                    "spec.volumes[0].csi.driver",
+                    pod_with(uid, "v", "c", bad),
+                    check_pod,
+                ),
+                (
+                    "claim name",
+                    "metadata.name",
+                    claim_with(bad, "default", uid),
+                    check_claim,
+                ),
+                (
+                    "claim namespace",
+                    "metadata.namespace",
+                    claim_with("c", bad, uid),
+                    check_claim,
+                ),
+                (
+                    "claim UID",
+                    "metadata.uid",
+                    claim_with("c", "default", bad),
+                    check_claim,
+                ),
+                (
+                    "PersistentVolume name",
+                    "metadata.name",
+                    pv_with(bad, "d.example"),
+                    check_pv,
+                ),
+                (
+                    "PersistentVolume CSI driver",
+                    "spec.csi.driver",
+                    pv_with("pv", bad),
+                    check_pv,
+                ),
+                (
+                    "StorageClass name",
+                    "metadata.name",
+                    json!({"metadata": {"name": bad}, "provisioner": "p.example"}),
+                    check_class,
+                ),
+            ];
+            for (what, field, object, check) in rows {
+                let errors = check(&object);
+                assert!(
+                    errors.iter().any(|e| e.field == field),
+                    "{what} {bad:?}: {}",
+                    errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+        }
+    }
+
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",

@@ -174,17 +174,17 @@ fn set_up_block(
         drop(made);
         host.mounter.bind_fd(source.as_fd(), path, &dir, uid)?;
     }
-    let link_rel = pod_device_link(&req.pod_ref.uid, pv);
-    if let Some(parent) = link_rel.parent() {
-        host.root_dir.create_dir_all(parent, 0o750)?;
-    }
-    let link = host.root.join(&link_rel);
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(path, &link).map_err(|e| VolumeError::LocalPath {
-        pv: pv.to_string(),
-        path: path.to_path_buf(),
-        detail: format!("cannot be linked at {}: {e}", link.display()),
-    })?;
+    let link = pod_device_link(&req.pod_ref.uid, pv);
+    host.root_dir
+        .replace_symlink(&link, path)
+        .map_err(|e| VolumeError::LocalPath {
+            pv: pv.to_string(),
+            path: path.to_path_buf(),
+            detail: format!(
+                "cannot be linked at {}: {e}",
+                host.root.join(&link).display()
+            ),
+        })?;
     Ok(SetUpResult {
         path: file,
         read_only: read_only(&req.spec),
@@ -193,17 +193,8 @@ fn set_up_block(
 
 /// Undoes [`set_up_block`] for one pod.
 fn tear_down_block(host: &PluginHost, pod: &PodRef, pv: &str) -> Result<(), VolumeError> {
-    let link = host.root.join(pod_device_link(&pod.uid, pv));
-    match std::fs::remove_file(&link) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(VolumeError::Task(format!(
-                "cannot remove {}: {e}",
-                link.display()
-            )))
-        }
-    }
+    host.root_dir
+        .remove_beneath(&pod_device_link(&pod.uid, pv), false)?;
     let dir = match host.root_dir.open_beneath(&global_map_dir(pv)) {
         Ok(d) => d,
         Err(e) if e.is_not_found() => return Ok(()),
@@ -320,6 +311,7 @@ impl VolumePlugin for LocalPlugin {
                     operation: "set up a volume that is not a local PersistentVolume",
                 });
             };
+            kubevol_core::names::PathName::new("the PersistentVolume's name", pv)?;
             let path = PathBuf::from(&local.path);
             // The local-path provisioner's own directory is allowed where host paths are
             // limited: kubevol chose it.

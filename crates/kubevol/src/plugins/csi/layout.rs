@@ -52,36 +52,41 @@ pub(super) fn pod_device_link(r: &Resolved, pod: &PodUid) -> PathBuf {
 
 pub(super) const VOL_DATA: &str = "vol_data.json";
 
-/// The temporary file `vol_data.json` is written to before its rename: left behind only when
-/// kubevol was killed in between, and removed with the directory.
+/// The temporary file `vol_data.json` is written to before its rename (see
+/// `kubevol_mount::safe::Dir::write_file`): left behind only when kubevol was killed in between,
+/// and removed with the directory.
 const VOL_DATA_TMP: &str = ".vol_data.json.tmp";
 
-/// Writes `vol_data.json` durably (temporary file, fsync, rename) into `dir`, made if missing.
+/// Writes `vol_data.json` durably into `dir` (relative to the root; made if missing), relative
+/// to the root's descriptor: a temporary file beside it, flushed, renamed over it.
 pub(super) fn write_vol_data(
     host: &PluginHost,
     dir: &Path,
     data: &BTreeMap<&str, String>,
 ) -> Result<(), VolumeError> {
-    host.root_dir.create_dir_all(dir, 0o750)?;
-    let abs = host.root.join(dir);
     let body = serde_json::to_vec(data).unwrap_or_default();
-    let tmp = abs.join(VOL_DATA_TMP);
-    let io = |what: &str, e: std::io::Error| {
-        not_ready(format!("{what} {}: {e}", abs.join(VOL_DATA).display()))
-    };
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io("cannot write", e))?;
-        f.write_all(&body).map_err(|e| io("cannot write", e))?;
-        f.sync_all().map_err(|e| io("cannot sync", e))?;
-    }
-    std::fs::rename(&tmp, abs.join(VOL_DATA)).map_err(|e| io("cannot write", e))?;
-    Ok(())
+    host.root_dir
+        .write_file(&dir.join(VOL_DATA), &body)
+        .map_err(|e| {
+            not_ready(format!(
+                "cannot write {}: {e}",
+                host.root.join(dir).join(VOL_DATA).display()
+            ))
+        })
 }
 
-/// Reads a `vol_data.json`.
-pub(super) fn read_vol_data(path: &Path) -> Option<BTreeMap<String, String>> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+/// The most a `vol_data.json` may hold (it holds a few names).
+const VOL_DATA_LIMIT: usize = 64 << 10;
+
+/// Reads the `vol_data.json` of `dir` (below the root, relative or absolute), never through a
+/// link.
+pub(super) fn read_vol_data(host: &PluginHost, dir: &Path) -> Option<BTreeMap<String, String>> {
+    let rel = dir.strip_prefix(&host.root).unwrap_or(dir);
+    let bytes = host
+        .root_dir
+        .read_file(&rel.join(VOL_DATA), VOL_DATA_LIMIT)
+        .ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// The spec of a persistent CSI volume as reconstruction knows it: the PV's name, driver and
@@ -126,7 +131,7 @@ pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, Volume
             continue;
         }
         for vol_dir in dirs(&driver_dir) {
-            let Some(data) = read_vol_data(&vol_dir.join(VOL_DATA)) else {
+            let Some(data) = read_vol_data(host, &vol_dir) else {
                 continue;
             };
             let (Some(driver), Some(handle)) = (data.get("driverName"), data.get("volumeHandle"))
@@ -147,11 +152,11 @@ pub(crate) fn staged_volumes(host: &PluginHost) -> Vec<(UniqueVolumeName, Volume
 /// `dir` and its empty parents up to `stop`, with rmdir only (a directory with anything else in
 /// it stays).
 pub(super) fn remove_vol_data(host: &PluginHost, dir: &Path, stop: &Path) {
-    let _ = std::fs::remove_file(host.root.join(dir).join(VOL_DATA));
-    let _ = std::fs::remove_file(host.root.join(dir).join(VOL_DATA_TMP));
+    let _ = host.root_dir.remove_beneath(&dir.join(VOL_DATA), false);
+    let _ = host.root_dir.remove_beneath(&dir.join(VOL_DATA_TMP), false);
     let mut d = dir.to_path_buf();
     while d.starts_with(stop) && d != stop {
-        if std::fs::remove_dir(host.root.join(&d)).is_err() {
+        if host.root_dir.remove_beneath(&d, true).is_err() {
             break;
         }
         if !d.pop() {

@@ -104,13 +104,13 @@ impl VolumePlugin for CsiPlugin {
 
     fn reconstruct(
         &self,
-        _host: &PluginHost,
+        host: &PluginHost,
         _pod: &PodRef,
         _name: &str,
         dir: &Path,
         _mounted: bool,
     ) -> Option<(VolumeSpec, PathBuf)> {
-        let data = read_vol_data(&dir.join(VOL_DATA))?;
+        let data = read_vol_data(host, dir)?;
         let (driver, handle, spec_name) = (
             data.get("driverName")?,
             data.get("volumeHandle")?,
@@ -319,7 +319,7 @@ impl VolumePlugin for CsiPlugin {
             blocking(move || {
                 let abs = host.root.join(&target);
                 not_left_mounted(&host, &abs, driver, "NodeUnstageVolume")?;
-                let _ = std::fs::remove_dir(&abs);
+                let _ = host.root_dir.remove_beneath(&target, true);
                 remove_vol_data(&host, &data_dir, &csi_dir());
                 Ok(())
             })
@@ -385,14 +385,16 @@ impl VolumePlugin for CsiPlugin {
                 let abs = host.root.join(&target);
                 not_left_mounted(&host, &abs, driver, "NodeUnpublishVolume")?;
                 if r.block {
-                    let _ =
-                        std::fs::remove_file(host.root.join(pod_device_link(&r, &req.pod_ref.uid)));
-                    let _ = std::fs::remove_file(&abs);
-                    let _ = std::fs::remove_dir(abs.parent().unwrap_or(&abs));
+                    let root = &host.root_dir;
+                    let _ = root.remove_beneath(&pod_device_link(&r, &req.pod_ref.uid), false);
+                    let _ = root.remove_beneath(&target, false);
+                    if let Some(parent) = target.parent() {
+                        let _ = root.remove_beneath(parent, true);
+                    }
                     // The block data directory is shared by every pod of the volume: it goes
                     // with the staging (unmount device), not here.
                 } else {
-                    let _ = std::fs::remove_dir(&abs);
+                    let _ = host.root_dir.remove_beneath(&target, true);
                     remove_vol_data(
                         &host,
                         &data_dir,
@@ -510,13 +512,15 @@ async fn publish_volume(
     let (block, pod_uid, r2) = (r.block, pod.uid.clone(), r.clone());
     blocking(move || {
         if block {
-            let link = host.root.join(pod_device_link(&r2, &pod_uid));
-            if let Some(parent) = pod_device_link(&r2, &pod_uid).parent() {
-                host.root_dir.create_dir_all(parent, 0o750)?;
-            }
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(host.root.join(&target), &link)
-                .map_err(|e| not_ready(format!("cannot link {}: {e}", link.display())))?;
+            let link = pod_device_link(&r2, &pod_uid);
+            host.root_dir
+                .replace_symlink(&link, &host.root.join(&target))
+                .map_err(|e| {
+                    not_ready(format!(
+                        "cannot link {}: {e}",
+                        host.root.join(&link).display()
+                    ))
+                })?;
         } else if let FsGroupBy::Kubevol(gid, change) = group_by {
             host.root_dir
                 .open_beneath(&target)?

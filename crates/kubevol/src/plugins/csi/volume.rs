@@ -93,7 +93,16 @@ pub(super) fn not_ready(msg: String) -> VolumeError {
     VolumeError::CsiNotReady(msg)
 }
 
+/// What the calls of `spec`'s volume need. Its driver and its name become directories under
+/// the root: each passes the one constructor of path components.
 pub(super) fn resolve(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolved, VolumeError> {
+    let r = resolve_source(spec, pod)?;
+    kubevol_core::names::PathName::new("the CSI driver's name", &r.driver)?;
+    kubevol_core::names::PathName::new("the volume's name", &r.spec_name)?;
+    Ok(r)
+}
+
+fn resolve_source(spec: &VolumeSpec, pod: Option<&PodRef>) -> Result<Resolved, VolumeError> {
     if let Some(pv) = &spec.persistent_volume {
         let pv_name = pv.metadata.name.clone().unwrap_or_default();
         let ps = pv.spec.as_ref();
