@@ -235,6 +235,22 @@ pub fn escape_plugin_name(plugin: &str) -> std::borrow::Cow<'static, str> {
     }
 }
 
+/// The claim a pod's volume uses: the one `persistentVolumeClaim.claimName` names, or for a
+/// generic ephemeral volume (`ephemeral.volumeClaimTemplate`) the one the ephemeral-volume
+/// controller makes for it, `<pod name>-<volume name>`.
+pub fn claim_name<'a>(
+    pod_name: &str,
+    volume: &'a k8s_openapi::api::core::v1::Volume,
+) -> Option<std::borrow::Cow<'a, str>> {
+    if let Some(c) = &volume.persistent_volume_claim {
+        return Some(std::borrow::Cow::Borrowed(c.claim_name.as_str()));
+    }
+    volume
+        .ephemeral
+        .as_ref()
+        .map(|_| std::borrow::Cow::Owned(format!("{pod_name}-{}", volume.name)))
+}
+
 /// One component of a path under the root directory or the local-path directory, made from
 /// a name that came from a manifest, the API server or a volume: the one way such a name
 /// becomes part of a path. It is never empty, `.` or `..`, never holds `/` or NUL, and is at

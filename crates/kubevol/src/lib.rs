@@ -34,16 +34,18 @@
 pub mod certificates;
 pub mod csi;
 pub mod error;
+mod inspect;
 mod manager;
 pub mod node;
-mod observe;
 mod operations;
 pub mod plugins;
 pub mod populator;
 mod reconciler;
 pub mod reconstruct;
 pub mod record;
+mod report;
 pub mod source;
+pub mod storage;
 pub mod store;
 mod sync;
 pub mod tokens;
@@ -54,7 +56,8 @@ pub use manager::{Config, Selinux, VolumeManager};
 
 /// A boxed future, so that plugins, pod sources and token issuers can be trait objects.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
-pub use observe::{describe, events, http, metrics, status};
+pub use inspect::{describe, http, status};
+pub use report::{events, metrics};
 pub use store::pod_uid;
 pub use waiters::WaitError;
 pub use world::MountedVolume;

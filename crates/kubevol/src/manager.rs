@@ -16,14 +16,14 @@ use kubevol_mount::Mounter;
 use tokio::sync::watch;
 
 use crate::csi::Drivers;
-use crate::observe::events::EventRecorder;
-use crate::observe::metrics::Metrics;
-use crate::observe::status::{PodStatus, Sources, StatusReport};
+use crate::inspect::status::{PodStatus, Sources, StatusReport};
 use crate::operations::executor::Executor;
 use crate::operations::Operations;
 use crate::plugins::{PluginHost, PluginRegistry};
 use crate::populator::Populator;
 use crate::reconstruct::Findings;
+use crate::report::events::EventRecorder;
+use crate::report::metrics::Metrics;
 use crate::source::{Library, PodSource};
 use crate::store::{pod_uid, ObjectStore};
 use crate::waiters::{Wait, WaitError, Waited};
@@ -424,10 +424,7 @@ impl VolumeManager {
     /// successful set-up, the one normal event, stays in the status API and the log, as the
     /// kubelet no longer posts it. A sink that falls behind loses events rather than slowing
     /// the volume manager.
-    pub fn set_event_sink(
-        &self,
-        sink: tokio::sync::mpsc::Sender<crate::observe::events::PodEvent>,
-    ) {
+    pub fn set_event_sink(&self, sink: tokio::sync::mpsc::Sender<crate::report::events::PodEvent>) {
         self.parts.events.set_sink(sink);
     }
 
@@ -482,7 +479,7 @@ impl VolumeManager {
             p.metrics.clone(),
             p.config.volume_stats_period,
         ));
-        beside.spawn(crate::populator::provision::storage_loop(
+        beside.spawn(crate::storage::run(
             p.host.clone(),
             p.world.clone(),
             stop.clone(),
@@ -660,7 +657,7 @@ impl VolumeManager {
     }
 
     /// A pod, described: for each of its volumes the chain of what it depends on, where each
-    /// step stands and what it is stuck on (see [`crate::observe::describe`]).
+    /// step stands and what it is stuck on (see [`crate::inspect::describe`]).
     pub fn describe_pod(&self, uid: &PodUid) -> Option<crate::describe::PodDescription> {
         self.sources().describe_pod(uid, &self.parts.host)
     }
@@ -702,15 +699,36 @@ impl VolumeManager {
     }
 
     /// Every recorded event.
-    pub fn events(&self) -> Vec<crate::observe::events::Event> {
+    pub fn events(&self) -> Vec<crate::report::events::Event> {
         self.parts.events.all()
     }
 
     /// The Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
-        self.parts
-            .metrics
-            .render_world(&self.parts.world, &self.parts.host.certificates)
+        let metrics = &self.parts.metrics;
+        metrics.set_pod_certificates(
+            self.parts
+                .host
+                .certificates
+                .states()
+                .into_iter()
+                .map(|((signer, state), n)| ((signer, state.to_string()), n)),
+        );
+        // `volume_manager_total_volumes`, counted from both states of world.
+        let mut totals: std::collections::BTreeMap<(String, &'static str), i64> =
+            Default::default();
+        let world = &self.parts.world;
+        for v in world.dsw().volumes() {
+            *totals
+                .entry((v.traits.plugin.to_string(), "desired_state_of_world"))
+                .or_default() += v.pods.len() as i64;
+        }
+        for v in world.asw().volumes() {
+            *totals
+                .entry((v.traits.plugin.to_string(), "actual_state_of_world"))
+                .or_default() += v.pods.len() as i64;
+        }
+        metrics.render(&totals)
     }
 
     /// A receiver woken on every change of the status report: either state of world, an

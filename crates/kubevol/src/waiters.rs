@@ -9,7 +9,7 @@ use kubevol_core::PodUid;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::observe::status::{Sources, VolumePhase, VolumeStatus};
+use crate::inspect::status::{Sources, VolumePhase, VolumeStatus};
 use crate::store::{pod_uid, DEFAULT_NAMESPACE};
 
 /// Why a wait ended without success.

@@ -23,7 +23,7 @@ use kubevol_core::projection::{Credentials, CredentialsError};
 use kubevol_core::PodRef;
 use tokio::time::Instant;
 
-use crate::observe::events::EventRecorder;
+use crate::report::events::EventRecorder;
 
 /// Where PodCertificateRequests are made and read (the API server in cluster mode).
 pub trait CertificateRequests: Send + Sync + 'static {
@@ -451,7 +451,7 @@ fn tell_late(current: &mut Issued, req: &SourceRequest<'_>, events: &EventRecord
         events.record(
             req.pod_ref,
             true,
-            crate::observe::events::reason::CERTIFICATE_OVERDUE_FOR_REFRESH,
+            crate::report::events::reason::CERTIFICATE_OVERDUE_FOR_REFRESH,
             format!(
                 "PodCertificate refresh overdue (volume {}, sources[{}])",
                 req.volume, req.index
@@ -463,7 +463,7 @@ fn tell_late(current: &mut Issued, req: &SourceRequest<'_>, events: &EventRecord
         events.record(
             req.pod_ref,
             true,
-            crate::observe::events::reason::CERTIFICATE_EXPIRED,
+            crate::report::events::reason::CERTIFICATE_EXPIRED,
             format!(
                 "PodCertificate expired (volume {}, sources[{}])",
                 req.volume, req.index
@@ -592,9 +592,9 @@ async fn outcome(
         }
         Some((kind, reason, message)) => {
             let (event, verb) = if kind == "Denied" {
-                (crate::observe::events::reason::DENIED, "was denied")
+                (crate::report::events::reason::DENIED, "was denied")
             } else {
-                (crate::observe::events::reason::FAILED, "failed")
+                (crate::report::events::reason::FAILED, "failed")
             };
             Outcome::Answered(Answered::Refused {
                 reason: event,

@@ -127,9 +127,9 @@ pub struct PluginHost {
     /// SELinuxMount: every volume, not only ReadWriteOncePod ones, is mounted with its label.
     pub selinux_mount_all: bool,
     /// The metrics.
-    pub metrics: Arc<crate::observe::metrics::Metrics>,
+    pub metrics: Arc<crate::report::metrics::Metrics>,
     /// The pods' events, for what a plugin does beside set-up and teardown (an expansion).
-    pub events: Arc<crate::observe::events::EventRecorder>,
+    pub events: Arc<crate::report::events::EventRecorder>,
 }
 
 impl PluginHost {

@@ -39,27 +39,14 @@ pub fn usage(pod: &Pod, name: &str) -> Usage {
     u
 }
 
-/// The claim a pod's volume uses: the one `persistentVolumeClaim.claimName` names, or for a
-/// generic ephemeral volume (`ephemeral.volumeClaimTemplate`) the one the ephemeral-volume
-/// controller makes for it, `<pod name>-<volume name>`.
-pub fn claim_name<'a>(pod_name: &str, volume: &'a Volume) -> Option<Cow<'a, str>> {
-    if let Some(c) = &volume.persistent_volume_claim {
-        return Some(Cow::Borrowed(c.claim_name.as_str()));
-    }
-    volume
-        .ephemeral
-        .as_ref()
-        .map(|_| Cow::Owned(format!("{pod_name}-{}", volume.name)))
-}
-
-/// The claim a pod's volume uses (see [`claim_name`]), if it is a claim or generic ephemeral
+/// The claim a pod's volume uses (see [`claim_name`](kubevol_core::names::claim_name)), if it is a claim or generic ephemeral
 /// volume, and the claim the store holds by that name.
 pub fn claim_of<'a>(
     store: &ObjectStore,
     pod: &PodRef,
     volume: &'a Volume,
 ) -> Option<(Cow<'a, str>, Option<Arc<PersistentVolumeClaim>>)> {
-    let name = claim_name(&pod.name, volume)?;
+    let name = kubevol_core::names::claim_name(&pod.name, volume)?;
     let claim = store
         .persistent_volume_claim(&pod.namespace, &name)
         .map(|s| s.object);
@@ -88,7 +75,7 @@ pub fn made_for_pod(pod: &PodRef, claim: &PersistentVolumeClaim, from_cluster: b
 /// Whether the claim `ns/name` the store holds came from the API server, where the
 /// PersistentVolume controller binds claims (and a node may read only the PersistentVolume a
 /// bound claim names, never list them).
-fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
+pub(crate) fn from_cluster(store: &ObjectStore, ns: &str, name: &str) -> bool {
     store
         .persistent_volume_claim(ns, name)
         .is_some_and(|s| s.origin == Origin::Cluster)
@@ -113,7 +100,9 @@ pub fn waits_for_others(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> b
         }
         Some(c) => {
             let bindings = store.bindings();
+            let bound = bound_volume(store, ns, &c);
             bindings.creating(ns, &name).is_some()
+                || bound.is_none() && bindings.why_unbound(ns, &name).is_none()
                 || bindings
                     .volume_of(ns, &name, &claim_uid(&c))
                     .is_some_and(|v| bindings.is_releasing(&v))
@@ -162,119 +151,13 @@ pub fn bound_volume(
 }
 
 /// Why the claim `ns/name` cannot be used (it is invalid: its fields and file), if it cannot.
-fn invalid_claim(store: &ObjectStore, ns: &str, name: &str) -> Result<(), String> {
+pub(crate) fn invalid_claim(store: &ObjectStore, ns: &str, name: &str) -> Result<(), String> {
     match store.persistent_volume_claim(ns, name).and_then(|s| s.invalid) {
         Some(why) => Err(format!(
             "PersistentVolumeClaim {ns}/{name} is invalid (the API server refuses it too), so nothing is bound, provisioned or mounted for it: {why}; fix the claim"
         )),
         None => Ok(()),
     }
-}
-
-/// How many volumes that do not fit an unbound claim its message names.
-const CLOSEST: usize = 3;
-
-/// Binds the claim of `pod`'s volume to the PersistentVolume that fits it best, as the
-/// PersistentVolume controller would (see [`kubevol_core::binding`]), when it is a claim of
-/// the manifests or the library that nothing binds yet; where none fits, provisions one of
-/// the claim's class (see [`super::provision`]). The binding is on disk before it is used.
-/// Returns the volume bound now, if any; fails, saying why for the closest volumes, when none
-/// fits and none can be made. A claim of the API server, one that names its volume, one a
-/// volume's claimRef names, one bound already, or one that cannot be used for another reason
-/// is left to [`resolve`].
-pub fn bind(
-    host: &Arc<crate::plugins::PluginHost>,
-    pod: &PodRef,
-    volume: &Volume,
-) -> Result<Option<String>, String> {
-    let store = &*host.store;
-    let Some((cname, Some(claim))) = claim_of(store, pod, volume) else {
-        return Ok(None);
-    };
-    if volume.ephemeral.is_some() && !made_for_pod(pod, &claim, false) {
-        return Ok(None);
-    }
-    bind_claim(host, &pod.namespace, &cname, &claim)
-}
-
-/// [`bind`] for claim `ns/cname` itself, whether a pod uses it or not (a claim of a class that
-/// binds at once, `volumeBindingMode: Immediate`).
-pub fn bind_claim(
-    host: &Arc<crate::plugins::PluginHost>,
-    ns: &str,
-    cname: &str,
-    claim: &PersistentVolumeClaim,
-) -> Result<Option<String>, String> {
-    let store = &*host.store;
-    invalid_claim(store, ns, cname)?;
-    if from_cluster(store, ns, cname)
-        || claim_volume(claim).is_some()
-        || claim.metadata.deletion_timestamp.is_some()
-        || store
-            .bindings()
-            .volume_of(ns, cname, &claim_uid(claim))
-            .is_some()
-        || bound_volume(store, ns, claim).is_some()
-    {
-        return Ok(None);
-    }
-    let volumes: Vec<Arc<PersistentVolume>> = store
-        .persistent_volumes()
-        .into_iter()
-        .filter(|s| s.invalid.is_none())
-        .map(|s| s.object)
-        .collect();
-    let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
-    let taken = |name: &str| store.bindings().claim_of(name);
-    let class = super::provision::class_of(store, claim);
-    let unfit = match kubevol_core::binding::find(
-        ns,
-        claim,
-        &class,
-        &refs,
-        &taken,
-        &host.node_facts(),
-    ) {
-        kubevol_core::binding::Found::Volume(pv) => {
-            let name = pv.metadata.name.clone().unwrap_or_default();
-            store.bindings().bind(ns, cname, &claim_uid(claim), &name).map_err(|e| {
-                format!("PersistentVolumeClaim {ns}/{cname} cannot be bound to PersistentVolume {name}: {e}")
-            })?;
-            tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
-            return Ok(Some(name));
-        }
-        kubevol_core::binding::Found::Nothing(unfit) => unfit,
-    };
-    // None fits: one of its class is made, where the class has a provisioner kubevol runs.
-    let why_not = match super::provision::storage_class(store, &class) {
-        Some(c) => match super::provision::provision(host, ns, cname, claim, &c) {
-            Ok(name) => return Ok(Some(name)),
-            Err(e) => e,
-        },
-        None if class.is_empty() => "it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits".to_string(),
-        None => format!("no StorageClass {class} is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass {class} of provisioner {}", super::provision::LOCAL_PATH_PROVISIONER),
-    };
-    let closest: Vec<String> = unfit
-        .iter()
-        .take(CLOSEST)
-        .map(|(name, why)| format!("{name}: {}", why.join(", ")))
-        .collect();
-    let more = unfit.len().saturating_sub(CLOSEST);
-    let volumes = match closest.len() {
-        0 => "there is no PersistentVolume".to_string(),
-        _ => format!(
-            "no PersistentVolume fits it ({}{})",
-            closest.join("; "),
-            if more > 0 {
-                format!("; {more} more")
-            } else {
-                String::new()
-            }
-        ),
-    };
-    Err(format!(
-        "PersistentVolumeClaim {ns}/{cname} is not bound: {volumes}, and {why_not}"
-    ))
 }
 
 fn mode(m: Option<&String>) -> &str {
@@ -350,9 +233,12 @@ pub fn resolve(
                 "PersistentVolumeClaim {ns}/{cname} was bound by kubevol to PersistentVolume {n}, which {} (the binding is kept: a claim never moves to another volume)",
                 store.absence("PersistentVolume", "", &n)
             ),
-            (None, None) => format!(
-                "PersistentVolumeClaim {ns}/{cname} is not bound: kubevol binds it to a PersistentVolume that fits when a pod uses it; set its spec.volumeName to choose one"
-            ),
+            (None, None) => match store.bindings().why_unbound(ns, cname) {
+                Some(why) => why,
+                None => format!(
+                    "PersistentVolumeClaim {ns}/{cname} is not bound yet: kubevol's binder binds it to a PersistentVolume that fits, or provisions one, as soon as it looks at it; set its spec.volumeName to choose one"
+                ),
+            },
         });
     };
     let pv_name = pv.metadata.name.clone().unwrap_or_default();
@@ -631,7 +517,7 @@ mod tests {
                 "is being deleted",
             ),
             ("missing volume", json!([pvc("c", Some("a"), "Filesystem")]), MOUNTED, "bound to PersistentVolume a (spec.volumeName), which does not exist"),
-            ("unbound", json!([pvc("c", None, "Filesystem")]), MOUNTED, "is not bound: kubevol binds it to a PersistentVolume that fits when a pod uses it"),
+            ("unbound", json!([pvc("c", None, "Filesystem")]), MOUNTED, "is not bound yet: kubevol's binder binds it to a PersistentVolume that fits, or provisions one"),
             (
                 "bound to another claim",
                 json!([pv("a", Some(("ns", "other")), "Filesystem", "ReadWriteOnce"), pvc("c", Some("a"), "Filesystem")]),
@@ -821,7 +707,13 @@ mod tests {
             json!({"name": "v", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
         )
         .unwrap();
-        assert_eq!(claim_name("app", &v).as_deref(), Some("app-v"));
-        assert_eq!(claim_name("app", &volume("c")).as_deref(), Some("c"));
+        assert_eq!(
+            kubevol_core::names::claim_name("app", &v).as_deref(),
+            Some("app-v")
+        );
+        assert_eq!(
+            kubevol_core::names::claim_name("app", &volume("c")).as_deref(),
+            Some("c")
+        );
     }
 }

@@ -6,7 +6,6 @@
 //! never takes volumes away). Volumes no container uses are skipped, as the kubelet does.
 
 pub mod claims;
-pub mod provision;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,15 +26,9 @@ use tracing::debug;
 use crate::events::{reason, EventRecorder};
 use crate::operations::executor::Executor;
 use crate::plugins::{PluginHost, PluginRegistry};
-pub use crate::store::is_for_node;
-use crate::store::{ObjectKey, ObjectStore, Origin, StoredPod, DEFAULT_NAMESPACE};
+pub use crate::store::{is_for_node, is_terminated, pod_ref};
+use crate::store::{ObjectKey, ObjectStore, StoredPod};
 use crate::world::{DswWriter, Rejected};
-
-/// Whether a pod has finished or is being deleted: its volumes are torn down.
-pub fn is_terminated(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
-}
 
 /// The volumes a pod's containers mount or map: only these are set up.
 pub fn used_volume_names(pod: &Pod) -> BTreeSet<String> {
@@ -45,20 +38,6 @@ pub fn used_volume_names(pod: &Pod) -> BTreeSet<String> {
         out.extend(c.volume_devices.iter().flatten().map(|d| d.name.clone()));
     }
     out
-}
-
-/// A pod's reference, for messages and keys.
-pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
-    PodRef {
-        namespace: pod
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE)
-            .into(),
-        name: pod.metadata.name.as_deref().unwrap_or_default().into(),
-        uid: uid.clone(),
-    }
 }
 
 /// The populator: what it reads, the DSW it writes, and what it remembers between passes.
@@ -209,6 +188,8 @@ enum Version {
     Node(Arc<k8s_openapi::api::core::v1::Node>),
     /// Missing, and the API server is still to list it.
     Pending(ObjectKey),
+    /// A claim the storage controllers have not bound, and why, once they have said.
+    Unbound(Option<String>),
 }
 
 impl PartialEq for Version {
@@ -216,6 +197,7 @@ impl PartialEq for Version {
         match (self, other) {
             (Version::Missing, Version::Missing) => true,
             (Version::Pending(a), Version::Pending(b)) => a == b,
+            (Version::Unbound(a), Version::Unbound(b)) => a == b,
             (Version::NotLoaded, Version::NotLoaded) => true,
             (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
             (Version::Secret(a), Version::Secret(b)) => Arc::ptr_eq(a, b),
@@ -292,7 +274,13 @@ fn storage_versions(
                     let key = ObjectKey::PersistentVolume(pv.to_string());
                     out.push((key.clone(), absent(store, key)));
                 }
-                None => out.push((ANY_PERSISTENT_VOLUME, Version::Missing)),
+                None => {
+                    out.push((ANY_PERSISTENT_VOLUME, Version::Missing));
+                    // What the binder says of it (it touches the claim when that changes).
+                    let why = store.bindings().why_unbound(ns, &name);
+                    let key = ObjectKey::PersistentVolumeClaim((ns.to_string(), name.to_string()));
+                    out.push((key, Version::Unbound(why)));
+                }
             }
         }
     }
@@ -464,12 +452,6 @@ impl Populator {
             !is_terminated(pod)
         });
         let Some(stored) = wanted else {
-            // The claims made for its generic ephemeral volumes go once it is gone (not when it
-            // merely ended: as the garbage collector, which deletes them with the pod), and
-            // their volumes by their reclaim policy.
-            if stored.is_none() {
-                self.store.remove_claims_made_for(uid.as_str());
-            }
             let Some(old) = self.seen.remove(uid) else {
                 return false;
             };
@@ -485,9 +467,6 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
-        if *stored.origin() != Origin::Cluster {
-            provision::make_ephemeral_claims(&self.store, pod);
-        }
         let (objects, pending) = object_versions(&self.store, &self.node_name, pod, uid);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
@@ -732,7 +711,7 @@ impl Populator {
         plugin: &dyn crate::plugins::VolumePlugin,
         name: &kubevol_core::UniqueVolumeName,
     ) -> Result<Arc<VolumeSpec>, String> {
-        use crate::observe::metrics::SelinuxCount;
+        use crate::report::metrics::SelinuxCount;
         use kubevol_core::selinux as se;
         let pv_spec = spec
             .persistent_volume
@@ -904,21 +883,7 @@ fn storage_check(
     if v.persistent_volume_claim.is_none() && v.ephemeral.is_none() {
         return Ok(None);
     }
-    // A claim nothing binds is bound here, once, to the volume that fits it best; a
-    // provisioned volume grows with its claim.
-    claims::bind(host, pod, v)?;
-    if let Some((_, Some(claim))) = claims::claim_of(store, pod, v) {
-        // A claim that asks for more than it may have keeps its volume as it is (the API
-        // server would have refused the edit): the pod is told, not failed.
-        if let Err(e) = provision::grow(host, &pod.namespace, &claim) {
-            host.events.record(
-                pod,
-                true,
-                crate::observe::events::reason::VOLUME_RESIZE_FAILED,
-                e,
-            );
-        }
-    }
+    // (A claim nothing binds is bound by the storage controllers, which run beside.)
     let pv = claims::resolve(store, pod, v, usage)?;
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let spec = pv.spec.as_ref();

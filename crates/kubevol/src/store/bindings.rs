@@ -65,6 +65,8 @@ pub struct Bindings {
     releasing: Mutex<std::collections::BTreeSet<String>>,
     /// Claims whose volume a CSI driver is creating, and the last failure of each.
     creating: Mutex<BTreeMap<(String, String), Creating>>,
+    /// Why the binder could not bind each claim it tried, by claim: their pods say it.
+    unbound: Mutex<BTreeMap<(String, String), String>>,
 }
 
 /// A volume being created for a claim.
@@ -135,6 +137,7 @@ impl Bindings {
             map: Mutex::new(state),
             releasing: Mutex::default(),
             creating: Mutex::default(),
+            unbound: Mutex::default(),
         })
     }
 
@@ -260,6 +263,26 @@ impl Bindings {
             .min(std::time::Duration::from_secs(60));
         c.retry_at = Some(std::time::Instant::now() + delay);
         Some(delay)
+    }
+
+    /// Records why the binder could not bind claim `namespace/claim`, or that nothing keeps
+    /// it from being bound (`None`); says whether that changed.
+    pub fn set_unbound(&self, namespace: &str, claim: &str, why: Option<String>) -> bool {
+        let mut unbound = crate::sync::lock(&self.unbound);
+        let key = (namespace.to_string(), claim.to_string());
+        match why {
+            Some(why) => unbound
+                .insert(key, why.clone())
+                .is_none_or(|was| was != why),
+            None => unbound.remove(&key).is_some(),
+        }
+    }
+
+    /// Why the binder could not bind claim `namespace/claim`, if it tried and could not.
+    pub fn why_unbound(&self, namespace: &str, claim: &str) -> Option<String> {
+        crate::sync::lock(&self.unbound)
+            .get(&(namespace.to_string(), claim.to_string()))
+            .cloned()
     }
 
     /// Marks provisioned volume `volume` as being deleted; false if it already is.

@@ -17,7 +17,7 @@ use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::names::SharedStr;
 use kubevol_core::projection::ObjectKind;
-use kubevol_core::PodUid;
+use kubevol_core::{PodRef, PodUid};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -160,6 +160,26 @@ pub fn is_for_node(pod: &Pod, node: &str) -> bool {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .is_none_or(|n| n.is_empty() || n == node)
+}
+
+/// Whether a pod has finished or is being deleted: its volumes are torn down.
+pub fn is_terminated(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
+}
+
+/// A pod's reference, for messages and keys.
+pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
+    PodRef {
+        namespace: pod
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE)
+            .into(),
+        name: pod.metadata.name.as_deref().unwrap_or_default().into(),
+        uid: uid.clone(),
+    }
 }
 
 /// The PersistentVolume a claim names in `spec.volumeName`, if it names one.

@@ -535,7 +535,7 @@ async fn publish_volume(
 /// during an expansion), with the PersistentVolume's capacity.
 fn cluster_claim(host: &PluginHost, req: &SetUpRequest) -> Option<ClusterClaim> {
     host.claim_status.get()?;
-    let name = crate::populator::claims::claim_name(&req.pod_ref.name, &req.spec.volume)?;
+    let name = kubevol_core::names::claim_name(&req.pod_ref.name, &req.spec.volume)?;
     let stored = host
         .store
         .persistent_volume_claim(&req.pod_ref.namespace, &name)

@@ -320,7 +320,7 @@ async fn expand_for_cluster(
     if let Err(e) = node_expand(host, r, driver, path, range, secrets).await {
         event(
             true,
-            crate::observe::events::reason::FILE_SYSTEM_RESIZE_FAILED,
+            crate::report::events::reason::FILE_SYSTEM_RESIZE_FAILED,
             format!("MountVolume.NodeExpandVolume failed for volume {volume} ({what}): {e}"),
         );
         let VolumeError::Csi(csi_error) = &e else {
@@ -346,7 +346,7 @@ async fn expand_for_cluster(
     }
     event(
         false,
-        crate::observe::events::reason::FILE_SYSTEM_RESIZE_SUCCESSFUL,
+        crate::report::events::reason::FILE_SYSTEM_RESIZE_SUCCESSFUL,
         format!(
             "MountVolume.NodeExpandVolume succeeded for volume {volume} ({what}) {}",
             host.node_name

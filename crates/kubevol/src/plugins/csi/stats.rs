@@ -116,8 +116,7 @@ pub(crate) async fn stats_loop(
                 .flat_map(|v| v.pods.values())
                 .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
                 .filter_map(|m| {
-                    let claim =
-                        crate::populator::claims::claim_name(&m.pod_ref.name, &m.spec.volume)?;
+                    let claim = kubevol_core::names::claim_name(&m.pod_ref.name, &m.spec.volume)?;
                     Some((
                         m.pod_ref.namespace.to_string(),
                         claim.into_owned(),

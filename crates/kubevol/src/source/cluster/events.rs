@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Event as CoreEvent;
 use kube::api::Api;
 use tokio::task::JoinHandle;
 
-use crate::observe::events::PodEvent;
+use crate::report::events::PodEvent;
 
 /// Posts pod events to the API server as the kubelet's event recorder does: on the pod
 /// (`involvedObject`), from component `kubevol` on the node; a repeat of the same type, reason

@@ -60,7 +60,7 @@ fn refs_of(pod: &Pod) -> BTreeSet<Ref> {
             });
         }
         let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        if let Some(c) = crate::populator::claims::claim_name(pod_name, v) {
+        if let Some(c) = kubevol_core::names::claim_name(pod_name, v) {
             out.insert(Ref::Claim(ns.clone(), c.into_owned()));
         }
         if let Some(s) = v

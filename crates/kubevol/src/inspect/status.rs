@@ -8,10 +8,10 @@ use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::events::{Event, EventRecorder};
 use crate::operations::executor::{Executor, LastError};
 use crate::plugins::PluginRegistry;
 use crate::reconstruct::Findings;
+use crate::report::events::{Event, EventRecorder};
 use crate::store::ObjectStore;
 use crate::world::World;
 

@@ -410,37 +410,19 @@ impl Metrics {
         }
     }
 
-    /// Renders the Prometheus text format, with `volume_manager_total_volumes` counted from
-    /// both states of world and the pod certificates' states as `certificates` has them.
-    pub(crate) fn render_world(
+    /// Sets `pod_certificate_states` to `states`: the count of pod certificates by (signer,
+    /// state), every other series gone.
+    pub(crate) fn set_pod_certificates(
         &self,
-        world: &crate::world::World,
-        certificates: &crate::certificates::PodCertificates,
-    ) -> String {
-        {
-            let _one_at_a_time = crate::sync::lock(&self.render);
-            self.pod_certificates.clear();
-            for ((signer_name, state), n) in certificates.states() {
-                self.pod_certificates
-                    .get_or_create(&PodCertificateLabels {
-                        signer_name,
-                        state: state.to_string(),
-                    })
-                    .set(n);
-            }
+        states: impl IntoIterator<Item = ((String, String), i64)>,
+    ) {
+        let _one_at_a_time = crate::sync::lock(&self.render);
+        self.pod_certificates.clear();
+        for ((signer_name, state), n) in states {
+            self.pod_certificates
+                .get_or_create(&PodCertificateLabels { signer_name, state })
+                .set(n);
         }
-        let mut totals: BTreeMap<(String, &'static str), i64> = BTreeMap::new();
-        for v in world.dsw().volumes() {
-            *totals
-                .entry((v.traits.plugin.to_string(), "desired_state_of_world"))
-                .or_default() += v.pods.len() as i64;
-        }
-        for v in world.asw().volumes() {
-            *totals
-                .entry((v.traits.plugin.to_string(), "actual_state_of_world"))
-                .or_default() += v.pods.len() as i64;
-        }
-        self.render(&totals)
     }
 
     /// Renders the Prometheus text format, with the volume totals given per (plugin, state).

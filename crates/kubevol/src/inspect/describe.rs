@@ -457,7 +457,7 @@ impl super::status::Sources<'_> {
                 }
             }
         }
-        let Some(name) = crate::populator::claims::claim_name(&pref.name, v) else {
+        let Some(name) = kubevol_core::names::claim_name(&pref.name, v) else {
             return;
         };
         let name = &*name;

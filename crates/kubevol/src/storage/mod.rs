@@ -1,0 +1,155 @@
+//! The storage controllers of standalone mode: what a cluster's PersistentVolume controller,
+//! external provisioners and resizer, and ephemeral-volume controller do, for the claims of the
+//! manifests and the library.
+//!
+//! They run beside the sources, as a part of their own: they read the store and the world, and
+//! write what they decide — bindings, provisioned PersistentVolumes, the claims of generic
+//! ephemeral volumes, why a claim is not bound — into the store, as a source writes its
+//! objects. The populator only reads those results: a pod whose claim is not bound yet waits,
+//! and says why once the binder has decided. Claims of the API server are the cluster's
+//! controllers' to bind, and left alone.
+//!
+//! - [`ephemeral`]: the claim `<pod>-<volume>` of each generic ephemeral volume, made from its
+//!   template for every pod of this node, and removed with its pod;
+//! - [`binder`]: a claim nothing binds is bound when its class binds at once (`Immediate`), or
+//!   when a pod of this node first uses it (`WaitForFirstConsumer`), to the volume that fits it
+//!   best, else to one provisioned for it ([`provision`], of its [`classes`] class);
+//! - [`provision::grow`]: a provisioned volume grows with its claim where its class allows it;
+//! - [`reclaim`]: a provisioned volume whose claim is gone is deleted once nothing uses it
+//!   (`Delete`), or kept Released (`Retain`).
+
+pub mod binder;
+pub mod classes;
+pub mod ephemeral;
+pub mod provision;
+pub mod reclaim;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::plugins::PluginHost;
+use crate::store::{claim_volume, Origin, DEFAULT_NAMESPACE};
+
+/// A claim, by namespace and name.
+type ClaimKey = (String, String);
+
+/// Runs the storage controllers until `stop`: a pass over the claims and pods at every change
+/// of the objects (once every source has delivered its first listing, so that no volume a file
+/// not read yet reserves is given away), and a look for volumes to reclaim at every change of
+/// either state of world too (a volume unmounted with no object changing).
+pub async fn run(
+    host: Arc<PluginHost>,
+    world: Arc<crate::world::World>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut objects = host.store.subscribe();
+    let mut states = world.subscribe();
+    let mut objects_changed = true;
+    // The last failure of each claim's growth, told to its pods once.
+    let mut resize_failures = BTreeMap::new();
+    loop {
+        if objects_changed && host.store.all_sources_synced() {
+            objects_changed = false;
+            pass(&host, &mut resize_failures);
+        }
+        for r in reclaim::to_reclaim(&host.store, &world) {
+            tokio::spawn(reclaim::reclaim(host.clone(), r));
+        }
+        tokio::select! {
+            r = objects.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                objects_changed = true;
+            }
+            r = states.changed() => if r.is_err() { return },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One pass: the claims of ephemeral volumes made and removed, the claims that should be bound
+/// bound (or why not recorded), and provisioned volumes grown.
+fn pass(host: &Arc<PluginHost>, resize_failures: &mut BTreeMap<ClaimKey, String>) {
+    let store = &host.store;
+    let pods = store.pods();
+    let here: Vec<(&kubevol_core::PodUid, &Arc<k8s_openapi::api::core::v1::Pod>)> = pods
+        .iter()
+        .filter(|(_, p)| *p.origin() != Origin::Cluster)
+        .map(|(uid, p)| (uid, &p.pod))
+        .filter(|(_, p)| {
+            crate::store::is_for_node(p, &host.node_name) && !crate::store::is_terminated(p)
+        })
+        .collect();
+    ephemeral::remove_orphans(store, &pods);
+    for (_, pod) in &here {
+        ephemeral::make_claims(store, pod);
+    }
+    // The claims pods of this node use (an ephemeral volume's only when it controls it), and
+    // the pods that use each.
+    let mut used: BTreeMap<ClaimKey, Vec<kubevol_core::PodRef>> = BTreeMap::new();
+    for (uid, pod) in &here {
+        let pod_ref = crate::store::pod_ref(pod, uid);
+        for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            let Some(name) = kubevol_core::names::claim_name(&pod_ref.name, v) else {
+                continue;
+            };
+            let key = (pod_ref.namespace.to_string(), name.into_owned());
+            if v.ephemeral.is_some() {
+                let claim = store.persistent_volume_claim(&key.0, &key.1);
+                if !claim.is_some_and(|c| {
+                    crate::populator::claims::made_for_pod(&pod_ref, &c.object, false)
+                }) {
+                    continue;
+                }
+            }
+            used.entry(key).or_default().push(pod_ref.clone());
+        }
+    }
+    let mut failing = BTreeSet::new();
+    for stored in store.persistent_volume_claims() {
+        if stored.origin == Origin::Cluster {
+            continue;
+        }
+        let claim = &stored.object;
+        let ns = claim
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_NAMESPACE);
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let key = (ns.to_string(), name.to_string());
+        let bindings = store.bindings();
+        if claim_volume(claim).is_none() {
+            let wanted = used.contains_key(&key)
+                || classes::binds_at_once(store, &classes::class_of(store, claim));
+            let (bound_now, why_not) =
+                match wanted.then(|| binder::bind_claim(host, ns, name, claim)) {
+                    Some(Ok(bound)) => (bound.is_some(), None),
+                    Some(Err(why)) => (false, Some(why)),
+                    None => (false, None),
+                };
+            if bindings.set_unbound(ns, name, why_not) || bound_now {
+                // Its pods look again: bound now, or told why not.
+                store.touch_claim(ns, name);
+            }
+        }
+        // A claim that asks for more than it may have keeps its volume as it is (the API
+        // server would have refused the edit): its pods are told, once per failure.
+        if let Err(e) = provision::grow(host, ns, claim) {
+            failing.insert(key.clone());
+            if resize_failures.get(&key) != Some(&e) {
+                for pod in used.get(&key).into_iter().flatten() {
+                    host.events.record(
+                        pod,
+                        true,
+                        crate::report::events::reason::VOLUME_RESIZE_FAILED,
+                        e.clone(),
+                    );
+                }
+                resize_failures.insert(key, e);
+            }
+        }
+    }
+    resize_failures.retain(|k, _| failing.contains(k));
+}

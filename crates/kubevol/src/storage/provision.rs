@@ -1,0 +1,413 @@
+//! Provisioning in standalone mode: what external provisioners do for a claim that no existing
+//! volume fits.
+//!
+//! A claim whose class's provisioner is `kubevol.io/local-path` gets a directory of its own
+//! under the node's local-path directory, served as a `local` PersistentVolume of this node,
+//! named `pvc-<claim UID>` as an external provisioner names it, with the claim's request,
+//! access modes and class and the class's reclaim policy. A claim of a class whose provisioner
+//! is a CSI driver given with `--csi-controller` gets a volume from its `CreateVolume`. The
+//! volume is recorded, and bound to its claim, in one write of `bindings.json` before anything
+//! uses it. A provisioned volume grows with its claim where its class allows it.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde_json::json;
+
+use super::classes::{storage_class, LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
+use crate::plugins::PluginHost;
+use crate::store::{claim_uid, Creating, Object, ObjectStore};
+
+/// What a claim asks a provisioner for.
+struct Ask {
+    /// Its storage request as written, and in bytes.
+    request: String,
+    bytes: i64,
+    /// Its access modes (`ReadWriteOnce` where it names none).
+    access_modes: Vec<String>,
+    /// `volumeMode: Block`.
+    block: bool,
+}
+
+impl Ask {
+    fn of(claim: &PersistentVolumeClaim) -> Result<Ask, String> {
+        let (bytes, request) = kubevol_core::binding::requested(claim).ok_or(
+            "the claim asks for no storage (resources.requests.storage): set it".to_string(),
+        )?;
+        let spec = claim.spec.as_ref();
+        Ok(Ask {
+            request,
+            bytes,
+            access_modes: spec
+                .and_then(|s| s.access_modes.clone())
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| vec!["ReadWriteOnce".into()]),
+            block: spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block"),
+        })
+    }
+}
+
+/// The volume a provisioner makes for `claim` (`pvc-<claim UID>`, as the external-provisioner
+/// names it).
+fn volume_name(claim: &PersistentVolumeClaim) -> String {
+    format!("pvc-{}", claim_uid(claim))
+}
+
+/// The PersistentVolume of volume `volume`, provisioned by `by` for claim `namespace/name` of
+/// `class`: what every provisioner writes (the claim's access modes and volume mode, the
+/// class's name and reclaim policy, a claimRef), with `capacity`, the volume `source` (its
+/// field and value: `local` or `csi`) and the node selector terms that say where it is.
+#[allow(clippy::too_many_arguments)]
+fn provisioned_volume(
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    ask: &Ask,
+    (volume, by, capacity): (&str, &str, &str),
+    (field, source): (&str, serde_json::Value),
+    terms: Vec<serde_json::Value>,
+) -> Result<PersistentVolume, String> {
+    let mut pv = json!({
+        "metadata": {"name": volume, "annotations": {PROVISIONED_BY: by}},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "accessModes": ask.access_modes,
+            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
+            "storageClassName": class.metadata.name,
+            "volumeMode": if ask.block { "Block" } else { "Filesystem" },
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim_uid(claim)},
+        },
+    });
+    pv["spec"][field] = source;
+    if !terms.is_empty() {
+        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": terms}});
+    }
+    serde_json::from_value(pv).map_err(|e| format!("cannot describe the provisioned volume: {e}"))
+}
+
+/// Records `pv`, provisioned for claim `namespace/name`, bound to it (one write), then puts it
+/// in the store.
+fn record(
+    store: &ObjectStore,
+    namespace: &str,
+    name: &str,
+    pv: PersistentVolume,
+) -> Result<(), String> {
+    let volume = pv.metadata.name.clone().unwrap_or_default();
+    let uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref()?.uid.clone())
+        .unwrap_or_default();
+    store
+        .bindings()
+        .provision(namespace, name, &uid, pv.clone())
+        .map_err(|e| {
+            format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
+        })?;
+    store.add_provisioned([Object::PersistentVolume(pv)]);
+    Ok(())
+}
+
+/// Provisions a volume of `class` for claim `namespace/name` and binds them; returns the
+/// volume's name, or why it cannot be made (a message for the claim's pods).
+pub fn provision(
+    host: &Arc<PluginHost>,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<String, String> {
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    if class.provisioner != LOCAL_PATH_PROVISIONER {
+        return Err(match host.csi.controller_client(&class.provisioner) {
+            Some(_) => start_csi(host, namespace, name, claim, class),
+            None => format!(
+                "StorageClass {class_name} is provisioned by {}, which kubevol does not run: kubevol runs {LOCAL_PATH_PROVISIONER}, and the CSI drivers whose controller service it is given (--csi-controller {}=unix:///…); add a PersistentVolume that fits the claim, or use another class",
+                class.provisioner, class.provisioner
+            ),
+        });
+    }
+    let ask = Ask::of(claim)?;
+    if ask.block {
+        return Err(format!(
+            "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) makes directories, not block devices: use volumeMode Filesystem, or add a Block PersistentVolume that fits the claim"
+        ));
+    }
+    if claim
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.data_source.is_some() || s.data_source_ref.is_some())
+    {
+        return Err(format!(
+            "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) cannot fill a volume from a dataSource: remove it, or add a PersistentVolume that fits the claim"
+        ));
+    }
+    let volume = volume_name(claim);
+    let dir = local_path_directory(host, &volume, namespace, name)?;
+    let here = json!({"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]});
+    let pv = provisioned_volume(
+        namespace,
+        name,
+        claim,
+        class,
+        &ask,
+        (&volume, LOCAL_PATH_PROVISIONER, &ask.request),
+        ("local", json!({"path": dir})),
+        vec![here],
+    )?;
+    record(&host.store, namespace, name, pv)?;
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
+    Ok(volume)
+}
+
+/// Makes the directory of the `local-path` volume `volume` for claim `namespace/name`,
+/// `<local-path dir>/<volume>_<namespace>_<name>`, with mode 0777 (any container user may
+/// write, as the local-path provisioners make them): relative to the local-path directory's
+/// descriptor, never through a link. One that is there already is taken only when it is empty
+/// (made before a crash and never recorded); one with anything in it is not this claim's to
+/// take, and is left alone. Returns its path.
+fn local_path_directory(
+    host: &PluginHost,
+    volume: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<std::path::PathBuf, String> {
+    let leaf = kubevol_core::names::PathName::new(
+        "the directory of a local-path volume",
+        &format!("{volume}_{namespace}_{name}"),
+    )
+    .map_err(|e| e.to_string())?;
+    let path = host.local_path_dir.join(&leaf);
+    let made = |e: kubevol_mount::MountError| {
+        format!(
+            "cannot make the directory {} of a {LOCAL_PATH_PROVISIONER} volume: {e}",
+            path.display()
+        )
+    };
+    let base = kubevol_mount::safe::Dir::open(&host.local_path_dir).map_err(made)?;
+    let (dir, created) = base.make_child(leaf.as_ref(), 0o777).map_err(made)?;
+    if !created {
+        if !dir.is_empty().map_err(made)? {
+            return Err(format!(
+                "the directory {} of a {LOCAL_PATH_PROVISIONER} volume is there already and holds files: kubevol takes only an empty one (made before a crash) and never another's data; move it away, or remove it if nobody needs it",
+                path.display()
+            ));
+        }
+        dir.chmod(0o777).map_err(made)?;
+    }
+    Ok(path)
+}
+
+/// Grows the volume kubevol provisioned for claim `namespace/name` when the claim asks for
+/// more than it has, as the external-resizer does: where the volume's class allows expansion
+/// (`allowVolumeExpansion: true`), its recorded capacity becomes the claim's request, and the
+/// volume is then expanded by its driver (ControllerExpandVolume, then NodeExpandVolume) as any
+/// volume whose capacity grew. A smaller request changes nothing (a volume never shrinks).
+pub fn grow(
+    host: &PluginHost,
+    namespace: &str,
+    claim: &PersistentVolumeClaim,
+) -> Result<(), String> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let bindings = host.store.bindings();
+    let Some(volume) = bindings.volume_of(namespace, name, &claim_uid(claim)) else {
+        return Ok(());
+    };
+    let Some(mut pv) = bindings.provisioned_volume(&volume) else {
+        return Ok(());
+    };
+    let Some((want, request)) = kubevol_core::binding::requested(claim) else {
+        return Ok(());
+    };
+    if want <= kubevol_core::binding::capacity(&pv) {
+        return Ok(());
+    }
+    let class_name = kubevol_core::binding::volume_class(&pv).to_string();
+    let allowed = storage_class(&host.store, &class_name)
+        .is_some_and(|c| c.allow_volume_expansion == Some(true));
+    if !allowed {
+        return Err(format!(
+            "PersistentVolumeClaim {namespace}/{name} asks for {request} but its volume {volume} has {}, and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion: true): set it, or ask for no more than the volume has",
+            pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.clone()).unwrap_or_default()
+        ));
+    }
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.capacity.get_or_insert_with(Default::default).insert(
+            "storage".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(request.clone()),
+        );
+    }
+    bindings
+        .update_provisioned(pv.clone())
+        .map_err(|e| format!("the grown volume {volume} cannot be recorded: {e}"))?;
+    host.store.add_provisioned([Object::PersistentVolume(pv)]);
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request, "provisioned volume grown to the claim's request");
+    Ok(())
+}
+
+/// The prefix of the StorageClass parameters meant for the provisioner itself, not the driver.
+const RESERVED_PARAMETERS: &str = "csi.storage.k8s.io/";
+
+/// The parameter that gives a CSI volume's filesystem.
+const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
+
+/// Starts creating the volume of claim `namespace/name` with the CSI driver of `class` (once:
+/// a call already out is waited for), and says what the claim waits for. When the call ends,
+/// the volume is recorded and bound (and the store's change brings the claim's pods back), or
+/// the pods are looked at again after a backoff.
+fn start_csi(
+    host: &Arc<PluginHost>,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> String {
+    let volume = volume_name(claim);
+    let driver = class.provisioner.clone();
+    let waiting = format!(
+        "waiting for CSI driver {driver} to create volume {volume} (CreateVolume) for StorageClass {}",
+        class.metadata.name.as_deref().unwrap_or_default()
+    );
+    let bindings = host.store.bindings();
+    // What the claim waits for, with the last failure while a call is out or backing off.
+    let said = |c: Option<Creating>| match c.and_then(|c| c.last_error) {
+        Some(e) => format!("{waiting}; the last attempt failed: {e}"),
+        None => waiting.clone(),
+    };
+    let Some(before) = bindings.start_creating(namespace, name) else {
+        return said(bindings.creating(namespace, name));
+    };
+    let host = host.clone();
+    let (ns, claim_name) = (namespace.to_string(), name.to_string());
+    let (claim, class) = (claim.clone(), class.clone());
+    tokio::spawn(async move {
+        let result = create_csi(&host, &ns, &claim_name, &claim, &class).await;
+        let retry = host
+            .store
+            .bindings()
+            .finish_creating(&ns, &claim_name, result.err());
+        // Looked at again once the backoff has passed (nothing starts a call before).
+        if let Some(delay) = retry {
+            tokio::time::sleep(delay).await;
+            host.store.touch_claim(&ns, &claim_name);
+        }
+    });
+    said(Some(before))
+}
+
+/// Creates the volume of claim `namespace/name` with the CSI driver of `class`, as the
+/// external-provisioner does (name `pvc-<claim UID>`, the claim's request, access mode and
+/// volume mode, the class's parameters, this node's topology), then records and binds it.
+async fn create_csi(
+    host: &PluginHost,
+    namespace: &str,
+    name: &str,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+) -> Result<(), String> {
+    use kubevol_csi::v1::{
+        volume_capability, CapacityRange, CreateVolumeRequest, TopologyRequirement,
+        VolumeCapability,
+    };
+    let driver = &class.provisioner;
+    let volume = volume_name(claim);
+    let ask = Ask::of(claim)?;
+    let parameters = class.parameters.clone().unwrap_or_default();
+    let fs_type = parameters
+        .get(FSTYPE_PARAMETER)
+        .cloned()
+        .unwrap_or_default();
+    let node = host
+        .csi
+        .get(driver)
+        .ok_or_else(|| format!("CSI driver {driver} is not registered on this node (its node plugin must be, for its topology)"))?;
+    let capability = VolumeCapability {
+        access_type: Some(if ask.block {
+            volume_capability::AccessType::Block(volume_capability::BlockVolume {})
+        } else {
+            volume_capability::AccessType::Mount(volume_capability::MountVolume {
+                fs_type: fs_type.clone(),
+                ..Default::default()
+            })
+        }),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: crate::plugins::csi::csi_access_mode(
+                ask.access_modes.first().map(String::as_str),
+                node.capabilities.single_node_multi_writer,
+            ),
+        }),
+    };
+    let topology = (!node.topology.is_empty()).then(|| {
+        let here = kubevol_csi::v1::Topology {
+            segments: node.topology.clone().into_iter().collect(),
+        };
+        TopologyRequirement {
+            requisite: vec![here.clone()],
+            preferred: vec![here],
+        }
+    });
+    let Some(mut client) = host.csi.controller_client(driver) else {
+        return Err(format!(
+            "no controller service of CSI driver {driver} is given (--csi-controller)"
+        ));
+    };
+    let created = host
+        .csi
+        .call(
+            driver,
+            "Controller",
+            "CreateVolume",
+            client.create_volume(CreateVolumeRequest {
+                name: volume.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: ask.bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability],
+                parameters: parameters
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with(RESERVED_PARAMETERS))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                accessibility_requirements: topology,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .volume
+        .ok_or_else(|| format!("CSI driver {driver} created no volume"))?;
+    let capacity = if created.capacity_bytes > 0 {
+        created.capacity_bytes.to_string()
+    } else {
+        ask.request.clone()
+    };
+    let terms = created
+        .accessible_topology
+        .iter()
+        .map(|t| {
+            json!({"matchExpressions": t.segments.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": [v]})).collect::<Vec<_>>()})
+        })
+        .collect();
+    let mut source = json!({"driver": driver, "volumeHandle": created.volume_id, "volumeAttributes": created.volume_context});
+    if !fs_type.is_empty() && !ask.block {
+        source["fsType"] = json!(fs_type);
+    }
+    let pv = provisioned_volume(
+        namespace,
+        name,
+        claim,
+        class,
+        &ask,
+        (&volume, driver, &capacity),
+        ("csi", source),
+        terms,
+    )?;
+    record(&host.store, namespace, name, pv)?;
+    tracing::info!(claim = %format!("{namespace}/{name}"), %volume, %driver, node = %host.node_name, "volume provisioned by CSI driver");
+    Ok(())
+}
