@@ -616,15 +616,21 @@ mount_test! {
             .collect();
         env.write("pool.yaml", &pool);
         let root = env.root();
+        // Killed before a binding reaches the disk, nothing is bound; after, the one binding
+        // made (of whichever claim the binder took first) is there, and what was is unchanged.
+        let mut before = bindings_on_disk(&root);
         for (claim, point) in [("first", "bind:before"), ("second", "bind:after")] {
             env.write(&format!("{claim}.yaml"), &bound_claim_and_pod(claim, true));
             die_at(&env, point);
             let on_disk = bindings_on_disk(&root);
-            let key = format!("default/{claim}");
             match point {
-                "bind:before" => assert!(!on_disk.contains_key(&key), "{on_disk:?}"),
-                _ => assert!(on_disk.contains_key(&key), "{on_disk:?}"),
+                "bind:before" => assert_eq!(on_disk, before),
+                _ => {
+                    assert_eq!(on_disk.len(), before.len() + 1, "{on_disk:?}");
+                    assert!(before.iter().all(|(k, v)| on_disk.get(k) == Some(v)), "{on_disk:?}");
+                }
             }
+            before = on_disk;
         }
         let named = bindings_on_disk(&root);
         let mut rng = std::time::SystemTime::now()

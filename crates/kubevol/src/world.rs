@@ -189,8 +189,9 @@ impl World {
 
     /// Wakes one pod's waiters.
     pub fn notify_pod(&self, uid: &PodUid) {
-        let signal = crate::sync::lock(&self.pod_signals).get(uid).cloned();
-        if let Some(s) = signal {
+        // Under the lock, without a copy of the signal: a copy held here would keep a waiter
+        // that ends meanwhile from forgetting it.
+        if let Some(s) = crate::sync::lock(&self.pod_signals).get(uid) {
             s.notify_waiters();
         }
     }
