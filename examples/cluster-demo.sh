@@ -6,9 +6,9 @@
 # mount namespace beside the loop-device CSI driver, and creates a pod with every kind of
 # volume: a CSI claim whose driver requires attach, a hostPath PersistentVolume's claim, a
 # ConfigMap (then changed), an emptyDir and the kube-api-access token volume the API server
-# adds. The script plays the cluster's PV binder (the claims' status) and attach/detach
-# controller (the VolumeAttachment and the Node's volumesAttached; the loop driver attaches at
-# stage). It prints kubevol's table, the Node's volumesInUse and the pod's Events, deletes the
+# adds. The control plane's PersistentVolume binder binds the claims; the script plays the
+# attach/detach controller (the VolumeAttachment and the Node's volumesAttached; the loop
+# driver attaches at stage). It prints kubevol's table, the Node's volumesInUse and the pod's Events, deletes the
 # pod, and removes everything when it exits. Needs root, Go (the first run builds the control
 # plane, a few minutes), openssl, curl and e2fsprogs.
 set -euo pipefail
@@ -73,9 +73,7 @@ for claim in data:demo-data:16Mi host:demo-host:1Gi; do
   IFS=: read -r name pv size <<<"$claim"
   api POST /api/v1/namespaces/default/persistentvolumeclaims '{"metadata":{"name":"'$name'"},
     "spec":{"accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"'$size'"}},"volumeName":"'$pv'","storageClassName":""}}' >/dev/null
-  # The PV binder's part.
-  api PATCH "/api/v1/namespaces/default/persistentvolumeclaims/$name/status" \
-    '{"status":{"phase":"Bound","accessModes":["ReadWriteOnce"],"capacity":{"storage":"'$size'"}}}' >/dev/null
+  # The control plane's PersistentVolume binder binds it to its volume.
 done
 api POST /api/v1/namespaces/default/configmaps '{"metadata":{"name":"app-config"},"data":{"level":"info"}}' >/dev/null
 pod=$(api POST /api/v1/namespaces/default/pods '{"metadata":{"name":"app"},"spec":{"nodeName":"demo",

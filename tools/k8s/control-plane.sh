@@ -187,7 +187,7 @@ EOF
     --service-account-private-key-file "$dir/service-account.key" --root-ca-file "$dir/ca.crt" \
     --cluster-signing-cert-file "$dir/ca.crt" --cluster-signing-key-file "$dir/ca.key" \
     --use-service-account-credentials \
-    --controllers serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller \
+    --controllers serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,namespace-controller,garbage-collector-controller,persistentvolume-binder-controller,persistentvolume-protection-controller,persistentvolumeclaim-protection-controller,ephemeral-volume-controller \
     --leader-elect=false --profiling=false --v 1
   until_ok "$dir" kube-controller-manager 120 "https://127.0.0.1:$kcm_port/healthz"
   # The serviceaccount controller has made the default namespace's account: pods can be

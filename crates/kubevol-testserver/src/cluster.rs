@@ -417,6 +417,48 @@ impl TestCluster {
             .collect()
     }
 
+    /// Claim `name` (of the test's namespace) bound to PersistentVolume `volume`, which names
+    /// the claim in its `claimRef`, as the PersistentVolume controller binds it: on a real
+    /// cluster (the project's control plane runs the controller) its work is waited for; the
+    /// in-process server runs no controller, so the claim's `spec.volumeName` and `Bound`
+    /// status are written here. Returns the claim.
+    pub async fn bind_claim(&self, name: &str, volume: &str) -> Value {
+        use kube::api::{Patch, PatchParams};
+        let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            kube::Api::namespaced(self.admin_client(), self.namespace());
+        if self.is_real() {
+            eventually(
+                &format!("claim {name} bound by the PersistentVolume controller"),
+                60,
+                || {
+                    let claims = claims.clone();
+                    async move {
+                        let claim = claims.get(name).await.ok();
+                        claim.and_then(|c| c.status?.phase).as_deref() == Some("Bound")
+                    }
+                },
+            )
+            .await;
+            let claim = claims.get(name).await.expect("the bound claim");
+            return serde_json::to_value(claim).expect("JSON");
+        }
+        let params = PatchParams::default();
+        claims
+            .patch(
+                name,
+                &params,
+                &Patch::Merge(json!({"spec": {"volumeName": volume}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("binding claim {name}: {e}"));
+        let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}});
+        let claim = claims
+            .patch_status(name, &params, &Patch::Merge(status))
+            .await
+            .unwrap_or_else(|e| panic!("binding claim {name}: {e}"));
+        serde_json::to_value(claim).expect("JSON")
+    }
+
     /// Whether the server serves a resource (`certificates.k8s.io/v1beta1`,
     /// `clustertrustbundles`).
     pub async fn serves(&self, group_version: &str, plural: &str) -> bool {

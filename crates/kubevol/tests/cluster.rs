@@ -728,12 +728,9 @@ cluster_test! {
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
                          "claimRef": {"namespace": cluster.namespace(), "name": "data"},
                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "kubevol.io/test-zone", "operator": "In", "values": ["a"]}]}]}}}})).await;
-            let mut claim = cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv, "storageClassName": ""}})).await;
-            // No controller binds it here: the test does.
-            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
-            let status: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
-            status.replace_status("data", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            cluster.bind_claim("data", &pv).await;
             let m = cluster_manager(root.path(), &cluster);
             let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]))).await);
             let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("is on other nodes")))).await;
@@ -1165,8 +1162,9 @@ mount_test! {
 cluster_test! {
     /// Claims and PersistentVolumes are read with GET, the only verb the Node authorizer
     /// allows on them: a claim that does not exist is a FailedMount that says so and is read
-    /// again until it exists; one the controller has not bound yet waits for its binding (the
-    /// test plays the PV binder); meanwhile the volume is Pending, not failed (the cluster's
+    /// again until it exists; one the controller has not bound yet waits for its binding (on
+    /// the real control plane, its PV binder; in process, the test plays it); meanwhile the
+    /// volume is Pending, not failed (the cluster's
     /// controllers make and bind claims); then the hostPath volume is mounted. Nothing was
     /// listed or watched, and nothing refused.
     fn a_claim_is_read_with_get_until_it_exists_and_is_bound(backend) {
@@ -1185,21 +1183,22 @@ cluster_test! {
             assert_eq!(s.phase, kubevol::status::PodPhase::Pending, "{s:#?}");
             assert!(m.events().iter().any(|e| e.reason == "FailedMount" && e.message.contains(&format!("{ns}/data does not exist"))), "a FailedMount event");
 
+            // The claim first, of a volume that is not there yet (selected by a label of this
+            // test's): no binder can bind it.
             let pv = cluster.scoped("data");
-            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
-                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
-                         "claimRef": {"namespace": ns, "name": "data"}}})).await;
-            let claim = cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": pv, "storageClassName": ""}})).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
+                         "selector": {"matchLabels": {"kubevol.io/test-volume": pv}}}})).await;
             let s = wait_for_status(&m, &p, 30, |s| error(s).contains("is not bound yet")).await;
             assert!(error(&s).contains("waiting for the PersistentVolume controller to bind it"), "{s:#?}");
             assert_eq!(s.volumes[0].state, kubevol::status::VolumePhase::Pending, "{s:#?}");
 
-            // The PV binder's part.
-            let mut claim = claim;
-            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
-            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), &ns);
-            claims.replace_status("data", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            // Then its volume: the PV binder binds them (on the real control plane, its
+            // controller; in process, the test plays it).
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv, "labels": {"kubevol.io/test-volume": pv}},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
+                         "claimRef": {"namespace": ns, "name": "data"}}})).await;
+            cluster.bind_claim("data", &pv).await;
             m.wait_for_attach_and_mount(&p).await.expect("mounted once bound");
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["data"].path.clone();
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
@@ -1252,12 +1251,7 @@ cluster_test! {
             cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": data, "type": "Directory"},
                          "claimRef": {"namespace": ns, "name": "app-scratch", "uid": made["metadata"]["uid"]}}})).await;
-            let mut claim = made.clone();
-            claim["spec"]["volumeName"] = json!(pv);
-            let mut claim = cluster.apply(claim).await;
-            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}});
-            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), &ns);
-            claims.replace_status("app-scratch", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            cluster.bind_claim("app-scratch", &pv).await;
             wait_for_status(&m, &p, 60, |s| s.volumes.iter().any(|v| v.name == "scratch" && v.state == kubevol::status::VolumePhase::Mounted)).await;
             let dir = m.mounted_volumes_for_pod(&uid)["scratch"].path.clone();
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
