@@ -93,7 +93,8 @@ pub fn print_node(d: &NodeDescription, out: &mut impl Write) -> std::io::Result<
         .iter()
         .map(|(n, synced)| {
             format!(
-                "{n} ({})",
+                "{} ({})",
+                source_name(n),
                 if *synced { "listed" } else { "not listed yet" }
             )
         })
@@ -153,4 +154,14 @@ pub fn print_node(d: &NodeDescription, out: &mut impl Write) -> std::io::Result<
         writeln!(out, "Leftover: {}: {}", l.path, l.reason)?;
     }
     Ok(())
+}
+
+/// What a pod source is, in words (the store knows them by short names).
+fn source_name(name: &str) -> String {
+    match name {
+        kubevol::source::ManifestSource::NAME => "manifest directory".into(),
+        kubevol::source::ClusterSource::NAME => "API server".into(),
+        kubevol::source::Library::NAME => "pods given by calls (library API)".into(),
+        other => other.into(),
+    }
 }

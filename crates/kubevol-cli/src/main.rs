@@ -45,10 +45,12 @@ enum LogFormat {
 enum Command {
     /// Mount what the pods in a manifest directory need, and keep it so.
     Run(Box<RunArgs>),
-    /// Show the pods and volumes of a running daemon.
+    /// Show the pods and volumes of a running daemon (`kubevol run`, whose --listen address
+    /// --server names).
     Status(StatusArgs),
     /// Explain a pod's volumes step by step (what each depends on, what it is stuck on and
-    /// what to do), or summarize the node.
+    /// what to do), or summarize the node: asks a running daemon (`kubevol run`, whose --listen
+    /// address --server names).
     Describe(DescribeArgs),
     /// Measure pod volume-ready latency and throughput against the raw mount syscalls.
     Bench(bench::BenchArgs),
@@ -674,6 +676,118 @@ fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The documentation's pages: README.md and docs/*.md, with their text.
+    fn documentation() -> Vec<(String, String)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut pages = vec![root.join("README.md")];
+        let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        docs.sort();
+        pages.extend(docs);
+        pages
+            .into_iter()
+            .map(|p| {
+                (
+                    p.display().to_string(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// The blocks of `text` fenced as `lang`, each with the line it starts on.
+    fn blocks(text: &str, lang: &str) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        let mut current: Option<(usize, String)> = None;
+        for (i, line) in text.lines().enumerate() {
+            match (&mut current, line.trim_start().strip_prefix("```")) {
+                (None, Some(l)) if l.trim() == lang => current = Some((i + 1, String::new())),
+                (Some(_), Some(_)) => out.extend(current.take()),
+                (Some((_, b)), None) => {
+                    b.push_str(line);
+                    b.push('\n');
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Every `kubevol …` command of the documentation's shell blocks (continuations joined;
+    /// `cargo run … -- ARGS` counts as `kubevol ARGS`) is one the command line takes. Lines
+    /// that spell a synopsis (`[--flag …]`, `A|B`) are not commands.
+    #[test]
+    fn the_documentations_commands_are_ones_kubevol_takes() {
+        let mut checked = 0;
+        for (page, text) in documentation() {
+            for (at, block) in blocks(&text, "sh") {
+                let joined = block.replace("\\\n", " ");
+                let commands = joined
+                    .lines()
+                    .flat_map(|l| l.split(" #").next().unwrap_or("").split("&&"))
+                    .flat_map(|c| c.split(';'))
+                    .map(|c| c.trim().trim_end_matches('&').trim());
+                for line in commands {
+                    let args = if let Some(rest) = line
+                        .split_once(" -- ")
+                        .filter(|(c, _)| c.starts_with("cargo run") && c.contains("kubevol-cli"))
+                    {
+                        format!("kubevol {}", rest.1)
+                    } else if let Some(i) = line
+                        .find("kubevol run")
+                        .or(line.find("kubevol status"))
+                        .or(line.find("kubevol describe"))
+                        .or(line.find("kubevol bench"))
+                    {
+                        line[i..].to_string()
+                    } else {
+                        continue;
+                    };
+                    if ["[", "|", "…", "...", "$("]
+                        .iter()
+                        .any(|c| args.contains(c))
+                    {
+                        continue;
+                    }
+                    let words: Vec<String> = args
+                        .split_whitespace()
+                        .map(|w| w.trim_matches('"').to_string())
+                        .collect();
+                    if let Err(e) = Cli::try_parse_from(&words) {
+                        panic!("{page}, the block at line {at}: `{args}` is not a command kubevol takes: {e}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 5, "only {checked} commands found");
+    }
+
+    /// Every YAML block of the documentation is manifests kubevol reads without an error.
+    #[test]
+    fn the_documentations_manifests_load_without_errors() {
+        let mut checked = 0;
+        for (page, text) in documentation() {
+            for (at, block) in blocks(&text, "yaml") {
+                let path = std::path::Path::new(&page);
+                let (objects, errors) = kubevol::source::parse_manifest(path, &block);
+                assert!(
+                    errors.is_empty(),
+                    "{page}, the block at line {at}: {errors:?}"
+                );
+                assert!(
+                    !objects.is_empty(),
+                    "{page}, the block at line {at}: no object"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 3, "only {checked} manifests found");
+    }
 
     #[test]
     fn durations() {

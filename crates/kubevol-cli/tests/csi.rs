@@ -707,18 +707,8 @@ async fn create_claim_pod_with(
     claim["spec"]["volumeName"] = json!(pv_name);
     fresh(cluster, driver).await;
     cluster.create(volume).await;
-    let mut claim = cluster.create(claim).await;
-    claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
-    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
-    claims
-        .replace_status(
-            name,
-            &Default::default(),
-            &serde_json::from_value(claim).unwrap(),
-        )
-        .await
-        .unwrap();
+    cluster.create(claim).await;
+    cluster.bind_claim(name, &pv_name).await;
     let mut pod = serde_json::to_value(claim_pod("app", name)).unwrap();
     pod["spec"]["nodeName"] = json!(cluster.node_name());
     pod["spec"]["automountServiceAccountToken"] = json!(false);
@@ -1168,18 +1158,17 @@ async fn create_resize_pending_pod(
     let mut claim = pvc(name, "Filesystem");
     claim["spec"]["volumeName"] = json!(pv_name);
     claim["spec"]["resources"]["requests"]["storage"] = json!(grown);
-    let mut claim = cluster.create(claim).await;
-    claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size},
+    cluster.create(claim).await;
+    // Bound (by the cluster's binder, or the test in process), then the resizer's part: the
+    // controller has grown the volume, the node's part is pending.
+    cluster.bind_claim(name, &pv_name).await;
+    let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size},
         "allocatedResources": {"storage": grown}, "allocatedResourceStatuses": {"storage": "NodeResizePending"},
-        "conditions": [{"type": "FileSystemResizePending", "status": "True"}, {"type": "Custom", "status": "True"}]});
+        "conditions": [{"type": "FileSystemResizePending", "status": "True"}, {"type": "Custom", "status": "True"}]}});
     let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
     claims
-        .replace_status(
-            name,
-            &Default::default(),
-            &serde_json::from_value(claim).unwrap(),
-        )
+        .patch_status(name, &Default::default(), &kube::api::Patch::Merge(status))
         .await
         .unwrap();
     let mut pod = serde_json::to_value(claim_pod(name, name)).unwrap();
@@ -1359,10 +1348,8 @@ cluster_test! {
                          "gcePersistentDisk": {"pdName": disk, "fsType": "ext4"}}})).await;
             let mut claim = pvc("old", "Filesystem");
             claim["spec"]["volumeName"] = json!(pv_name);
-            let mut claim = cluster.create(claim).await;
-            claim["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}});
-            let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
-            claims.replace_status("old", &Default::default(), &serde_json::from_value(claim).unwrap()).await.unwrap();
+            cluster.create(claim).await;
+            cluster.bind_claim("old", &pv_name).await;
             let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
             pod["spec"]["nodeName"] = json!(name);
             pod["spec"]["automountServiceAccountToken"] = json!(false);

@@ -451,7 +451,12 @@ impl TestCluster {
             )
             .await
             .unwrap_or_else(|e| panic!("binding claim {name}: {e}"));
-        let status = json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}});
+        // The volume's capacity and access modes, as the controller writes them.
+        let pv = self
+            .get("v1", "persistentvolumes", volume)
+            .await
+            .unwrap_or_else(|| panic!("binding claim {name}: no PersistentVolume {volume}"));
+        let status = json!({"status": {"phase": "Bound", "accessModes": pv["spec"]["accessModes"], "capacity": pv["spec"]["capacity"]}});
         let claim = claims
             .patch_status(name, &params, &Patch::Merge(status))
             .await

@@ -61,3 +61,8 @@ pub use report::{events, metrics};
 pub use store::pod_uid;
 pub use waiters::WaitError;
 pub use world::MountedVolume;
+
+/// The user guide's library page, whose example is compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryGuide;

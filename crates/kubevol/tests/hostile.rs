@@ -78,13 +78,14 @@ const DEPTH: usize = 100_000;
 mount_test! {
     /// A container that makes a tree 100,000 levels deep in its emptyDir: the teardown removes
     /// it whole and the manager goes on (a recursive walk aborted the daemon, at every start).
+    /// (Walking 100,000 levels takes seconds; the waits allow minutes on a loaded machine.)
     fn a_tree_100000_levels_deep_in_an_empty_dir_is_torn_down() {
         let root = TestRoot::new();
         in_memory(root.path());
         let manifests = root.manifests();
         let pod = |name: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, volumeMounts: [{{name: cache, mountPath: /cache}}]}}]\n  volumes: [{{name: cache, emptyDir: {{}}}}]\n");
         runtime().block_on(async {
-            let m = manager(root.path(), |_| {});
+            let m = manager(root.path(), |c| c.wait_timeout = std::time::Duration::from_secs(300));
             write_manifest(&manifests, "deep.yaml", &pod("deep"));
             let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
             let deep = pod_named("deep");
@@ -112,7 +113,7 @@ mount_test! {
         in_memory(root.path());
         let manifests = root.manifests();
         runtime().block_on(async {
-            let m = manager(root.path(), |_| {});
+            let m = manager(root.path(), |c| c.wait_timeout = std::time::Duration::from_secs(300));
             write_manifest(&manifests, "claim.yaml", &claim("data"));
             write_manifest(&manifests, "writer.yaml", &claim_pod("writer", "data", ""));
             let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
@@ -138,7 +139,7 @@ mount_test! {
             std::fs::remove_file(manifests.join("grouped.yaml")).unwrap();
             std::fs::remove_file(manifests.join("claim.yaml")).unwrap();
             m.wait_for_unmount(&grouped).await.expect("torn down");
-            until_announced(&m, 120, "the reclaimed volume deleted", || dirs() == 0).await;
+            until_announced(&m, 300, "the reclaimed volume deleted", || dirs() == 0).await;
             write_manifest(&manifests, "next.yaml", &claim("next"));
             write_manifest(&manifests, "next-pod.yaml", &claim_pod("next", "next", ""));
             m.wait_for_attach_and_mount(&pod_named("next")).await.expect("the manager lives on");

@@ -172,7 +172,8 @@ mount_test! {
                     assert_eq!(s.phase, PodPhase::Ready, "row {name}: {v:?}");
                     assert_eq!(v.path.as_deref(), Some(path.as_str()), "row {name}: the host path is reported");
                 } else {
-                    assert_eq!(s.phase, PodPhase::Failed, "row {name}");
+                    // A type check may pass later (the path may appear): retried, not failed.
+                    assert_eq!((s.phase, v.state), (PodPhase::Pending, VolumePhase::Retrying), "row {name}");
                     let e = v.retry.last_error.as_deref().unwrap_or("");
                     assert!(e.contains(want), "row {name}: {e:?} should contain {want:?}");
                     assert!(e.contains("hp-") && e.contains("\"h\"") && e.contains(path.as_str()), "row {name}: error names pod, volume and path: {e}");
@@ -216,8 +217,9 @@ mount_test! {
             }
             let s = wait_for_status(&m, &bad, 20, |s| s.volumes[0].retry.failures >= 3).await;
             let v = &s.volumes[0];
-            assert_eq!(s.phase, PodPhase::Failed);
-            assert_eq!(v.state, VolumePhase::Failed);
+            // Retried, not failed: the path may appear.
+            assert_eq!(s.phase, PodPhase::Pending);
+            assert_eq!(v.state, VolumePhase::Retrying);
             assert!(v.retry.last_error.as_deref().unwrap().contains("does not exist"), "{v:?}");
             let events = m.pod_status(&kubevol::pod_uid(&bad)).unwrap().events;
             let failed = events.iter().find(|e| e.reason == "FailedMount").expect("FailedMount event");
@@ -626,7 +628,7 @@ mount_test! {
                 let s = wait_for_status(&m, p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
                 let e = s.volumes[0].retry.last_error.clone().unwrap();
                 assert!(e.contains(want), "row {name}: {e}");
-                assert_eq!(s.volumes[0].state, VolumePhase::Failed, "row {name}: an error of the volume, not an unsupported type");
+                assert!(matches!(s.volumes[0].state, VolumePhase::Failed | VolumePhase::Retrying), "row {name}: an error of the volume, not an unsupported type: {:?}", s.volumes[0].state);
                 assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(p)).is_empty(), "row {name}");
             }
             assert_eq!(mounts_under(&m.config().root_dir).len(), 2, "only the two good pods' mounts");

@@ -20,9 +20,11 @@ use crate::world::World;
 pub enum PodPhase {
     /// Every volume the pod's containers use is mounted.
     Ready,
-    /// Volumes are being set up.
+    /// Volumes are being set up, or tried again after a failure that can pass (as a kubelet's
+    /// pod stays `ContainerCreating`, its `FailedMount` events saying why).
     Pending,
-    /// At least one volume failed (and is retried with backoff), or cannot be processed.
+    /// At least one volume failed for good (tried again only when the pod or an object it
+    /// reads changes), or cannot be processed.
     Failed,
     /// The pod is invalid; nothing was created for it.
     Rejected,
@@ -48,7 +50,10 @@ pub enum VolumePhase {
     Uncertain,
     /// Not set up yet.
     Pending,
-    /// The last attempt failed; retried after backoff.
+    /// The last attempt failed for a reason that can pass (an object or path that may
+    /// appear, a driver that may recover): tried again after backoff.
+    Retrying,
+    /// Failed for good: tried again only when the pod or an object it reads changes.
     Failed,
     /// Of a type or a use kubevol does not mount.
     Unsupported,
@@ -287,11 +292,12 @@ impl Sources<'_> {
                 let state = match (mounted.map(|m| m.state), &err) {
                     (Some(PodMountState::Mounted), _) => VolumePhase::Mounted,
                     (Some(PodMountState::Uncertain), _) => VolumePhase::Uncertain,
-                    (None, Some(_)) => VolumePhase::Failed,
+                    (None, Some(e)) if e.permanent => VolumePhase::Failed,
+                    (None, Some(_)) => VolumePhase::Retrying,
                     (None, None) => VolumePhase::Pending,
                 };
                 all_mounted &= state == VolumePhase::Mounted;
-                any_failed |= state != VolumePhase::Mounted && err.is_some();
+                any_failed |= state == VolumePhase::Failed;
                 volumes.push(VolumeStatus {
                     name: outer.to_string(),
                     type_: self.volume_type(&plugin),

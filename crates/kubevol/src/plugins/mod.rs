@@ -943,7 +943,8 @@ impl PluginRegistry {
 
     /// The inline volume source fields the registered plugins handle, for error messages;
     /// `persistentVolumeClaim` and `ephemeral` (whose claims are used like any other) when some
-    /// plugin serves PersistentVolumes.
+    /// plugin serves PersistentVolumes; the in-tree cloud types the CSI plugin serves through
+    /// CSI migration, when it is registered.
     pub fn supported_sources(&self) -> Vec<&'static str> {
         let mut out: Vec<&'static str> = self
             .plugins
@@ -954,16 +955,31 @@ impl PluginRegistry {
         if self.plugins.iter().any(|p| p.serves_persistent()) {
             out.extend(["persistentVolumeClaim", "ephemeral"]);
         }
+        out.extend(self.migrated_sources());
         out
     }
 
-    /// The PersistentVolume types the registered plugins mount, for error messages.
+    /// The PersistentVolume types the registered plugins mount, for error messages (the
+    /// in-tree cloud types among them, where the CSI plugin serves them).
     pub fn persistent_sources(&self) -> Vec<&'static str> {
-        self.plugins
+        let mut out: Vec<&'static str> = self
+            .plugins
             .iter()
             .filter(|p| p.serves_persistent())
             .map(|p| p.source_field())
-            .collect()
+            .collect();
+        out.extend(self.migrated_sources());
+        out
+    }
+
+    /// The in-tree cloud volume types served by their CSI drivers (Kubernetes' CSI migration),
+    /// when the CSI plugin is registered.
+    fn migrated_sources(&self) -> impl Iterator<Item = &'static str> {
+        let csi = self.plugins.iter().any(|p| p.name() == csi::PLUGIN_NAME);
+        kubevol_core::migration::IN_TREE
+            .iter()
+            .filter(move |_| csi)
+            .map(|t| t.field)
     }
 }
 

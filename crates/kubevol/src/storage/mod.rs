@@ -50,7 +50,7 @@ pub async fn run(
     loop {
         if objects_changed && host.store.all_sources_synced() {
             objects_changed = false;
-            pass(&host, &mut resize_failures);
+            pass(&host, &world, &mut resize_failures);
         }
         for r in reclaim::to_reclaim(&host.store, &world) {
             tokio::spawn(reclaim::reclaim(host.clone(), r));
@@ -70,7 +70,11 @@ pub async fn run(
 
 /// One pass: the claims of ephemeral volumes made and removed, the claims that should be bound
 /// bound (or why not recorded), and provisioned volumes grown.
-fn pass(host: &Arc<PluginHost>, resize_failures: &mut BTreeMap<ClaimKey, String>) {
+fn pass(
+    host: &Arc<PluginHost>,
+    world: &crate::world::World,
+    resize_failures: &mut BTreeMap<ClaimKey, String>,
+) {
     let store = &host.store;
     let pods = store.pods();
     let here: Vec<(&kubevol_core::PodUid, &Arc<k8s_openapi::api::core::v1::Pod>)> = pods
@@ -147,6 +151,8 @@ fn pass(host: &Arc<PluginHost>, resize_failures: &mut BTreeMap<ClaimKey, String>
                         e.clone(),
                     );
                 }
+                // The pods' status (their events) changed.
+                world.announce();
                 resize_failures.insert(key, e);
             }
         }

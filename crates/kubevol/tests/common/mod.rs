@@ -355,13 +355,17 @@ pub async fn wait_for_status(
     found.unwrap_or_else(|why| panic!("condition {why}; last status: {last:#?}"))
 }
 
-/// Whether a pod's status is final for a first attempt: ready, rejected, or every volume tried.
+/// Whether a pod's status is final for a first attempt: ready, rejected, or every volume tried
+/// (failed for good, or retried after a failure that can pass).
 pub fn settled(s: &PodStatus) -> bool {
     match s.phase {
         PodPhase::Ready | PodPhase::Rejected => true,
-        PodPhase::Failed => s.volumes.iter().all(|v| {
-            v.retry.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted
-        }),
+        PodPhase::Failed | PodPhase::Pending => {
+            !s.volumes.is_empty()
+                && s.volumes.iter().all(|v| {
+                    v.retry.last_error.is_some() || v.state == kubevol::status::VolumePhase::Mounted
+                })
+        }
         _ => false,
     }
 }
