@@ -13,7 +13,8 @@ cd "$(dirname "$0")"
 if [ "${1:-}" = --cluster ]; then
   exec examples/cluster-demo.sh
 fi
-cargo build --release --quiet --bin kubevol --bin kubevol-csi-loop
+# cargo prints its progress: a cold build takes minutes on 2 cores.
+cargo build --release --bin kubevol --bin kubevol-csi-loop
 # Where cargo put the binaries: CARGO_TARGET_DIR when set (absolute, or relative to here).
 bin="${CARGO_TARGET_DIR:-target}/release"
 root=$(mktemp -d /tmp/kubevol-demo.XXXXXX)

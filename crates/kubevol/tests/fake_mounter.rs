@@ -420,7 +420,7 @@ async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
     );
     assert!(
         errors[1].contains("volume type nfs is not supported by kubevol yet")
-            && errors[1].contains(", persistentVolumeClaim, ephemeral)"),
+            && errors[1].contains(", persistentVolumeClaim, ephemeral, awsElasticBlockStore,"),
         "{errors:?}"
     );
     m.shutdown();
