@@ -282,7 +282,7 @@ mount_test! {
             let heir = pod_named("heir");
             m.wait_for_attach_and_mount(&heir).await.expect("mounted");
             let new = m.mounted_volumes_for_pod(&kubevol::pod_uid(&heir))["data"].path.clone();
-            assert!(!new.join("secret").exists(), "the heir sees none of the gone pod's data");
+            assert!(!new.join("secret").exists(), "the heir sees none of the gone pod's data: old {old:?}, new {new:?}, bindings {:#?}", m.status(false).bindings);
             let bindings = m.status(false).bindings;
             let new_volume = &bindings.iter().find(|b| b.claim == "default/p-v" && b.phase == "Bound").unwrap().volume;
             assert_ne!(new_volume, &old_volume);

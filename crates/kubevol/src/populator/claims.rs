@@ -72,6 +72,27 @@ pub fn made_for_pod(pod: &PodRef, claim: &PersistentVolumeClaim, from_cluster: b
         })
 }
 
+/// The pod (`namespace/name`) that a claim kubevol made for a generic ephemeral volume was made
+/// for, when that pod is gone: the claim goes with it (as the garbage collector deletes it), so
+/// no pod may start with it meanwhile, nor with the volume bound to it.
+fn orphaned(store: &ObjectStore, ns: &str, name: &str) -> Option<String> {
+    let claim = store
+        .persistent_volume_claim(ns, name)
+        .filter(|c| c.origin == Origin::Provisioned)?;
+    let owner = claim
+        .object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Pod")?;
+    let uid = kubevol_core::PodUid::from(owner.uid.as_str());
+    store
+        .pod(&uid)
+        .is_none()
+        .then(|| format!("{ns}/{}", owner.name))
+}
+
 /// Whether the claim `ns/name` the store holds came from the API server, where the
 /// PersistentVolume controller binds claims (and a node may read only the PersistentVolume a
 /// bound claim names, never list them).
@@ -102,6 +123,7 @@ pub fn waits_for_others(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> b
             let bindings = store.bindings();
             let bound = bound_volume(store, ns, &c);
             bindings.creating(ns, &name).is_some()
+                || orphaned(store, ns, &name).is_some()
                 || bound.is_none() && bindings.why_unbound(ns, &name).is_none()
                 || bindings
                     .volume_of(ns, &name, &claim_uid(&c))
@@ -123,10 +145,11 @@ pub fn bound_volume(
     claim: &PersistentVolumeClaim,
 ) -> Option<Arc<PersistentVolume>> {
     let cname = claim.metadata.name.as_deref().unwrap_or_default();
+    let uid = claim_uid(claim);
     match claim_volume(claim) {
         Some(pv) => store.persistent_volume(pv).map(|s| s.object),
         None if from_cluster(store, ns, cname) => None,
-        None => match store.bindings().volume_of(ns, cname, &claim_uid(claim)) {
+        None => match store.bindings().volume_of(ns, cname, &uid) {
             Some(pv) => store.persistent_volume(&pv).map(|s| s.object),
             // A volume kubevol bound to another claim is that claim's, whatever its claimRef
             // says now.
@@ -144,6 +167,10 @@ pub fn bound_volume(
                             .is_some_and(|r| {
                                 r.namespace.as_deref() == Some(ns)
                                     && r.name.as_deref() == Some(cname)
+                                    // A reference with a UID names that claim only, not a
+                                    // later one of its name (the PersistentVolume
+                                    // controller's rule: that volume is Released).
+                                    && r.uid.as_deref().filter(|u| !u.is_empty()).is_none_or(|u| u == uid)
                             })
                 }),
         },
@@ -213,6 +240,11 @@ pub fn resolve(
             "PersistentVolumeClaim {ns}/{cname} is being deleted (metadata.deletionTimestamp is set): a pod cannot start with it"
         ));
     }
+    if let Some(owner) = orphaned(store, ns, cname) {
+        return Err(format!(
+            "PersistentVolumeClaim {ns}/{cname} is being deleted (it was made for the generic ephemeral volume of pod {owner}, which is gone): a pod cannot start with it; a claim of its name defined elsewhere is used once it is gone"
+        ));
+    }
     let volume_name = claim_volume(&claim).map(String::from);
     // The API server's claim is used once its binding is complete, as the kubelet does.
     if from_cluster(store, ns, cname) && !claim_bound(&claim) {
@@ -267,10 +299,21 @@ pub fn resolve(
             r.namespace.as_deref().unwrap_or_default(),
             r.name.as_deref().unwrap_or_default(),
         );
-        let uid_mismatch = matches!((&r.uid, &claim.metadata.uid), (Some(a), Some(b)) if a != b);
-        if rns != ns || rname != cname || uid_mismatch {
+        let uid_mismatch = r
+            .uid
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .is_some_and(|u| u != claim_uid(claim.as_ref()));
+        if rns != ns || rname != cname {
             return Err(format!(
                 "PersistentVolume {pv_name} is bound to claim {rns}/{rname}, not to {ns}/{cname}: fix the claim's spec.volumeName or the volume's spec.claimRef"
+            ));
+        }
+        if uid_mismatch {
+            return Err(format!(
+                "PersistentVolume {pv_name} is bound to an earlier claim {rns}/{rname} (claimRef.uid {}), not to this one (uid {}): the volume is Released; fix the claim's spec.volumeName or the volume's spec.claimRef",
+                r.uid.as_deref().unwrap_or_default(),
+                claim_uid(claim.as_ref())
             ));
         }
     }
@@ -468,6 +511,46 @@ mod tests {
             pvc("c", None, "Block")
         ]);
         assert_eq!(resolved(block, "c", DEVICE).unwrap(), "k");
+    }
+
+    /// A claim of a gone pod's generic ephemeral volume, still in the store (the storage pass
+    /// has not removed it yet) and shadowing a claim of its name from the manifests, gives no
+    /// pod its volume; nor does a volume whose claimRef names an earlier claim of the name.
+    #[test]
+    fn a_gone_pods_ephemeral_claim_and_its_volume_go_to_no_one() {
+        let gone = "5d6f1c1e-7c1b-4b8e-9a43-1f0c9d2b7e11";
+        let made: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "e0e0e0e0-0000-4000-8000-000000000001",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": gone, "controller": true}]},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap();
+        let mut old = pv("old", Some(("ns", "c")), "Filesystem", "ReadWriteOnce");
+        old["spec"]["claimRef"]["uid"] = json!("e0e0e0e0-0000-4000-8000-000000000001");
+        let s = store(json!([old]));
+        let path = std::path::Path::new("/m/c.yaml");
+        let (objects, errors) =
+            crate::source::parse_manifest(path, &pvc("c", None, "Filesystem").to_string());
+        assert!(errors.is_empty(), "{errors:?}");
+        s.apply([crate::store::Change::File {
+            path: path.to_path_buf(),
+            content: crate::store::FileContent::Objects(objects),
+        }]);
+        s.add_provisioned([crate::store::Object::PersistentVolumeClaim(made)]);
+        let err = resolve(&s, &app(), &volume("c"), MOUNTED).unwrap_err();
+        assert!(
+            err.contains("is being deleted (it was made for the generic ephemeral volume of pod ns/gone, which is gone)"),
+            "{err}"
+        );
+        assert!(
+            waits_for_others(&s, &app(), &volume("c")),
+            "it waits, not fails"
+        );
+        s.remove_claims_made_for(gone);
+        let err = resolve(&s, &app(), &volume("c"), MOUNTED).unwrap_err();
+        assert!(
+            err.contains("is not bound yet"),
+            "the old volume is not the new claim's: {err}"
+        );
     }
 
     #[test]
