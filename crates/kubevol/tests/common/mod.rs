@@ -14,6 +14,15 @@ use kubevol::{Config, VolumeManager};
 
 const INSIDE: &str = "KUBEVOL_TEST_IN_PRIVATE_NS";
 
+/// The name the test harness knows test `name` of module `module` (a `module_path!()`, which
+/// starts with the test binary's crate) by: its path below the crate.
+pub fn test_path(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, below)) => format!("{below}::{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// Runs `body` inside a private mount namespace: the test re-executes its own binary for just
 /// this test under unshare(1), and asserts that the child passed.
 pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
@@ -105,7 +114,10 @@ macro_rules! mount_test {
         $(#[$meta])*
         #[test]
         fn $name() {
-            common::in_private_mount_ns(stringify!($name), || $body);
+            $crate::common::in_private_mount_ns(
+                &$crate::common::test_path(module_path!(), stringify!($name)),
+                || $body,
+            );
         }
     };
 }
@@ -146,7 +158,7 @@ macro_rules! cluster_test {
             #[test]
             fn in_process() {
                 $crate::common::in_private_mount_ns(
-                    concat!(stringify!($name), "::in_process"),
+                    &$crate::common::test_path(module_path!(), "in_process"),
                     || body(kubevol_testserver::Backend::InProcess),
                 );
             }
@@ -154,7 +166,7 @@ macro_rules! cluster_test {
             #[test]
             fn real_cluster() {
                 $crate::common::in_private_mount_ns(
-                    concat!(stringify!($name), "::real_cluster"),
+                    &$crate::common::test_path(module_path!(), "real_cluster"),
                     || body(kubevol_testserver::Backend::Real),
                 );
             }

@@ -500,7 +500,6 @@ fn grow_image(image: &Path, id: &str, want: i64) -> Result<i64, Status> {
     Ok(want)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
