@@ -35,6 +35,10 @@ plane=$(mktemp -d /tmp/kubevol-control-plane.XXXXXX)
 trap 'tools/k8s/control-plane.sh down "$plane"; rm -f "$log"' EXIT
 tools/k8s/control-plane.sh up "$plane" >/dev/null
 echo "a real control plane serves on https://127.0.0.1:$(cat "$plane/port") (logs in $plane while the tests run)" >&2
+# The library as an agent that feeds pods itself builds it (without kube-rs, axum and notify):
+# it builds, and the embedding example runs (in a private mount namespace it enters itself).
+echo "building and running the library without its default features (examples/embed.rs)" >&2
+cargo run --quiet -p kubevol --no-default-features --example embed >/dev/null
 status=0
 KUBEVOL_TEST_CLUSTER=$plane cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 # cargo's last line belongs to whichever crate ran last (often doc tests with 0 tests): close

@@ -33,6 +33,7 @@
 
 pub mod certificates;
 pub mod csi;
+mod dir_watch;
 pub mod error;
 mod inspect;
 mod manager;
@@ -56,7 +57,9 @@ pub use manager::{Config, Selinux, VolumeManager};
 
 /// A boxed future, so that plugins, pod sources and token issuers can be trait objects.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
-pub use inspect::{describe, http, status};
+#[cfg(feature = "http")]
+pub use inspect::http;
+pub use inspect::{describe, status};
 pub use report::{events, metrics};
 pub use store::pod_uid;
 pub use waiters::WaitError;

@@ -141,6 +141,7 @@ impl Config {
     }
 }
 
+#[cfg(feature = "cluster")]
 impl crate::source::cluster::NodeVolumes for VolumeManager {
     fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
         self.parts.world.volumes_in_use()
@@ -162,11 +163,13 @@ impl crate::source::cluster::NodeVolumes for VolumeManager {
 /// The node's CSI drivers as cluster mode's jobs see them ([`VolumeManager::node_drivers`]),
 /// without the manager: what the manager's own parts hold (the attach controller) must not
 /// hold the manager.
+#[cfg(feature = "cluster")]
 struct NodeDriversView {
     csi: Arc<Drivers>,
     store: Arc<ObjectStore>,
 }
 
+#[cfg(feature = "cluster")]
 impl crate::source::cluster::NodeDrivers for NodeDriversView {
     fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
         self.csi.status()
@@ -377,6 +380,7 @@ impl VolumeManager {
 
     /// The node's CSI drivers for cluster mode's jobs, holding only the drivers and the store
     /// (not the manager: a part of the manager may keep it).
+    #[cfg(feature = "cluster")]
     pub fn node_drivers(&self) -> Arc<dyn crate::source::cluster::NodeDrivers> {
         Arc::new(NodeDriversView {
             csi: self.parts.host.csi.clone(),
@@ -415,6 +419,7 @@ impl VolumeManager {
 
     /// What asks for a pod to be processed again, as if something it reads had changed (a
     /// request for its certificates was answered).
+    #[cfg(feature = "cluster")]
     pub(crate) fn refresher(&self) -> crate::plugins::Refresher {
         self.parts.host.refresh.clone()
     }

@@ -5,7 +5,7 @@
 
 pub mod registration;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -496,6 +496,19 @@ impl Drivers {
         tracing::info!(driver = %name, socket = %socket.display(), "CSI driver deregistered: its registration socket is gone");
         self.changed.send_modify(|g| *g += 1);
         Some(name)
+    }
+
+    /// The sockets of the drivers registered through the plugin registry directory.
+    pub fn registration_sockets(&self) -> BTreeSet<std::path::PathBuf> {
+        self.nodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|d| match &d.source {
+                DriverSource::Registration { socket, .. } => Some(socket.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A registered driver.

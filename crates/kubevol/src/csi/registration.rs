@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use kubevol_csi::registration::registration_client::RegistrationClient;
 use kubevol_csi::registration::{InfoRequest, PluginInfo, RegistrationStatus};
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::{DriverSource, Drivers};
+use crate::dir_watch::Entry;
 
 /// The directory under the root where plugins register.
 pub const REGISTRY_DIR: &str = "plugins_registry";
@@ -165,22 +165,13 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBu
         warn!(dir = %dir.display(), "cannot create the plugin registry directory: {e}");
         return;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        let _ = tx.send(ev);
-    });
-    let mut watcher = match watcher {
+    let mut watch = match crate::dir_watch::DirWatch::new(&dir) {
         Ok(w) => w,
         Err(e) => {
             warn!(dir = %dir.display(), "cannot watch the plugin registry directory: {e}");
             return;
         }
     };
-    use notify::Watcher;
-    if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
-        warn!(dir = %dir.display(), "cannot watch the plugin registry directory: {e}");
-        return;
-    }
     info!(dir = %dir.display(), "watching for CSI plugin registrations");
     let spawn = |path: PathBuf| {
         let d = drivers.clone();
@@ -195,11 +186,21 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBu
         listed.extend(identity(socket).map(|id| (socket.clone(), id)));
         spawn(socket.clone());
     }
-    while let Some(ev) = rx.recv().await {
-        let Ok(ev) = ev else { continue };
-        for path in ev.paths {
-            if is_socket(&path) {
-                if matches!(ev.kind, notify::EventKind::Create(_)) {
+    loop {
+        let changes = match watch.next().await {
+            Ok(changes) => changes,
+            Err(e) => {
+                warn!(dir = %dir.display(), "the watch of the plugin registry directory failed: {e}");
+                return;
+            }
+        };
+        for change in changes {
+            match change {
+                Entry::Added(name) => {
+                    let path = dir.join(name);
+                    if !is_socket(&path) {
+                        continue;
+                    }
                     let again = listed
                         .remove(&path)
                         .is_some_and(|id| identity(&path) == Some(id));
@@ -207,9 +208,26 @@ pub async fn watch(dir: PathBuf, drivers: Arc<Drivers>, handled: BTreeSet<PathBu
                         spawn(path);
                     }
                 }
-            } else if !path.exists() {
-                listed.remove(&path);
-                drivers.deregister_socket(&path);
+                Entry::Removed(name) => {
+                    let path = dir.join(name);
+                    if !path.exists() {
+                        listed.remove(&path);
+                        drivers.deregister_socket(&path);
+                    }
+                }
+                Entry::Overflow => {
+                    // Changes were lost: what is there now is registered, what is gone
+                    // deregistered.
+                    warn!(dir = %dir.display(), "the watch of the plugin registry directory overflowed: listing it again");
+                    let present = sockets_in(&dir);
+                    let registered = drivers.registration_sockets();
+                    for gone in registered.difference(&present) {
+                        drivers.deregister_socket(gone);
+                    }
+                    for new in present.difference(&registered) {
+                        spawn(new.clone());
+                    }
+                }
             }
         }
     }

@@ -3,5 +3,6 @@
 //! other parts and changes nothing.
 
 pub mod describe;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod status;

@@ -6,15 +6,19 @@
 //! manifest directory ([`ManifestSource`]), the API server ([`ClusterSource`]) and the library
 //! API ([`Library`]) are the sources; sources never touch the states of world.
 
+#[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod extensions;
 pub mod library;
 pub mod manifests;
 pub mod unknown;
 
+#[cfg(feature = "cluster")]
 pub use cluster::ClusterSource;
 pub use library::Library;
-pub use manifests::{parse_manifest, ManifestSource};
+pub use manifests::parse_manifest;
+#[cfg(feature = "manifests")]
+pub use manifests::ManifestSource;
 
 pub use crate::store::Sink;
 
