@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
+use super::StorageError;
 use crate::store::{claim_uid, claim_volume};
 
 /// How many volumes that do not fit an unbound claim its message names.
@@ -22,9 +23,10 @@ pub fn bind_claim(
     ns: &str,
     cname: &str,
     claim: &PersistentVolumeClaim,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, StorageError> {
     let store = &*host.store;
-    crate::populator::claims::invalid_claim(store, ns, cname)?;
+    crate::populator::claims::invalid_claim(store, ns, cname)
+        .map_err(StorageError::InvalidClaim)?;
     if crate::populator::claims::from_cluster(store, ns, cname)
         || claim_volume(claim).is_some()
         || claim.metadata.deletion_timestamp.is_some()
@@ -45,32 +47,31 @@ pub fn bind_claim(
     let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
     let taken = |name: &str| store.bindings().claim_of(name);
     let class = super::classes::class_of(store, claim);
-    let unfit = match kubevol_core::binding::find(
-        ns,
-        claim,
-        &class,
-        &refs,
-        &taken,
-        &host.node_facts(),
-    ) {
-        kubevol_core::binding::Found::Volume(pv) => {
-            let name = pv.metadata.name.clone().unwrap_or_default();
-            store.bindings().bind(ns, cname, &claim_uid(claim), &name).map_err(|e| {
-                format!("PersistentVolumeClaim {ns}/{cname} cannot be bound to PersistentVolume {name}: {e}")
-            })?;
-            tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
-            return Ok(Some(name));
-        }
-        kubevol_core::binding::Found::Nothing(unfit) => unfit,
-    };
+    let unfit =
+        match kubevol_core::binding::find(ns, claim, &class, &refs, &taken, &host.node_facts()) {
+            kubevol_core::binding::Found::Volume(pv) => {
+                let name = pv.metadata.name.clone().unwrap_or_default();
+                store
+                    .bindings()
+                    .bind(ns, cname, &claim_uid(claim), &name)
+                    .map_err(|source| StorageError::Record {
+                        claim: format!("{ns}/{cname}"),
+                        volume: name.clone(),
+                        source,
+                    })?;
+                tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
+                return Ok(Some(name));
+            }
+            kubevol_core::binding::Found::Nothing(unfit) => unfit,
+        };
     // None fits: one of its class is made, where the class has a provisioner kubevol runs.
     let why_not = match super::classes::storage_class(store, &class) {
         Some(c) => match super::provision::provision(host, ns, cname, claim, &c) {
             Ok(name) => return Ok(Some(name)),
             Err(e) => e,
         },
-        None if class.is_empty() => "it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits".to_string(),
-        None => format!("no StorageClass {class} is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass {class} of provisioner {}", super::classes::LOCAL_PATH_PROVISIONER),
+        None if class.is_empty() => StorageError::Refused("it names no StorageClass (storageClassName \"\"), so none is provisioned for it: add a PersistentVolume that fits".to_string()),
+        None => StorageError::Refused(format!("no StorageClass {class} is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass {class} of provisioner {}", super::classes::LOCAL_PATH_PROVISIONER)),
     };
     let closest: Vec<String> = unfit
         .iter()
@@ -90,7 +91,9 @@ pub fn bind_claim(
             }
         ),
     };
-    Err(format!(
-        "PersistentVolumeClaim {ns}/{cname} is not bound: {volumes}, and {why_not}"
-    ))
+    Err(StorageError::Unbound {
+        claim: format!("{ns}/{cname}"),
+        volumes,
+        why_not: Box::new(why_not),
+    })
 }

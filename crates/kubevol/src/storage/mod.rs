@@ -21,11 +21,14 @@
 pub mod binder;
 pub mod classes;
 pub mod ephemeral;
+mod error;
 pub mod provision;
 pub mod reclaim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+pub use error::StorageError;
 
 use crate::plugins::PluginHost;
 use crate::store::{claim_volume, Origin, DEFAULT_NAMESPACE};
@@ -130,7 +133,7 @@ fn pass(
             let (bound_now, why_not) =
                 match wanted.then(|| binder::bind_claim(host, ns, name, claim)) {
                     Some(Ok(bound)) => (bound.is_some(), None),
-                    Some(Err(why)) => (false, Some(why)),
+                    Some(Err(why)) => (false, Some(why.to_string())),
                     None => (false, None),
                 };
             if bindings.set_unbound(ns, name, why_not) || bound_now {
@@ -140,7 +143,7 @@ fn pass(
         }
         // A claim that asks for more than it may have keeps its volume as it is (the API
         // server would have refused the edit): its pods are told, once per failure.
-        if let Err(e) = provision::grow(host, ns, claim) {
+        if let Err(e) = provision::grow(host, ns, claim).map_err(|e| e.to_string()) {
             failing.insert(key.clone());
             if resize_failures.get(&key) != Some(&e) {
                 for pod in used.get(&key).into_iter().flatten() {

@@ -11,11 +11,17 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, LocalVolumeSource, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeSpec, VolumeNodeAffinity,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
-use serde_json::json;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::classes::{storage_class, LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
+use super::StorageError;
 use crate::plugins::PluginHost;
 use crate::store::{claim_uid, Creating, Object, ObjectStore};
 
@@ -31,10 +37,9 @@ struct Ask {
 }
 
 impl Ask {
-    fn of(claim: &PersistentVolumeClaim) -> Result<Ask, String> {
-        let (bytes, request) = kubevol_core::binding::requested(claim).ok_or(
-            "the claim asks for no storage (resources.requests.storage): set it".to_string(),
-        )?;
+    fn of(claim: &PersistentVolumeClaim) -> Result<Ask, StorageError> {
+        let (bytes, request) =
+            kubevol_core::binding::requested(claim).ok_or(StorageError::NoRequest)?;
         let spec = claim.spec.as_ref();
         Ok(Ask {
             request,
@@ -54,37 +59,103 @@ fn volume_name(claim: &PersistentVolumeClaim) -> String {
     format!("pvc-{}", claim_uid(claim))
 }
 
-/// The PersistentVolume of volume `volume`, provisioned by `by` for claim `namespace/name` of
-/// `class`: what every provisioner writes (the claim's access modes and volume mode, the
-/// class's name and reclaim policy, a claimRef), with `capacity`, the volume `source` (its
-/// field and value: `local` or `csi`) and the node selector terms that say where it is.
-#[allow(clippy::too_many_arguments)]
+/// A volume a provisioner made, to be described as a PersistentVolume.
+struct Made<'a> {
+    /// The volume's name.
+    volume: &'a str,
+    /// The provisioner that made it.
+    by: &'a str,
+    /// Its capacity, as a quantity.
+    capacity: String,
+    /// Where it is: a local directory, or a CSI driver's volume.
+    source: MadeSource,
+    /// Where it can be used (the nodes its topology names); none means anywhere.
+    terms: Vec<NodeSelectorTerm>,
+}
+
+/// The volume source of a provisioned volume.
+enum MadeSource {
+    /// A directory of this node (`spec.local`).
+    Local(std::path::PathBuf),
+    /// A volume of a CSI driver (`spec.csi`).
+    Csi(Box<CSIPersistentVolumeSource>),
+}
+
+/// One node selector term of `key In [value]` pairs.
+fn term<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> NodeSelectorTerm {
+    NodeSelectorTerm {
+        match_expressions: Some(
+            pairs
+                .into_iter()
+                .map(|(key, value)| NodeSelectorRequirement {
+                    key: key.clone(),
+                    operator: "In".into(),
+                    values: Some(vec![value.clone()]),
+                })
+                .collect(),
+        ),
+        match_fields: None,
+    }
+}
+
+/// The PersistentVolume of what was made for claim `namespace/name` of `class`: what every
+/// provisioner writes (the claim's access modes and volume mode, the class's name and reclaim
+/// policy, a claimRef with the claim's UID, the provisioner's annotation), with the volume's
+/// capacity, source and node affinity.
 fn provisioned_volume(
     namespace: &str,
     name: &str,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
     ask: &Ask,
-    (volume, by, capacity): (&str, &str, &str),
-    (field, source): (&str, serde_json::Value),
-    terms: Vec<serde_json::Value>,
-) -> Result<PersistentVolume, String> {
-    let mut pv = json!({
-        "metadata": {"name": volume, "annotations": {PROVISIONED_BY: by}},
-        "spec": {
-            "capacity": {"storage": capacity},
-            "accessModes": ask.access_modes,
-            "persistentVolumeReclaimPolicy": class.reclaim_policy.clone().unwrap_or_else(|| "Delete".into()),
-            "storageClassName": class.metadata.name,
-            "volumeMode": if ask.block { "Block" } else { "Filesystem" },
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name, "uid": claim_uid(claim)},
+    made: Made<'_>,
+) -> PersistentVolume {
+    let (local, csi) = match made.source {
+        MadeSource::Local(path) => (
+            Some(LocalVolumeSource {
+                path: path.to_string_lossy().into_owned(),
+                fs_type: None,
+            }),
+            None,
+        ),
+        MadeSource::Csi(source) => (None, Some(*source)),
+    };
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(made.volume.to_string()),
+            annotations: Some([(PROVISIONED_BY.to_string(), made.by.to_string())].into()),
+            ..Default::default()
         },
-    });
-    pv["spec"][field] = source;
-    if !terms.is_empty() {
-        pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": terms}});
+        spec: Some(PersistentVolumeSpec {
+            capacity: Some([("storage".to_string(), Quantity(made.capacity))].into()),
+            access_modes: Some(ask.access_modes.clone()),
+            persistent_volume_reclaim_policy: Some(
+                class
+                    .reclaim_policy
+                    .clone()
+                    .unwrap_or_else(|| "Delete".into()),
+            ),
+            storage_class_name: class.metadata.name.clone(),
+            volume_mode: Some(if ask.block { "Block" } else { "Filesystem" }.into()),
+            claim_ref: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("PersistentVolumeClaim".into()),
+                namespace: Some(namespace.to_string()),
+                name: Some(name.to_string()),
+                uid: Some(claim_uid(claim)),
+                ..Default::default()
+            }),
+            local,
+            csi,
+            node_affinity: (!made.terms.is_empty()).then(|| VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: made.terms,
+                }),
+            }),
+            ..Default::default()
+        }),
+        status: None,
     }
-    serde_json::from_value(pv).map_err(|e| format!("cannot describe the provisioned volume: {e}"))
 }
 
 /// Records `pv`, provisioned for claim `namespace/name`, bound to it (one write), then puts it
@@ -94,7 +165,7 @@ fn record(
     namespace: &str,
     name: &str,
     pv: PersistentVolume,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let volume = pv.metadata.name.clone().unwrap_or_default();
     let uid = pv
         .spec
@@ -104,8 +175,10 @@ fn record(
     store
         .bindings()
         .provision(namespace, name, &uid, pv.clone())
-        .map_err(|e| {
-            format!("PersistentVolumeClaim {namespace}/{name} cannot be bound to the volume provisioned for it ({volume}): {e}")
+        .map_err(|source| StorageError::Record {
+            claim: format!("{namespace}/{name}"),
+            volume,
+            source,
         })?;
     store.add_provisioned([Object::PersistentVolume(pv)]);
     Ok(())
@@ -119,46 +192,49 @@ pub fn provision(
     name: &str,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
-) -> Result<String, String> {
+) -> Result<String, StorageError> {
     let class_name = class.metadata.name.clone().unwrap_or_default();
     if class.provisioner != LOCAL_PATH_PROVISIONER {
         return Err(match host.csi.controller_client(&class.provisioner) {
-            Some(_) => start_csi(host, namespace, name, claim, class),
-            None => format!(
+            Some(_) => StorageError::Creating(start_csi(host, namespace, name, claim, class)),
+            None => StorageError::Refused(format!(
                 "StorageClass {class_name} is provisioned by {}, which kubevol does not run: kubevol runs {LOCAL_PATH_PROVISIONER}, and the CSI drivers whose controller service it is given (--csi-controller {}=unix:///…); add a PersistentVolume that fits the claim, or use another class",
                 class.provisioner, class.provisioner
-            ),
+            )),
         });
     }
     let ask = Ask::of(claim)?;
     if ask.block {
-        return Err(format!(
+        return Err(StorageError::Refused(format!(
             "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) makes directories, not block devices: use volumeMode Filesystem, or add a Block PersistentVolume that fits the claim"
-        ));
+        )));
     }
     if claim
         .spec
         .as_ref()
         .is_some_and(|s| s.data_source.is_some() || s.data_source_ref.is_some())
     {
-        return Err(format!(
+        return Err(StorageError::Refused(format!(
             "StorageClass {class_name} ({LOCAL_PATH_PROVISIONER}) cannot fill a volume from a dataSource: remove it, or add a PersistentVolume that fits the claim"
-        ));
+        )));
     }
     let volume = volume_name(claim);
     let dir = local_path_directory(host, &volume, namespace, name)?;
-    let here = json!({"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": [host.node_name]}]});
+    let here = term([(&"kubernetes.io/hostname".to_string(), &host.node_name)]);
     let pv = provisioned_volume(
         namespace,
         name,
         claim,
         class,
         &ask,
-        (&volume, LOCAL_PATH_PROVISIONER, &ask.request),
-        ("local", json!({"path": dir})),
-        vec![here],
-    )?;
+        Made {
+            volume: &volume,
+            by: LOCAL_PATH_PROVISIONER,
+            capacity: ask.request.clone(),
+            source: MadeSource::Local(dir.clone()),
+            terms: vec![here],
+        },
+    );
     record(&host.store, namespace, name, pv)?;
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, class = %class_name, dir = %dir.display(), "volume provisioned");
     Ok(volume)
@@ -175,27 +251,21 @@ fn local_path_directory(
     volume: &str,
     namespace: &str,
     name: &str,
-) -> Result<std::path::PathBuf, String> {
+) -> Result<std::path::PathBuf, StorageError> {
     let leaf = kubevol_core::names::PathName::new(
         "the directory of a local-path volume",
         &format!("{volume}_{namespace}_{name}"),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let path = host.local_path_dir.join(&leaf);
-    let made = |e: kubevol_mount::MountError| {
-        format!(
-            "cannot make the directory {} of a {LOCAL_PATH_PROVISIONER} volume: {e}",
-            path.display()
-        )
+    let made = |source| StorageError::Directory {
+        path: path.clone(),
+        source,
     };
     let base = kubevol_mount::safe::Dir::open(&host.local_path_dir).map_err(made)?;
     let (dir, created) = base.make_child(leaf.as_ref(), 0o777).map_err(made)?;
     if !created {
         if !dir.is_empty().map_err(made)? {
-            return Err(format!(
-                "the directory {} of a {LOCAL_PATH_PROVISIONER} volume is there already and holds files: kubevol takes only an empty one (made before a crash) and never another's data; move it away, or remove it if nobody needs it",
-                path.display()
-            ));
+            return Err(StorageError::Occupied { path });
         }
         dir.chmod(0o777).map_err(made)?;
     }
@@ -211,7 +281,7 @@ pub fn grow(
     host: &PluginHost,
     namespace: &str,
     claim: &PersistentVolumeClaim,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let bindings = host.store.bindings();
     let Some(volume) = bindings.volume_of(namespace, name, &claim_uid(claim)) else {
@@ -230,10 +300,10 @@ pub fn grow(
     let allowed = storage_class(&host.store, &class_name)
         .is_some_and(|c| c.allow_volume_expansion == Some(true));
     if !allowed {
-        return Err(format!(
+        return Err(StorageError::Refused(format!(
             "PersistentVolumeClaim {namespace}/{name} asks for {request} but its volume {volume} has {}, and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion: true): set it, or ask for no more than the volume has",
             pv.spec.as_ref().and_then(|s| s.capacity.as_ref()).and_then(|c| c.get("storage")).map(|q| q.0.clone()).unwrap_or_default()
-        ));
+        )));
     }
     if let Some(spec) = pv.spec.as_mut() {
         spec.capacity.get_or_insert_with(Default::default).insert(
@@ -243,7 +313,11 @@ pub fn grow(
     }
     bindings
         .update_provisioned(pv.clone())
-        .map_err(|e| format!("the grown volume {volume} cannot be recorded: {e}"))?;
+        .map_err(|source| StorageError::Record {
+            claim: format!("{namespace}/{name}"),
+            volume: volume.clone(),
+            source,
+        })?;
     host.store.add_provisioned([Object::PersistentVolume(pv)]);
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request, "provisioned volume grown to the claim's request");
     Ok(())
@@ -285,7 +359,9 @@ fn start_csi(
     let (ns, claim_name) = (namespace.to_string(), name.to_string());
     let (claim, class) = (claim.clone(), class.clone());
     tokio::spawn(async move {
-        let result = create_csi(&host, &ns, &claim_name, &claim, &class).await;
+        let result = create_csi(&host, &ns, &claim_name, &claim, &class)
+            .await
+            .map_err(|e| e.to_string());
         let retry = host
             .store
             .bindings()
@@ -308,7 +384,7 @@ async fn create_csi(
     name: &str,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
-) -> Result<(), String> {
+) -> Result<(), StorageError> {
     use kubevol_csi::v1::{
         volume_capability, CapacityRange, CreateVolumeRequest, TopologyRequirement,
         VolumeCapability,
@@ -324,7 +400,7 @@ async fn create_csi(
     let node = host
         .csi
         .get(driver)
-        .ok_or_else(|| format!("CSI driver {driver} is not registered on this node (its node plugin must be, for its topology)"))?;
+        .ok_or_else(|| StorageError::NoDriver(format!("CSI driver {driver} is not registered on this node (its node plugin must be, for its topology)")))?;
     let capability = VolumeCapability {
         access_type: Some(if ask.block {
             volume_capability::AccessType::Block(volume_capability::BlockVolume {})
@@ -351,9 +427,9 @@ async fn create_csi(
         }
     });
     let Some(mut client) = host.csi.controller_client(driver) else {
-        return Err(format!(
+        return Err(StorageError::NoDriver(format!(
             "no controller service of CSI driver {driver} is given (--csi-controller)"
-        ));
+        )));
     };
     let created = host
         .csi
@@ -377,10 +453,9 @@ async fn create_csi(
                 ..Default::default()
             }),
         )
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
         .volume
-        .ok_or_else(|| format!("CSI driver {driver} created no volume"))?;
+        .ok_or_else(|| StorageError::Refused(format!("CSI driver {driver} created no volume")))?;
     let capacity = if created.capacity_bytes > 0 {
         created.capacity_bytes.to_string()
     } else {
@@ -389,24 +464,30 @@ async fn create_csi(
     let terms = created
         .accessible_topology
         .iter()
-        .map(|t| {
-            json!({"matchExpressions": t.segments.iter().map(|(k, v)| json!({"key": k, "operator": "In", "values": [v]})).collect::<Vec<_>>()})
-        })
+        .map(|t| term(&t.segments))
         .collect();
-    let mut source = json!({"driver": driver, "volumeHandle": created.volume_id, "volumeAttributes": created.volume_context});
-    if !fs_type.is_empty() && !ask.block {
-        source["fsType"] = json!(fs_type);
-    }
+    let source = CSIPersistentVolumeSource {
+        driver: driver.clone(),
+        volume_handle: created.volume_id,
+        volume_attributes: (!created.volume_context.is_empty())
+            .then(|| created.volume_context.into_iter().collect()),
+        fs_type: (!fs_type.is_empty() && !ask.block).then_some(fs_type),
+        ..Default::default()
+    };
     let pv = provisioned_volume(
         namespace,
         name,
         claim,
         class,
         &ask,
-        (&volume, driver, &capacity),
-        ("csi", source),
-        terms,
-    )?;
+        Made {
+            volume: &volume,
+            by: driver,
+            capacity,
+            source: MadeSource::Csi(Box::new(source)),
+            terms,
+        },
+    );
     record(&host.store, namespace, name, pv)?;
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, %driver, node = %host.node_name, "volume provisioned by CSI driver");
     Ok(())
