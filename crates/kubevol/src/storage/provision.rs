@@ -147,7 +147,7 @@ fn provisioned_volume(
             }),
             local,
             csi,
-            node_affinity: (!made.terms.is_empty()).then(|| VolumeNodeAffinity {
+            node_affinity: (!made.terms.is_empty()).then_some(VolumeNodeAffinity {
                 required: Some(NodeSelector {
                     node_selector_terms: made.terms,
                 }),
