@@ -98,6 +98,9 @@ pub enum VolumeError {
     /// controller that is not configured, or a secret it references is missing.
     #[error("{0}")]
     CsiNotReady(String),
+    /// A request to the API server that the volume needs failed (cluster mode).
+    #[error(transparent)]
+    Api(#[from] ApiError),
     /// A CSIDriver asks for what only an API server gives: service account tokens.
     #[error("CSIDriver {driver} asks for service account tokens (spec.tokenRequests), which only a Kubernetes API server issues and standalone mode does not have; remove tokenRequests from the CSIDriver, or run kubevol as a cluster node agent")]
     CsiNeedsCluster {
@@ -182,6 +185,7 @@ impl VolumeError {
             | VolumeError::Csi(_)
             | VolumeError::CsiNotReady(_)
             | VolumeError::DriverLeftMount { .. }
+            | VolumeError::Api(_)
             | VolumeError::Task(_)
             | VolumeError::Record { .. } => false,
         }
@@ -202,6 +206,7 @@ impl VolumeError {
             VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
             VolumeError::Csi(_) => ErrorClass::Uncertain,
             VolumeError::CsiNotReady(_)
+            | VolumeError::Api(_)
             | VolumeError::Record { .. }
             | VolumeError::DriverLeftMount { .. } => ErrorClass::Transient,
             VolumeError::Content(e) if e.is_transient() => ErrorClass::Transient,
@@ -431,6 +436,38 @@ mod tests {
             if permanent {
                 assert_eq!(e.class(), ErrorClass::Final, "{e}: nothing was done");
             }
+        }
+    }
+}
+
+/// Why a request the node makes of the API server failed (cluster mode), as the parts that read
+/// and write through it (service account tokens, trust bundles, pod certificates, attachments,
+/// claims' status) act on it. The text names the object and what to change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// The server refused the request as it is (forbidden, invalid): asking again the same
+    /// way gets the same answer.
+    #[error("{0}")]
+    Refused(String),
+    /// The server does not serve the API the request needs.
+    #[error("{0}")]
+    NotServed(String),
+    /// What is asked for is not there yet: another component (a controller, a signer) is to
+    /// make it.
+    #[error("{0}")]
+    Waiting(String),
+    /// The server could not be reached or failed, or asked the node to come back later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    /// What the request's caller does next: `Final` waits for a change of the cluster's
+    /// objects or configuration; `Transient` asks again with backoff.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ApiError::Refused(_) | ApiError::NotServed(_) => ErrorClass::Final,
+            ApiError::Waiting(_) | ApiError::Unavailable(_) => ErrorClass::Transient,
         }
     }
 }

@@ -196,9 +196,12 @@ impl crate::source::cluster::NodeDrivers for NodeDriversView {
         self.store.subscribe()
     }
 
-    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>> {
+    fn refresh_allocatable(
+        &self,
+        driver: &str,
+    ) -> crate::BoxFuture<Result<(i64, bool), crate::csi::CsiError>> {
         let (csi, driver) = (self.csi.clone(), driver.to_string());
-        Box::pin(async move { csi.refresh_info(&driver).await.map_err(|e| e.to_string()) })
+        Box::pin(async move { csi.refresh_info(&driver).await })
     }
 }
 

@@ -51,7 +51,10 @@ impl std::fmt::Debug for IssuedToken {
 /// Who issues tokens (the API server in cluster mode).
 pub trait TokenIssuer: Send + Sync + 'static {
     /// A token for `spec`, or why not (never containing a token).
-    fn issue(&self, spec: TokenSpec) -> crate::BoxFuture<Result<IssuedToken, String>>;
+    fn issue(
+        &self,
+        spec: TokenSpec,
+    ) -> crate::BoxFuture<Result<IssuedToken, crate::error::ApiError>>;
 }
 
 /// The service account of `pod`: `spec.serviceAccountName`, `default` when unset.
@@ -131,7 +134,7 @@ impl Tokens {
 
     /// A token for `spec`, when it must be refreshed and when it expires: the kept one until it
     /// is due, a new one after. `None` when there is no issuer.
-    pub async fn get(&self, spec: TokenSpec) -> Option<Result<Granted, String>> {
+    pub async fn get(&self, spec: TokenSpec) -> Option<Result<Granted, crate::error::ApiError>> {
         let issuer = crate::sync::read(&self.issuer).clone()?;
         let now = Instant::now();
         let granted = |c: &Cached, refresh_at: Instant| Granted {
@@ -190,7 +193,10 @@ mod tests {
     struct Counting(Mutex<u32>, Duration);
 
     impl TokenIssuer for Counting {
-        fn issue(&self, spec: TokenSpec) -> crate::BoxFuture<Result<IssuedToken, String>> {
+        fn issue(
+            &self,
+            spec: TokenSpec,
+        ) -> crate::BoxFuture<Result<IssuedToken, crate::error::ApiError>> {
             let mut n = self.0.lock().unwrap();
             *n += 1;
             let token = format!("token-{}-{n}", spec.pod_name);

@@ -547,7 +547,7 @@ impl kubevol::tokens::TokenIssuer for Issuer {
     fn issue(
         &self,
         _: kubevol::tokens::TokenSpec,
-    ) -> kubevol::BoxFuture<Result<kubevol::tokens::IssuedToken, String>> {
+    ) -> kubevol::BoxFuture<Result<kubevol::tokens::IssuedToken, kubevol::error::ApiError>> {
         Box::pin(async {
             Ok(kubevol::tokens::IssuedToken {
                 token: "t".into(),

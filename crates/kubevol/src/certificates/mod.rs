@@ -34,20 +34,20 @@ pub trait CertificateRequests: Send + Sync + 'static {
         &self,
         namespace: String,
         request: serde_json::Value,
-    ) -> crate::BoxFuture<Result<String, String>>;
+    ) -> crate::BoxFuture<Result<String, crate::error::ApiError>>;
     /// The request `namespace/name` as it is now: `Ok(None)` when it is gone, `Err` when it
     /// cannot be read (yet).
     fn get(
         &self,
         namespace: String,
         name: String,
-    ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, String>>;
+    ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, crate::error::ApiError>>;
     /// The UID of the service account `namespace/name`.
     fn service_account_uid(
         &self,
         namespace: String,
         name: String,
-    ) -> crate::BoxFuture<Result<String, String>>;
+    ) -> crate::BoxFuture<Result<String, crate::error::ApiError>>;
 }
 
 /// How long a request may take before the node asks again (its lifetime is the signer's

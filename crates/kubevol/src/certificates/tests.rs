@@ -30,7 +30,7 @@ impl CertificateRequests for Requests {
         &self,
         _: String,
         request: serde_json::Value,
-    ) -> crate::BoxFuture<Result<String, String>> {
+    ) -> crate::BoxFuture<Result<String, crate::error::ApiError>> {
         let mut made = self.made.lock().unwrap();
         made.push(request);
         let name = format!("req-{}", made.len() - 1);
@@ -44,9 +44,11 @@ impl CertificateRequests for Requests {
         &self,
         namespace: String,
         name: String,
-    ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, String>> {
+    ) -> crate::BoxFuture<Result<Option<PodCertificateRequest>, crate::error::ApiError>> {
         let Some(status) = self.status.lock().unwrap().get(&name).cloned() else {
-            return Box::pin(async { Err("not seen yet".to_string()) });
+            return Box::pin(async {
+                Err(crate::error::ApiError::Waiting("not seen yet".to_string()))
+            });
         };
         Box::pin(async move {
             Ok(status.map(|status| {
@@ -58,7 +60,7 @@ impl CertificateRequests for Requests {
         &self,
         _: String,
         _: String,
-    ) -> crate::BoxFuture<Result<String, String>> {
+    ) -> crate::BoxFuture<Result<String, crate::error::ApiError>> {
         Box::pin(async { Ok("sa-uid".to_string()) })
     }
 }

@@ -57,8 +57,32 @@ fn is_socket(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
+/// Why a plugin behind a registration socket is not registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// The plugin did not answer GetInfo (it may still be starting: its socket is tried again
+    /// when it is made anew).
+    #[error("registration socket {}: GetInfo failed: {last}", socket.display())]
+    NoInfo {
+        /// The registration socket.
+        socket: PathBuf,
+        /// The last failure.
+        last: String,
+    },
+    /// What the plugin says of itself is refused (its type, name, versions or endpoint).
+    #[error("{0}")]
+    Refused(String),
+    /// The driver could not be registered under its name (another has it, or it does not
+    /// answer).
+    #[error(transparent)]
+    Driver(#[from] super::CsiError),
+}
+
 /// Registers the plugin behind one registration socket; the outcome is told to the plugin.
-pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String, String> {
+pub async fn register_socket(
+    drivers: &Drivers,
+    socket: &Path,
+) -> Result<String, RegistrationError> {
     let mut client = RegistrationClient::new(kubevol_csi::connect(socket));
     // A socket appears at bind(), a moment before its server accepts: try a few times.
     let mut info = None;
@@ -80,13 +104,13 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
         tokio::time::sleep(delay).await;
     }
     let Some(info) = info else {
-        return Err(format!(
-            "registration socket {}: GetInfo failed: {last}",
-            socket.display()
-        ));
+        return Err(RegistrationError::NoInfo {
+            socket: socket.to_path_buf(),
+            last,
+        });
     };
     let outcome = match check_info(&info) {
-        Some(refusal) => Err(refusal),
+        Some(refusal) => Err(RegistrationError::Refused(refusal)),
         None => {
             let endpoint = if info.endpoint.is_empty() {
                 Ok(socket.to_path_buf())
@@ -107,14 +131,18 @@ pub async fn register_socket(drivers: &Drivers, socket: &Path) -> Result<String,
                     )
                     .await
                     .map(|_| info.name.clone())
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e),
+                    .map_err(RegistrationError::from),
+                Err(e) => Err(RegistrationError::Refused(e)),
             }
         }
     };
     let status = RegistrationStatus {
         plugin_registered: outcome.is_ok(),
-        error: outcome.as_ref().err().cloned().unwrap_or_default(),
+        error: outcome
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
     };
     if let Err(e) = client.notify_registration_status(status).await {
         warn!(socket = %socket.display(), "NotifyRegistrationStatus failed: {}", e.message());

@@ -307,7 +307,7 @@ async fn fetch_tokens(
                 out.insert(index, Ok(granted.token));
             }
             Some(Err(why)) => {
-                out.insert(index, Err(why));
+                out.insert(index, Err(why.to_string()));
             }
             None => {}
         }
@@ -334,7 +334,13 @@ async fn fetch_bundles(
         return (out, None);
     };
     for (index, source) in sources {
-        out.insert(index, bundles.bundle(source.clone()).await);
+        out.insert(
+            index,
+            bundles
+                .bundle(source.clone())
+                .await
+                .map_err(|e| e.to_string()),
+        );
     }
     (out, Some(tokio::time::Instant::now() + BUNDLE_REFRESH))
 }

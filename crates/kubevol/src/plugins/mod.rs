@@ -29,7 +29,7 @@ pub use host::{PluginHost, Refresher};
 pub use host_path::HostPathPlugin;
 pub use local::LocalPlugin;
 
-use crate::error::VolumeError;
+use crate::error::{ApiError, VolumeError};
 
 /// Who attaches volumes to the node when kubevol does not call ControllerPublishVolume itself:
 /// a cluster's attach/detach controller, which records the result in a VolumeAttachment.
@@ -40,7 +40,7 @@ pub trait AttachController: Send + Sync + 'static {
         &self,
         volume: UniqueVolumeName,
         attachment: String,
-    ) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
+    ) -> BoxFuture<Result<BTreeMap<String, String>, ApiError>>;
 }
 
 /// Where a claim's status is written (the API server in cluster mode): the node's part of an
@@ -52,7 +52,7 @@ pub trait ClaimStatusWriter: Send + Sync + 'static {
         &self,
         namespace: String,
         name: String,
-    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, String>>;
+    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, ApiError>>;
     /// Merge-patches the status of claim `namespace/name` with `patch` (a JSON merge patch of
     /// the whole claim; set `metadata.resourceVersion` to make it conditional); returns the
     /// claim as written.
@@ -61,7 +61,7 @@ pub trait ClaimStatusWriter: Send + Sync + 'static {
         namespace: String,
         name: String,
         patch: serde_json::Value,
-    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, String>>;
+    ) -> BoxFuture<Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, ApiError>>;
 }
 
 /// Where `clusterTrustBundle` projected sources are read (the API server in cluster mode).
@@ -71,7 +71,7 @@ pub trait TrustBundles: Send + Sync + 'static {
     fn bundle(
         &self,
         source: k8s_openapi::api::core::v1::ClusterTrustBundleProjection,
-    ) -> BoxFuture<Result<Option<String>, String>>;
+    ) -> BoxFuture<Result<Option<String>, ApiError>>;
 }
 
 pub use crate::BoxFuture;

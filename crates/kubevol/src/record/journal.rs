@@ -218,19 +218,44 @@ impl Live {
     }
 }
 
+/// Why a record cannot be read: a corrupt record is reported with it and left out.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// Its file cannot be read.
+    #[error("{0}")]
+    Read(#[from] std::io::Error),
+    /// It is not a record (torn, corrupt, or of another program).
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// It is a record of another format version.
+    #[error(
+        "format version {found} is not {}, the one this kubevol writes",
+        super::VERSION
+    )]
+    Version {
+        /// The version it has.
+        found: u32,
+    },
+    /// A record of the earlier layout lies in another pod's directory.
+    #[error("it is about pod {about} but lies in {dir}'s directory")]
+    Misplaced {
+        /// The pod it is about.
+        about: kubevol_core::PodUid,
+        /// The pod whose directory it lies in.
+        dir: kubevol_core::PodUid,
+    },
+}
+
 /// Parses one line, checking the records' format version.
-pub(super) fn parse(line: &[u8]) -> Result<Line, String> {
-    let parsed: Line = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+pub(super) fn parse(line: &[u8]) -> Result<Line, FormatError> {
+    let parsed: Line = serde_json::from_slice(line)?;
     let version = match &parsed {
         Line::PodVolume(r) => r.version,
         Line::Device(r) => r.version,
         _ => super::VERSION,
     };
     if version != super::VERSION {
-        return Err(format!(
-            "format version {version} is not {}, the one this kubevol writes",
-            super::VERSION
-        ));
+        return Err(FormatError::Version { found: version });
     }
     Ok(parsed)
 }
@@ -261,7 +286,7 @@ pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
     if !tail.is_empty() {
         warn!(journal = %path.display(), "the record's last line was cut short (a crash while writing it); its side effect never started, so it is dropped");
     }
-    let mut bad: Vec<(usize, String)> = Vec::new();
+    let mut bad: Vec<(usize, FormatError)> = Vec::new();
     let mut last_good = 0;
     let mut at = HashMap::default();
     let mut next = 0u64;
@@ -298,7 +323,7 @@ pub(super) fn read(path: &Path, mut live: Lines) -> std::io::Result<Read> {
             line: Some(line),
             pod: uid_in(pieces[line - 1]),
             volume: None,
-            error,
+            error: error.to_string(),
         });
     }
     let lines = pieces.len();

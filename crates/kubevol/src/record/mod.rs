@@ -574,7 +574,7 @@ fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
         corrupt: Vec::new(),
         files: Vec::new(),
     };
-    let corrupt = |path: &Path, pod: Option<PodUid>, error: String| {
+    let corrupt = |path: &Path, pod: Option<PodUid>, error: journal::FormatError| {
         let volume = pod.as_ref().and_then(|_| {
             let name = path.file_name()?.to_str()?;
             Some(name.split('.').next()?.to_string())
@@ -584,7 +584,7 @@ fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
             line: None,
             pod,
             volume,
-            error,
+            error: error.to_string(),
         }
     };
     let is_record = |p: &Path| p.extension().is_some_and(|e| e == "json");
@@ -606,14 +606,12 @@ fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
         for file in read_dir(&pod_dir).into_iter().filter(|p| is_record(p)) {
             let line = read_json::<PodVolumeRecord>(&file).and_then(|r| {
                 if r.pod.uid != uid {
-                    return Err(format!(
-                        "it is about pod {} but lies in {}'s directory",
-                        r.pod.uid, uid
-                    ));
+                    return Err(journal::FormatError::Misplaced {
+                        about: r.pod.uid.clone(),
+                        dir: uid.clone(),
+                    });
                 }
-                let line = journal::LineRef::PodVolume(&r)
-                    .encode()
-                    .map_err(|e| e.to_string())?;
+                let line = journal::LineRef::PodVolume(&r).encode()?;
                 Ok((
                     journal::Key::Pod(r.pod.uid.clone(), r.unique_name.clone()),
                     line,
@@ -633,9 +631,7 @@ fn read_legacy(dir: &Path, tidy: bool) -> Legacy {
         .filter(|p| is_record(p))
     {
         let line = read_json::<DeviceRecord>(&file).and_then(|d| {
-            let line = journal::LineRef::Device(&d)
-                .encode()
-                .map_err(|e| e.to_string())?;
+            let line = journal::LineRef::Device(&d).encode()?;
             Ok((journal::Key::Device(d.unique_name.clone()), line))
         });
         match line {
@@ -660,20 +656,17 @@ fn read_dir(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, String> {
+fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Result<T, journal::FormatError> {
     #[derive(Deserialize)]
     struct Versioned {
         version: u32,
     }
-    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
-    let v: Versioned = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(file)?;
+    let v: Versioned = serde_json::from_slice(&bytes)?;
     if v.version != VERSION {
-        return Err(format!(
-            "format version {} is not {VERSION}, the one this kubevol writes",
-            v.version
-        ));
+        return Err(journal::FormatError::Version { found: v.version });
     }
-    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    Ok(serde_json::from_slice(&bytes)?)
 }
 
 #[cfg(test)]

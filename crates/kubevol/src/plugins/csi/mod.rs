@@ -178,10 +178,7 @@ impl VolumePlugin for CsiPlugin {
                 // The cluster's attach/detach controller attaches it; its VolumeAttachment
                 // carries the publish context.
                 let attachment = attachment_id(&r.handle, &r.driver, &host.node_name);
-                return controller
-                    .attached(req.volume.clone(), attachment)
-                    .await
-                    .map_err(not_ready);
+                return Ok(controller.attached(req.volume.clone(), attachment).await?);
             }
             let driver = driver_for(&host, &r.driver)?;
             let Some(mut client) = host.csi.controller_client(&r.driver) else {

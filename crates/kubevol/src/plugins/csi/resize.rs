@@ -281,10 +281,7 @@ async fn expand_for_cluster(
     let what = format!("PersistentVolumeClaim {namespace}/{}", c.name);
     // The claim as it is now: the store's copy may be a minute old, and this node's own last
     // patch (an infeasible size) must be seen.
-    let fresh = writer
-        .get(namespace.clone(), c.name.clone())
-        .await
-        .map_err(not_ready)?;
+    let fresh = writer.get(namespace.clone(), c.name.clone()).await?;
     let c = ClusterClaim {
         claim: Arc::new(fresh),
         ..c

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use kube::api::Api;
 
+use super::backoff::api_error;
 use super::NodeDrivers;
+use crate::error::ApiError;
 
 /// The attach/detach controller of a cluster as the volume manager sees it: a volume is
 /// attached once its unique name is in the Node's `status.volumesAttached` and its
@@ -64,7 +66,7 @@ impl crate::plugins::AttachController for ControllerAttach {
         &self,
         volume: kubevol_core::UniqueVolumeName,
         attachment: String,
-    ) -> crate::plugins::BoxFuture<Result<BTreeMap<String, String>, String>> {
+    ) -> crate::plugins::BoxFuture<Result<BTreeMap<String, String>, ApiError>> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         let attachments: Api<k8s_openapi::api::storage::v1::VolumeAttachment> =
             Api::all(self.client.clone());
@@ -73,7 +75,13 @@ impl crate::plugins::AttachController for ControllerAttach {
         let waiting_since = self.waiting_since.clone();
         Box::pin(async move {
             let n = nodes.get(&node).await.map_err(|e| {
-                format!("cannot read Node {node} to see whether volume {volume} is attached: {e}")
+                api_error(
+                    format_args!(
+                        "cannot read Node {node} to see whether volume {volume} is attached"
+                    ),
+                    &e,
+                    ApiError::Waiting,
+                )
             })?;
             let listed = n
                 .status
@@ -119,19 +127,23 @@ impl crate::plugins::AttachController for ControllerAttach {
                         Ok((count, _)) => format!("read again from NodeGetInfo: {count}"),
                         Err(e) => format!("could not be read again: {e}"),
                     };
-                    return Err(format!(
+                    return Err(ApiError::Unavailable(format!(
                         "the attach of volume {volume} failed with ResourceExhausted (VolumeAttachment {attachment}: {}): this node has no room for more volumes of CSI driver {driver}; its allocatable volume count in CSINode {count}",
                         e.message.unwrap_or_default()
-                    ));
+                    )));
                 }
             }
             if !listed {
-                return Err(format!(
+                return Err(ApiError::Waiting(format!(
                     "waiting for the attach/detach controller: volume {volume} is not in Node {node}'s status.volumesAttached yet"
-                ));
+                )));
             }
             let va = attachments.get(&attachment).await.map_err(|e| {
-                format!("cannot read VolumeAttachment {attachment} of volume {volume}: {e}")
+                api_error(
+                    format_args!("cannot read VolumeAttachment {attachment} of volume {volume}"),
+                    &e,
+                    ApiError::Waiting,
+                )
             })?;
             let status = va.status.unwrap_or_default();
             if !status.attached {
@@ -140,9 +152,9 @@ impl crate::plugins::AttachController for ControllerAttach {
                     .and_then(|e| e.message)
                     .map(|m| format!(": {m}"))
                     .unwrap_or_default();
-                return Err(format!(
+                return Err(ApiError::Waiting(format!(
                     "waiting for the attach/detach controller: VolumeAttachment {attachment} of volume {volume} is not attached yet{why}"
-                ));
+                )));
             }
             Ok(status.attachment_metadata.unwrap_or_default())
         })

@@ -6,6 +6,8 @@ use std::time::Duration;
 use kube::runtime::watcher;
 use tokio::task::JoinHandle;
 
+use crate::error::ApiError;
+
 /// The retry delays of the watches, reads and publishers: 0.5 s, doubling up to 8 s while the
 /// server cannot be reached (a node whose API server is back should learn of the pods deleted
 /// meanwhile soon), and up to 30 s while it refuses (a forbidden or failing request is not
@@ -93,5 +95,27 @@ pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A failed request as the node's parts act on it: `what` says what was asked ("cannot read
+/// Node n"), the error's text follows. A `400`/`422` is refused; a `403` is waited for (the
+/// Node authorizer allows a node an object once one of its pods uses it, moments after the
+/// pod); a `404` is what `not_found` says (there is no such API, or the object is not made
+/// yet); a conflict, throttling, a server error or a failed connection is tried again.
+pub(crate) fn api_error(
+    what: impl std::fmt::Display,
+    e: &kube::Error,
+    not_found: fn(String) -> ApiError,
+) -> ApiError {
+    let message = format!("{what}: {e}");
+    match e {
+        kube::Error::Api(s) if s.code == 404 => not_found(message),
+        kube::Error::Api(s) if s.code == 403 => ApiError::Waiting(message),
+        kube::Error::Api(s) if matches!(s.code, 409 | 429) || s.code >= 500 => {
+            ApiError::Unavailable(message)
+        }
+        kube::Error::Api(_) => ApiError::Refused(message),
+        _ => ApiError::Unavailable(message),
     }
 }

@@ -13,8 +13,9 @@ use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher::{self, watcher, Event};
 
 use crate::certificates::CertificateRequests;
+use crate::error::ApiError;
 use crate::plugins::Refresher;
-use crate::source::cluster::backoff::{refused, AbortOnDrop, WatchBackoff};
+use crate::source::cluster::backoff::{api_error, refused, AbortOnDrop, WatchBackoff};
 use crate::source::BoxFuture;
 
 /// (namespace, name) of a request.
@@ -128,13 +129,13 @@ impl ClusterCertificates {
 }
 
 /// What a refusal of the API means for a source.
-fn explain(e: kube::Error) -> String {
+fn explain(e: kube::Error) -> ApiError {
     match &e {
         // Made in the pod's namespace, which exists: the resource is what is missing.
-        kube::Error::Api(s) if s.code == 404 => {
-            "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1): enable the PodCertificateRequest feature and that API on the server, or remove the source".into()
-        }
-        _ => e.to_string(),
+        kube::Error::Api(s) if s.code == 404 => ApiError::NotServed(
+            "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1): enable the PodCertificateRequest feature and that API on the server, or remove the source".into(),
+        ),
+        _ => api_error("cannot make a PodCertificateRequest", &e, ApiError::NotServed),
     }
 }
 
@@ -143,22 +144,21 @@ impl CertificateRequests for ClusterCertificates {
         &self,
         namespace: String,
         request: serde_json::Value,
-    ) -> BoxFuture<Result<String, String>> {
+    ) -> BoxFuture<Result<String, ApiError>> {
         self.watch_requests();
         let resource = ApiResource::erase::<PodCertificateRequest>(&());
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &resource);
         Box::pin(async move {
-            let object: DynamicObject =
-                serde_json::from_value(request).map_err(|e| format!("cannot encode: {e}"))?;
+            let object: DynamicObject = serde_json::from_value(request)
+                .map_err(|e| ApiError::Refused(format!("cannot encode: {e}")))?;
             let created = api
                 .create(&PostParams::default(), &object)
                 .await
                 .map_err(explain)?;
-            created
-                .metadata
-                .name
-                .ok_or_else(|| "the API server's answer names no request".to_string())
+            created.metadata.name.ok_or_else(|| {
+                ApiError::Unavailable("the API server's answer names no request".to_string())
+            })
         })
     }
 
@@ -166,14 +166,16 @@ impl CertificateRequests for ClusterCertificates {
         &self,
         namespace: String,
         name: String,
-    ) -> BoxFuture<Result<Option<PodCertificateRequest>, String>> {
+    ) -> BoxFuture<Result<Option<PodCertificateRequest>, ApiError>> {
         let key = (namespace, name);
         let s = crate::sync::lock(&self.seen);
         let answer = match s.requests.get(&key) {
             Some(r) => Ok(Some(r.clone())),
             // Shown by the watch, then deleted.
             None if s.ever.contains(&key) => Ok(None),
-            None => Err("the watch of this node's requests has not shown it yet".to_string()),
+            None => Err(ApiError::Waiting(
+                "the watch of this node's requests has not shown it yet".to_string(),
+            )),
         };
         Box::pin(async move { answer })
     }
@@ -182,14 +184,19 @@ impl CertificateRequests for ClusterCertificates {
         &self,
         namespace: String,
         name: String,
-    ) -> BoxFuture<Result<String, String>> {
+    ) -> BoxFuture<Result<String, ApiError>> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &namespace);
         Box::pin(async move {
-            let account = api.get(&name).await.map_err(|e| e.to_string())?;
-            account
-                .metadata
-                .uid
-                .ok_or_else(|| "the API server's service account has no UID".to_string())
+            let account = api.get(&name).await.map_err(|e| {
+                api_error(
+                    format_args!("cannot read ServiceAccount {namespace}/{name}"),
+                    &e,
+                    ApiError::Waiting,
+                )
+            })?;
+            account.metadata.uid.ok_or_else(|| {
+                ApiError::Unavailable("the API server's service account has no UID".to_string())
+            })
         })
     }
 }

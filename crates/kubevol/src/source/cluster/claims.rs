@@ -3,6 +3,8 @@
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, Patch, PatchParams};
 
+use super::backoff::api_error;
+use crate::error::ApiError;
 use crate::source::BoxFuture;
 
 /// Writes claims' statuses with the node's identity (the Node authorizer lets a node patch
@@ -24,12 +26,16 @@ impl crate::plugins::ClaimStatusWriter for ClusterClaims {
         &self,
         namespace: String,
         name: String,
-    ) -> BoxFuture<Result<PersistentVolumeClaim, String>> {
+    ) -> BoxFuture<Result<PersistentVolumeClaim, ApiError>> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
         Box::pin(async move {
-            api.get(&name)
-                .await
-                .map_err(|e| format!("cannot read PersistentVolumeClaim {namespace}/{name}: {e}"))
+            api.get(&name).await.map_err(|e| {
+                api_error(
+                    format_args!("cannot read PersistentVolumeClaim {namespace}/{name}"),
+                    &e,
+                    ApiError::Waiting,
+                )
+            })
         })
     }
 
@@ -38,14 +44,18 @@ impl crate::plugins::ClaimStatusWriter for ClusterClaims {
         namespace: String,
         name: String,
         patch: serde_json::Value,
-    ) -> BoxFuture<Result<PersistentVolumeClaim, String>> {
+    ) -> BoxFuture<Result<PersistentVolumeClaim, ApiError>> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
         Box::pin(async move {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| {
-                    format!(
-                        "cannot write the status of PersistentVolumeClaim {namespace}/{name}: {e}"
+                    api_error(
+                        format_args!(
+                            "cannot write the status of PersistentVolumeClaim {namespace}/{name}"
+                        ),
+                        &e,
+                        ApiError::Waiting,
                     )
                 })
         })

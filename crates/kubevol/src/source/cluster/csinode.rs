@@ -22,7 +22,10 @@ pub trait NodeDrivers: Send + Sync + 'static {
     fn object_changes(&self) -> tokio::sync::watch::Receiver<u64>;
     /// Reads a driver's node information again (NodeGetInfo): its volume limit now, and
     /// whether it changed (then [`NodeDrivers::driver_changes`] tells).
-    fn refresh_allocatable(&self, driver: &str) -> crate::BoxFuture<Result<(i64, bool), String>>;
+    fn refresh_allocatable(
+        &self,
+        driver: &str,
+    ) -> crate::BoxFuture<Result<(i64, bool), crate::csi::CsiError>>;
 }
 
 /// Reads each driver's volume limit again on its CSIDriver's `nodeAllocatableUpdatePeriodSeconds`

@@ -6,6 +6,8 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::Api;
 
+use super::backoff::api_error;
+use crate::error::ApiError;
 use crate::source::BoxFuture;
 use crate::tokens::{IssuedToken, TokenIssuer, TokenSpec};
 
@@ -24,7 +26,7 @@ impl ClusterTokens {
 }
 
 impl TokenIssuer for ClusterTokens {
-    fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, String>> {
+    fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, ApiError>> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &spec.namespace);
         Box::pin(async move {
             let request = TokenRequest {
@@ -47,10 +49,16 @@ impl TokenIssuer for ClusterTokens {
             let answer = api
                 .create_token_request(&spec.service_account, &Default::default(), &request)
                 .await
-                .map_err(|e| format!("the API server did not issue {what}: {e}"))?;
-            let status = answer
-                .status
-                .ok_or_else(|| format!("the API server's answer for {what} has no status"))?;
+                .map_err(|e| {
+                    api_error(
+                        format_args!("the API server did not issue {what}"),
+                        &e,
+                        ApiError::Waiting,
+                    )
+                })?;
+            let status = answer.status.ok_or_else(|| {
+                ApiError::Unavailable(format!("the API server's answer for {what} has no status"))
+            })?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);

@@ -4,6 +4,9 @@ use std::collections::BTreeSet;
 
 use kube::api::Api;
 
+use super::backoff::api_error;
+use crate::error::ApiError;
+
 /// `clusterTrustBundle` projected sources from the API server's ClusterTrustBundles
 /// (`certificates.k8s.io/v1beta1`): the one named, or every one of a signer that the label
 /// selector matches (an unset selector matches none, an empty one all), their certificates
@@ -61,7 +64,7 @@ impl crate::plugins::TrustBundles for ClusterTrustBundles {
     fn bundle(
         &self,
         source: k8s_openapi::api::core::v1::ClusterTrustBundleProjection,
-    ) -> crate::plugins::BoxFuture<Result<Option<String>, String>> {
+    ) -> crate::plugins::BoxFuture<Result<Option<String>, ApiError>> {
         use k8s_openapi::api::certificates::v1beta1::ClusterTrustBundle;
         let api: Api<ClusterTrustBundle> = Api::all(self.client.clone());
         Box::pin(async move {
@@ -77,12 +80,14 @@ impl crate::plugins::TrustBundles for ClusterTrustBundles {
                         .labels(&selector_query(s)),
                 },
                 (None, None) => {
-                    return Err("names neither a ClusterTrustBundle nor a signer".into())
+                    return Err(ApiError::Refused(
+                        "names neither a ClusterTrustBundle nor a signer".into(),
+                    ))
                 }
             };
             let list = api.list(&params).await.map_err(|e| match &e {
-                kube::Error::Api(s) if s.code == 404 => "the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1): enable that API on the server, or remove the source".to_string(),
-                _ => format!("cannot read ClusterTrustBundles: {e}"),
+                kube::Error::Api(s) if s.code == 404 => ApiError::NotServed("the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1): enable that API on the server, or remove the source".to_string()),
+                _ => api_error("cannot read ClusterTrustBundles", &e, ApiError::NotServed),
             })?;
             if list.items.is_empty() {
                 return Ok(None);
