@@ -186,31 +186,20 @@ pub fn find<'a>(
             .and_then(|a| a.required.as_ref())
             .is_none_or(|s| affinity::matches(s, node));
         let deleting = pv.metadata.deletion_timestamp.is_some();
-        if pre_bound(pv, namespace, claim) && !deleting {
-            if node_ok {
-                return Found::Volume(pv);
-            }
-            unfit.push((
-                name,
-                vec![
-                    "its claimRef names this claim, but its nodeAffinity excludes this node".into(),
-                ],
-            ));
-            continue;
-        }
+        let mine = pre_bound(pv, namespace, claim);
         let mut why: Unfit = Vec::new();
-        if let Some(r) = &pv_spec.claim_ref {
+        if let Some(r) = pv_spec.claim_ref.as_ref().filter(|_| !mine) {
             why.push(format!(
                 "its claimRef names claim {}/{}",
                 r.namespace.as_deref().unwrap_or_default(),
                 r.name.as_deref().unwrap_or_default()
             ));
-        } else if let Some(other) = taken(&name) {
+        } else if let Some(other) = taken(&name).filter(|_| !mine) {
             why.push(format!("it is bound to claim {other}"));
         }
-        if deleting {
-            why.push("it is being deleted".into());
-        }
+        // What even a volume pre-bound to the claim must have, as the PersistentVolume
+        // controller checks it: the capacity, the volume mode, the attributes class, and not
+        // being deleted.
         let (has, has_text) = capacity_of(pv);
         if has < want {
             why.push(format!(
@@ -223,12 +212,6 @@ pub fn find<'a>(
                 "its volumeMode is {has_mode}, the claim's {want_mode}"
             ));
         }
-        let has_class = volume_class(pv);
-        if has_class != want_class {
-            why.push(format!(
-                "its storageClassName is {has_class:?}, the claim's {want_class:?}"
-            ));
-        }
         let has_attributes = pv_spec
             .volume_attributes_class_name
             .as_deref()
@@ -236,6 +219,28 @@ pub fn find<'a>(
         if has_attributes != want_attributes {
             why.push(format!(
                 "its volumeAttributesClassName is {has_attributes:?}, the claim's {want_attributes:?}"
+            ));
+        }
+        if deleting {
+            why.push("it is being deleted".into());
+        }
+        if mine && why.is_empty() {
+            // The claim's own volume, whatever its class, access modes and labels say; where
+            // its nodeAffinity excludes the node, the claim binds to no other volume here.
+            if node_ok {
+                return Found::Volume(pv);
+            }
+            return Found::Nothing(vec![(
+                name,
+                vec![
+                    "its claimRef names this claim, but its nodeAffinity excludes this node (the claim binds to no other volume)".into(),
+                ],
+            )]);
+        }
+        let has_class = volume_class(pv);
+        if has_class != want_class {
+            why.push(format!(
+                "its storageClassName is {has_class:?}, the claim's {want_class:?}"
             ));
         }
         let modes = pv_spec.access_modes.clone().unwrap_or_default();
@@ -364,7 +369,7 @@ mod tests {
 
     #[test]
     fn a_volume_pre_bound_to_the_claim_is_its_own() {
-        let mut mine = volume("mine", "100Mi", &["ReadOnlyMany"]);
+        let mut mine = volume("mine", "1Gi", &["ReadOnlyMany"]);
         mine["spec"]["claimRef"] = json!({"namespace": "ns", "name": "data"});
         mine["spec"]["storageClassName"] = json!("other");
         let pvs = [
@@ -383,6 +388,46 @@ mod tests {
             Ok("fits".into()),
             "another claim of that name"
         );
+    }
+
+    /// As the PersistentVolume controller's FindMatchingVolume: a volume pre-bound to the
+    /// claim must still have the capacity and the volume mode the claim asks for (else it is
+    /// passed over like any other); where its nodeAffinity excludes the node, the claim binds
+    /// to no volume at all, not to another that fits.
+    #[test]
+    fn a_pre_bound_volume_is_passed_over_only_for_capacity_or_mode_and_holds_the_claim_off_other_nodes(
+    ) {
+        let pre_bound = |extra: serde_json::Value| {
+            let mut v = volume("mine", "1Gi", &["ReadWriteOnce"]);
+            v["spec"]["claimRef"] = json!({"namespace": "ns", "name": "data"});
+            if let (Some(spec), Some(extra)) = (v["spec"].as_object_mut(), extra.as_object()) {
+                spec.extend(extra.clone());
+            }
+            pv(v)
+        };
+        let fits = || pv(volume("fits", "1Gi", &["ReadWriteOnce"]));
+        let rows: Vec<(&str, PersistentVolume, Result<&str, &str>)> = vec![
+            ("too small", pre_bound(json!({"capacity": {"storage": "100Mi"}})), Ok("fits")),
+            ("another volume mode", pre_bound(json!({"volumeMode": "Block"})), Ok("fits")),
+            (
+                "another node",
+                pre_bound(json!({"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}})),
+                Err("its claimRef names this claim, but its nodeAffinity excludes this node (the claim binds to no other volume)"),
+            ),
+            ("its own", pre_bound(json!({})), Ok("mine")),
+        ];
+        for (row, mine, want) in rows {
+            let pvs = [fits(), mine];
+            let got = chosen(&claim(json!({})), &pvs, &|_| None);
+            match want {
+                Ok(name) => assert_eq!(got, Ok(name.to_string()), "{row}"),
+                Err(why) => assert_eq!(
+                    got,
+                    Err(vec![("mine".to_string(), vec![why.to_string()])]),
+                    "{row}"
+                ),
+            }
+        }
     }
 
     #[test]

@@ -633,6 +633,13 @@ impl VolumeManager {
         self.parts.world.volumes_in_use()
     }
 
+    /// How many passes the reconciler has made. A pass counted after a change (a pod removed,
+    /// a volume's state changed) has planned that change: what it did not start, it decided
+    /// not to start.
+    pub fn reconciler_passes(&self) -> u64 {
+        self.parts.world.reconciler_passes()
+    }
+
     /// Whether every pod source has synced and the reconciler has made a full pass since.
     pub fn reconciler_states_synced(&self) -> bool {
         self.parts.world.states_synced()

@@ -36,6 +36,7 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant
     let now = Instant::now();
     let teardown_allowed = world.dsw_synced();
     let dirty = world.take_dirty();
+    world.count_pass();
     let full = dirty.all || now >= memory.next_full;
     let mut only = dirty.volumes;
     if full {

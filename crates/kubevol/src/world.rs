@@ -66,6 +66,8 @@ pub struct World {
     require_reported: AtomicBool,
     /// The volumes the reconciler is to plan again: their desired or actual state changed.
     dirty: Mutex<Dirty>,
+    /// The reconciler's passes so far.
+    passes: std::sync::atomic::AtomicU64,
 }
 
 /// The volumes whose desired or actual state changed since the reconciler last planned, or
@@ -107,6 +109,7 @@ impl World {
                 volumes: HashSet::default(),
                 all: true,
             }),
+            passes: std::sync::atomic::AtomicU64::new(0),
         });
         (
             world.clone(),
@@ -166,6 +169,18 @@ impl World {
     /// Wakes the reconciler.
     pub fn wake_reconciler(&self) {
         self.wake.notify_one();
+    }
+
+    /// Counts one pass of the reconciler.
+    pub(crate) fn count_pass(&self) {
+        self.passes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// How many passes the reconciler has made: a pass that begins after a change has planned
+    /// it.
+    pub fn reconciler_passes(&self) -> u64 {
+        self.passes.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Resolves when the reconciler is woken.

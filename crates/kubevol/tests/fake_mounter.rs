@@ -287,9 +287,26 @@ async fn unmount_waits_until_sources_synced() {
     assert!(!m.reconciler_states_synced());
 
     m.remove_pod(&p);
-    let early = tokio::time::timeout(Duration::from_millis(300), m.wait_for_unmount(&p)).await;
+    // Proof that the removal was planned: the pod left the desired state (it is Terminating),
+    // and the reconciler made a pass after that.
+    let mut passes = 0;
+    until_announced(&m, 20, "the pod left the desired state", || {
+        passes = m.reconciler_passes();
+        m.pod_status(&uid)
+            .is_some_and(|s| s.phase == kubevol::status::PodPhase::Terminating)
+    })
+    .await;
+    // A pass that begins after that has planned the removal (at the latest, the resync's).
+    kubevol_testserver::cluster::eventually("a pass planned the removal", 30, || {
+        let after = m.reconciler_passes() > passes;
+        async move { after }
+    })
+    .await;
     assert!(
-        early.is_err(),
+        !fake
+            .calls()
+            .iter()
+            .any(|c| matches!(c, kubevol_mount::fake::MountCall::Unmount { .. })),
         "nothing is torn down before every source has synced"
     );
     assert!(m.has_possibly_mounted_volumes(&uid));

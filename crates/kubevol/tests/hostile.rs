@@ -294,3 +294,41 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A container that mounts something inside its claim's local-path directory stops the
+    /// volume's deletion once the claim is gone (a removal never crosses a mount). The deletion
+    /// is tried again by itself after a backoff, with nothing else changing, so the volume goes
+    /// once the mount does.
+    fn a_reclaim_stopped_by_a_mount_inside_is_tried_again_by_itself() {
+        let log = LogCapture::install();
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            write_manifest(&manifests, "c.yaml", &(claim("c") + "---\n" + &claim_pod("p", "c", "")));
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            m.wait_for_attach_and_mount(&pod_named("p")).await.expect("provisioned and mounted");
+            let volume = m.status(false).bindings.iter().find(|b| b.claim == "default/c").unwrap().volume.clone();
+            let local = root.path().join("root/local-path");
+            let dir = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().path()).find(|p| p.file_name().unwrap().to_string_lossy().starts_with(volume.as_str())).unwrap();
+            let inner = dir.join("inner");
+            std::fs::create_dir(&inner).unwrap();
+            kubevol_mount::Mounter::mount(&kubevol_mount::LinuxMounter, "tmpfs", &inner, "tmpfs", &kubevol_mount::MountOptions::default()).unwrap();
+            std::fs::remove_file(manifests.join("c.yaml")).unwrap();
+            kubevol_testserver::cluster::eventually("the first deletion refused", 60, || {
+                let refused = log.contains("the provisioned volume of a removed claim cannot be deleted");
+                async move { refused }
+            })
+            .await;
+            assert!(dir.exists() && m.store().persistent_volume(&volume).is_some(), "nothing removed across the mount");
+            kubevol_mount::Mounter::unmount(&kubevol_mount::LinuxMounter, &inner).unwrap();
+            kubevol_testserver::cluster::eventually("the volume deleted once the mount is gone", 60, || {
+                let gone = m.store().persistent_volume(&volume).is_none() && !dir.exists();
+                async move { gone }
+            })
+            .await;
+            m.shutdown();
+        });
+    }
+}

@@ -155,7 +155,7 @@ mod tests {
             "{message}"
         );
         drop(first);
-        let again = RootLock::take(root.path()).unwrap();
+        let again = once_free(|| RootLock::take(root.path()));
         assert_eq!(again.path(), root.path().join(LOCK_FILE));
     }
 
@@ -171,7 +171,26 @@ mod tests {
             "{e}"
         );
         drop(first);
-        DirLock::take_local_path(dir.path(), Path::new("/var/lib/b")).unwrap();
+        once_free(|| DirLock::take_local_path(dir.path(), Path::new("/var/lib/b")));
+    }
+
+    /// `take` once the lock is free: a lock dropped is free at once unless a process that
+    /// another test thread forked at that moment still shares its descriptor (from the fork to
+    /// its exec, which closes it), so a busy answer is asked again for a while.
+    fn once_free<T>(take: impl Fn() -> std::io::Result<T>) -> T {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match take() {
+                Ok(taken) => return taken,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ResourceBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("the lock is not free: {e}"),
+            }
+        }
     }
 
     /// A link planted where the lock file goes is never followed: its target keeps its bytes.

@@ -48,6 +48,10 @@ pub async fn run(
     let mut objects = host.store.subscribe();
     let mut states = world.subscribe();
     let mut objects_changed = true;
+    // A volume whose deletion failed is looked at again after a backoff of its own, whether or
+    // not anything else changes (a mount inside it may go, a driver may recover).
+    let (retry_tx, mut retry_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let failures: Arc<std::sync::Mutex<BTreeMap<String, usize>>> = Arc::default();
     // The last failure of each claim's growth, told to its pods once.
     let mut resize_failures = BTreeMap::new();
     loop {
@@ -56,7 +60,25 @@ pub async fn run(
             pass(&host, &world, &mut resize_failures);
         }
         for r in reclaim::to_reclaim(&host.store, &world) {
-            tokio::spawn(reclaim::reclaim(host.clone(), r));
+            let (host, retry, failures) = (host.clone(), retry_tx.clone(), failures.clone());
+            tokio::spawn(async move {
+                let name = r.volume.metadata.name.clone().unwrap_or_default();
+                if reclaim::reclaim(host, r).await {
+                    crate::sync::lock(&failures).remove(&name);
+                    return;
+                }
+                let delay = {
+                    let mut failures = crate::sync::lock(&failures);
+                    let n = failures.entry(name).or_default();
+                    *n += 1;
+                    reclaim::RETRY
+                        .delays()
+                        .nth(*n - 1)
+                        .unwrap_or(reclaim::RETRY.max)
+                };
+                tokio::time::sleep(delay).await;
+                let _ = retry.send(());
+            });
         }
         tokio::select! {
             r = objects.changed() => {
@@ -66,6 +88,7 @@ pub async fn run(
                 objects_changed = true;
             }
             r = states.changed() => if r.is_err() { return },
+            _ = retry_rx.recv() => {}
             _ = stop.changed() => return,
         }
     }

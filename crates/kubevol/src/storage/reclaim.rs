@@ -117,13 +117,18 @@ pub fn to_reclaim(store: &ObjectStore, world: &crate::world::World) -> Vec<Recla
         .collect()
 }
 
+/// How a failed deletion is tried again: after 0.5 s, doubling to the kubelet's 2 min 2 s, or
+/// at the next change of anything, whichever comes first.
+pub const RETRY: kubevol_core::backoff::BackoffPolicy =
+    kubevol_core::backoff::BackoffPolicy::KUBELET;
+
 /// Deletes a provisioned volume that [`to_reclaim`] chose (its claim is gone, and it is
 /// neither mounted, staged nor attached any more): a CSI driver's with DeleteVolume, a
 /// `local-path` one by removing its directory, on its own filesystem only (a mount inside it
 /// stops the removal, and a directory outside the local-path directory is left alone); then
-/// its record and binding, then the store's object. A failure is logged and tried again at the
-/// next change.
-pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) {
+/// its record and binding, then the store's object. Returns whether it is gone; a failure is
+/// logged, and tried again ([`RETRY`]).
+pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) -> bool {
     let name = r.volume.metadata.name.clone().unwrap_or_default();
     let spec = r.volume.spec.clone().unwrap_or_default();
     crate::record::fail_point("reclaim", "before");
@@ -175,15 +180,16 @@ pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) {
     };
     let store = &host.store;
     if let Err(e) = deleted {
-        tracing::warn!(volume = %name, claim = %r.claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again at the next change");
+        tracing::warn!(volume = %name, claim = %r.claim, "the provisioned volume of a removed claim cannot be deleted: {e}; tried again after a backoff");
         let _ = store.bindings().finish_release(&name, false);
-        return;
+        return false;
     }
     crate::record::fail_point("reclaim", "after");
     if let Err(e) = store.bindings().finish_release(&name, true) {
-        tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again at the next change");
-        return;
+        tracing::warn!(volume = %name, "the deleted volume cannot be forgotten: {e}; tried again after a backoff");
+        return false;
     }
     store.remove_provisioned(&name);
     tracing::info!(volume = %name, claim = %r.claim, "provisioned volume deleted: its claim is gone (reclaim policy Delete)");
+    true
 }

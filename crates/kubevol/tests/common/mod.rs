@@ -558,3 +558,39 @@ pub fn jwt_claims(token: &str) -> serde_json::Value {
     }
     serde_json::from_slice(&out).expect("JSON claims")
 }
+
+/// The manager's log, captured in memory: for a test that must see that something ran (a
+/// failed attempt) before it changes what makes the next one pass.
+#[derive(Clone, Default)]
+pub struct LogCapture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl LogCapture {
+    /// Captures kubevol's log at `info` and above from now on (the process's one subscriber).
+    pub fn install() -> Self {
+        let capture = LogCapture::default();
+        let writer = capture.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("kubevol=info"))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init()
+            .expect("no other log subscriber in this test's process");
+        capture
+    }
+
+    /// Whether a line so far holds `text`.
+    pub fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).contains(text)
+    }
+}
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -146,6 +146,8 @@ pub struct ManifestSource {
     /// Files found gone and not yet taken away, with when: a removal is applied once the
     /// directory shows it is still there (see [`ManifestSource::deliver`]).
     removals: Arc<Mutex<BTreeMap<PathBuf, tokio::time::Instant>>>,
+    /// How many times a file was read, since the source was made.
+    reads: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How long after a file is found gone the directory must still be there for its removal to be
@@ -168,7 +170,14 @@ impl ManifestSource {
             resolving: Arc::default(),
             retries: Arc::default(),
             removals: Arc::default(),
+            reads: Arc::default(),
         }
+    }
+
+    /// How many times this source has read a file, counted while it runs: a directory nobody
+    /// writes to is not read again (a `stat` per file at each listing tells what changed).
+    pub fn reads(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.reads.clone()
     }
 
     /// Sets the largest file read (bigger files are reported, not read).
@@ -282,10 +291,12 @@ impl ManifestSource {
             let (tx, mut rx) = mpsc::unbounded_channel();
             let todo: Vec<PathBuf> = rest.iter().cloned().collect();
             let max = self.max_file_size;
+            let reads = self.reads.clone();
             tokio::task::spawn_blocking(move || {
                 for path in todo {
                     // Before the read: a change after it shows as a change at the next look.
                     let signature = Signature::of(&path);
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if tx
                         .send((path.clone(), signature, read_file(&path, max)))
                         .is_err()
