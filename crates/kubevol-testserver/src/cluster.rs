@@ -275,6 +275,12 @@ impl TestCluster {
         self.server.is_none()
     }
 
+    /// Whether this is the project's control plane (`KUBEVOL_TEST_CLUSTER`), whose features
+    /// and APIs are known: ClusterTrustBundles and PodCertificateRequests are served there.
+    pub fn is_project_plane(&self) -> bool {
+        self.control_plane.is_some()
+    }
+
     /// The node's name.
     pub fn node_name(&self) -> &str {
         &self.node_name

@@ -32,6 +32,7 @@ cluster_test! {
                 {"clusterTrustBundle": {"signerName": "kubevol.io/test-signer", "labelSelector": {"matchLabels": {"trust": "yes"}}, "path": "signer.pem"}},
                 {"clusterTrustBundle": {"name": "kubevol-test-absent", "path": "absent.pem", "optional": true}}]}}]);
             let served = cluster.serves("certificates.k8s.io/v1beta1", "clustertrustbundles").await;
+            assert!(served || !cluster.is_project_plane(), "the project's control plane serves ClusterTrustBundles: this test must project them there");
             if served {
                 for (name, signer, pem) in [
                     ("kubevol.io:test-signer:a", Some("kubevol.io/test-signer"), format!("{a}{b}")),
@@ -254,7 +255,9 @@ cluster_test! {
             let sources = |signer: &str| json!([{"name": "certs", "projected": {"sources": [
                 {"podCertificate": {"signerName": signer, "keyType": "ED25519", "credentialBundlePath": "bundle.pem", "userAnnotations": {"kubevol.io/purpose": "test"}}},
                 {"podCertificate": {"signerName": signer, "keyType": "ECDSAP384", "keyPath": "tls.key", "certificateChainPath": "tls.crt", "maxExpirationSeconds": 86400}}]}}]);
-            if !cluster.serves("certificates.k8s.io/v1beta1", "podcertificaterequests").await {
+            let served = cluster.serves("certificates.k8s.io/v1beta1", "podcertificaterequests").await;
+            assert!(served || !cluster.is_project_plane(), "the project's control plane serves PodCertificateRequests: this test must issue them there");
+            if !served {
                 let p = typed(&cluster.create(bound_pod("app", &node, sources("kubevol.io/test-signer"))).await);
                 let s = wait_for_status(&m, &p, 30, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
                 let e = s.volumes[0].retry.last_error.clone().unwrap();
