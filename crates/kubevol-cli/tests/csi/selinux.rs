@@ -127,3 +127,38 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// `seLinuxChangePolicy: Recursive` opts a pod out of mounting with its label (the runtime
+    /// relabels the files instead): its volume is staged and published with no context option,
+    /// on the same node and driver that mount others with one.
+    fn a_pod_with_the_recursive_change_policy_is_mounted_without_a_context() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        let config = |c: &mut kubevol::Config| {
+            c.selinux = kubevol::Selinux::Enabled { file_context: "system_u:object_r:container_file_t:s0".into() };
+            c.selinux_mount = true;
+        };
+        runtime().block_on(async {
+            let m = manager(t.path(), config);
+            let mut selinux_driver = csi_driver(false);
+            selinux_driver["spec"]["seLinuxMount"] = json!(true);
+            m.library().upsert_objects(objects(json!([selinux_driver, pv("recursive", "16Mi", "Filesystem"), pvc("recursive", "Filesystem")])));
+            let p = pod(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "relabelled", "namespace": "default"},
+                "spec": {"securityContext": {"seLinuxChangePolicy": "Recursive", "seLinuxOptions": {"level": "s0:c5,c6"}},
+                         "containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "recursive"}}]}}));
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            for call in ["NodeStageVolume", "NodePublishVolume"] {
+                let request = driver.requests(call).pop().unwrap_or_else(|| panic!("{call} was made"));
+                let flags = request["mount_flags"].as_array().cloned().unwrap_or_default();
+                assert!(
+                    flags.iter().all(|f| !f.as_str().unwrap_or_default().starts_with("context=")),
+                    "{call} with no context option: {flags:?}"
+                );
+            }
+            m.shutdown();
+        });
+    }
+}
