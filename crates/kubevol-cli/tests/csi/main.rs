@@ -826,3 +826,27 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// `describe` of a CSI volume whose stage keeps failing: attached, stuck at the stage with
+    /// the driver's error, and the set-up never tried.
+    fn describe_names_the_stage_a_csi_volume_is_stuck_at() {
+        let t = TestRoot::new();
+        let _driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--inject", "NodeStageVolume:INTERNAL"]);
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("stuck", "16Mi", "Filesystem"), pvc("stuck", "Filesystem")])));
+            let p = claim_pod("p", "stuck");
+            m.add_pod(p.clone());
+            wait_for_status(&m, &p, 30, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("NodeStageVolume")))).await;
+            let d = m.describe_pod(&kubevol::pod_uid(&p)).unwrap();
+            use kubevol::describe::StepState::{Done, Failed, Waiting};
+            let states: Vec<(String, kubevol::describe::StepState)> = d.chains[0].steps.iter().map(|s| (s.step.clone(), s.state)).collect();
+            assert!(states.contains(&("attach".into(), Done)) && states.contains(&("stage".into(), Failed)), "{states:?}");
+            assert!(states.contains(&("set up".into(), Waiting)), "{states:?}");
+            let why = d.chains[0].waiting_for.clone().unwrap();
+            assert!(why.starts_with("stage: ") && why.contains("NodeStageVolume"), "{why}");
+            m.shutdown();
+        });
+    }
+}
