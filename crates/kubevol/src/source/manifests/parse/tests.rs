@@ -370,3 +370,31 @@ fn base64_errors_name_the_character_outside_secrets() {
         "{errs:?}"
     );
 }
+
+/// An unknown field is placed at its own line, and at its value's column, in the second and
+/// later documents of a YAML file, and in a JSON file, as in the first document.
+#[test]
+fn unknown_fields_are_located_in_every_document_and_in_json() {
+    let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {k: v}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\ndata: {k: v}\nbinaryDatta: {}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  lables: {x: y}\n";
+    let parsed = parse_file(Path::new("/m/three.yaml"), yaml);
+    let at: Vec<(Option<usize>, Option<usize>, Option<usize>)> = parsed
+        .warnings
+        .iter()
+        .map(|w| (w.document, w.line, w.column))
+        .collect();
+    assert_eq!(
+        at,
+        [(Some(2), Some(10), Some(14)), (Some(3), Some(16), Some(11))],
+        "{:?}",
+        parsed.warnings
+    );
+    let json = "{\n  \"apiVersion\": \"v1\",\n  \"kind\": \"ConfigMap\",\n  \"metadata\": {\"name\": \"j\"},\n  \"dataa\": {}\n}\n";
+    let parsed = parse_file(Path::new("/m/j.json"), json);
+    assert_eq!(parsed.warnings.len(), 1, "{:?}", parsed.warnings);
+    assert_eq!(
+        (parsed.warnings[0].line, parsed.warnings[0].column),
+        (Some(5), Some(13)),
+        "{:?}",
+        parsed.warnings
+    );
+}
