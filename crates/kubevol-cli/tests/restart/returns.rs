@@ -308,6 +308,25 @@ mount_test! {
         let (mut w, i, mut d, cache) = memory_pod_with_work(&env, &[]);
         let pid = d.child.as_ref().unwrap().id();
         let lock = env.root().join(kubevol::record::LOCK_FILE);
+        // The record and the bindings, byte for byte, once the first has nothing left to do.
+        converge(&env, &d, &w, 60);
+        let record = |root: &Path| -> BTreeMap<PathBuf, Vec<u8>> {
+            let mut out = BTreeMap::new();
+            let mut todo = vec![root.join(kubevol::record::RECORD_DIR)];
+            while let Some(dir) = todo.pop() {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let path = e.path();
+                    if e.file_type().unwrap().is_dir() {
+                        todo.push(path);
+                    } else {
+                        out.insert(path.clone(), std::fs::read(&path).unwrap());
+                    }
+                }
+            }
+            out
+        };
+        let before = record(&env.root());
+        assert!(!before.is_empty(), "the first wrote its record");
         for extra in [&[][..], &["--once", "--timeout", "5s"][..]] {
             let (ok, _, stderr) = kubevol_on_root(&env, extra);
             assert!(!ok, "{extra:?} must refuse: {stderr}");
@@ -318,6 +337,7 @@ mount_test! {
                 "{extra:?}: the root, the lock and the holder are named: {stderr}"
             );
         }
+        assert!(record(&env.root()) == before, "the second wrote nothing of the record or the bindings");
         assert_eq!(std::fs::read_to_string(cache.join("work")).unwrap(), "unsaved\n");
         converge(&env, &d, &w, 60);
         check_invariants(&env, &mut w);
