@@ -137,6 +137,9 @@ cluster_test! {
             }
             cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}, "stringData": {"t": "s3cret"}})).await;
             let node = node_client(&cluster);
+            // The test's own reads as the node, refused on purpose.
+            cluster.expect_refusal_of("get", "secrets", &format!("{}/token", cluster.namespace()));
+            cluster.expect_refusal_of("list", "secrets", &format!("{}/", cluster.namespace()));
             let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(node.clone(), cluster.namespace());
             let refused = secrets.get("token").await.unwrap_err();
             assert!(refused.to_string().contains(&format!("no relationship found between node '{node_name}' and this object")), "{refused}");
