@@ -380,6 +380,12 @@ struct World {
     canaries: BTreeMap<PathBuf, String>,
     /// What the canary in each claim holds, once written.
     claim_canaries: BTreeMap<&'static str, String>,
+    /// What the canary in each emptyDir of a present pod holds, once written (by pod index and
+    /// volume name): an emptyDir is its pod's for as long as the pod stays, across every kill.
+    dir_canaries: BTreeMap<(usize, &'static str), String>,
+    /// The mount ID of each emptyDir with a mount of its own (tmpfs) of a present pod: a
+    /// remount while the pod stays, even one that kept the files, is a new ID.
+    dir_mounts: BTreeMap<(usize, &'static str), u32>,
     rng: u64,
 }
 
@@ -394,6 +400,8 @@ impl World {
             present: BTreeSet::new(),
             canaries: BTreeMap::from([(canary, "host canary\n".to_string())]),
             claim_canaries: BTreeMap::new(),
+            dir_canaries: BTreeMap::new(),
+            dir_mounts: BTreeMap::new(),
             rng: seed | 1,
         }
     }
@@ -409,6 +417,9 @@ impl World {
         let file = format!("{}.yaml", self.pods[i].name);
         if self.present.remove(&i) {
             env.remove(&file);
+            // Its volumes go with it: a pod added again has new ones.
+            self.dir_canaries.retain(|(p, _), _| *p != i);
+            self.dir_mounts.retain(|(p, _), _| *p != i);
         } else {
             env.write(&file, &self.pods[i].yaml);
             self.present.insert(i);
@@ -516,6 +527,53 @@ fn check_invariants(env: &Env, w: &mut World) {
                     std::fs::write(&canary, &text).unwrap();
                     w.claim_canaries.insert(pv, text);
                 }
+            }
+        }
+    }
+    let mounted: BTreeMap<PathBuf, u32> = mount_ids(&root)
+        .into_iter()
+        .map(|(id, path)| (path, id))
+        .collect();
+    for &i in &w.present {
+        let pod = &w.pods[i];
+        for &(name, plugin, own_mount) in &pod.volumes {
+            if plugin != "kubernetes.io~empty-dir" {
+                continue;
+            }
+            let dir = root
+                .join("pods")
+                .join(&pod.uid)
+                .join("volumes")
+                .join(plugin)
+                .join(name);
+            let canary = dir.join("canary");
+            match w.dir_canaries.get(&(i, name)) {
+                Some(want) => assert_eq!(
+                    std::fs::read_to_string(&canary).ok().as_ref(),
+                    Some(want),
+                    "the canary in emptyDir {name} of pod {} changed while the pod stayed",
+                    pod.name
+                ),
+                None => {
+                    let text = format!(
+                        "canary of {}/{name} written {:?}\n",
+                        pod.name,
+                        Instant::now()
+                    );
+                    std::fs::write(&canary, &text).unwrap();
+                    w.dir_canaries.insert((i, name), text);
+                }
+            }
+            if own_mount {
+                let id = *mounted
+                    .get(&dir)
+                    .unwrap_or_else(|| panic!("emptyDir {name} of pod {} is mounted", pod.name));
+                let was = *w.dir_mounts.entry((i, name)).or_insert(id);
+                assert_eq!(
+                    was, id,
+                    "emptyDir {name} of pod {} was mounted again while the pod stayed",
+                    pod.name
+                );
             }
         }
     }
