@@ -302,7 +302,9 @@ mount_test! {
             wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("InvalidArgument"))).await;
             // Then the stage succeeds and the publish times out: uncertain.
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
-            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("DeadlineExceeded"), "{s:#?}");
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("DeadlineExceeded") && e.contains("NodePublishVolume"), "the publish is the call that timed out: {e}");
+            assert_eq!(driver.count("NodeStageVolume", "Ok"), 1, "the stage had answered");
             assert_eq!(driver.count("NodeStageVolume", "InvalidArgument"), 1);
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 0, "a final stage error is not unstaged");
             m.remove_pod(&p);
@@ -317,8 +319,9 @@ mount_test! {
 }
 
 mount_test! {
-    /// A driver killed (SIGKILL) in the middle of staging and started again: kubevol retries
-    /// and the pod gets its volume.
+    /// A driver killed (SIGKILL) in the middle of staging — the stage has begun and mounted, and
+    /// not answered yet — and started again: kubevol retries, the pod gets its volume with one
+    /// staging mount (the retry stacks none), and none is left after the teardown.
     fn driver_killed_mid_operation_and_restarted() {
         let t = TestRoot::new();
         let dir = t.path().join("driver");
@@ -331,17 +334,20 @@ mount_test! {
             m.library().upsert_objects(objects(json!([csi_driver(true), pv("k", "16Mi", "Filesystem"), pvc("k", "Filesystem")])));
             let p = claim_pod("p", "k");
             m.add_pod(p.clone());
-            wait_until("stage in progress", 20, || driver.count("ControllerPublishVolume", "Ok") == 1).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let staged = || mounts_under(t.path()).into_iter().filter(|(path, _, _)| path.ends_with("globalmount")).count();
+            wait_until("the stage begun and mounted, not answered", 20, || driver.requests("NodeStageVolume").len() == 1 && staged() == 1).await;
+            assert_eq!(driver.count("NodeStageVolume", "Ok"), 0, "killed before it answered");
             driver.kill();
             let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
             assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("Unavailable") || s.volumes[0].retry.last_error.as_deref().unwrap().contains("Unknown"), "{s:#?}");
             driver.args.retain(|a| a != "--delay" && a != "NodeStageVolume:3000");
             driver.restart();
             m.wait_for_attach_and_mount(&p).await.unwrap();
+            assert_eq!(staged(), 1, "one staging mount after the retry");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.unwrap();
             wait_until("detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            assert_eq!(staged(), 0, "no staging mount after the teardown");
             m.shutdown();
         });
     }
