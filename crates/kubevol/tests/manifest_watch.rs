@@ -56,16 +56,18 @@ async fn own_reads_do_not_trigger_reloads() {
     watch.abort();
 }
 
+/// A file rewritten in place, in two steps, never takes its pod away: the watcher is made to
+/// read it half-written (another writer's close between the steps), and waited for, before
+/// the rest is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_written_in_steps_never_loses_its_pod() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.yaml");
     std::fs::write(&path, POD).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let watch = ManifestSource::new(dir.path())
-        .listen(store.sink(ManifestSource::NAME))
-        .await
-        .unwrap();
+    let source = ManifestSource::new(dir.path());
+    let reads = source.reads();
+    let watch = source.listen(store.sink(ManifestSource::NAME)).await.unwrap();
     let lost = Arc::new(AtomicBool::new(false));
     let observer = tokio::spawn({
         let (store, lost) = (store.clone(), lost.clone());
@@ -87,7 +89,14 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
         let mut f = std::fs::File::create(&path).unwrap();
         f.write_all(head.as_bytes()).unwrap();
         f.flush().unwrap();
-        tokio::task::yield_now().await;
+        // Another writer closes the file: the watcher reads it as it is, half-written.
+        let before = reads.load(Ordering::Relaxed);
+        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while reads.load(Ordering::Relaxed) == before {
+            assert!(std::time::Instant::now() < deadline, "round {round}: the half-written file was read");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         f.write_all(tail.as_bytes()).unwrap();
         drop(f);
         let want = format!("c{round}");
