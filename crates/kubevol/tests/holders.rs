@@ -163,6 +163,10 @@ mount_test! {
         for _ in 0..5000 {
             kids.spawn(Command::new("sleep").arg("600").current_dir("/"));
         }
+        // A deadline already passed: the scan stops at once, with what it saw, and says so.
+        let cut = find(&v, Instant::now()).unwrap();
+        assert!(!cut.complete && cut.processes < 5000, "{} processes, complete: {}", cut.processes, cut.complete);
+        assert!(cut.to_string().contains("the scan stopped after"), "{cut}");
         let deadline = Duration::from_millis(300);
         let started = Instant::now();
         let found = find(&v, started + deadline).unwrap();

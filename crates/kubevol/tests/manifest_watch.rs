@@ -67,7 +67,10 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
     let store = Arc::new(ObjectStore::new());
     let source = ManifestSource::new(dir.path());
     let reads = source.reads();
-    let watch = source.listen(store.sink(ManifestSource::NAME)).await.unwrap();
+    let watch = source
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
     let lost = Arc::new(AtomicBool::new(false));
     let observer = tokio::spawn({
         let (store, lost) = (store.clone(), lost.clone());
@@ -94,7 +97,10 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
         drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while reads.load(Ordering::Relaxed) == before {
-            assert!(std::time::Instant::now() < deadline, "round {round}: the half-written file was read");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the half-written file was read"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         f.write_all(tail.as_bytes()).unwrap();
