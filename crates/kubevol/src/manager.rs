@@ -640,6 +640,15 @@ impl VolumeManager {
         self.parts.world.reconciler_passes()
     }
 
+    /// The version of the store (the count of its changes, as [`ObjectStore::subscribe`]
+    /// gives it) that the storage controllers of standalone mode have decided on: every change
+    /// up to it has been looked at by the binder, the provisioners, growth and reclaim.
+    ///
+    /// [`ObjectStore::subscribe`]: crate::store::ObjectStore::subscribe
+    pub fn storage_seen(&self) -> u64 {
+        self.parts.world.storage_seen()
+    }
+
     /// Whether every pod source has synced and the reconciler has made a full pass since.
     pub fn reconciler_states_synced(&self) -> bool {
         self.parts.world.states_synced()

@@ -68,6 +68,9 @@ pub struct World {
     dirty: Mutex<Dirty>,
     /// The reconciler's passes so far.
     passes: std::sync::atomic::AtomicU64,
+    /// The store's version (its change count) that the storage controllers' last finished look
+    /// began from (standalone mode).
+    storage_seen: std::sync::atomic::AtomicU64,
 }
 
 /// The volumes whose desired or actual state changed since the reconciler last planned, or
@@ -110,6 +113,7 @@ impl World {
                 all: true,
             }),
             passes: std::sync::atomic::AtomicU64::new(0),
+            storage_seen: std::sync::atomic::AtomicU64::new(0),
         });
         (
             world.clone(),
@@ -175,6 +179,18 @@ impl World {
     pub(crate) fn count_pass(&self) {
         self.passes
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Records that a look of the storage controllers, begun at store version `version`, is done.
+    pub(crate) fn storage_looked(&self, version: u64) {
+        self.storage_seen
+            .fetch_max(version, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The store version the storage controllers' last finished look began from: every change
+    /// up to it has been decided on (bound, provisioned, grown or reclaimed, or not).
+    pub fn storage_seen(&self) -> u64 {
+        self.storage_seen.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// How many passes the reconciler has made: a pass that begins after a change has planned

@@ -55,11 +55,19 @@ pub async fn run(
     // The last failure of each claim's growth, told to its pods once.
     let mut resize_failures = BTreeMap::new();
     loop {
+        // The store version a pass starts from: what it reads is this version or newer. (Read,
+        // not marked seen: a change the wait below has not woken for yet still wakes it.)
+        let mut passed = None;
         if objects_changed && host.store.all_sources_synced() {
             objects_changed = false;
+            passed = Some(*objects.borrow());
             pass(&host, &world, &mut resize_failures);
         }
-        for r in reclaim::to_reclaim(&host.store, &world) {
+        let volumes_to_reclaim = reclaim::to_reclaim(&host.store, &world);
+        if let Some(version) = passed {
+            world.storage_looked(version);
+        }
+        for r in volumes_to_reclaim {
             let (host, retry, failures) = (host.clone(), retry_tx.clone(), failures.clone());
             tokio::spawn(async move {
                 let name = r.volume.metadata.name.clone().unwrap_or_default();

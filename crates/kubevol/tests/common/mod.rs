@@ -594,3 +594,18 @@ impl std::io::Write for LogCapture {
         Ok(())
     }
 }
+
+/// Waits until kubevol's storage controllers have decided on every change the store holds now
+/// (a positive sign that a claim was looked at, before a test asserts what was not done).
+pub async fn storage_decided(m: &VolumeManager) {
+    let version = *m.store().subscribe().borrow();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while m.storage_seen() < version {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the storage controllers did not look at store version {version} within 30 s (they saw {})",
+            m.storage_seen()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
