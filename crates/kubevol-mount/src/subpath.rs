@@ -13,7 +13,7 @@
 //! layout, where `<index>` is the position of the mount in the container's `volumeMounts`.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -94,6 +94,18 @@ pub fn open_sub_path(volume: &Dir, sub_path: &str) -> Result<(OwnedFd, bool), Mo
     ))
 }
 
+/// Where a subPath's bind mount goes: `<pod_dir>/volume-subpaths/<volume_name>/<container>/<index>`.
+pub struct SubPathTarget<'a> {
+    /// The pod's directory.
+    pub pod_dir: &'a Dir,
+    /// The volume's name in the pod.
+    pub volume_name: &'a str,
+    /// The container.
+    pub container: &'a str,
+    /// The index of the volume mount in the container.
+    pub index: usize,
+}
+
 /// Bind-mounts `sub_path` of `volume` at `<pod_dir>/volume-subpaths/<volume_name>/<container>/<index>`
 /// and returns that path. Already mounted is success.
 pub fn bind_sub_path(
@@ -106,9 +118,36 @@ pub fn bind_sub_path(
     index: usize,
 ) -> Result<PathBuf, MountError> {
     let (source, is_dir) = open_sub_path(volume, sub_path)?;
-    let rel = Path::new(SUBPATHS_DIR).join(volume_name).join(container);
-    let (parent, _) = pod_dir.create_dir_all(&rel, 0o750)?;
-    let name = index.to_string();
+    let target = SubPathTarget {
+        pod_dir,
+        volume_name,
+        container,
+        index,
+    };
+    bind_opened(
+        mounter,
+        source.as_fd(),
+        is_dir,
+        &volume.path().join(sub_path),
+        &target,
+    )
+}
+
+/// Bind-mounts the subPath opened as `source` ([`open_sub_path`]; `shown` is its path, for
+/// messages only) at `target`, and returns the mount point's path: the mount is made from the
+/// descriptor, so whatever the path leads to by now, the mounted file is the one opened.
+pub fn bind_opened(
+    mounter: &dyn Mounter,
+    source: BorrowedFd<'_>,
+    is_dir: bool,
+    shown: &Path,
+    target: &SubPathTarget<'_>,
+) -> Result<PathBuf, MountError> {
+    let rel = Path::new(SUBPATHS_DIR)
+        .join(target.volume_name)
+        .join(target.container);
+    let (parent, _) = target.pod_dir.create_dir_all(&rel, 0o750)?;
+    let name = target.index.to_string();
     let target = parent.path().join(&name);
     if parent.has_entry(&name)? && mounter.is_mount_point(&target)? {
         return Ok(target);
@@ -135,12 +174,7 @@ pub fn bind_sub_path(
             });
         }
     }
-    mounter.bind_fd(
-        source.as_fd(),
-        &volume.path().join(sub_path),
-        &parent,
-        &name,
-    )?;
+    mounter.bind_fd(source, shown, &parent, &name)?;
     Ok(target)
 }
 

@@ -383,6 +383,36 @@ mount_test! {
 }
 
 mount_test! {
+    /// The race made to happen: the subPath is opened, then swapped for a link to `/` before
+    /// the mount, and the mount is still of the directory that was opened (the same inode),
+    /// never of what the path leads to by then.
+    fn a_sub_path_swapped_between_its_open_and_its_mount_mounts_what_was_opened() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        use kubevol_mount::{safe::Dir, subpath, LinuxMounter, Mounter};
+        let root = TestRoot::new();
+        let (host, _outside) = hostile_host_dir(root.path());
+        fs::rename(host.join("real"), host.join("d")).unwrap();
+        std::os::unix::fs::symlink("/", host.join("l")).unwrap();
+        let volume = Dir::open(&host).unwrap();
+        let pod_dir = Dir::open(root.path()).unwrap();
+        let (source, is_dir) = subpath::open_sub_path(&volume, "d").unwrap();
+        let opened = rustix::fs::fstat(&source).unwrap();
+        // Between the open and the mount: `d` becomes the link to `/`.
+        rustix::fs::renameat_with(volume.fd(), "d", volume.fd(), "l", rustix::fs::RenameFlags::EXCHANGE).unwrap();
+        assert_eq!(fs::read_link(host.join("d")).unwrap(), Path::new("/"), "the swap happened");
+        let target = subpath::SubPathTarget { pod_dir: &pod_dir, volume_name: "v", container: "c", index: 0 };
+        let mounted = subpath::bind_opened(&LinuxMounter, source.as_fd(), is_dir, &host.join("d"), &target).unwrap();
+        let at = fs::metadata(&mounted).unwrap();
+        assert_eq!((at.dev(), at.ino()), (opened.st_dev, opened.st_ino), "the mount is of the directory opened");
+        let names: Vec<String> = fs::read_dir(&mounted).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["inside"]);
+        LinuxMounter.unmount(&mounted).unwrap();
+        assert!(mounts_under(root.path()).is_empty());
+    }
+}
+
+mount_test! {
     fn a_sub_path_swapped_with_a_link_in_a_tight_loop_never_mounts_outside() {
         use kubevol_mount::{safe::Dir, subpath, LinuxMounter, Mounter};
         let root = TestRoot::new();
