@@ -12,143 +12,147 @@ fn bench(tmp: &Path, args: &[&str]) -> String {
     succeeds(in_namespace(&all).env("TMPDIR", tmp)).0
 }
 
-/// The benchmark runs end to end on a small node: each size prints its figures against the
-/// floor measured in the same run (p99 against the floor's time for all set-ups, CPU as a
-/// ratio), then the cost curve and each larger size's CPU per volume against the first; its
-/// root goes with it.
-#[test]
-fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
-    require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let stdout = bench(tmp.path(), &["--scale", "4,8", "--volumes", "2"]);
-    for want in [
-        "4 pods x 2 Memory emptyDir volumes = 8 tmpfs mounts",
-        "times the floor's time for all 8 set-ups",
-        "8 pods x 2 Memory emptyDir volumes = 16 tmpfs mounts",
-        "times the floor's time for all 16 set-ups",
-        "the cost curve",
-    ] {
-        assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
+mount_test! {
+    /// The benchmark runs end to end on a small node: each size prints its figures against the
+    /// floor measured in the same run (p99 against the floor's time for all set-ups, CPU as a
+    /// ratio), then the cost curve and each larger size's CPU per volume against the first; its
+    /// root goes with it.
+    fn bench_prints_its_figures_against_the_floor_and_leaves_nothing() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let stdout = bench(tmp.path(), &["--scale", "4,8", "--volumes", "2"]);
+        for want in [
+            "4 pods x 2 Memory emptyDir volumes = 8 tmpfs mounts",
+            "times the floor's time for all 8 set-ups",
+            "8 pods x 2 Memory emptyDir volumes = 16 tmpfs mounts",
+            "times the floor's time for all 16 set-ups",
+            "the cost curve",
+        ] {
+            assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
+        }
+        let ratios: Vec<f64> = stdout
+            .lines()
+            .filter_map(|l| l.split_once("(kubevol/floor ")?.1.strip_suffix(')'))
+            .map(|r| r.parse().unwrap())
+            .collect();
+        assert_eq!(ratios.len(), 2, "{stdout}");
+        assert!(
+            ratios.iter().all(|r| r.is_finite() && *r > 0.0),
+            "{ratios:?}"
+        );
+        let curve = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("CPU per volume at 8 pods: "))
+            .unwrap_or_else(|| panic!("no CPU per volume against the first size:\n{stdout}"));
+        let (ratio, base) = curve.split_once(" times that at ").unwrap();
+        assert!(ratio.parse::<f64>().unwrap() > 0.0, "{curve}");
+        assert_eq!(base, "4 pods");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
-    let ratios: Vec<f64> = stdout
-        .lines()
-        .filter_map(|l| l.split_once("(kubevol/floor ")?.1.strip_suffix(')'))
-        .map(|r| r.parse().unwrap())
-        .collect();
-    assert_eq!(ratios.len(), 2, "{stdout}");
-    assert!(
-        ratios.iter().all(|r| r.is_finite() && *r > 0.0),
-        "{ratios:?}"
-    );
-    let curve = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("CPU per volume at 8 pods: "))
-        .unwrap_or_else(|| panic!("no CPU per volume against the first size:\n{stdout}"));
-    let (ratio, base) = curve.split_once(" times that at ").unwrap();
-    assert!(ratio.parse::<f64>().unwrap() > 0.0, "{curve}");
-    assert_eq!(base, "4 pods");
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 }
 
-/// The benchmark's other figures run end to end on a small node too: a restart finds every
-/// volume it left mounted in the record and reconstructs it without a problem, content volumes
-/// are ready and updated against their floor, and a root on the disk is named as such; none
-/// leaves its root behind.
-#[test]
-fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
-    require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", "--volumes", "2", mode]);
-    // "(raw floor X ms, ratio R)": the ratios a content run prints.
-    let floor_ratios = |out: &str| -> Vec<f64> {
-        out.lines()
-            .filter_map(|l| l.split_once(", ratio ")?.1.strip_suffix(')')?.parse().ok())
-            .collect()
-    };
+mount_test! {
+    /// The benchmark's other figures run end to end on a small node too: a restart finds every
+    /// volume it left mounted in the record and reconstructs it without a problem, content volumes
+    /// are ready and updated against their floor, and a root on the disk is named as such; none
+    /// leaves its root behind.
+    fn bench_restart_content_and_on_disk_print_their_figures_and_leave_nothing() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", "--volumes", "2", mode]);
+        // "(raw floor X ms, ratio R)": the ratios a content run prints.
+        let floor_ratios = |out: &str| -> Vec<f64> {
+            out.lines()
+                .filter_map(|l| l.split_once(", ratio ")?.1.strip_suffix(')')?.parse().ok())
+                .collect()
+        };
 
-    let restart = bench("--restart");
-    assert!(
-        restart.contains("start to first reconcile: ")
-            && restart.contains("16 pod volumes, 0 problems")
-            && restart.contains("start to every pod ready again: "),
-        "{restart}"
-    );
+        let restart = bench("--restart");
+        assert!(
+            restart.contains("start to first reconcile: ")
+                && restart.contains("16 pod volumes, 0 problems")
+                && restart.contains("start to every pod ready again: "),
+            "{restart}"
+        );
 
-    let content = bench("--content");
-    assert!(
-        content.contains(
-            "8 pods x (configMap 10 keys, secret 3 keys, projected 14 files) = 24 volumes"
-        ) && content.contains("ConfigMap update, 16 volumes rewritten"),
-        "{content}"
-    );
-    let ratios = floor_ratios(&content);
-    assert_eq!(
-        ratios.len(),
-        2,
-        "ready and update against the floor: {content}"
-    );
-    assert!(ratios.iter().all(|r| *r > 0.0), "{content}");
+        let content = bench("--content");
+        assert!(
+            content.contains(
+                "8 pods x (configMap 10 keys, secret 3 keys, projected 14 files) = 24 volumes"
+            ) && content.contains("ConfigMap update, 16 volumes rewritten"),
+            "{content}"
+        );
+        let ratios = floor_ratios(&content);
+        assert_eq!(
+            ratios.len(),
+            2,
+            "ready and update against the floor: {content}"
+        );
+        assert!(ratios.iter().all(|r| *r > 0.0), "{content}");
 
-    let on_disk = bench("--on-disk");
-    assert!(
-        on_disk.contains(" on the disk (") && on_disk.contains("(kubevol/floor "),
-        "{on_disk}"
-    );
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
-}
-
-/// The benchmark's CSI mode (the loop driver as a child, a PersistentVolume per pod) and its
-/// cluster mode (the in-process API server) end to end on a small node: each prints its
-/// figures, and nothing is left behind — no temporary root, and no loop device still bound to
-/// a file of the run's.
-#[test]
-fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
-    require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", mode]);
-
-    let csi = bench("--csi");
-    assert!(
-        csi.contains(
-            "8 pods, one after another, each with its own PersistentVolume of loop.csi.kubevol.io"
-        ) && csi.contains("(ratio floor/kubevol ")
-            && csi.contains("tear-down of all 8 pods at once"),
-        "{csi}"
-    );
-    common::no_loop_devices_left(tmp.path(), "bench --csi");
-
-    let cluster = bench("--cluster");
-    assert!(
-        cluster.contains(
-            "8 pods x (Memory emptyDir, secret, projected service account volume) created at once"
-        ) && cluster.contains("all 8 pods ready ")
-            && cluster.contains("all torn down ")
-            && cluster.contains("API requests by the node while the pods came: "),
-        "{cluster}"
-    );
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
-}
-
-/// `bench --cluster --nodes 2` against the real control plane (the README's test command starts
-/// one; without it the benchmark says how to get one, and this fails): two nodes of their own
-/// against one server, a row each with its latency and its API requests per pod.
-#[test]
-fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
-    require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let out = bench(tmp.path(), &["--cluster", "--nodes", "2", "--pods", "4"]);
-    assert!(
-        out.contains("2 nodes x 4 pods x (Memory emptyDir, secret, projected service account volume) created at once in a real kube-apiserver"),
-        "{out}"
-    );
-    let rows: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("bench-node-"))
-        .collect();
-    assert_eq!(rows.len(), 2, "{out}");
-    for row in rows {
-        let per_pod: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
-        assert!(per_pod > 0.0, "the node's requests are counted: {row}");
+        let on_disk = bench("--on-disk");
+        assert!(
+            on_disk.contains(" on the disk (") && on_disk.contains("(kubevol/floor "),
+            "{on_disk}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+mount_test! {
+    /// The benchmark's CSI mode (the loop driver as a child, a PersistentVolume per pod) and its
+    /// cluster mode (the in-process API server) end to end on a small node: each prints its
+    /// figures, and nothing is left behind — no temporary root, and no loop device still bound to
+    /// a file of the run's.
+    fn bench_csi_and_cluster_print_their_figures_and_leave_nothing() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let bench = |mode: &str| bench(tmp.path(), &["--pods", "8", mode]);
+
+        let csi = bench("--csi");
+        assert!(
+            csi.contains(
+                "8 pods, one after another, each with its own PersistentVolume of loop.csi.kubevol.io"
+            ) && csi.contains("(ratio floor/kubevol ")
+                && csi.contains("tear-down of all 8 pods at once"),
+            "{csi}"
+        );
+        common::no_loop_devices_left(tmp.path(), "bench --csi");
+
+        let cluster = bench("--cluster");
+        assert!(
+            cluster.contains(
+                "8 pods x (Memory emptyDir, secret, projected service account volume) created at once"
+            ) && cluster.contains("all 8 pods ready ")
+                && cluster.contains("all torn down ")
+                && cluster.contains("API requests by the node while the pods came: "),
+            "{cluster}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+}
+
+mount_test! {
+    /// `bench --cluster --nodes 2` against the real control plane (the README's test command starts
+    /// one; without it the benchmark says how to get one, and this fails): two nodes of their own
+    /// against one server, a row each with its latency and its API requests per pod.
+    fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let out = bench(tmp.path(), &["--cluster", "--nodes", "2", "--pods", "4"]);
+        assert!(
+            out.contains("2 nodes x 4 pods x (Memory emptyDir, secret, projected service account volume) created at once in a real kube-apiserver"),
+            "{out}"
+        );
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("bench-node-"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{out}");
+        for row in rows {
+            let per_pod: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+            assert!(per_pod > 0.0, "the node's requests are counted: {row}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
 }
