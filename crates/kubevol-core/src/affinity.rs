@@ -144,6 +144,30 @@ mod tests {
         }
     }
 
+    /// Each operator at its edges, one requirement per row: `DoesNotExist` of a label the node
+    /// has and has not, `Gt`/`Lt` at, below and above the limit (strict), a value that is not
+    /// a number.
+    #[test]
+    fn each_operator_at_its_edges() {
+        let rows: &[(&str, &str, &[&str], bool)] = &[
+            ("absent", "DoesNotExist", &[], true),
+            ("disk", "DoesNotExist", &[], false),
+            ("rank", "Gt", &["6"], true),
+            ("rank", "Gt", &["7"], false),
+            ("rank", "Lt", &["8"], true),
+            ("rank", "Lt", &["7"], false),
+            ("rank", "Lt", &["6"], false),
+            ("disk", "Gt", &["1"], false),
+            ("rank", "Gt", &["1", "2"], false),
+        ];
+        for (key, op, values, want) in rows {
+            let s = selector(
+                json!([{"matchExpressions": [{"key": key, "operator": op, "values": values}]}]),
+            );
+            assert_eq!(matches(&s, &node()), *want, "{key} {op} {values:?}");
+        }
+    }
+
     #[test]
     fn terms_are_ored_and_requirements_anded() {
         let req = |key: &str, op: &str, values: &[&str]| json!({"key": key, "operator": op, "values": values});

@@ -475,6 +475,14 @@ mod tests {
     fn label_selectors_follow_the_api() {
         let labels = [("a".to_string(), "1".to_string())].into();
         let s = |v: serde_json::Value| -> LabelSelector { serde_json::from_value(v).unwrap() };
+        assert!(selector_matches(
+            &s(json!({"matchExpressions": [{"key": "b", "operator": "DoesNotExist"}]})),
+            &labels
+        ));
+        assert!(!selector_matches(
+            &s(json!({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]})),
+            &labels
+        ));
         assert!(
             selector_matches(&s(json!({})), &labels),
             "empty: everything"

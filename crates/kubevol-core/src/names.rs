@@ -329,6 +329,70 @@ impl AsRef<std::ffi::OsStr> for PathName {
 mod tests {
     use super::*;
 
+    /// What every name type reads as, in messages and as a string.
+    #[test]
+    fn names_read_as_their_strings() {
+        let uid = PodUid::from("0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70");
+        assert_eq!(uid.to_string(), "0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70");
+        let volume = UniqueVolumeName::for_pod_volume("kubernetes.io/empty-dir", &uid, "cache");
+        assert_eq!(
+            volume.to_string(),
+            "kubernetes.io/empty-dir/0b3f4c2e-9a1d-4c55-8f0e-2d3c4b5a6f70-cache"
+        );
+        let s = SharedStr::from("team-a");
+        assert_eq!(
+            (s.as_str(), &*s, s.as_ref()),
+            ("team-a", "team-a", "team-a")
+        );
+        assert_eq!(std::borrow::Borrow::<str>::borrow(&s), "team-a");
+        assert!(s == *"team-a" && s != *"team-b");
+        assert!(s == "team-a" && s != "team-b");
+        assert_eq!(format!("{s} {s:?}"), "team-a \"team-a\"");
+        let pod = PodRef {
+            namespace: "team-a".into(),
+            name: "web".into(),
+            uid,
+        };
+        assert_eq!(pod.to_string(), "team-a/web");
+        let leaf = PathName::new("a volume's directory", "pvc-1").unwrap();
+        assert_eq!(leaf.to_string(), "pvc-1");
+    }
+
+    /// A name known when kubevol is built is one shared copy: equal names, the same pointer;
+    /// another name, another copy.
+    #[test]
+    fn interned_names_are_one_copy_each() {
+        let a = SharedStr::interned("kubernetes.io/csi");
+        let again = SharedStr::interned("kubernetes.io/csi");
+        let other = SharedStr::interned("kubernetes.io/secret");
+        assert_eq!(a.as_str(), "kubernetes.io/csi");
+        assert!(Arc::ptr_eq(&a.0, &again.0));
+        assert_eq!(other.as_str(), "kubernetes.io/secret");
+        assert!(!Arc::ptr_eq(&a.0, &other.0));
+    }
+
+    /// The claim a volume uses: the one it names, or for a generic ephemeral volume
+    /// `<pod>-<volume>`; none for other volumes.
+    #[test]
+    fn a_volumes_claim_is_named_or_made_from_the_pod_and_volume() {
+        let volume = |v: serde_json::Value| -> k8s_openapi::api::core::v1::Volume {
+            serde_json::from_value(v).unwrap()
+        };
+        let named = volume(
+            serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "db"}}),
+        );
+        assert_eq!(claim_name("web", &named).as_deref(), Some("db"));
+        let ephemeral = volume(
+            serde_json::json!({"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+        );
+        assert_eq!(
+            claim_name("web", &ephemeral).as_deref(),
+            Some("web-scratch")
+        );
+        let other = volume(serde_json::json!({"name": "cache", "emptyDir": {}}));
+        assert_eq!(claim_name("web", &other), None);
+    }
+
     #[test]
     fn names_are_equal_by_their_strings_whether_shared_or_not() {
         use std::hash::BuildHasher;

@@ -175,10 +175,26 @@ mod tests {
             ("0.0", 0),
             ("-1Ki", -1024),
             ("2Ei", 2 << 60),
+            ("3Ti", 3 << 40),
+            ("3Pi", 3 << 50),
+            ("3T", 3_000_000_000_000),
+            ("3P", 3_000_000_000_000_000),
+            ("3E", 3_000_000_000_000_000_000),
+            ("1500000000n", 2),
+            ("1500000u", 2),
+            ("1e-39", 1),
+            ("0e-39", 0),
         ];
         for (s, want) in rows {
             let q = Quantity::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(q.value(), *want, "row {s}");
+        }
+    }
+
+    #[test]
+    fn displays_its_value() {
+        for (s, shown) in [("1Ki", "1024"), ("1500m", "2"), ("-2k", "-2000")] {
+            assert_eq!(Quantity::parse(s).unwrap().to_string(), shown, "row {s}");
         }
     }
 

@@ -290,6 +290,51 @@ mod tests {
         UniqueVolumeName(n.into())
     }
 
+    /// The kubelet's operation names in `storage_operation_duration_seconds`.
+    #[test]
+    fn each_operation_has_the_kubelets_metric_name() {
+        let (volume, pod) = (vol("v"), PodUid("uid-a".into()));
+        let rows = [
+            (
+                Operation::UnmountVolume {
+                    volume: volume.clone(),
+                    pod: pod.clone(),
+                },
+                "volume_unmount",
+            ),
+            (
+                Operation::Attach {
+                    volume: volume.clone(),
+                },
+                "volume_attach",
+            ),
+            (
+                Operation::MountDevice {
+                    volume: volume.clone(),
+                },
+                "volume_mount_device",
+            ),
+            (
+                Operation::MountVolume {
+                    volume: volume.clone(),
+                    pod,
+                    remount: false,
+                },
+                "volume_mount",
+            ),
+            (
+                Operation::UnmountDevice {
+                    volume: volume.clone(),
+                },
+                "unmount_device",
+            ),
+            (Operation::Detach { volume }, "volume_detach"),
+        ];
+        for (op, name) in rows {
+            assert_eq!(op.metric_name(), name, "{op:?}");
+        }
+    }
+
     #[test]
     fn wanted_volume_is_mounted() {
         let mut dsw = DesiredState::default();
