@@ -335,6 +335,28 @@ mod tests {
         }
     }
 
+    /// In cluster mode a node-wide volume waits to be reported in use before it is attached or
+    /// staged: one only device-mountable (staged, not attached) as much as an attachable one.
+    #[test]
+    fn a_device_mountable_volume_waits_to_be_reported_in_use() {
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("v1", "a", traits(false, true), 0)],
+            BTreeMap::new(),
+        );
+        let asw = ActualState::default();
+        assert!(
+            plan(&dsw, &asw, true, true, None).is_empty(),
+            "nothing before the report"
+        );
+        dsw.mark_reported_in_use(&[vol("v1")]);
+        assert_eq!(
+            plan(&dsw, &asw, true, true, None),
+            vec![Operation::MountDevice { volume: vol("v1") }]
+        );
+    }
+
     #[test]
     fn wanted_volume_is_mounted() {
         let mut dsw = DesiredState::default();
