@@ -64,15 +64,29 @@ pub fn volume_class(pv: &PersistentVolume) -> &str {
 /// Whether `pv`'s `claimRef` names the claim `namespace/claim` (and its UID, if the reference
 /// has one).
 pub fn pre_bound(pv: &PersistentVolume, namespace: &str, claim: &PersistentVolumeClaim) -> bool {
+    claim_ref_names(
+        pv,
+        namespace,
+        claim.metadata.name.as_deref().unwrap_or_default(),
+        claim.metadata.uid.as_deref(),
+    )
+}
+
+/// Whether `pv`'s `claimRef` names claim `namespace/name` of UID `uid`: a reference with a UID
+/// names that claim only, never a later one of its name (for which the volume is Released),
+/// and a claim of unknown UID only a reference without one.
+pub fn claim_ref_names(
+    pv: &PersistentVolume,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> bool {
     let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
         return false;
     };
     r.namespace.as_deref() == Some(namespace)
-        && r.name == claim.metadata.name
-        && match (
-            r.uid.as_deref().filter(|u| !u.is_empty()),
-            &claim.metadata.uid,
-        ) {
+        && r.name.as_deref() == Some(name)
+        && match (r.uid.as_deref().filter(|u| !u.is_empty()), uid) {
             (Some(want), Some(has)) => want == has,
             (Some(_), None) => false,
             (None, _) => true,

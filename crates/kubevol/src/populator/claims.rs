@@ -160,18 +160,7 @@ pub fn bound_volume(
                 .find(|pv| {
                     let name = pv.metadata.name.as_deref().unwrap_or_default();
                     store.bindings().claim_of(name).is_none()
-                        && pv
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.claim_ref.as_ref())
-                            .is_some_and(|r| {
-                                r.namespace.as_deref() == Some(ns)
-                                    && r.name.as_deref() == Some(cname)
-                                    // A reference with a UID names that claim only, not a
-                                    // later one of its name (the PersistentVolume
-                                    // controller's rule: that volume is Released).
-                                    && r.uid.as_deref().filter(|u| !u.is_empty()).is_none_or(|u| u == uid)
-                            })
+                        && kubevol_core::binding::claim_ref_names(pv, ns, cname, Some(&uid))
                 }),
         },
     }

@@ -54,11 +54,7 @@ pub fn bind_claim(
                 store
                     .bindings()
                     .bind(ns, cname, &claim_uid(claim), &name)
-                    .map_err(|source| StorageError::Record {
-                        claim: format!("{ns}/{cname}"),
-                        volume: name.clone(),
-                        source,
-                    })?;
+                    .map_err(StorageError::recording(ns, cname, &name))?;
                 tracing::info!(claim = %format!("{ns}/{cname}"), volume = %name, "claim bound");
                 return Ok(Some(name));
             }

@@ -69,6 +69,20 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// What a failed write of volume `volume`, bound to claim `namespace/claim`, becomes.
+    pub(super) fn recording(
+        namespace: &str,
+        claim: &str,
+        volume: &str,
+    ) -> impl FnOnce(std::io::Error) -> StorageError {
+        let (claim, volume) = (format!("{namespace}/{claim}"), volume.to_string());
+        move |source| StorageError::Record {
+            claim,
+            volume,
+            source,
+        }
+    }
+
     /// What the claim does next: `Final` waits for a change of the claim, its class or the
     /// volumes; `Transient` is tried again by itself; `Uncertain` is a CSI call that may still
     /// be creating the volume.

@@ -82,15 +82,15 @@ enum MadeSource {
 }
 
 /// One node selector term of `key In [value]` pairs.
-fn term<'a>(pairs: impl IntoIterator<Item = (&'a String, &'a String)>) -> NodeSelectorTerm {
+fn term<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> NodeSelectorTerm {
     NodeSelectorTerm {
         match_expressions: Some(
             pairs
                 .into_iter()
                 .map(|(key, value)| NodeSelectorRequirement {
-                    key: key.clone(),
+                    key: key.to_string(),
                     operator: "In".into(),
-                    values: Some(vec![value.clone()]),
+                    values: Some(vec![value.to_string()]),
                 })
                 .collect(),
         ),
@@ -175,11 +175,7 @@ fn record(
     store
         .bindings()
         .provision(namespace, name, &uid, pv.clone())
-        .map_err(|source| StorageError::Record {
-            claim: format!("{namespace}/{name}"),
-            volume,
-            source,
-        })?;
+        .map_err(StorageError::recording(namespace, name, &volume))?;
     store.add_provisioned([Object::PersistentVolume(pv)]);
     Ok(())
 }
@@ -220,7 +216,7 @@ pub fn provision(
     }
     let volume = volume_name(claim);
     let dir = local_path_directory(host, &volume, namespace, name)?;
-    let here = term([(&"kubernetes.io/hostname".to_string(), &host.node_name)]);
+    let here = term([("kubernetes.io/hostname", host.node_name.as_str())]);
     let pv = provisioned_volume(
         namespace,
         name,
@@ -313,11 +309,7 @@ pub fn grow(
     }
     bindings
         .update_provisioned(pv.clone())
-        .map_err(|source| StorageError::Record {
-            claim: format!("{namespace}/{name}"),
-            volume: volume.clone(),
-            source,
-        })?;
+        .map_err(StorageError::recording(namespace, name, &volume))?;
     host.store.add_provisioned([Object::PersistentVolume(pv)]);
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, size = %request, "provisioned volume grown to the claim's request");
     Ok(())
@@ -464,7 +456,7 @@ async fn create_csi(
     let terms = created
         .accessible_topology
         .iter()
-        .map(|t| term(&t.segments))
+        .map(|t| term(t.segments.iter().map(|(k, v)| (k.as_str(), v.as_str()))))
         .collect();
     let source = CSIPersistentVolumeSource {
         driver: driver.clone(),
