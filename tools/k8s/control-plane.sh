@@ -151,6 +151,7 @@ EOF
   port=$(free_port)
   kcm_port=$(free_port)
   echo "$port" >"$dir/port"
+  echo "$etcd_port" >"$dir/etcd-port"
 
   start "$dir" etcd "$bin/etcd" --name kubevol-test --data-dir "$dir/etcd" \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
@@ -172,6 +173,7 @@ EOF
     --runtime-config certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-mode blocking \
+    --watch-cache-sizes configmaps#0 \
     --allow-privileged --profiling=false --v 1
   until_ok "$dir" kube-apiserver 120 "https://127.0.0.1:$port/readyz"
 

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use sha2::Digest;
 
+mod etcd;
 mod relay;
 
 use relay::Relay;
@@ -386,6 +387,24 @@ impl TestCluster {
     pub async fn cut(&self) {
         let _no_write_in_flight = self.relay.gate.writing.write().await;
         self.relay.gate.open.send_replace(false);
+    }
+
+    /// Forgets the change history up to now, so that a watch resumed from an earlier resource
+    /// version gets `410 Gone`: the in-process server's store, or etcd's (a physical
+    /// compaction at its current revision) on the project's control plane, where ConfigMaps
+    /// are served without the watch cache (`--watch-cache-sizes configmaps#0`), so their
+    /// watches resume from etcd and see the compaction, as on a server without the cache. Other
+    /// kinds are watched from the API server's cache there, whose own window no test can close
+    /// on demand. Panics on another real cluster: its etcd is not the test's to reach.
+    pub async fn compact_history(&self) {
+        if let Some(server) = &self.server {
+            server.compact();
+            return;
+        }
+        let dir = self.control_plane.as_ref().expect(
+            "compacting the history needs the in-process server or the project's control plane",
+        );
+        etcd::compact(dir).await;
     }
 
     /// Lets the node reach the server again (after a cut or a freeze).

@@ -490,24 +490,16 @@ mount_test! {
     }
 }
 
-mount_test! {
-    fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them_in_process() {
-        run_once_as_a_cluster_node(kubevol_testserver::Backend::InProcess);
-    }
-}
-
-/// Against a real server the pod also has the `kube-api-access` volume its ServiceAccount
-/// admission adds: a token, the cluster's root CA and the namespace.
+/// The pod also has the `kube-api-access` volume the real server's ServiceAccount admission
+/// adds: a token, the cluster's root CA and the namespace.
 #[test]
-fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them_real_cluster()
-{
-    run_once_as_a_cluster_node(kubevol_testserver::Backend::Real);
-}
-
-fn run_once_as_a_cluster_node(backend: kubevol_testserver::Backend) {
+fn run_once_as_a_cluster_node_mounts_the_pods_bound_to_it_and_static_pods_beside_them() {
     require_root();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let cluster = rt.block_on(kubevol_testserver::TestCluster::start_on(backend, "node-1"));
+    let cluster = rt.block_on(kubevol_testserver::TestCluster::start_on(
+        kubevol_testserver::Backend::Real,
+        "node-1",
+    ));
     let (node, ns) = (
         cluster.node_name().to_string(),
         cluster.namespace().to_string(),
@@ -539,11 +531,7 @@ fn run_once_as_a_cluster_node(backend: kubevol_testserver::Backend) {
         "--root-dir",
         root.path().join("root").to_str().unwrap(),
     ]));
-    let mut volumes = vec!["data", "cfg"];
-    if cluster.is_real() {
-        volumes.push("kube-api-access-");
-    }
-    for volume in volumes {
+    for volume in ["data", "cfg", "kube-api-access-"] {
         assert!(
             stdout
                 .lines()

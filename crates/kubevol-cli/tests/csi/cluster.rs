@@ -93,6 +93,95 @@ async fn without_node(cluster: &kubevol_testserver::TestCluster) {
     }
 }
 
+/// A volume the attach/detach controller attaches: its CSI driver and handle, its
+/// PersistentVolume, and its unique name in the Node's `status.volumesAttached`.
+struct Attached {
+    driver: &'static str,
+    handle: &'static str,
+    pv: String,
+    unique: String,
+}
+
+/// Plays the attach/detach controller and the external attacher for `volume` on the cluster's
+/// node (`node_id` to the driver): attaches it through the driver's controller service, makes
+/// its VolumeAttachment under the name the controller computes (`csi-` and the SHA-256 of the
+/// handle, the driver and the node's name), attached, with the attachment metadata the driver
+/// gave, and lists it in the Node's `status.volumesAttached`. Returns that metadata.
+async fn attach_as_the_controller(
+    cluster: &kubevol_testserver::TestCluster,
+    driver: &Driver,
+    node_id: &str,
+    volume: &Attached,
+) -> std::collections::HashMap<String, String> {
+    use kubevol_csi::v1::controller_client::ControllerClient;
+    use kubevol_csi::v1::*;
+    let name = cluster.node_name();
+    let mut controller = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+    let cap = VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            },
+        )),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let published = controller
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: volume.handle.into(),
+            node_id: node_id.into(),
+            volume_capability: Some(cap),
+            volume_context: [("size".to_string(), "16Mi".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let attachment = {
+        use sha2::Digest;
+        let hash =
+            sha2::Sha256::digest(format!("{}{}{name}", volume.handle, volume.driver).as_bytes());
+        format!(
+            "csi-{}",
+            hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    };
+    let made = cluster
+        .create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
+            "spec": {"attacher": volume.driver, "nodeName": name, "source": {"persistentVolumeName": volume.pv}}}))
+        .await;
+    // The external attacher's status, through the status subresource.
+    let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> =
+        kube::Api::all(cluster.admin_client());
+    let mut made: k8s_openapi::api::storage::v1::VolumeAttachment =
+        serde_json::from_value(made).unwrap();
+    made.status = Some(k8s_openapi::api::storage::v1::VolumeAttachmentStatus {
+        attached: true,
+        attachment_metadata: Some(published.clone().into_iter().collect()),
+        ..Default::default()
+    });
+    attachments
+        .replace_status(&attachment, &Default::default(), &made)
+        .await
+        .unwrap();
+    // The attach/detach controller's record on the Node.
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.admin_client());
+    let attached =
+        json!({"status": {"volumesAttached": [{"name": volume.unique, "devicePath": ""}]}});
+    nodes
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&attached),
+        )
+        .await
+        .unwrap();
+    published
+}
+
 cluster_test! {
     /// As a node of a cluster, a CSI volume is listed in the Node's status.volumesInUse before
     /// it is staged (staging waits for the report) and dropped only after it is unstaged; the
@@ -187,7 +276,7 @@ cluster_test! {
     /// (The test plays the controller and the external attacher.)
     fn a_cluster_node_waits_for_the_attach_detach_controller(backend) {
         use kubevol_csi::v1::controller_client::ControllerClient;
-        use kubevol_csi::v1::*;
+        use kubevol_csi::v1::ControllerUnpublishVolumeRequest;
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
         runtime().block_on(async {
@@ -214,39 +303,9 @@ cluster_test! {
             // The controller attaches (through the driver's controller service, as the
             // external attacher does) and records it.
             let node_id = m.csi_drivers()[0].node_id.clone();
+            let volume = Attached { driver: DRIVER, handle: "att", pv: cluster.scoped("att"), unique: unique.clone() };
+            let published = attach_as_the_controller(&cluster, &driver, &node_id, &volume).await;
             let mut controller = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
-            let cap = VolumeCapability {
-                access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-                access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
-            };
-            let published = controller
-                .controller_publish_volume(ControllerPublishVolumeRequest {
-                    volume_id: "att".into(),
-                    node_id: node_id.clone(),
-                    volume_capability: Some(cap),
-                    volume_context: [("size".to_string(), "16Mi".to_string())].into(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context;
-            let attachment = {
-                use sha2::Digest;
-                let hash = sha2::Sha256::digest(format!("att{DRIVER}{name}").as_bytes());
-                format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
-            };
-            let made = cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
-                "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": cluster.scoped("att")}}})).await;
-            // The external attacher's status, through the status subresource.
-            let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> = kube::Api::all(cluster.admin_client());
-            let mut made: k8s_openapi::api::storage::v1::VolumeAttachment = serde_json::from_value(made).unwrap();
-            made.status = Some(k8s_openapi::api::storage::v1::VolumeAttachmentStatus { attached: true, attachment_metadata: Some(published.clone().into_iter().collect()), ..Default::default() });
-            attachments.replace_status(&attachment, &Default::default(), &made).await.unwrap();
-            // The attach/detach controller's record on the Node.
-            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.admin_client());
-            let attached = json!({"status": {"volumesAttached": [{"name": unique, "devicePath": ""}]}});
-            nodes.patch_status(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&attached)).await.unwrap();
             m.wait_for_attach_and_mount(&pod).await.expect("staged and published once the controller attached it");
             let stage = driver.requests("NodeStageVolume");
             assert_eq!(stage.len(), 1);
@@ -548,6 +607,59 @@ cluster_test! {
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
             eventually("volumesInUse emptied", 30, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+cluster_test! {
+    /// A migrated attachable volume as a node of a cluster: an awsElasticBlockStore
+    /// PersistentVolume, whose CSIDriver ebs.csi.aws.com requires attaching, waits for the
+    /// VolumeAttachment the attach/detach controller makes under the name it computes from the
+    /// translated handle (`vol-…`, not the in-tree `aws://zone/vol-…`) and the CSI driver's name,
+    /// and is staged with its attachment metadata once that is attached.
+    fn a_migrated_volume_waits_for_the_volume_attachment_the_controller_names(backend) {
+        const EBS: &str = "ebs.csi.aws.com";
+        const HANDLE: &str = "vol-0a1b2c3d4e5f67890";
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", EBS]);
+        runtime().block_on(async {
+            let (cluster, _driver_name) = cluster_for(backend, EBS).await;
+            let name = cluster.node_name().to_string();
+            fresh(&cluster, json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": EBS}, "spec": {"attachRequired": true}})).await;
+            fresh_node(&cluster).await;
+            let pv_name = cluster.scoped("old");
+            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+                "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"},
+                         "awsElasticBlockStore": {"volumeID": format!("aws://eu-west-1a/{HANDLE}"), "fsType": "ext4"}}})).await;
+            let mut claim = pvc("old", "Filesystem");
+            claim["spec"]["volumeName"] = json!(pv_name);
+            cluster.create(claim).await;
+            cluster.bind_claim("old", &pv_name).await;
+            let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
+            pod["spec"]["nodeName"] = json!(name);
+            pod["spec"]["automountServiceAccountToken"] = json!(false);
+            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let m = cluster_manager(t.path(), &cluster);
+            let unique = format!("kubernetes.io/csi/{EBS}^{HANDLE}");
+            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
+            assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains(&unique), "{s:#?}");
+
+            let node_id = m.csi_drivers()[0].node_id.clone();
+            let volume = Attached { driver: EBS, handle: HANDLE, pv: pv_name.clone(), unique };
+            let published = attach_as_the_controller(&cluster, &driver, &node_id, &volume).await;
+            m.wait_for_attach_and_mount(&pod).await.expect("staged once the controller's VolumeAttachment is attached");
+            let stage = driver.requests("NodeStageVolume");
+            assert_eq!(stage.len(), 1, "{stage:?}");
+            assert_eq!(stage[0]["volume_id"], json!(HANDLE));
+            for (k, v) in &published {
+                assert_eq!(stage[0]["publish_context"][k], json!(v), "the VolumeAttachment's metadata: {stage:?}");
+            }
+            assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "only the controller's own call");
+
+            cluster.delete("v1", "pods", "app", Some(0)).await;
+            m.wait_for_unmount(&pod).await.expect("torn down");
             m.shutdown();
             cluster.clean_up().await;
         });

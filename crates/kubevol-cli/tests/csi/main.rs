@@ -8,6 +8,7 @@ mod common;
 mod cluster;
 #[path = "../loop_driver/mod.rs"]
 mod loop_driver;
+mod migration;
 mod selinux;
 
 use std::path::{Path, PathBuf};
@@ -752,82 +753,6 @@ mount_test! {
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains(&format!("CSIDriver {DRIVER} asks for service account tokens (spec.tokenRequests), which only a Kubernetes API server issues")), "{e}");
             assert!(driver.requests("NodePublishVolume").is_empty(), "nothing published");
-            m.shutdown();
-        });
-    }
-}
-
-mount_test! {
-    /// In-tree volumes through their CSI driver (CSI migration), with what the translation
-    /// gives: a gcePersistentDisk PersistentVolume (zone label, ReadWriteMany, which in-tree
-    /// treated as ReadWriteOnce) and an inline gcePersistentDisk, served by a driver named
-    /// pd.csi.storage.gke.io (the loop driver under that name, the disks made beforehand as a
-    /// cloud's are), attached, staged and published with the translated handles and attributes.
-    fn in_tree_volumes_are_served_by_their_csi_driver() {
-        use kubevol_csi::v1::controller_client::ControllerClient;
-        use kubevol_csi::v1::*;
-        const GCE: &str = "pd.csi.storage.gke.io";
-        let t = TestRoot::new();
-        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", GCE]);
-        runtime().block_on(async {
-            let zonal = "projects/UNSPECIFIED/zones/europe-west1-b/disks/disk-1";
-            let unspecified = "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/disk-2";
-            let mut c = ControllerClient::new(kubevol_csi::connect(&driver.socket()));
-            for handle in [zonal, unspecified] {
-                let cap = VolumeCapability {
-                    access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
-                    access_mode: Some(volume_capability::AccessMode { mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
-                };
-                c.create_volume(CreateVolumeRequest {
-                    name: handle.into(),
-                    capacity_range: Some(CapacityRange { required_bytes: 16 << 20, limit_bytes: 0 }),
-                    volume_capabilities: vec![cap],
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            }
-            let socket = t.path().join("driver/csi.sock");
-            let m = manager(t.path(), |c| {
-                c.csi_controllers = vec![(GCE.into(), socket)];
-                c.node_labels = [("topology.kubernetes.io/zone".to_string(), "europe-west1-b".to_string())].into();
-            });
-            m.library().upsert_objects(objects(json!([
-                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "old-disk", "labels": {"topology.kubernetes.io/zone": "europe-west1-b"}},
-                 "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteMany"], "claimRef": {"namespace": "default", "name": "old"},
-                          "gcePersistentDisk": {"pdName": "disk-1", "fsType": "ext4"},
-                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["europe-west1-b"]}]}]}}}},
-            ])));
-            let mut claim = pvc("old", "Filesystem");
-            claim["spec"]["volumeName"] = json!("old-disk");
-            m.library().upsert_objects(objects(json!([claim])));
-            let p = claim_pod("app", "old");
-            let inline = pod_with_volumes("inline", json!([{"name": "disk", "gcePersistentDisk": {"pdName": "disk-2", "fsType": "ext4"}}]));
-            m.add_pod(p.clone());
-            m.add_pod(inline.clone());
-            m.wait_for_attach_and_mount(&p).await.expect("the PersistentVolume through CSI");
-            m.wait_for_attach_and_mount(&inline).await.expect("the inline volume through CSI");
-
-            let s = m.pod_status(&kubevol::pod_uid(&p)).unwrap();
-            assert_eq!(s.volumes[0].unique_name.as_deref(), Some(format!("kubernetes.io/csi/{GCE}^{zonal}").as_str()), "{s:#?}");
-            let stage = driver.requests("NodeStageVolume");
-            let staged: Vec<&str> = stage.iter().filter_map(|r| r["volume_id"].as_str()).collect();
-            assert!(staged.contains(&zonal) && staged.contains(&unspecified), "{stage:?}");
-            let first = stage.iter().find(|r| r["volume_id"] == zonal).unwrap();
-            assert_eq!(first["context"], json!({"partition": ""}), "the translation's attributes: {first}");
-            let single_node_writer = kubevol_csi::v1::volume_capability::access_mode::Mode::SingleNodeWriter as i32;
-            assert_eq!(first["access_mode"], json!(single_node_writer), "ReadWriteMany is ReadWriteOnce for a migrated GCE PD");
-            assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 2, "both attached through the driver's controller");
-            // The inline volume's directory is named after the translated volume.
-            let path = mount_path(&m, &inline, "disk");
-            assert!(path.ends_with(format!("volumes/kubernetes.io~csi/{GCE}-disk-2/mount")), "{}", path.display());
-            std::fs::write(path.join("kept"), "yes").unwrap();
-
-            for q in [&p, &inline] {
-                m.remove_pod(q);
-                m.wait_for_unmount(q).await.unwrap();
-            }
-            wait_until("both detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
             m.shutdown();
         });
     }

@@ -17,7 +17,7 @@ const CERTS: [&str; 4] = [
     include_str!("../certs/d.pem"),
 ];
 
-cluster_test! {
+cluster_test_with_faults! {
     fn cluster_trust_bundles_are_projected_by_name_or_signer_and_their_absence_is_explained(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
@@ -232,7 +232,7 @@ fn chrono_now() -> String {
         .to_string()
 }
 
-cluster_test! {
+cluster_test_with_faults! {
     /// podCertificate projected sources: for each source the node makes a key pair and a
     /// PodCertificateRequest (for its pod, service account and node, by UID), and once the
     /// signer has issued the chain writes the key and chain where the source says: the bundle

@@ -1,8 +1,10 @@
-//! Cluster mode against an API server that keeps the real server's rules: the project's
-//! in-process test server, or a real cluster when `KUBEVOL_TEST_KUBECONFIG` and
-//! `KUBEVOL_TEST_NODE_KUBECONFIG` name an administrator's and a node's kubeconfig (see
-//! `kubevol_testserver::cluster`). The node's identity, field selectors, per-object
-//! authorization with a lag, resource versions and `410 Gone`, graceful pod deletion, outages.
+//! Cluster mode against a real kube-apiserver: the project's control plane (the README's test
+//! command starts it), or a cluster that `KUBEVOL_TEST_KUBECONFIG` and
+//! `KUBEVOL_TEST_NODE_KUBECONFIG` name (see `kubevol_testserver::cluster`). The node's
+//! identity, field selectors, per-object authorization with a lag, resource versions and `410
+//! Gone`, graceful pod deletion, outages. The in-process server runs only the faults the real
+//! one cannot make on demand ([`cluster_test_with_faults!`]), and answers a node's requests
+//! exactly as the real one does (`rights`).
 
 #[macro_use]
 #[path = "../common/mod.rs"]
@@ -124,7 +126,7 @@ cluster_test! {
     }
 }
 
-cluster_test! {
+cluster_test_with_faults! {
     fn an_object_the_authorizer_does_not_yet_relate_to_the_node_is_waited_for_not_failed(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
@@ -171,7 +173,7 @@ cluster_test! {
     }
 }
 
-cluster_test! {
+cluster_test_with_faults! {
     fn an_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile(backend) {
         let root = TestRoot::new();
         let outage = std::env::var("KUBEVOL_TEST_OUTAGE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
@@ -214,7 +216,44 @@ cluster_test! {
     }
 }
 
-cluster_test! {
+mount_test! {
+    /// A watch that cannot resume because the server's history was compacted meanwhile (`410
+    /// Gone` from the real kube-apiserver, which serves ConfigMaps from etcd on the project's
+    /// control plane) lists again and gets what changed: the ConfigMap's last version reaches
+    /// the volume, and the source counts one more listing.
+    fn a_watch_whose_history_was_compacted_lists_again() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"level": "info"}})).await;
+            let m = manager(root.path(), |c| c.node_name = node.clone());
+            let source = ClusterSource::new(node_client(&cluster), &node);
+            let listings = source.listings();
+            m.add_source(source);
+            let pod = typed(&cluster.create(bound_pod("web", &node, json!([{"name": "cfg", "configMap": {"name": "app"}}]))).await);
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted");
+            let cfg = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["cfg"].path.clone();
+            assert_eq!(std::fs::read_to_string(cfg.join("level")).unwrap(), "info");
+            let before = listings.objects();
+
+            // Two versions while the node is away (the history then has a revision past the
+            // one the watch resumes after), and the history compacted up to now.
+            cluster.cut().await;
+            for level in ["debug", "trace"] {
+                cluster.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"level": level}})).await;
+            }
+            cluster.compact_history().await;
+            cluster.restore();
+            until(&m, 60, "the ConfigMap's last version after the re-list", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "trace")).await;
+            assert!(listings.objects() > before, "the watch listed again ({} listings before, {} after)", before, listings.objects());
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+cluster_test_with_faults! {
     fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {

@@ -7,17 +7,8 @@ use kubevol_testserver::{Backend, TestCluster};
 use serde_json::{json, Value};
 
 #[tokio::test]
-async fn the_node_identity_has_the_node_authorizers_rights_and_no_more_in_process() {
-    the_node_identity_has_the_node_authorizers_rights_and_no_more(Backend::InProcess).await;
-}
-
-#[tokio::test]
-async fn the_node_identity_has_the_node_authorizers_rights_and_no_more_real_cluster() {
-    the_node_identity_has_the_node_authorizers_rights_and_no_more(Backend::Real).await;
-}
-
-async fn the_node_identity_has_the_node_authorizers_rights_and_no_more(backend: Backend) {
-    let cluster = TestCluster::start_on(backend, NODE).await;
+async fn the_node_identity_has_the_node_authorizers_rights_and_no_more() {
+    let cluster = TestCluster::start_on(Backend::Real, NODE).await;
     cluster.expect_refusals();
     let node_name = cluster.node_name().to_string();
     cluster

@@ -140,13 +140,32 @@ pub async fn ensure_node(cluster: &kubevol_testserver::TestCluster) {
     }
 }
 
-/// Declares a cluster-mode test that runs twice, each time inside its own private mount
-/// namespace: `<name>::in_process` against the project's in-process API server, and
-/// `<name>::real_cluster` against a real kube-apiserver (the control plane the README's test
-/// command starts; without one it fails and says how to get one). The body is given the
-/// [`kubevol_testserver::Backend`] to start its cluster on.
+/// Declares a cluster-mode test against a real kube-apiserver (the control plane the README's
+/// test command starts; without one it fails and says how to get one), inside its own
+/// private mount namespace. The body is given the [`kubevol_testserver::Backend`] to start its
+/// cluster on. The in-process server is only for faults the real one cannot make on demand:
+/// see [`cluster_test_with_faults!`].
 #[macro_export]
 macro_rules! cluster_test {
+    ($(#[$meta:meta])* fn $name:ident($backend:ident) $body:block) => {
+        $(#[$meta])*
+        #[test]
+        fn $name() {
+            fn body($backend: kubevol_testserver::Backend) $body
+            $crate::common::in_private_mount_ns(
+                &$crate::common::test_path(module_path!(), stringify!($name)),
+                || body(kubevol_testserver::Backend::Real),
+            );
+        }
+    };
+}
+
+/// A [`cluster_test!`] that runs twice: `<name>::real_cluster` against the real
+/// kube-apiserver, and `<name>::in_process` against the project's in-process server, where the
+/// body makes what the real one cannot make on demand (an authorizer's lag as long as the test
+/// wants, a forgotten history of pods, an API turned off, tokens of seconds).
+#[macro_export]
+macro_rules! cluster_test_with_faults {
     ($(#[$meta:meta])* fn $name:ident($backend:ident) $body:block) => {
         $(#[$meta])*
         mod $name {

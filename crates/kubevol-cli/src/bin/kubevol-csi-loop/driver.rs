@@ -90,18 +90,20 @@ fn check_id(id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(invalid("volume_id"));
     }
-    // A `/` separates the parts of cloud-style handles (a migrated in-tree volume's, such as
-    // `projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d`); the file name has `~` for it.
+    // Cloud-style handles, as migrated in-tree volumes have them, are IDs too: a `/`
+    // separates their parts (`projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d`, an Azure disk's
+    // URI; the file name has `~` for it, so no part is a path component), and a vSphere
+    // volume path has brackets and a space (`[datastore] dir/disk.vmdk`).
     let ok = id.len() <= 128
         && !id.starts_with('.')
         && id
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/[] ".contains(&b));
     if ok {
         Ok(())
     } else {
         Err(Status::not_found(format!(
-            "volume {id:?} does not exist: loop volume IDs are at most 128 characters of [A-Za-z0-9._-/]"
+            "volume {id:?} does not exist: loop volume IDs are at most 128 characters of [A-Za-z0-9._-/[] ]"
         )))
     }
 }

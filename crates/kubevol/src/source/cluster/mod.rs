@@ -16,7 +16,7 @@
 //!   (`status.volumesInUse`), `csinode` (CSINode and the Node's CSI annotation and labels),
 //!   `attach` (the attach/detach controller's record), `claims` (claims' statuses during an
 //!   expansion), `trust` (ClusterTrustBundles), `certificates` (PodCertificateRequests);
-//!   `backoff` and `publish` are what they share.
+//!   `backoff`, `publish` and `listings` (the count of complete listings) are what they share.
 //!
 //! Until the pods' first listing is complete the source is not synced, so nothing is torn down;
 //! while the server cannot be reached, the source says why in the status and nothing changes.
@@ -28,6 +28,7 @@ mod claims;
 mod connection;
 mod csinode;
 mod events;
+mod listings;
 mod node_status;
 mod objects;
 mod publish;
@@ -40,6 +41,7 @@ pub use claims::ClusterClaims;
 pub use connection::{client, STREAMS_PER_CONNECTION};
 pub use csinode::{CsiNodePublisher, NodeDrivers, NODE_ID_ANNOTATION};
 pub use events::EventPoster;
+pub use listings::Listings;
 pub use node_status::{NodeStatusReporter, NodeVolumes};
 pub use tokens::ClusterTokens;
 pub use trust::ClusterTrustBundles;
@@ -62,6 +64,7 @@ use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey};
 pub struct ClusterSource {
     client: kube::Client,
     node_name: String,
+    listings: Listings,
 }
 
 impl ClusterSource {
@@ -73,7 +76,13 @@ impl ClusterSource {
         ClusterSource {
             client,
             node_name: node_name.into(),
+            listings: Listings::default(),
         }
+    }
+
+    /// The count of this source's listings, read while it runs.
+    pub fn listings(&self) -> Listings {
+        self.listings.clone()
     }
 }
 
@@ -84,7 +93,11 @@ impl PodSource for ClusterSource {
 
     fn start(self: Box<Self>, sink: Sink) -> BoxFuture<()> {
         Box::pin(async move {
-            let refs = Arc::new(Referenced::new(self.client.clone(), sink.clone()));
+            let refs = Arc::new(Referenced::new(
+                self.client.clone(),
+                sink.clone(),
+                self.listings.clone(),
+            ));
             let drivers = tokio::spawn(watch_drivers(Api::all(self.client.clone()), sink.clone()));
             let _drivers = AbortOnDrop(drivers);
             // The node's own Node object: its labels are what PersistentVolumes' nodeAffinity
@@ -99,7 +112,7 @@ impl PodSource for ClusterSource {
                 ObjectKey::Node(self.node_name.clone()),
                 sink.clone(),
                 Object::Node,
-                |_| {},
+                self.listings.clone(),
             ));
             let _node = AbortOnDrop(node);
             // Read untyped, then typed: fields newer than kubevol's API types (a volume's
@@ -148,6 +161,7 @@ impl PodSource for ClusterSource {
                             listing.get_or_insert_with(Vec::new).extend(typed_pod(o));
                         }
                         Ok(Event::InitDone) => {
+                            self.listings.listed_pods();
                             if !changes.is_empty() {
                                 sink.apply(std::mem::take(&mut changes));
                             }

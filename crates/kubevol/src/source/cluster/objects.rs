@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::source::cluster::backoff::{
     object_refused, object_watch_refused, refused, AbortOnDrop, WatchBackoff,
 };
+use crate::source::cluster::listings::Listings;
 use crate::store::{
     claim_bound, claim_volume, pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE,
 };
@@ -79,6 +80,7 @@ fn refs_of(pod: &Pod) -> BTreeSet<Ref> {
 pub(super) struct Referenced {
     client: kube::Client,
     sink: Sink,
+    listings: Listings,
     state: Mutex<RefState>,
 }
 
@@ -102,10 +104,11 @@ struct Held {
 }
 
 impl Referenced {
-    pub(super) fn new(client: kube::Client, sink: Sink) -> Self {
+    pub(super) fn new(client: kube::Client, sink: Sink, listings: Listings) -> Self {
         Referenced {
             client,
             sink,
+            listings,
             state: Mutex::default(),
         }
     }
@@ -236,16 +239,17 @@ impl Referenced {
         r: &Ref,
     ) -> (JoinHandle<()>, Option<Arc<tokio::sync::Notify>>) {
         let (client, sink) = (self.client.clone(), self.sink.clone());
+        let listings = self.listings.clone();
         let reread = Arc::new(tokio::sync::Notify::new());
         match r.clone() {
             Ref::ConfigMap(ns, n) => {
                 let api = Api::<ConfigMap>::namespaced(client, &ns);
-                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, |_| {});
+                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, listings);
                 (tokio::spawn(watch), None)
             }
             Ref::Secret(ns, n) => {
                 let api = Api::<Secret>::namespaced(client, &ns);
-                let watch = watch_one(api, n, r.key(), sink, Object::Secret, |_| {});
+                let watch = watch_one(api, n, r.key(), sink, Object::Secret, listings);
                 (tokio::spawn(watch), None)
             }
             Ref::Volume(n) => {
@@ -354,15 +358,15 @@ async fn read_one<K>(
     }
 }
 
-/// Watches one object by name and keeps the store's copy of it; `seen` is told of each new
-/// version (or of its absence).
+/// Watches one object by name and keeps the store's copy of it; each complete listing is
+/// counted in `listings`.
 pub(super) async fn watch_one<K>(
     api: Api<K>,
     name: String,
     key: ObjectKey,
     sink: Sink,
     object: fn(K) -> Object,
-    seen: impl Fn(Option<&K>) + Send + 'static,
+    listings: Listings,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -375,13 +379,12 @@ pub(super) async fn watch_one<K>(
             Ok(Event::Init) => listed = false,
             Ok(Event::InitApply(o) | Event::Apply(o)) => {
                 listed = true;
-                seen(Some(&o));
                 sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
             }
             Ok(Event::InitDone) => {
                 backoff.reset();
+                listings.listed_object();
                 if !listed {
-                    seen(None);
                     sink.apply([Change::ClusterRemove(key.clone())]);
                 }
                 sink.apply([Change::ClusterPending {
@@ -390,7 +393,6 @@ pub(super) async fn watch_one<K>(
                 }]);
             }
             Ok(Event::Delete(_)) => {
-                seen(None);
                 sink.apply([Change::ClusterRemove(key.clone())]);
             }
             // Refused (the authorizer has not learnt the relationship yet) or unreachable: the

@@ -17,7 +17,7 @@ impl Controller for Svc {
         if r.volume_capabilities.is_empty() {
             return Err(invalid("volume_capabilities"));
         }
-        let id = if check_id(&r.name).is_ok() && r.name.len() <= 64 {
+        let id = if check_id(&r.name).is_ok() {
             r.name.clone()
         } else {
             let h = Sha256::digest(r.name.as_bytes());
