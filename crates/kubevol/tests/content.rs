@@ -612,3 +612,111 @@ mount_test! {
         });
     }
 }
+
+/// The API server's side of PodCertificateRequests with a clock of the test's own: every
+/// request is issued at once, its chain naming the request, and due for refresh a second
+/// later. (A real server refuses a `beginRefreshAt` sooner than ten minutes after the
+/// certificate's start, so only this can make a refresh happen within a test; the issuing
+/// itself is tested against the real server in the cluster tests.)
+#[derive(Default)]
+struct QuickSigner {
+    made: std::sync::Mutex<usize>,
+}
+
+impl QuickSigner {
+    fn chain(request: &str) -> String {
+        use base64::Engine as _;
+        let body = base64::engine::general_purpose::STANDARD.encode(request);
+        format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n")
+    }
+}
+
+impl kubevol::certificates::CertificateRequests for QuickSigner {
+    fn create(
+        &self,
+        _: String,
+        _: serde_json::Value,
+    ) -> kubevol::BoxFuture<Result<String, kubevol::error::ApiError>> {
+        let mut made = self.made.lock().unwrap();
+        *made += 1;
+        let name = format!("req-{made}");
+        Box::pin(async move { Ok(name) })
+    }
+
+    fn get(
+        &self,
+        namespace: String,
+        name: String,
+    ) -> kubevol::BoxFuture<
+        Result<
+            Option<k8s_openapi::api::certificates::v1beta1::PodCertificateRequest>,
+            kubevol::error::ApiError,
+        >,
+    > {
+        let at = |secs: i64| {
+            jiff::Timestamp::now()
+                .checked_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap()
+                .to_string()
+        };
+        let request = json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"signerName": "kubevol.io/quick", "podName": "web", "podUID": "u", "serviceAccountName": "default",
+                     "serviceAccountUID": "sa", "nodeName": "n", "nodeUID": "nu"},
+            "status": {"conditions": [{"type": "Issued", "status": "True", "reason": "Issued", "message": "", "lastTransitionTime": at(0)}],
+                       "certificateChain": Self::chain(&name), "notBefore": at(0), "beginRefreshAt": at(1), "notAfter": at(3600)}});
+        Box::pin(async move { Ok(Some(serde_json::from_value(request).unwrap())) })
+    }
+
+    fn service_account_uid(
+        &self,
+        _: String,
+        _: String,
+    ) -> kubevol::BoxFuture<Result<String, kubevol::error::ApiError>> {
+        Box::pin(async { Ok("sa-uid".to_string()) })
+    }
+
+    fn refresh_spread(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+mount_test! {
+    /// A pod certificate reaching its `beginRefreshAt` is refreshed in the volume itself, with
+    /// nothing about the pod changing: a new key and the new request's chain replace the files
+    /// (atomically, the key and the chain of one request together), again at each refresh.
+    fn a_pod_certificate_due_for_refresh_is_rewritten_in_the_volume() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            m.set_certificate_requests(std::sync::Arc::new(QuickSigner::default()));
+            // The Node, whose UID goes into each request.
+            let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": m.config().node_name, "uid": "5f0c6a9e-0000-4000-8000-000000000001"}});
+            m.library().upsert_objects(vec![kubevol::store::Object::Node(serde_json::from_value(node).unwrap())]);
+            let pod = pod_with_volumes("web", json!([{"name": "certs", "projected": {"sources": [
+                {"podCertificate": {"signerName": "kubevol.io/quick", "keyType": "ED25519", "keyPath": "tls.key", "certificateChainPath": "tls.crt"}}]}}]));
+            m.add_pod(pod.clone());
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted with the first certificate");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["certs"].path.clone();
+            let read = || (fs::read_to_string(dir.join("tls.key")).unwrap(), fs::read_to_string(dir.join("tls.crt")).unwrap());
+            let first = read();
+            assert_eq!(first.1, QuickSigner::chain("req-1"));
+            let mut seen = vec![first.clone()];
+            for (n, request) in ["req-2", "req-3"].into_iter().enumerate() {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let now = read();
+                    if now.1 == QuickSigner::chain(request) {
+                        assert!(seen.iter().all(|s| s.0 != now.0), "refresh {}: a new key with the new chain", n + 1);
+                        seen.push(now);
+                        break;
+                    }
+                    assert!(seen.iter().any(|s| s == &now), "the key and chain of one request, never mixed: {now:?}");
+                    assert!(Instant::now() < deadline, "refresh {} never reached the volume", n + 1);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            m.shutdown();
+        });
+    }
+}

@@ -48,6 +48,12 @@ pub trait CertificateRequests: Send + Sync + 'static {
         namespace: String,
         name: String,
     ) -> crate::BoxFuture<Result<String, crate::error::ApiError>>;
+    /// The most that a refresh is put off past a request's `beginRefreshAt`, at random, so that
+    /// the pods of a node (and the nodes of a signer) do not all ask at once: five minutes,
+    /// the kubelet's spread.
+    fn refresh_spread(&self) -> Duration {
+        JITTER
+    }
 }
 
 /// How long a request may take before the node asks again (its lifetime is the signer's
@@ -199,18 +205,35 @@ fn terminal(status: &PodCertificateRequestStatus) -> Option<(&str, &str, &str)> 
     })
 }
 
-/// A request that is out: its name, and when to give up on it if it is never seen.
+/// A request that is out: its name, when to give up on it if it is never seen, and when to
+/// look at it next while it refreshes credentials the volume already has.
 struct Out {
     request: String,
     abandon_at: Instant,
+    next_look: Duration,
 }
+
+/// The first look at a refresh's request after it is made; each later one waits twice as
+/// long, up to [`WAIT_CHECK`]. (A first request fails the volume, whose retries look at it.)
+const FIRST_LOOK: Duration = Duration::from_secs(1);
 
 impl Out {
     fn new(request: String) -> Self {
         Out {
             request,
             abandon_at: Instant::now() + ABANDON_AFTER + jitter(JITTER),
+            next_look: FIRST_LOOK,
         }
+    }
+
+    /// How long until the request is looked at again: a signer that answers within a second
+    /// has its certificate in the volume a second later, one that takes hours is looked at
+    /// once a minute. (A watch of the requests, as in cluster mode, nudges the volume as soon
+    /// as the answer comes, whichever is sooner.)
+    fn look_later(&mut self) -> Duration {
+        let wait = self.next_look;
+        self.next_look = (wait * 2).min(WAIT_CHECK);
+        wait
     }
 }
 
@@ -342,12 +365,14 @@ impl PodCertificates {
                 let result = Ok(current.credentials.clone());
                 match make_request(api, req).await {
                     Ok((key_pem, request)) => {
+                        let mut out = Out::new(request);
+                        let look = now + out.look_later();
                         *state = State::Refreshing {
                             current,
                             key_pem,
-                            out: Out::new(request),
+                            out,
                         };
-                        answer(result, Some(now + WAIT_CHECK))
+                        answer(result, Some(look))
                     }
                     Err(e) => {
                         tracing::warn!(pod = %req.pod_ref, volume = req.volume, "the pod certificate is due for refreshing: {e}; the current one is kept");
@@ -365,18 +390,19 @@ impl PodCertificates {
             State::Refreshing {
                 mut current,
                 key_pem,
-                out,
+                mut out,
             } => {
                 tell_late(&mut current, req, events, now);
                 match outcome(api, req, &out, &key_pem).await {
                     Outcome::Pending(_) | Outcome::Unseen(_) => {
                         let result = Ok(current.credentials.clone());
+                        let look = now + out.look_later();
                         *state = State::Refreshing {
                             current,
                             key_pem,
                             out,
                         };
-                        answer(result, Some(now + WAIT_CHECK))
+                        answer(result, Some(look))
                     }
                     Outcome::Gone => {
                         // Ask again at once.
@@ -574,7 +600,7 @@ async fn outcome(
             let refresh_at = when(&status.begin_refresh_at)
                 .map(instant_of)
                 .unwrap_or(now + WAIT_CHECK)
-                + jitter(JITTER);
+                + jitter(api.refresh_spread());
             let not_after = when(&status.not_after)
                 .map(instant_of)
                 .unwrap_or(refresh_at);
