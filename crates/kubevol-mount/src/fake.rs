@@ -140,6 +140,7 @@ impl Mounter for FakeMounter {
         source_path: &Path,
         target_dir: &crate::safe::Dir,
         name: &str,
+        _recursive: bool,
     ) -> Result<(), MountError> {
         let options = MountOptions::default();
         let source = source_path.display().to_string();

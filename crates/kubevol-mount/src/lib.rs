@@ -15,6 +15,7 @@ pub mod fake;
 pub mod holders;
 pub mod mountinfo;
 pub mod ns;
+pub mod pin;
 pub mod safe;
 pub mod subpath;
 pub mod walk;
@@ -217,14 +218,16 @@ pub trait Mounter: Send + Sync + 'static {
 
     /// Bind-mounts the file or directory open at `source` (an `O_PATH` descriptor obtained by a
     /// safe walk) onto the entry `name` of `target_dir`, which must exist and be of the same
-    /// kind. No path is resolved for the source, so nothing can swap it between the walk and the
-    /// mount. `source_path` is for messages only.
+    /// kind; `recursive` takes the mounts below it along (`rbind`). No path is resolved for the
+    /// source, so nothing can swap it between the walk and the mount. `source_path` is for
+    /// messages only.
     fn bind_fd(
         &self,
         source: BorrowedFd<'_>,
         source_path: &Path,
         target_dir: &safe::Dir,
         name: &str,
+        recursive: bool,
     ) -> Result<(), MountError>;
 
     /// Makes the bind mount at `target` read-only (a bind remount: the filesystem under it and
@@ -238,6 +241,13 @@ pub trait Mounter: Send + Sync + 'static {
     /// busy. Only when the operator allowed it.
     fn unmount_lazy(&self, target: &Path) -> Result<Unmounted, MountError> {
         self.unmount(target)
+    }
+
+    /// Detaches `target` and every mount below it at once (MNT_DETACH), for a bind that holds
+    /// no data of its own (a pinned host path, bound recursively): nothing is lost however
+    /// busy it is.
+    fn unmount_detached(&self, target: &Path) -> Result<Unmounted, MountError> {
+        self.unmount_lazy(target)
     }
 
     /// Whether `path` is the root of a mount.
@@ -303,8 +313,14 @@ impl Mounter for LinuxMounter {
         source_path: &Path,
         target_dir: &safe::Dir,
         name: &str,
+        recursive: bool,
     ) -> Result<(), MountError> {
         use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+        let recursive_flag = if recursive {
+            OpenTreeFlags::AT_RECURSIVE
+        } else {
+            OpenTreeFlags::empty()
+        };
         let target = target_dir.path().join(name);
         let failed = |errno| MountError::Mount {
             source_name: source_path.display().to_string(),
@@ -317,7 +333,8 @@ impl Mounter for LinuxMounter {
             "",
             OpenTreeFlags::OPEN_TREE_CLONE
                 | OpenTreeFlags::OPEN_TREE_CLOEXEC
-                | OpenTreeFlags::AT_EMPTY_PATH,
+                | OpenTreeFlags::AT_EMPTY_PATH
+                | recursive_flag,
         ) {
             Ok(tree) => rustix::mount::move_mount(
                 &tree,
@@ -332,8 +349,12 @@ impl Mounter for LinuxMounter {
                 // exactly the open inode.
                 let proc_source = format!("/proc/self/fd/{}", source.as_raw_fd());
                 let proc_target = format!("/proc/self/fd/{}/{name}", target_dir.fd().as_raw_fd());
-                rustix::mount::mount_bind(proc_source.as_str(), proc_target.as_str())
-                    .map_err(failed)
+                if recursive {
+                    rustix::mount::mount_bind_recursive(proc_source.as_str(), proc_target.as_str())
+                } else {
+                    rustix::mount::mount_bind(proc_source.as_str(), proc_target.as_str())
+                }
+                .map_err(failed)
             }
             Err(e) => Err(failed(e)),
         }

@@ -16,7 +16,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 
 use crate::at::io;
@@ -27,46 +27,11 @@ use crate::{MountError, Mounter};
 pub const SUBPATHS_DIR: &str = "volume-subpaths";
 
 fn escape(volume: &Dir, sub_path: &str) -> MountError {
-    MountError::Unsafe {
-        path: volume.path().join(sub_path),
-        reason: "leads outside the volume (through a symbolic link, an absolute link or '..')"
-            .into(),
-    }
+    crate::pin::escape_from(volume, sub_path, "the volume")
 }
 
 fn open_beneath_path(volume: &Dir, sub_path: &str) -> Result<OwnedFd, MountError> {
-    let rel = Path::new(sub_path);
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
-    match rustix::fs::openat2(
-        volume.fd(),
-        rel,
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        resolve,
-    ) {
-        Ok(fd) => Ok(fd),
-        Err(Errno::XDEV | Errno::LOOP) => Err(escape(volume, sub_path)),
-        Err(Errno::NOSYS) => {
-            // No openat2: walk one component at a time and refuse every link.
-            let (parent, name) = match sub_path.rsplit_once('/') {
-                Some((p, n)) => (volume.open_beneath(Path::new(p))?, n),
-                None => (volume.open_beneath(Path::new(""))?, sub_path),
-            };
-            let fd = rustix::fs::openat(
-                parent.fd(),
-                name,
-                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(io("open", &volume.path().join(sub_path)))?;
-            let st = rustix::fs::fstat(&fd).map_err(io("stat", &volume.path().join(sub_path)))?;
-            if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
-                return Err(escape(volume, sub_path));
-            }
-            Ok(fd)
-        }
-        Err(e) => Err(io("open", &volume.path().join(sub_path))(e)),
-    }
+    crate::pin::open_confined(volume, sub_path, "the volume")
 }
 
 /// Opens the subPath inside `volume`, creating missing directories (with the volume root's
@@ -148,34 +113,7 @@ pub fn bind_opened(
         .join(target.container);
     let (parent, _) = target.pod_dir.create_dir_all(&rel, 0o750)?;
     let name = target.index.to_string();
-    let target = parent.path().join(&name);
-    if parent.has_entry(&name)? && mounter.is_mount_point(&target)? {
-        return Ok(target);
-    }
-    if is_dir {
-        match rustix::fs::mkdirat(parent.fd(), name.as_str(), Mode::from_raw_mode(0o750)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io("mkdir", &target)(e)),
-        }
-        parent.open_child(OsStr::new(&name))?;
-    } else {
-        let fd = rustix::fs::openat(
-            parent.fd(),
-            name.as_str(),
-            OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o640),
-        )
-        .map_err(io("create", &target))?;
-        let st = rustix::fs::fstat(&fd).map_err(io("stat", &target))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(MountError::Unsafe {
-                path: target,
-                reason: "is not a regular file".into(),
-            });
-        }
-    }
-    mounter.bind_fd(source, shown, &parent, &name)?;
-    Ok(target)
+    crate::pin::bind_at(mounter, source, is_dir, shown, &parent, &name, false)
 }
 
 /// Unmounts every subPath mount of one volume of a pod with `unmount` (which must remove every

@@ -332,3 +332,58 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A hostPath inside `--host-path-allow` swapped for a link after its check (`mv swap
+    /// swap.old; ln -s <secret> swap`) changes nothing a runtime is given: the path handed out
+    /// is a bind of the directory checked, made from its descriptor, so it still shows that
+    /// directory, not the link's target; a pod set up after the swap is refused (the path now
+    /// resolves outside); the teardown unmounts the bind and leaves the host's data alone. The
+    /// bind is recursive: a filesystem mounted below the host path shows through it.
+    fn a_host_path_swapped_for_a_link_after_its_check_hands_out_what_was_checked() {
+        let root = TestRoot::new();
+        let allowed = root.path().join("hostok");
+        let secret = root.path().join("secret");
+        std::fs::create_dir_all(allowed.join("swap/below")).unwrap();
+        std::fs::create_dir_all(&secret).unwrap();
+        std::fs::write(allowed.join("swap/canary"), "checked").unwrap();
+        std::fs::write(secret.join("shadow"), "root:x").unwrap();
+        in_memory(&allowed.join("swap/below"));
+        std::fs::write(allowed.join("swap/below/on-tmpfs"), "mounted below").unwrap();
+        runtime().block_on(async {
+            let allow = allowed.clone();
+            let m = manager(root.path(), move |c| c.host_path_allow = vec![allow]);
+            let volume = |path: &Path| json!([{"name": "host", "hostPath": {"path": path, "type": "Directory"}}]);
+            let p = pod_with_volumes("app", volume(&allowed.join("swap")));
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let handed = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["host"].path.clone();
+            assert!(handed.starts_with(m.config().root_dir.join("pods")), "a pinned path under the pod's directory: {}", handed.display());
+            assert_eq!(std::fs::read_to_string(handed.join("canary")).unwrap(), "checked");
+            assert_eq!(std::fs::read_to_string(handed.join("below/on-tmpfs")).unwrap(), "mounted below", "the bind is recursive");
+
+            // The swap.
+            std::fs::rename(allowed.join("swap"), allowed.join("swap.old")).unwrap();
+            std::os::unix::fs::symlink(&secret, allowed.join("swap")).unwrap();
+            assert!(!handed.join("shadow").exists(), "the link's target is not what was handed out");
+            assert_eq!(std::fs::read_to_string(handed.join("canary")).unwrap(), "checked");
+            let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+            assert_eq!(ino(&handed), ino(&allowed.join("swap.old")), "the directory checked");
+
+            // A pod set up after the swap: the path now resolves outside.
+            let q = pod_with_volumes("late", volume(&allowed.join("swap")));
+            m.add_pod(q.clone());
+            let s = wait_for_status(&m, &q, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("outside the allowed host paths"), "{e}");
+
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("torn down");
+            assert!(!handed.exists(), "the mount point removed");
+            assert_eq!(std::fs::read_to_string(allowed.join("swap.old/canary")).unwrap(), "checked", "the host's data stays");
+            assert_eq!(std::fs::read_to_string(allowed.join("swap.old/below/on-tmpfs")).unwrap(), "mounted below");
+            assert_eq!(std::fs::read_to_string(secret.join("shadow")).unwrap(), "root:x");
+            m.shutdown();
+        });
+    }
+}

@@ -130,7 +130,8 @@ fn set_up_directory(
     let target = parent.path().join(pv);
     // Mounted already (a repeated or interrupted set-up): kept.
     if !host.mounter.is_mount_point(&target)? {
-        host.mounter.bind_fd(source.as_fd(), path, &parent, pv)?;
+        host.mounter
+            .bind_fd(source.as_fd(), path, &parent, pv, false)?;
     }
     if read_only {
         host.mounter.remount_read_only(&target)?;
@@ -172,7 +173,8 @@ fn set_up_block(
             })
         })?;
         drop(made);
-        host.mounter.bind_fd(source.as_fd(), path, &dir, uid)?;
+        host.mounter
+            .bind_fd(source.as_fd(), path, &dir, uid, false)?;
     }
     let link = pod_device_link(&req.pod_ref.uid, pv);
     host.root_dir

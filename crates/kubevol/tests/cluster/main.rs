@@ -174,7 +174,7 @@ cluster_test_with_faults! {
 }
 
 cluster_test_with_faults! {
-    fn an_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile(backend) {
+    fn a_minute_long_outage_tears_nothing_down_and_the_re_list_removes_exactly_the_pod_deleted_meanwhile(backend) {
         let root = TestRoot::new();
         let outage = std::env::var("KUBEVOL_TEST_OUTAGE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
         runtime().block_on(async {

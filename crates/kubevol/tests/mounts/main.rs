@@ -6,7 +6,7 @@ mod common;
 mod claims;
 
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use common::*;
@@ -123,78 +123,222 @@ mount_test! {
 
 mount_test! {
     fn every_host_path_type_and_each_way_it_fails() {
-        let root = TestRoot::new();
-        let host = root.path().join("host");
-        std::fs::create_dir(&host).unwrap();
-        std::fs::create_dir(host.join("dir")).unwrap();
-        std::fs::write(host.join("file"), b"host data").unwrap();
-        let _sock = std::os::unix::net::UnixListener::bind(host.join("sock")).unwrap();
-        let blk = host.join("blk");
-        let st = std::process::Command::new("mknod").arg(&blk).args(["b", "7", "200"]).status().unwrap();
-        assert!(st.success(), "mknod");
-        let h = |p: &str| host.join(p).display().to_string();
-        // (row, path, type, expected error substring or "" for success)
-        let rows: Vec<(&str, String, &str, &str)> = vec![
-            ("untyped missing", h("nothing"), "", ""),
-            ("DirectoryOrCreate creates", h("new/deep/dir"), "DirectoryOrCreate", ""),
-            ("DirectoryOrCreate existing", h("dir"), "DirectoryOrCreate", ""),
-            ("DirectoryOrCreate on a file", h("file"), "DirectoryOrCreate", "is a regular file, not a directory"),
-            ("Directory", h("dir"), "Directory", ""),
-            ("Directory missing", h("missing"), "Directory", "does not exist (type Directory requires a directory)"),
-            ("Directory on a file", h("file"), "Directory", "is a regular file, not a directory"),
-            ("FileOrCreate creates", h("dir/new-file"), "FileOrCreate", ""),
-            ("FileOrCreate existing", h("file"), "FileOrCreate", ""),
-            ("FileOrCreate without parent", h("no-parent/f"), "FileOrCreate", "FileOrCreate does not create parents"),
-            ("FileOrCreate on a dir", h("dir"), "FileOrCreate", "is a directory, not a regular file"),
-            ("File", h("file"), "File", ""),
-            ("File missing", h("missing"), "File", "does not exist"),
-            ("File on a socket", h("sock"), "File", "is a socket, not a regular file"),
-            ("Socket", h("sock"), "Socket", ""),
-            ("Socket on a file", h("file"), "Socket", "is a regular file, not a socket"),
-            ("CharDevice", "/dev/null".into(), "CharDevice", ""),
-            ("CharDevice on a dir", h("dir"), "CharDevice", "is a directory, not a character device"),
-            ("BlockDevice", h("blk"), "BlockDevice", ""),
-            ("BlockDevice on a char device", "/dev/null".into(), "BlockDevice", "is a character device, not a block device"),
-        ];
-        runtime().block_on(async {
-            let m = manager(root.path(), |_| {});
-            let pods: Vec<_> = rows
-                .iter()
-                .enumerate()
-                .map(|(i, (_, path, t, _))| {
-                    let p = pod_with_volumes(&format!("hp-{i}"), json!([{"name": "h", "hostPath": {"path": path, "type": t}}]));
-                    m.add_pod(p.clone());
-                    p
-                })
-                .collect();
-            for ((name, path, _, want), p) in rows.iter().zip(&pods) {
-                let s = wait_for_status(&m, p, 20, settled).await;
-                let v = &s.volumes[0];
-                if want.is_empty() {
-                    assert_eq!(s.phase, PodPhase::Ready, "row {name}: {v:?}");
-                    assert_eq!(v.path.as_deref(), Some(path.as_str()), "row {name}: the host path is reported");
-                } else {
-                    // A type check may pass later (the path may appear): retried, not failed.
-                    assert_eq!((s.phase, v.state), (PodPhase::Pending, VolumePhase::Retrying), "row {name}");
-                    let e = v.retry.last_error.as_deref().unwrap_or("");
-                    assert!(e.contains(want), "row {name}: {e:?} should contain {want:?}");
-                    assert!(e.contains("hp-") && e.contains("\"h\"") && e.contains(path.as_str()), "row {name}: error names pod, volume and path: {e}");
-                }
-            }
-            let mode = |p: &str| std::fs::metadata(host.join(p)).unwrap().permissions().mode() & 0o7777;
-            assert_eq!(mode("new/deep/dir"), 0o755, "DirectoryOrCreate makes 0755");
-            assert_eq!(mode("dir/new-file"), 0o644, "FileOrCreate makes 0644");
-            assert!(!host.join("no-parent").exists(), "FileOrCreate does not create the parent");
-
-            for p in &pods {
-                m.remove_pod(p);
-            }
-            m.wait_for_all_pods_unmount(&pods).await.expect("all torn down");
-            assert_eq!(std::fs::read(host.join("file")).unwrap(), b"host data", "teardown never touches host data");
-            assert!(host.join("new/deep/dir").is_dir() && host.join("dir/new-file").is_file() && host.join("sock").exists());
-            m.shutdown();
-        });
+        host_path_types(false);
     }
+}
+
+mount_test! {
+    /// With `--host-path-allow`, each type as without, each path pinned: a bind of the object
+    /// checked, under the pod's directory, gone after the teardown with the host's data kept.
+    fn every_host_path_type_pinned_and_each_way_it_fails() {
+        host_path_types(true);
+    }
+}
+
+/// Every hostPath type, set up and refused; `pinned`: with the host directory as the allow-list.
+fn host_path_types(pinned: bool) {
+    let root = TestRoot::new();
+    let host = root.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::create_dir(host.join("dir")).unwrap();
+    std::fs::write(host.join("file"), b"host data").unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(host.join("sock")).unwrap();
+    let st = std::process::Command::new("mknod")
+        .arg(host.join("null"))
+        .args(["c", "1", "3"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mknod");
+    let blk = host.join("blk");
+    let st = std::process::Command::new("mknod")
+        .arg(&blk)
+        .args(["b", "7", "200"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mknod");
+    let h = |p: &str| host.join(p).display().to_string();
+    // (row, path, type, expected error substring or "" for success)
+    let rows: Vec<(&str, String, &str, &str)> = vec![
+        ("untyped missing", h("nothing"), "", ""),
+        (
+            "DirectoryOrCreate creates",
+            h("new/deep/dir"),
+            "DirectoryOrCreate",
+            "",
+        ),
+        (
+            "DirectoryOrCreate existing",
+            h("dir"),
+            "DirectoryOrCreate",
+            "",
+        ),
+        (
+            "DirectoryOrCreate on a file",
+            h("file"),
+            "DirectoryOrCreate",
+            "is a regular file, not a directory",
+        ),
+        ("Directory", h("dir"), "Directory", ""),
+        (
+            "Directory missing",
+            h("missing"),
+            "Directory",
+            "does not exist (type Directory requires a directory)",
+        ),
+        (
+            "Directory on a file",
+            h("file"),
+            "Directory",
+            "is a regular file, not a directory",
+        ),
+        (
+            "FileOrCreate creates",
+            h("dir/new-file"),
+            "FileOrCreate",
+            "",
+        ),
+        ("FileOrCreate existing", h("file"), "FileOrCreate", ""),
+        (
+            "FileOrCreate without parent",
+            h("no-parent/f"),
+            "FileOrCreate",
+            "FileOrCreate does not create parents",
+        ),
+        (
+            "FileOrCreate on a dir",
+            h("dir"),
+            "FileOrCreate",
+            "is a directory, not a regular file",
+        ),
+        ("File", h("file"), "File", ""),
+        ("File missing", h("missing"), "File", "does not exist"),
+        (
+            "File on a socket",
+            h("sock"),
+            "File",
+            "is a socket, not a regular file",
+        ),
+        ("Socket", h("sock"), "Socket", ""),
+        (
+            "Socket on a file",
+            h("file"),
+            "Socket",
+            "is a regular file, not a socket",
+        ),
+        ("CharDevice", h("null"), "CharDevice", ""),
+        (
+            "CharDevice on a dir",
+            h("dir"),
+            "CharDevice",
+            "is a directory, not a character device",
+        ),
+        ("BlockDevice", h("blk"), "BlockDevice", ""),
+        (
+            "BlockDevice on a char device",
+            h("null"),
+            "BlockDevice",
+            "is a character device, not a block device",
+        ),
+    ];
+    runtime().block_on(async {
+        let allow = pinned.then(|| host.clone());
+        let m = manager(root.path(), |c| {
+            c.host_path_allow = allow.into_iter().collect()
+        });
+        let pods: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (_, path, t, _))| {
+                let p = pod_with_volumes(
+                    &format!("hp-{i}"),
+                    json!([{"name": "h", "hostPath": {"path": path, "type": t}}]),
+                );
+                m.add_pod(p.clone());
+                p
+            })
+            .collect();
+        for ((name, path, _, want), p) in rows.iter().zip(&pods) {
+            let s = wait_for_status(&m, p, 20, settled).await;
+            let v = &s.volumes[0];
+            if want.is_empty() {
+                assert_eq!(s.phase, PodPhase::Ready, "row {name}: {v:?}");
+                let reported = v.path.clone().unwrap_or_default();
+                if pinned {
+                    let handed = std::path::Path::new(&reported);
+                    assert!(
+                        handed.starts_with(root.path().join("root/pods")),
+                        "row {name}: pinned under the pod: {reported}"
+                    );
+                    let ino = |p: &std::path::Path| {
+                        let m = std::fs::metadata(p).unwrap();
+                        (m.dev(), m.ino())
+                    };
+                    assert_eq!(
+                        ino(handed),
+                        ino(std::path::Path::new(path)),
+                        "row {name}: the object checked"
+                    );
+                } else {
+                    assert_eq!(
+                        reported,
+                        path.as_str(),
+                        "row {name}: the host path is reported"
+                    );
+                }
+            } else {
+                // A type check may pass later (the path may appear): retried, not failed.
+                assert_eq!(
+                    (s.phase, v.state),
+                    (PodPhase::Pending, VolumePhase::Retrying),
+                    "row {name}"
+                );
+                let e = v.retry.last_error.as_deref().unwrap_or("");
+                assert!(
+                    e.contains(want),
+                    "row {name}: {e:?} should contain {want:?}"
+                );
+                assert!(
+                    e.contains("hp-") && e.contains("\"h\"") && e.contains(path.as_str()),
+                    "row {name}: error names pod, volume and path: {e}"
+                );
+            }
+        }
+        let mode = |p: &str| {
+            std::fs::metadata(host.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("new/deep/dir"), 0o755, "DirectoryOrCreate makes 0755");
+        assert_eq!(mode("dir/new-file"), 0o644, "FileOrCreate makes 0644");
+        assert!(
+            !host.join("no-parent").exists(),
+            "FileOrCreate does not create the parent"
+        );
+
+        for p in &pods {
+            m.remove_pod(p);
+        }
+        m.wait_for_all_pods_unmount(&pods)
+            .await
+            .expect("all torn down");
+        assert_eq!(
+            std::fs::read(host.join("file")).unwrap(),
+            b"host data",
+            "teardown never touches host data"
+        );
+        assert!(
+            host.join("new/deep/dir").is_dir()
+                && host.join("dir/new-file").is_file()
+                && host.join("sock").exists()
+        );
+        assert!(
+            mounts_under(&root.path().join("root")).is_empty(),
+            "every pin unmounted"
+        );
+        m.shutdown();
+    });
 }
 
 mount_test! {
