@@ -253,6 +253,31 @@ mount_test! {
     }
 }
 
+cluster_test! {
+    /// Once the server answers again after connection failures, `/readyz` and the status say
+    /// so at once, though no pod changed (a resumed watch is silent until one does: the
+    /// readiness stayed "cannot be watched" for minutes).
+    fn readiness_comes_back_with_the_server_though_no_pod_changes(backend) {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            let m = cluster_manager(root.path(), &cluster);
+            let p = typed(&cluster.create(bound_pod("keep", &node, json!([{"name": "tmp", "emptyDir": {}}]))).await);
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            assert_eq!(kubevol::http::readiness(&m), Ok(()));
+            for _ in 0..3 {
+                cluster.cut().await;
+                until(&m, 60, "the source reporting the failure", || kubevol::http::readiness(&m).is_err_and(|e| e.contains("cannot be watched"))).await;
+                cluster.restore();
+                until(&m, 30, "ready again with no pod changed", || kubevol::http::readiness(&m).is_ok()).await;
+            }
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
 cluster_test_with_faults! {
     fn projected_service_account_tokens_are_bound_to_the_pod_and_renewed(backend) {
         let root = TestRoot::new();

@@ -119,8 +119,12 @@ impl PodSource for ClusterSource {
             // `emptyDir.mode`) are kept as the pod's extensions, as for a manifest.
             let pods: Api<DynamicObject> =
                 Api::all_with(self.client.clone(), &ApiResource::erase::<Pod>(&()));
-            let config =
-                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
+            let selector = format!("spec.nodeName={}", self.node_name);
+            let probe = Probe {
+                api: pods.clone(),
+                params: kube::api::ListParams::default().fields(&selector).limit(1),
+            };
+            let config = watcher::Config::default().fields(&selector);
             let mut events = watcher(pods, config).boxed();
             // The watch is read as fast as the server sends, into a queue, and processed
             // beside it: a watcher that falls ten events behind is closed by the server's
@@ -130,7 +134,25 @@ impl PodSource for ClusterSource {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             let reader = tokio::spawn(async move {
                 let mut backoff = WatchBackoff::default();
-                while let Some(event) = events.next().await {
+                // After a failure, the watch tried again says nothing once it is back (a
+                // resumed watch is silent until a pod changes): a list of one pod beside it
+                // says when the server answers again.
+                let mut answering: Option<BoxFuture<()>> = None;
+                loop {
+                    let event = match answering.as_mut() {
+                        None => events.next().await,
+                        Some(answered) => tokio::select! {
+                            event = events.next() => event,
+                            () = answered => {
+                                answering = None;
+                                if tx.send(Read::Answering).is_err() {
+                                    return;
+                                }
+                                continue;
+                            }
+                        },
+                    };
+                    let Some(event) = event else { return };
                     let delay = match &event {
                         Err(e) => Some(backoff.step(refused(e))),
                         Ok(Event::InitDone) => {
@@ -139,11 +161,12 @@ impl PodSource for ClusterSource {
                         }
                         Ok(_) => None,
                     };
-                    if tx.send((event, delay)).is_err() {
+                    if tx.send(Read::Event(event, delay)).is_err() {
                         return;
                     }
                     if let Some(delay) = delay {
                         tokio::time::sleep(delay).await;
+                        answering = Some(Box::pin(probe.clone().until_answered()));
                     }
                 }
             });
@@ -154,7 +177,14 @@ impl PodSource for ClusterSource {
             while rx.recv_many(&mut queued, 256).await > 0 {
                 // Changes of the pods are applied together, one batch for what was queued.
                 let mut changes = Vec::new();
-                for (event, delay) in queued.drain(..) {
+                for read in queued.drain(..) {
+                    let (event, delay) = match read {
+                        Read::Event(event, delay) => (event, delay),
+                        Read::Answering => {
+                            sink.problem(None);
+                            continue;
+                        }
+                    };
                     match event {
                         Ok(Event::Init) => listing = Some(Vec::new()),
                         Ok(Event::InitApply(o)) => {
@@ -213,6 +243,41 @@ impl PodSource for ClusterSource {
                 }
             }
         })
+    }
+}
+
+/// What the pods' reader hands on: an event of the watch (with the delay before the watch is
+/// tried again after a failure), or word that the server answers again after one.
+enum Read {
+    Event(
+        Result<Event<DynamicObject>, watcher::Error>,
+        Option<std::time::Duration>,
+    ),
+    Answering,
+}
+
+/// A list of at most one of the node's pods: whether the server answers the node again.
+#[derive(Clone)]
+struct Probe {
+    api: Api<DynamicObject>,
+    params: kube::api::ListParams,
+}
+
+impl Probe {
+    /// Lists until the server answers, with the watches' backoff between tries; a try
+    /// that hangs (a connection the network froze) is given up after ten seconds.
+    async fn until_answered(self) {
+        const TRY: std::time::Duration = std::time::Duration::from_secs(10);
+        let mut backoff = WatchBackoff::default();
+        loop {
+            let failed = match tokio::time::timeout(TRY, self.api.list_metadata(&self.params)).await
+            {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => refused(&watcher::Error::InitialListFailed(e)),
+                Err(_) => false,
+            };
+            tokio::time::sleep(backoff.step(failed)).await;
+        }
     }
 }
 
