@@ -338,6 +338,12 @@ impl TestCluster {
         self.server.is_none()
     }
 
+    /// The project's control plane's directory (its CA, `ca.crt` and `ca.key`, and the node's
+    /// credentials, `nodes/<node>.crt` and `.key`), when this is it.
+    pub fn control_plane_dir(&self) -> Option<&std::path::Path> {
+        self.control_plane.as_deref()
+    }
+
     /// Whether this is the project's control plane (`KUBEVOL_TEST_CLUSTER`), whose features
     /// and APIs are known: ClusterTrustBundles and PodCertificateRequests are served there.
     pub fn is_project_plane(&self) -> bool {

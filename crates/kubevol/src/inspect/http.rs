@@ -48,10 +48,15 @@ pub fn router(manager: VolumeManager) -> Router {
 
 /// Whether the manager is ready, or why not.
 pub fn readiness(m: &VolumeManager) -> Result<(), String> {
-    if !m.reconciler_states_synced() {
-        return Err("reconciler states not synced yet".into());
-    }
     let problems = m.store().source_problems();
+    if !m.reconciler_states_synced() {
+        // Why a source has not listed yet (an API server that refuses the node's certificate)
+        // is the reason to give.
+        return Err(match problems.is_empty() {
+            true => "reconciler states not synced yet".into(),
+            false => format!("reconciler states not synced yet: {}", problems.join("\n")),
+        });
+    }
     if problems.is_empty() {
         Ok(())
     } else {

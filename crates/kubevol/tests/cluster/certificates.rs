@@ -86,7 +86,7 @@ struct TestSigner {
 }
 
 /// Runs `openssl` with `args` in `dir`; its output.
-fn openssl(dir: &std::path::Path, args: &[&str]) -> String {
+pub(crate) fn openssl(dir: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new("openssl")
         .args(args)
         .current_dir(dir)

@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod certificates;
+mod credentials;
 mod rights;
 
 use std::time::Duration;

@@ -26,6 +26,8 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ConfigExt};
 
+use super::credentials::{Credentials, Expired};
+
 /// How many requests (watches included) one connection carries at once: below
 /// kube-apiserver's default of 100 concurrent streams, for the requests that are finishing
 /// as new ones start.
@@ -46,21 +48,25 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 /// but a watch.
 pub fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
     let h2 = config.cluster_url.scheme_str() == Some("https");
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?);
+    let namespace = config.default_namespace.clone();
     let pool = Pool {
-        tls: config.rustls_client_config()?,
+        credentials: Credentials::new(config)?,
         h2,
         connections: Mutex::default(),
     };
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .service(Spread(Arc::new(pool)));
-    Ok(kube::Client::new(service, config.default_namespace))
+    Ok(kube::Client::new(
+        service.service(Spread(Arc::new(pool))),
+        namespace,
+    ))
 }
 
 /// The node's connections.
 struct Pool {
-    tls: rustls::ClientConfig,
+    /// The client certificate, read again when its files change.
+    credentials: Credentials,
     /// HTTP/2 (every connection shared by many requests) rather than HTTP/1.1.
     h2: bool,
     connections: Mutex<Vec<Connection>>,
@@ -82,7 +88,13 @@ impl Pool {
         } else {
             usize::MAX
         };
+        let renewed = self.credentials.renewed();
         let mut all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if renewed {
+            // Made with the old certificate, which the server authenticated them by: the
+            // requests on them finish there, new ones go over new connections.
+            all.clear();
+        }
         let i = match all
             .iter()
             .position(|c| c.open.load(Ordering::SeqCst) < room)
@@ -114,7 +126,7 @@ impl Pool {
         http.set_nodelay(true);
         http.set_keepalive(Some(PING_EVERY));
         let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(self.tls.clone())
+            .with_tls_config(self.credentials.tls())
             .https_or_http();
         let https = if self.h2 {
             builder.enable_http2().wrap_connector(http)
@@ -140,8 +152,26 @@ struct Spread(Arc<Pool>);
 enum ConnectionError {
     #[error("no answer from the API server within {0:?}")]
     Timeout(Duration),
-    #[error(transparent)]
+    /// hyper's own words ("client error (Connect)") and every cause below them, so that a
+    /// server certificate of an unknown authority reads as such.
+    #[error("{}", chain(.0))]
     Http(#[from] hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Expired(#[from] Expired),
+}
+
+/// An error and its causes, each once, joined by ": ".
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut words = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let w = c.to_string();
+        if !words.iter().any(|seen| seen.contains(&w)) {
+            words.push(w);
+        }
+        cause = c.source();
+    }
+    words.join(": ")
 }
 
 /// Whether a request is a watch (its answer is a stream that lasts minutes).
@@ -199,7 +229,8 @@ impl tower::Service<http::Request<Body>> for Spread {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let watch = is_watch(&req);
-        let (client, open) = self.0.take();
+        let pool = self.0.clone();
+        let (client, open) = pool.take();
         let open = Open(open);
         let answer = client.request(req);
         Box::pin(async move {
@@ -211,6 +242,11 @@ impl tower::Service<http::Request<Body>> for Spread {
                     .map_err(|_| ConnectionError::Timeout(REQUEST_TIMEOUT))?
             };
             let answer = answer.map_err(ConnectionError::from)?;
+            if answer.status() == http::StatusCode::UNAUTHORIZED {
+                if let Some(expired) = pool.credentials.expired() {
+                    return Err(ConnectionError::from(expired).into());
+                }
+            }
             Ok(answer.map(|inner| CountedBody { inner, _open: open }))
         })
     }

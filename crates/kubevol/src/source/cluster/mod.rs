@@ -26,6 +26,7 @@ mod backoff;
 mod certificates;
 mod claims;
 mod connection;
+mod credentials;
 mod csinode;
 mod events;
 mod listings;
