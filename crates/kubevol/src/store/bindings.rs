@@ -259,7 +259,7 @@ impl Bindings {
         c.in_flight = false;
         c.failures += 1;
         c.last_error = Some(e);
-        let delay = std::time::Duration::from_secs(1 << c.failures.min(6))
+        let delay = std::time::Duration::from_secs(1 << (c.failures - 1).min(6))
             .min(std::time::Duration::from_secs(60));
         c.retry_at = Some(std::time::Instant::now() + delay);
         Some(delay)
@@ -487,5 +487,125 @@ mod tests {
         let derived = super::super::derived_claim_uid("ns", "data");
         assert_eq!(b.volume_of("ns", "data", &derived).as_deref(), Some("pv-1"));
         assert_eq!(b.volume_of("ns", "data", "another"), None);
+    }
+
+    fn pv(name: &str, size: &str) -> PersistentVolume {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": {"capacity": {"storage": size}, "local": {"path": "/x"}}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_bindings_file_that_cannot_be_read_is_an_error_and_a_missing_one_is_none() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(
+            Bindings::load(root.path()).unwrap().all().is_empty(),
+            "no file: no bindings"
+        );
+        // A directory where the file should be: reading it fails, and that is no "none yet".
+        let file = root
+            .path()
+            .join(crate::record::RECORD_DIR)
+            .join(BINDINGS_FILE);
+        std::fs::create_dir_all(&file).unwrap();
+        assert!(Bindings::load(root.path()).is_err());
+    }
+
+    #[test]
+    fn every_binding_is_listed_by_claim() {
+        let b = Bindings::default();
+        b.bind("ns-b", "x", "u1", "pv-1").unwrap();
+        b.bind("ns-a", "z", "u2", "pv-2").unwrap();
+        b.bind("ns-a", "y", "u3", "pv-3").unwrap();
+        let all: Vec<(String, String, String)> = b
+            .all()
+            .into_iter()
+            .map(|b| (b.namespace, b.claim, b.volume))
+            .collect();
+        let want = [
+            ("ns-a", "y", "pv-3"),
+            ("ns-a", "z", "pv-2"),
+            ("ns-b", "x", "pv-1"),
+        ]
+        .map(|(n, c, v)| (n.to_string(), c.to_string(), v.to_string()));
+        assert_eq!(all, want);
+    }
+
+    #[test]
+    fn provisioned_volumes_are_told_by_name_and_updated_only_if_kubevols() {
+        let root = tempfile::tempdir().unwrap();
+        let b = Bindings::load(root.path()).unwrap();
+        assert!(!b.has_provisioned());
+        b.bind("ns", "static", "u0", "static-pv").unwrap();
+        assert!(
+            !b.has_provisioned(),
+            "a bound volume is not a provisioned one"
+        );
+        b.provision("ns", "data", "u1", pv("pvc-1", "1Gi")).unwrap();
+        assert!(b.has_provisioned());
+        assert_eq!(b.provisioned_volume("pvc-1"), Some(pv("pvc-1", "1Gi")));
+        assert_eq!(b.provisioned_volume("static-pv"), None);
+
+        let e = b.update_provisioned(pv("static-pv", "2Gi")).unwrap_err();
+        assert!(e.to_string().contains("not one kubevol provisioned"), "{e}");
+        b.update_provisioned(pv("pvc-1", "2Gi")).unwrap();
+        let again = Bindings::load(root.path()).unwrap();
+        assert_eq!(
+            again.provisioned_volume("pvc-1"),
+            Some(pv("pvc-1", "2Gi")),
+            "kept on disk"
+        );
+        assert_eq!(again.provisioned_volume("static-pv"), None);
+    }
+
+    #[test]
+    fn a_creation_is_one_call_at_a_time_and_failures_back_off_from_a_second_to_a_minute() {
+        let b = Bindings::default();
+        assert!(b.creating("ns", "data").is_none());
+        let before = b.start_creating("ns", "data").expect("the first call");
+        assert!(!before.in_flight && before.failures == 0);
+        assert!(b.creating("ns", "data").unwrap().in_flight);
+        assert!(
+            b.start_creating("ns", "data").is_none(),
+            "one call at a time"
+        );
+        assert!(b.start_creating("ns", "other").is_some(), "per claim");
+
+        let mut delays = Vec::new();
+        for n in 1..=8u32 {
+            let delay = b
+                .finish_creating("ns", "data", Some(format!("failure {n}")))
+                .unwrap();
+            delays.push(delay.as_secs());
+            let c = b.creating("ns", "data").unwrap();
+            assert_eq!((c.in_flight, c.failures), (false, n));
+            assert_eq!(
+                c.last_error.as_deref(),
+                Some(format!("failure {n}").as_str())
+            );
+            assert!(
+                b.start_creating("ns", "data").is_none(),
+                "not before its backoff passed"
+            );
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(b.finish_creating("ns", "data", None), None);
+        assert!(b.creating("ns", "data").is_none(), "done: forgotten");
+        assert!(b.start_creating("ns", "data").is_some());
+    }
+
+    #[test]
+    fn why_a_claim_is_unbound_is_kept_and_each_change_told() {
+        let b = Bindings::default();
+        assert!(!b.set_unbound("ns", "c", None), "nothing to clear");
+        assert!(b.set_unbound("ns", "c", Some("no volume fits".into())));
+        assert!(
+            !b.set_unbound("ns", "c", Some("no volume fits".into())),
+            "the same reason"
+        );
+        assert!(b.set_unbound("ns", "c", Some("another reason".into())));
+        assert_eq!(b.why_unbound("ns", "c").as_deref(), Some("another reason"));
+        assert_eq!(b.why_unbound("ns", "d"), None);
+        assert!(b.set_unbound("ns", "c", None));
+        assert_eq!(b.why_unbound("ns", "c"), None);
     }
 }
