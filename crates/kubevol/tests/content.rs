@@ -720,3 +720,68 @@ mount_test! {
         });
     }
 }
+
+/// How many times the volumes of `plugin` were set up or written again (the operations'
+/// metric).
+fn volume_writes(m: &kubevol::VolumeManager, plugin: &str) -> u64 {
+    m.metrics_text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("storage_operation_duration_seconds_count{")
+                && l.contains(&format!("volume_plugin=\"{plugin}\""))
+                && l.contains("operation_name=\"volume_mount\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+mount_test! {
+    /// A ConfigMap updated ten times a second for three seconds, read by twenty pods: each
+    /// volume is written again at most once a second (the latest version wins), not ten
+    /// times, and ends with the last version; an update after a quiet second reaches every
+    /// volume at once (within a second, not after a turn).
+    fn an_object_updated_often_is_written_at_most_once_a_second_per_volume() {
+        const PODS: usize = 20;
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let cm = |v: usize| kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": "hot", "namespace": "default"}, "data": {"v": v.to_string()}})).unwrap());
+            m.library().upsert_objects([cm(0)]);
+            let pods: Vec<_> = (0..PODS).map(|i| pod_with_volumes(&format!("reader-{i}"), json!([{"name": "cfg", "configMap": {"name": "hot"}}]))).collect();
+            let mut dirs = Vec::new();
+            for p in &pods {
+                let uid = m.add_pod(p.clone());
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+                dirs.push(m.mounted_volumes_for_pod(&uid)["cfg"].path.clone());
+            }
+            let reads = |want: usize| dirs.iter().all(|d| fs::read_to_string(d.join("v")).is_ok_and(|v| v == want.to_string()));
+            let before = volume_writes(&m, "kubernetes.io/configmap");
+            let start = Instant::now();
+            for v in 1..=30 {
+                m.library().upsert_objects([cm(v)]);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !reads(30) {
+                assert!(Instant::now() < deadline, "the last version reached every volume");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Each second of updates is one turn, and the first and the last change each one
+            // more: whatever the machine's speed, no more writes than that per volume.
+            let turns = start.elapsed().as_secs() + 2;
+            let writes = volume_writes(&m, "kubernetes.io/configmap") - before;
+            println!("{writes} writes of {PODS} volumes for 30 updates in {:.1?}", start.elapsed());
+            assert!(writes <= PODS as u64 * turns, "{writes} writes for {PODS} volumes in {turns} turns");
+
+            // Quiet for a turn: the next update is written at once.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            m.library().upsert_objects([cm(31)]);
+            let quick = Instant::now();
+            while !reads(31) {
+                assert!(quick.elapsed() < Duration::from_millis(900), "an update after a quiet second waits for no turn");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            m.shutdown();
+        });
+    }
+}

@@ -6,6 +6,7 @@
 //! never takes volumes away). Volumes no container uses are skipped, as the kubelet does.
 
 pub mod claims;
+mod pace;
 mod selinux;
 mod storage;
 mod versions;
@@ -66,6 +67,8 @@ pub struct Populator {
     readers: HashMap<ObjectKey, HashSet<PodUid>>,
     /// Pods to process in the next pass whatever changed (refreshes).
     due: BTreeSet<PodUid>,
+    /// The pace of content rewrites: changes of a ConfigMap or Secret held back to its turn.
+    pace: pace::Pace,
     /// The next pass looks at every pod (the first one, and the one after a panic).
     full_pass_due: bool,
     /// Pods recorded at start from a manifest file that have not come back yet: while their
@@ -97,6 +100,7 @@ impl Populator {
             seen: HashMap::default(),
             readers: HashMap::default(),
             due: BTreeSet::new(),
+            pace: pace::Pace::default(),
             full_pass_due: true,
             recorded: Default::default(),
         }
@@ -165,8 +169,11 @@ impl Populator {
             // The status report shows manifest errors too: status watchers hear of every
             // store change.
             self.dsw.world().announce();
+            let held_back = self.pace.next();
             tokio::select! {
                 r = store_rx.changed() => if r.is_err() { return },
+                // A change held back to its object's turn.
+                () = tokio::time::sleep_until(held_back.unwrap_or_else(Instant::now)), if held_back.is_some() => {}
                 Some(uid) = self.refreshes.recv() => {
                     self.refresh(uid);
                     while let Ok(uid) = self.refreshes.try_recv() {
@@ -237,11 +244,13 @@ impl Populator {
             self.due.clear();
         } else {
             let mut touched: BTreeSet<PodUid> = std::mem::take(&mut self.due);
+            let now = Instant::now();
             for key in keys {
                 match key {
                     ObjectKey::Pod(uid) => {
                         touched.insert(uid);
                     }
+                    other if !self.pace.admit(&other, now) => {}
                     other => {
                         if matches!(other, ObjectKey::PersistentVolume(_)) {
                             touched.extend(self.readers_of(&ANY_PERSISTENT_VOLUME));
@@ -249,6 +258,11 @@ impl Populator {
                         touched.extend(self.readers_of(&other));
                     }
                 }
+            }
+            // Changes held back whose object's turn has come: its readers see the store's
+            // version now, the latest.
+            for key in self.pace.due(now) {
+                touched.extend(self.readers_of(&key));
             }
             let mut wake = Wake::default();
             for uid in touched {
