@@ -98,7 +98,7 @@ mod tests {
             assert_eq!(pace.next(), Some(start + CONTENT_EVERY), "one turn for them all");
         }
         let turn = start + CONTENT_EVERY;
-        assert_eq!(pace.due(turn), [a.clone()]);
+        assert_eq!(pace.due(turn), std::slice::from_ref(&a));
         assert_eq!(pace.next(), None);
         assert!(!pace.admit(&a, turn + Duration::from_millis(10)), "the next turn is a second after this one");
         assert_eq!(pace.next(), Some(turn + CONTENT_EVERY));

@@ -97,6 +97,15 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Logs an event: a warning as a warning, a normal event as information.
+fn log(pod: &PodRef, warning: bool, reason: &str, message: &str) {
+    if warning {
+        tracing::warn!(pod = %pod, reason, "{message}");
+    } else {
+        tracing::info!(pod = %pod, reason, "{message}");
+    }
+}
+
 impl EventRecorder {
     /// Sends every warning to `sink` too (once; later calls are ignored).
     pub fn set_sink(&self, sink: tokio::sync::mpsc::Sender<PodEvent>) {
@@ -117,11 +126,6 @@ impl EventRecorder {
                 message: message.clone(),
             });
         }
-        if warning {
-            tracing::warn!(pod = %pod, reason, "{message}");
-        } else {
-            tracing::info!(pod = %pod, reason, "{message}");
-        }
         let now = now_secs();
         let mut map = crate::sync::lock(&self.per_pod);
         let q = map.entry(pod.uid.clone()).or_default();
@@ -131,8 +135,15 @@ impl EventRecorder {
         {
             last.count += 1;
             last.last_timestamp = now;
+            // The same event again is folded, and logged at its 2nd, 4th, 8th, ... time, with
+            // the count: a volume that keeps failing the same way (each failure a backoff step
+            // after the last) fills no log.
+            if last.count.is_power_of_two() {
+                log(pod, warning, reason, &format!("{message} (the same event {} times)", last.count));
+            }
             return;
         }
+        log(pod, warning, reason, &message);
         if q.len() == EVENTS_PER_POD {
             q.pop_front();
         }
@@ -180,6 +191,48 @@ mod tests {
             name: "p".into(),
             uid: PodUid("u".into()),
         }
+    }
+
+    /// A log kept in memory.
+    #[derive(Clone, Default)]
+    struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_repeated_event_is_logged_at_its_2nd_4th_8th_time_with_its_count() {
+        let r = EventRecorder::default();
+        let pod = pod();
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..10 {
+                r.record(&pod, true, reason::FAILED_MOUNT, "boom".into());
+            }
+            r.record(&pod, true, reason::FAILED_MOUNT, "another".into());
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(lines[0].contains("events: boom pod="), "{text}");
+        for (line, n) in lines[1..4].iter().zip([2, 4, 8]) {
+            assert!(line.contains(&format!("boom (the same event {n} times) pod=")), "{text}");
+        }
+        assert!(lines[4].contains("another pod="), "another event is logged at once: {text}");
+        assert_eq!(r.for_pod(&pod.uid)[0].count, 10, "every one counted");
     }
 
     #[test]
