@@ -785,3 +785,43 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A volume failing for an object that is missing is tried again when that object comes,
+    /// not whenever another object of its pod does: ten ConfigMaps its sibling volumes read,
+    /// created one by one, leave it to its own backoff.
+    fn a_failing_volume_is_retried_for_what_it_reads_not_for_its_siblings_objects() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| {
+                c.backoff.initial = Duration::from_secs(2);
+                c.backoff.max = Duration::from_secs(2);
+            });
+            let cm = |name: &str| kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"}, "data": {"k": "v"}})).unwrap());
+            let mut volumes = vec![json!({"name": "stuck", "configMap": {"name": "missing"}})];
+            volumes.extend((0..10).map(|i| json!({"name": format!("v{i}"), "configMap": {"name": format!("cm-{i}")}})));
+            let p = pod_with_volumes("app", serde_json::Value::Array(volumes));
+            // Each attempt that fails is one more of the same event (folded, counted).
+            let failures = |m: &kubevol::VolumeManager| -> u32 {
+                m.events().iter().filter(|e| e.reason == "FailedMount" && e.message.contains("volume \"stuck\"")).map(|e| e.count).sum()
+            };
+            m.add_pod(p.clone());
+            wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.name == "stuck" && v.retry.failures >= 1)).await;
+            assert!(failures(&m) >= 1, "{:#?}", m.events());
+            let start = Instant::now();
+            for i in 0..10 {
+                m.library().upsert_objects([cm(&format!("cm-{i}"))]);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            wait_for_status(&m, &p, 20, |s| s.volumes.iter().filter(|v| v.name != "stuck").all(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
+            // Its own backoff (2 s) allows one failure every two seconds, and one more.
+            let allowed = 2 + start.elapsed().as_secs() as u32 / 2;
+            let seen = failures(&m);
+            assert!(seen <= allowed, "{seen} failures of the volume whose object is missing, {allowed} allowed");
+            // Its own object comes: at once, not after the backoff.
+            m.library().upsert_objects([cm("missing")]);
+            m.wait_for_attach_and_mount(&p).await.expect("mounted once its object exists");
+            m.shutdown();
+        });
+    }
+}

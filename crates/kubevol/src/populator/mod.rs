@@ -306,7 +306,8 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
-        let (objects, pending) = object_versions(&self.store, &self.node_name, pod, uid);
+        let versions = object_versions(&self.store, &self.node_name, pod, uid);
+        let (objects, pending) = (versions.objects, versions.pending);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
         });
@@ -314,9 +315,25 @@ impl Populator {
             return false;
         }
         if !same_objects {
-            // An object appeared or changed: retry this pod's volumes now, not after backoff.
-            self.executor
-                .retry_now(|k| k.pod.as_ref() == Some(uid), Instant::now());
+            // An object appeared or changed: retry now, not after backoff, the volumes that
+            // read it, and only those (a change another volume reads is no news to them).
+            let changed = Seen::changed_volumes(self.seen.get(uid), &objects, &versions.spans);
+            let keys: HashSet<kubevol_core::UniqueVolumeName> = self
+                .dsw
+                .world()
+                .dsw()
+                .pod(uid)
+                .map(|p| {
+                    changed
+                        .iter()
+                        .filter_map(|name| p.volumes.get(*name).cloned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            self.executor.retry_now(
+                |k| k.pod.as_ref() == Some(uid) && keys.contains(&k.volume),
+                Instant::now(),
+            );
         } else if !same_pod {
             // The pod changed: what failed for good because of its spec may work now.
             self.executor
@@ -336,6 +353,7 @@ impl Populator {
             Seen {
                 pod: pod.clone(),
                 objects,
+                spans: versions.spans,
             },
         );
         self.process_pod(uid, stored, &pending);

@@ -64,8 +64,7 @@ impl Pace {
             self.held.remove(key);
             self.touched.insert(key.clone(), now);
         }
-        self.touched
-            .retain(|_, last| now < *last + CONTENT_EVERY);
+        self.touched.retain(|_, last| now < *last + CONTENT_EVERY);
         due
     }
 
@@ -95,18 +94,28 @@ mod tests {
             let now = start + Duration::from_millis(ms);
             assert!(!pace.admit(&a, now), "held back within the second");
             assert!(pace.due(now).is_empty());
-            assert_eq!(pace.next(), Some(start + CONTENT_EVERY), "one turn for them all");
+            assert_eq!(
+                pace.next(),
+                Some(start + CONTENT_EVERY),
+                "one turn for them all"
+            );
         }
         let turn = start + CONTENT_EVERY;
         assert_eq!(pace.due(turn), std::slice::from_ref(&a));
         assert_eq!(pace.next(), None);
-        assert!(!pace.admit(&a, turn + Duration::from_millis(10)), "the next turn is a second after this one");
+        assert!(
+            !pace.admit(&a, turn + Duration::from_millis(10)),
+            "the next turn is a second after this one"
+        );
         assert_eq!(pace.next(), Some(turn + CONTENT_EVERY));
         assert!(pace.due(turn + CONTENT_EVERY).contains(&a));
         // Quiet for a turn: forgotten, and the next change is written at once.
         let later = turn + CONTENT_EVERY * 3;
         assert!(pace.due(later).is_empty());
-        assert!(pace.touched.is_empty() && pace.held.is_empty(), "nothing kept of quiet objects");
+        assert!(
+            pace.touched.is_empty() && pace.held.is_empty(),
+            "nothing kept of quiet objects"
+        );
         assert!(pace.admit(&a, later));
     }
 
@@ -114,7 +123,10 @@ mod tests {
     fn only_content_is_paced() {
         let mut pace = Pace::default();
         let now = Instant::now();
-        for key in [ObjectKey::Pod(kubevol_core::PodUid("u".into())), ObjectKey::PersistentVolume("pv".into())] {
+        for key in [
+            ObjectKey::Pod(kubevol_core::PodUid("u".into())),
+            ObjectKey::PersistentVolume("pv".into()),
+        ] {
             assert!(pace.admit(&key, now) && pace.admit(&key, now), "{key:?}");
         }
         let secret = ObjectKey::Secret(("ns".to_string(), "s".to_string()));

@@ -129,22 +129,56 @@ fn storage_versions(
 pub(crate) struct Seen {
     pub(super) pod: Arc<Pod>,
     pub(super) objects: Vec<(ObjectKey, Version)>,
+    /// Which of `objects` each volume reads, by the volume's name.
+    pub(super) spans: Vec<(String, std::ops::Range<usize>)>,
 }
 
-/// The current versions of the objects a pod's volumes read, in a fixed order, and for each
-/// volume that reads an object the API server is still to list, the first such object.
+impl Seen {
+    /// The names of the volumes whose objects differ between `before` and now (`objects`
+    /// read as `spans` say): those a change concerns.
+    pub(super) fn changed_volumes<'a>(
+        before: Option<&Seen>,
+        objects: &[(ObjectKey, Version)],
+        spans: &'a [(String, std::ops::Range<usize>)],
+    ) -> Vec<&'a str> {
+        spans
+            .iter()
+            .filter(|(name, range)| {
+                let was = before.and_then(|s| {
+                    let (_, r) = s.spans.iter().find(|(n, _)| n == name)?;
+                    s.objects.get(r.clone())
+                });
+                was != objects.get(range.clone())
+            })
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+}
+
+/// The current versions of the objects a pod's volumes read, in a fixed order; which of them
+/// each volume reads; and for each volume that reads an object the API server is still to
+/// list, the first such object.
+pub(super) struct Versions {
+    pub(super) objects: Vec<(ObjectKey, Version)>,
+    pub(super) spans: Vec<(String, std::ops::Range<usize>)>,
+    pub(super) pending: BTreeMap<String, ObjectKey>,
+}
+
+/// The [`Versions`] of the objects `pod`'s volumes read now.
 pub(super) fn object_versions(
     store: &ObjectStore,
     node: &str,
     pod: &Pod,
     uid: &PodUid,
-) -> (Vec<(ObjectKey, Version)>, BTreeMap<String, ObjectKey>) {
+) -> Versions {
     let mut out = Vec::new();
+    let mut spans = Vec::new();
     let mut pending = BTreeMap::new();
     let pref = pod_ref(pod, uid);
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let start = out.len();
         volume_versions(store, node, pod, &pref, v, &mut out);
+        spans.push((v.name.clone(), start..out.len()));
         let first = out[start..].iter().find_map(|(_, x)| match x {
             Version::Pending(key) => Some(key.clone()),
             _ => None,
@@ -153,7 +187,11 @@ pub(super) fn object_versions(
             pending.insert(v.name.clone(), key);
         }
     }
-    (out, pending)
+    Versions {
+        objects: out,
+        spans,
+        pending,
+    }
 }
 
 /// The current versions of the objects one volume reads.

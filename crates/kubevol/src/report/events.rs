@@ -139,7 +139,12 @@ impl EventRecorder {
             // the count: a volume that keeps failing the same way (each failure a backoff step
             // after the last) fills no log.
             if last.count.is_power_of_two() {
-                log(pod, warning, reason, &format!("{message} (the same event {} times)", last.count));
+                log(
+                    pod,
+                    warning,
+                    reason,
+                    &format!("{message} (the same event {} times)", last.count),
+                );
             }
             return;
         }
@@ -229,9 +234,15 @@ mod tests {
         assert_eq!(lines.len(), 5, "{text}");
         assert!(lines[0].contains("events: boom pod="), "{text}");
         for (line, n) in lines[1..4].iter().zip([2, 4, 8]) {
-            assert!(line.contains(&format!("boom (the same event {n} times) pod=")), "{text}");
+            assert!(
+                line.contains(&format!("boom (the same event {n} times) pod=")),
+                "{text}"
+            );
         }
-        assert!(lines[4].contains("another pod="), "another event is logged at once: {text}");
+        assert!(
+            lines[4].contains("another pod="),
+            "another event is logged at once: {text}"
+        );
         assert_eq!(r.for_pod(&pod.uid)[0].count, 10, "every one counted");
     }
 
