@@ -721,20 +721,6 @@ mount_test! {
     }
 }
 
-/// How many times the volumes of `plugin` were set up or written again (the operations'
-/// metric).
-fn volume_writes(m: &kubevol::VolumeManager, plugin: &str) -> u64 {
-    m.metrics_text()
-        .lines()
-        .filter(|l| {
-            l.starts_with("storage_operation_duration_seconds_count{")
-                && l.contains(&format!("volume_plugin=\"{plugin}\""))
-                && l.contains("operation_name=\"volume_mount\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
 mount_test! {
     /// A ConfigMap updated ten times a second for three seconds, read by twenty pods: each
     /// volume is written again at most once a second (the latest version wins), not ten

@@ -12,6 +12,7 @@ mod common;
 mod certificates;
 mod credentials;
 mod rights;
+mod tenants;
 
 use std::time::Duration;
 

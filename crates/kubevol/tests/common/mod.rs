@@ -68,6 +68,10 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
         out.status.success() && stdout.contains("1 passed"),
         "{test} failed inside its mount namespace:\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
+    // The figures a test prints (`KUBEVOL_TEST_SHOW=1`).
+    if std::env::var_os("KUBEVOL_TEST_SHOW").is_some() {
+        println!("{stdout}");
+    }
     // With the namespace gone its mounts are.
     no_loop_devices_left(tmp.path(), test);
 }
@@ -627,4 +631,18 @@ pub async fn storage_decided(m: &VolumeManager) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// How many times the volumes of `plugin` were set up or written again (the operations'
+/// metric).
+pub fn volume_writes(m: &kubevol::VolumeManager, plugin: &str) -> u64 {
+    m.metrics_text()
+        .lines()
+        .filter(|l| {
+            l.starts_with("storage_operation_duration_seconds_count{")
+                && l.contains(&format!("volume_plugin=\"{plugin}\""))
+                && l.contains("operation_name=\"volume_mount\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }

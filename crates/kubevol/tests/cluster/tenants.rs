@@ -1,0 +1,151 @@
+//! A node shared by tenants: what one tenant, with a namespaced Role and nothing more, can make
+//! the node do, against the real control plane.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::{bound_pod, cluster_manager, typed, NODE};
+use kubevol_testserver::{Backend, TestCluster};
+use serde_json::json;
+
+/// A client of `cluster` with a tenant's identity: a ServiceAccount of the test's namespace
+/// bound to a Role that allows pods, Secrets, ConfigMaps, claims and service accounts there,
+/// and nothing else.
+async fn tenant_client(cluster: &TestCluster) -> kube::Client {
+    let ns = cluster.namespace().to_string();
+    cluster
+        .create(
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}}),
+        )
+        .await;
+    let admin = cluster.admin_client();
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({"metadata": {"name": "tenant"},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "secrets", "configmaps", "persistentvolumeclaims", "serviceaccounts"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]})).unwrap();
+    kube::Api::namespaced(admin.clone(), &ns)
+        .create(&Default::default(), &role)
+        .await
+        .expect("the tenant's Role");
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding =
+        serde_json::from_value(json!({"metadata": {"name": "tenant"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}]}))
+        .unwrap();
+    kube::Api::namespaced(admin, &ns)
+        .create(&Default::default(), &binding)
+        .await
+        .expect("the tenant's RoleBinding");
+    let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(cluster.admin_client(), &ns);
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+            .unwrap();
+    let token = accounts
+        .create_token_request("tenant", &Default::default(), &request)
+        .await
+        .expect("a token for the tenant");
+    let token = token.status.expect("issued").token;
+    let mut config = cluster.node_config();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    config.default_namespace = ns;
+    kubevol::source::cluster::client(config).expect("the tenant's client")
+}
+
+mount_test! {
+    /// A tenant patches a Secret eight times a second that its pods all mount: each volume
+    /// is written again at most once a second, however many patches (the cost is volumes per
+    /// second, not patches × volumes), and every volume ends with the last version.
+    /// `KUBEVOL_TEST_TENANT_PODS` sets the pods (100; the docs' figure is of 1,000).
+    fn a_tenants_secret_patched_eight_times_a_second_costs_a_write_a_second_per_volume() {
+        let pods: usize = std::env::var("KUBEVOL_TEST_TENANT_PODS").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let tenant = tenant_client(&cluster).await;
+            let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::default_namespaced(tenant.clone());
+            let pods_api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::default_namespaced(tenant.clone());
+            let secret = |v: usize| -> k8s_openapi::api::core::v1::Secret {
+                serde_json::from_value(json!({"metadata": {"name": "hot"}, "stringData": {"v": v.to_string()}})).unwrap()
+            };
+            secrets.create(&Default::default(), &secret(0)).await.expect("the tenant makes its Secret");
+            let m = cluster_manager(root.path(), &cluster);
+            let mut made = Vec::new();
+            for i in 0..pods {
+                let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(bound_pod(&format!("reader-{i}"), &node, json!([{"name": "s", "secret": {"secretName": "hot"}}]))).unwrap();
+                made.push(pods_api.create(&Default::default(), &pod).await.expect("the tenant makes its pods"));
+            }
+            let mut dirs = Vec::new();
+            for p in &made {
+                let p = typed(&serde_json::to_value(p).unwrap());
+                m.wait_for_attach_and_mount(&p).await.expect("mounted");
+                dirs.push(m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["s"].path.clone());
+            }
+            let before = volume_writes(&m, "kubernetes.io/secret");
+            let start = Instant::now();
+            let mut last = 0;
+            while start.elapsed() < Duration::from_secs(5) {
+                last += 1;
+                secrets.replace("hot", &Default::default(), &secret(last)).await.expect("the tenant patches its Secret");
+                tokio::time::sleep(Duration::from_millis(125)).await;
+            }
+            let reads = |want: usize| dirs.iter().all(|d| std::fs::read_to_string(d.join("v")).is_ok_and(|v| v == want.to_string()));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !reads(last) {
+                assert!(Instant::now() < deadline, "the last version reached every volume");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let elapsed = start.elapsed();
+            let writes = volume_writes(&m, "kubernetes.io/secret") - before;
+            println!("{pods} pods x 1 Secret patched {last} times in {elapsed:.1?}: {writes} volume writes, {:.0}/s ({:.2} per volume per second)",
+                writes as f64 / elapsed.as_secs_f64(), writes as f64 / elapsed.as_secs_f64() / pods as f64);
+            let turns = elapsed.as_secs() + 2;
+            assert!(writes <= (pods as u64) * turns, "{writes} writes of {pods} volumes in {turns} turns");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+mount_test! {
+    /// A tenant's pod mounts a hostPath the node allows; the tenant (who can write the allowed
+    /// directory, as a hostPath pod can) swaps it for a link to `/etc`: the path kubevol hands
+    /// out is still the directory checked, and the tenant's next pod naming the path is refused.
+    fn a_tenants_allowed_host_path_swapped_for_a_link_hands_out_what_was_checked() {
+        let root = TestRoot::new();
+        let allowed = root.path().join("hostok");
+        std::fs::create_dir_all(allowed.join("swap")).unwrap();
+        std::fs::write(allowed.join("swap/canary"), "checked").unwrap();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let tenant = tenant_client(&cluster).await;
+            let pods_api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::default_namespaced(tenant);
+            let allow = allowed.clone();
+            let m = manager(root.path(), move |c| {
+                c.node_name = node.clone();
+                c.host_path_allow = vec![allow];
+            });
+            m.add_source(kubevol::source::ClusterSource::new(node_client(&cluster), cluster.node_name()));
+            let pod = |name: &str| -> k8s_openapi::api::core::v1::Pod {
+                serde_json::from_value(bound_pod(name, cluster.node_name(), json!([{"name": "host", "hostPath": {"path": allowed.join("swap"), "type": "Directory"}}]))).unwrap()
+            };
+            let p = pods_api.create(&Default::default(), &pod("first")).await.expect("the tenant's pod");
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let handed = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["host"].path.clone();
+            std::fs::rename(allowed.join("swap"), allowed.join("swap.old")).unwrap();
+            std::os::unix::fs::symlink("/etc", allowed.join("swap")).unwrap();
+            assert_eq!(std::fs::read_to_string(handed.join("canary")).unwrap(), "checked", "the directory checked, not /etc");
+            assert!(!handed.join("passwd").exists());
+            let q = pods_api.create(&Default::default(), &pod("second")).await.expect("the tenant's pod");
+            let s = wait_for_status(&m, &q, 30, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("outside the allowed host paths"), "{e}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
