@@ -118,6 +118,20 @@ impl Mounter for FakeMounter {
                 errno,
             });
         }
+        if options.remount {
+            return match s.table.iter_mut().rev().find(|m| m.mount_point == target) {
+                Some(m) => {
+                    m.super_options = options.data.join(",");
+                    Ok(())
+                }
+                None => Err(MountError::Mount {
+                    source_name: source.into(),
+                    target: target.into(),
+                    fstype: fstype.into(),
+                    errno: Errno::INVAL,
+                }),
+            };
+        }
         s.next_id += 1;
         let id = s.next_id;
         s.table.push(MountInfo {

@@ -173,6 +173,9 @@ pub struct MountOptions {
     pub noexec: bool,
     /// Filesystem-specific options (`size=67108864`, `pagesize=2M`), joined with commas.
     pub data: Vec<String>,
+    /// Changes the options of the filesystem mounted at the target (`remount`: a tmpfs's
+    /// `size=` grows or shrinks, its files stay).
+    pub remount: bool,
 }
 
 impl MountOptions {
@@ -304,6 +307,10 @@ impl Mounter for LinuxMounter {
         let data =
             std::ffi::CString::new(options.data.join(",")).map_err(|_| failed(Errno::INVAL))?;
         let data = (!options.data.is_empty()).then_some(data.as_c_str());
+        if options.remount {
+            let data = data.unwrap_or_default();
+            return rustix::mount::mount_remount(target, options.flags(), data).map_err(failed);
+        }
         rustix::mount::mount(source, target, fstype, options.flags(), data).map_err(failed)
     }
 

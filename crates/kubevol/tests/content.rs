@@ -811,3 +811,45 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A Secret's tmpfs is as large as its payload needs (each file in whole pages, twice, and
+    /// 1 MiB), not half the node's memory; it grows with the Secret, keeping the volume, and is
+    /// no larger than the pod's memory limit.
+    fn a_secrets_tmpfs_is_sized_by_its_payload_and_grows_with_it() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let secret = |name: &str, kib: usize| kubevol::store::Object::Secret(serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"},
+                "stringData": {"a": "x".repeat(kib << 10), "b": "y".repeat(kib << 10), "c": "z".repeat(kib << 10)}})).unwrap());
+            m.library().upsert_objects([secret("big", 100), secret("limited", 100)]);
+            let p = pod_with_volumes("app", json!([{"name": "s", "secret": {"secretName": "big"}}]));
+            let mut q = pod_with_volumes("small", json!([{"name": "s", "secret": {"secretName": "limited"}}]));
+            q.spec.as_mut().unwrap().containers[0].resources = Some(serde_json::from_value(json!({"limits": {"memory": "1Mi"}})).unwrap());
+            for pod in [&p, &q] {
+                m.add_pod(pod.clone());
+                m.wait_for_attach_and_mount(pod).await.expect("mounted");
+            }
+            let size_of = |pod: &k8s_openapi::api::core::v1::Pod| -> u64 {
+                let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(pod))["s"].path.clone();
+                let st = rustix::fs::statfs(&dir).unwrap();
+                st.f_blocks * st.f_bsize as u64
+            };
+            let pages = |kib: u64| 3 * (kib << 10);
+            assert_eq!(size_of(&p), 2 * pages(100) + (1 << 20), "the payload's pages twice and 1 MiB");
+            assert_eq!(size_of(&q), 1 << 20, "no more than the pod's memory limit");
+
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["s"].path.clone();
+            // Grown to 900 KiB (a Secret holds at most 1 MiB).
+            m.library().upsert_objects([secret("big", 300)]);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while fs::read_to_string(dir.join("a")).map_or(0, |a| a.len()) != 300 << 10 {
+                assert!(Instant::now() < deadline, "the grown Secret written");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(size_of(&p), 2 * pages(300) + (1 << 20), "grown with the payload");
+            assert_eq!(mounts_under(&dir).len(), 1, "the same mount, its options changed");
+            m.shutdown();
+        });
+    }
+}

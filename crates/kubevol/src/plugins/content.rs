@@ -237,13 +237,11 @@ fn write_content(
         plugin: kind.plugin_name(),
         operation: "set-up of a volume of another type",
     })??;
+    let size = tmpfs_size(&req.pod, payload.values().map(|f| f.data.len()));
     let fs = kind.in_memory().then(|| Filesystem {
         source: "tmpfs",
         fstype: "tmpfs",
-        data: empty_dir::pod_memory_limit(&req.pod)
-            .filter(|s| *s > 0)
-            .map(|s| vec![format!("size={s}")])
-            .unwrap_or_default(),
+        data: vec![format!("size={size}")],
     });
     let (path, dir) = host.set_up_volume_dir(
         &req.pod_ref,
@@ -253,6 +251,9 @@ fn write_content(
         fs,
     )?;
     let dir = dir.open()?;
+    if kind.in_memory() {
+        grow_tmpfs(host, &path, &dir, size)?;
+    }
     let group = fs_group(&req.pod);
     if let Some((gid, _)) = group {
         // The payload gets its group from the writer; the root once, here.
@@ -275,6 +276,50 @@ fn write_content(
         path,
         read_only: true,
     })
+}
+
+/// The size of a content volume's tmpfs: each file of the payload (of `lengths`) in whole
+/// pages, twice over (the atomic writer keeps the version it replaces until the new one is in
+/// place), and 1 MiB besides for directories and links; no more than the pod's memory limit
+/// when it has one (a payload past it then fails to be written, as in the kubelet). Without a
+/// size a tmpfs may take half the node's memory, and one pod's hundred volumes of a large
+/// Secret took gigabytes.
+fn tmpfs_size(pod: &k8s_openapi::api::core::v1::Pod, lengths: impl Iterator<Item = usize>) -> u64 {
+    const PAGE: u64 = 4096;
+    let pages: u64 = lengths.map(|l| (l as u64).div_ceil(PAGE) * PAGE).sum();
+    let need = 2 * pages + (1 << 20);
+    match empty_dir::pod_memory_limit(pod)
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0)
+    {
+        Some(limit) => need.min(limit),
+        None => need,
+    }
+}
+
+/// Makes the tmpfs mounted at `path` (open as `dir`) hold at least `size` bytes, keeping its
+/// files: a payload that grew since the volume was mounted.
+fn grow_tmpfs(
+    host: &PluginHost,
+    path: &std::path::Path,
+    dir: &kubevol_mount::safe::Dir,
+    size: u64,
+) -> Result<(), VolumeError> {
+    let Ok(st) = rustix::fs::fstatfs(dir.fd()) else {
+        return Ok(());
+    };
+    let now = st.f_blocks.saturating_mul(st.f_bsize as u64);
+    if now >= size {
+        return Ok(());
+    }
+    tracing::debug!(path = %path.display(), from = now, to = size, "the content grew: its tmpfs too");
+    let options = kubevol_mount::MountOptions {
+        data: vec![format!("size={size}")],
+        remount: true,
+        ..Default::default()
+    };
+    host.mounter.mount("tmpfs", path, "tmpfs", &options)?;
+    Ok(())
 }
 
 /// The tokens of a projected volume's `serviceAccountToken` sources, by source index, and when
