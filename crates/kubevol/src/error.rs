@@ -30,6 +30,18 @@ pub enum VolumeError {
         /// What is wrong, in words the user can act on.
         detail: String,
     },
+    /// A content volume would take a pod's content volumes past its budget.
+    #[error("its content takes {} KiB and the pod's other content volumes {} KiB: past the pod's budget of {} KiB for the content of its ConfigMap, Secret, projected and downwardAPI volumes ({of}); use fewer or smaller objects, or raise the pod's ephemeral-storage limit", need / 1024, used / 1024, budget / 1024)]
+    ContentBudget {
+        /// What this volume's content takes (its files in whole pages).
+        need: u64,
+        /// What the pod's other content volumes take.
+        used: u64,
+        /// The budget.
+        budget: u64,
+        /// Where the budget comes from.
+        of: &'static str,
+    },
     /// A hostPath is outside the operator's allow-list.
     #[error("host path {} resolves to {} which is outside the allowed host paths [{allowed}]; ask the node operator to allow it (--host-path-allow) or use another volume type", path.display(), resolved.display())]
     HostPathNotAllowed {
@@ -187,6 +199,7 @@ impl VolumeError {
             | VolumeError::DriverLeftMount { .. }
             | VolumeError::Api(_)
             | VolumeError::Task(_)
+            | VolumeError::ContentBudget { .. }
             | VolumeError::Record { .. } => false,
         }
     }
@@ -218,6 +231,7 @@ impl VolumeError {
             | VolumeError::CsiNeedsCluster { .. }
             | VolumeError::MountOption { .. }
             | VolumeError::PathName(_)
+            | VolumeError::ContentBudget { .. }
             | VolumeError::Unsupported { .. } => ErrorClass::Final,
         }
     }

@@ -293,6 +293,7 @@ impl VolumeManager {
             trust_bundles: std::sync::OnceLock::new(),
             claim_status: std::sync::OnceLock::new(),
             refresh: crate::plugins::Refresher::new(refresh),
+            content_usage: Default::default(),
             selinux_context: config.selinux.file_context(),
             selinux_mount_all: config.selinux_mount,
             metrics: metrics.clone(),
@@ -811,11 +812,18 @@ mod tests {
             })
             .collect();
         m.add_pods(pods.clone());
+        // Waits of 200 ms, each tried again until it holds (on a loaded machine, 200 pods take longer).
         for p in &pods {
-            m.wait_for_attach_and_mount(p).await.expect("mounted");
+            let mut tries = 0..150;
+            while m.wait_for_attach_and_mount(p).await.is_err() {
+                assert!(tries.next().is_some(), "mounted within 30 s");
+            }
         }
         m.remove_pods(&pods);
-        m.wait_for_all_pods_unmount(&pods).await.expect("torn down");
+        let mut tries = 0..150;
+        while m.wait_for_all_pods_unmount(&pods).await.is_err() {
+            assert!(tries.next().is_some(), "torn down within 30 s");
+        }
         // A wait that times out, for a pod that never comes.
         let never: Pod = serde_json::from_value(
             serde_json::json!({"metadata": {"name": "never", "namespace": "default"}}),

@@ -853,3 +853,39 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A pod's content volumes count against its budget (its ephemeral-storage limit here,
+    /// 1 MiB): each key is a file of at least a page, and the volume that would take the pod
+    /// past its budget is refused, saying so, while its others are mounted; torn down, a
+    /// volume gives its share back.
+    fn content_volumes_past_the_pods_budget_are_refused_one_by_one() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            // 100 keys: 100 pages, 400 KiB, whatever their values.
+            let data: serde_json::Map<String, serde_json::Value> = (0..100).map(|i| (format!("k{i}"), json!("v"))).collect();
+            m.library().upsert_objects([kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": "many", "namespace": "default"}, "data": data})).unwrap())]);
+            let volumes: Vec<_> = (0..3).map(|i| json!({"name": format!("c{i}"), "configMap": {"name": "many"}})).collect();
+            let mut p = pod_with_volumes("greedy", serde_json::Value::Array(volumes));
+            p.spec.as_mut().unwrap().containers[0].resources = Some(serde_json::from_value(json!({"limits": {"ephemeral-storage": "1Mi"}})).unwrap());
+            m.add_pod(p.clone());
+            let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().filter(|v| v.state == kubevol::status::VolumePhase::Mounted).count() == 2
+                && s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let refused = s.volumes.iter().find(|v| v.retry.last_error.is_some()).unwrap();
+            let e = refused.retry.last_error.clone().unwrap();
+            assert!(e.contains("its content takes 400 KiB and the pod's other content volumes 800 KiB: past the pod's budget of 1024 KiB") && e.contains("its ephemeral-storage limit"), "{e}");
+            assert!(m.events().iter().any(|ev| ev.reason == "FailedMount" && ev.message.contains("past the pod's budget")), "told as an event");
+            // Its share given back: a pod of the same two volumes after it fits.
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.expect("torn down");
+            let volumes: Vec<_> = (0..2).map(|i| json!({"name": format!("c{i}"), "configMap": {"name": "many"}})).collect();
+            let mut q = pod_with_volumes("greedy", serde_json::Value::Array(volumes));
+            q.metadata.uid = p.metadata.uid.clone();
+            q.spec.as_mut().unwrap().containers[0].resources = p.spec.as_ref().unwrap().containers[0].resources.clone();
+            m.add_pod(q.clone());
+            m.wait_for_attach_and_mount(&q).await.expect("the same pod's two volumes fit again");
+            m.shutdown();
+        });
+    }
+}

@@ -210,7 +210,10 @@ impl VolumePlugin for ContentPlugin {
                 &req.outer_volume_name,
                 &req.path,
                 kind.in_memory(),
-            )
+            )?;
+            host.content_usage
+                .release(&req.pod_ref.uid, &req.outer_volume_name);
+            Ok(())
         })
     }
 }
@@ -237,7 +240,30 @@ fn write_content(
         plugin: kind.plugin_name(),
         operation: "set-up of a volume of another type",
     })??;
-    let size = tmpfs_size(&req.pod, payload.values().map(|f| f.data.len()));
+    // Counted against the pod's budget before anything is made.
+    let need: u64 = payload
+        .values()
+        .map(|f| super::budget::pages(f.data.len()))
+        .sum();
+    let (budget, of) = match empty_dir::pod_limit(&req.pod, "ephemeral-storage")
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0)
+    {
+        Some(limit) => (limit, "its ephemeral-storage limit"),
+        None => (
+            super::budget::DEFAULT_BUDGET,
+            "256 MiB without an ephemeral-storage limit",
+        ),
+    };
+    host.content_usage
+        .take(&req.pod_ref.uid, &req.outer_volume_name, need, budget)
+        .map_err(|used| VolumeError::ContentBudget {
+            need,
+            used,
+            budget,
+            of,
+        })?;
+    let size = tmpfs_size(&req.pod, need);
     let fs = kind.in_memory().then(|| Filesystem {
         source: "tmpfs",
         fstype: "tmpfs",
@@ -278,22 +304,20 @@ fn write_content(
     })
 }
 
-/// The size of a content volume's tmpfs: each file of the payload (of `lengths`) in whole
-/// pages, twice over (the atomic writer keeps the version it replaces until the new one is in
+/// The size of a content volume's tmpfs for a payload whose files take `need` bytes (whole
+/// pages): twice that (the atomic writer keeps the version it replaces until the new one is in
 /// place), and 1 MiB besides for directories and links; no more than the pod's memory limit
 /// when it has one (a payload past it then fails to be written, as in the kubelet). Without a
 /// size a tmpfs may take half the node's memory, and one pod's hundred volumes of a large
 /// Secret took gigabytes.
-fn tmpfs_size(pod: &k8s_openapi::api::core::v1::Pod, lengths: impl Iterator<Item = usize>) -> u64 {
-    const PAGE: u64 = 4096;
-    let pages: u64 = lengths.map(|l| (l as u64).div_ceil(PAGE) * PAGE).sum();
-    let need = 2 * pages + (1 << 20);
+fn tmpfs_size(pod: &k8s_openapi::api::core::v1::Pod, need: u64) -> u64 {
+    let size = 2 * need + (1 << 20);
     match empty_dir::pod_memory_limit(pod)
         .and_then(|l| u64::try_from(l).ok())
         .filter(|l| *l > 0)
     {
-        Some(limit) => need.min(limit),
-        None => need,
+        Some(limit) => size.min(limit),
+        None => size,
     }
 }
 

@@ -57,9 +57,15 @@ fn mode(spec: &VolumeSpec) -> u32 {
 /// The pod's memory limit as the kubelet computes it: the sum of the app containers' limits, or
 /// the largest init container's limit if that is larger. `None` when no container sets one.
 pub fn pod_memory_limit(pod: &Pod) -> Option<i64> {
+    pod_limit(pod, "memory")
+}
+
+/// The pod's limit of `resource` (`memory`, `ephemeral-storage`), computed as
+/// [`pod_memory_limit`] computes the memory's.
+pub fn pod_limit(pod: &Pod, resource: &str) -> Option<i64> {
     let spec = pod.spec.as_ref()?;
     let limit = |c: &k8s_openapi::api::core::v1::Container| -> Option<i64> {
-        let q = c.resources.as_ref()?.limits.as_ref()?.get("memory")?;
+        let q = c.resources.as_ref()?.limits.as_ref()?.get(resource)?;
         Quantity::parse(&q.0).ok().map(|q| q.value())
     };
     let app: Vec<i64> = spec.containers.iter().filter_map(limit).collect();

@@ -59,6 +59,8 @@ pub struct PluginHost {
     /// Asks the populator to process a pod again (its tokens are due, its bundles are to be
     /// read again, its CSI volumes republished).
     pub refresh: Refresher,
+    /// What each pod's content volumes take, against its budget.
+    pub content_usage: super::budget::ContentUsage,
     /// The plugin directories last used, kept open.
     pub(crate) plugin_dirs: PluginDirCache,
     /// The containers' default SELinux file context, or `None`: the node has no SELinux.

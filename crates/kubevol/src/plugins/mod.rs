@@ -4,6 +4,7 @@
 //! reconciler does) and never touches another plugin's directories. Adding a plugin means one
 //! file here and one line in [`PluginRegistry::standard`].
 
+pub mod budget;
 mod content;
 pub mod csi;
 pub(crate) mod empty_dir;

@@ -1,0 +1,79 @@
+//! The budget of a pod's content volumes (ConfigMap, Secret, projected, downwardAPI): what
+//! their files take, counted per pod, and a volume refused when it would take the pod past its
+//! budget, so that one pod's volumes of a large object cannot fill the node's disk or memory
+//! (each key is a file of at least a page: 150 volumes of a 1 MiB ConfigMap of 3,300 keys
+//! wrote 1.9 GB). The budget is the pod's `ephemeral-storage` limit when it sets one (the
+//! kubelet's eviction counts these volumes against it), else [`DEFAULT_BUDGET`].
+
+use kubevol_core::collections::HashMap;
+use kubevol_core::PodUid;
+use std::sync::Mutex;
+
+/// A pod's budget when it sets no ephemeral-storage limit.
+pub const DEFAULT_BUDGET: u64 = 256 << 20;
+
+/// What each content volume of each pod takes.
+#[derive(Default)]
+pub struct ContentUsage {
+    by_volume: Mutex<HashMap<(PodUid, String), u64>>,
+}
+
+/// The bytes a file of `len` bytes takes: whole pages, one at least.
+pub(crate) fn pages(len: usize) -> u64 {
+    const PAGE: u64 = 4096;
+    (len as u64).div_ceil(PAGE).max(1) * PAGE
+}
+
+impl ContentUsage {
+    /// Counts `need` bytes for `volume` of `pod` (in place of what it took before), unless
+    /// that takes the pod's content past `budget`: then what the pod's other content volumes
+    /// take, and nothing is counted.
+    pub(crate) fn take(
+        &self,
+        pod: &PodUid,
+        volume: &str,
+        need: u64,
+        budget: u64,
+    ) -> Result<(), u64> {
+        let mut map = crate::sync::lock(&self.by_volume);
+        let others: u64 = map
+            .iter()
+            .filter(|((p, v), _)| p == pod && v != volume)
+            .map(|(_, n)| *n)
+            .sum();
+        if others.saturating_add(need) > budget {
+            return Err(others);
+        }
+        map.insert((pod.clone(), volume.to_string()), need);
+        Ok(())
+    }
+
+    /// Forgets `volume` of `pod` (torn down).
+    pub(crate) fn release(&self, pod: &PodUid, volume: &str) {
+        crate::sync::lock(&self.by_volume).remove(&(pod.clone(), volume.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_content_is_counted_against_its_budget_per_volume() {
+        let u = ContentUsage::default();
+        let (a, b) = (PodUid("a".into()), PodUid("b".into()));
+        assert_eq!(pages(0), 4096);
+        assert_eq!(pages(4097), 8192);
+        u.take(&a, "one", 600, 1000).unwrap();
+        assert_eq!(
+            u.take(&a, "two", 500, 1000),
+            Err(600),
+            "past the budget: refused"
+        );
+        u.take(&b, "two", 500, 1000).unwrap();
+        u.take(&a, "one", 400, 1000).unwrap();
+        u.take(&a, "two", 600, 1000).unwrap();
+        u.release(&a, "one");
+        u.take(&a, "three", 400, 1000).unwrap();
+    }
+}
