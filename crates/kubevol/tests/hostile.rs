@@ -9,6 +9,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 use kubevol::source::ManifestSource;
@@ -383,6 +384,85 @@ mount_test! {
             assert_eq!(std::fs::read_to_string(allowed.join("swap.old/canary")).unwrap(), "checked", "the host's data stays");
             assert_eq!(std::fs::read_to_string(allowed.join("swap.old/below/on-tmpfs")).unwrap(), "mounted below");
             assert_eq!(std::fs::read_to_string(secret.join("shadow")).unwrap(), "root:x");
+            m.shutdown();
+        });
+    }
+}
+
+/// Fills the filesystem of `dir` to its last byte with the file `dir/filler`.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("filler")).unwrap();
+    for chunk in [1 << 16, 1 << 10, 1] {
+        let bytes = vec![0u8; chunk];
+        while f.write_all(&bytes).is_ok() {}
+    }
+}
+
+mount_test! {
+    /// The root's disk full to its last byte (what a pod's disk-backed emptyDir can do): the
+    /// set-ups whose intent cannot be recorded fail, saying so, and leave nothing; the record
+    /// stays whole (a restart on the full disk reads it without a corrupt line or a problem);
+    /// once space returns, every pod is mounted without a restart, the earlier ones with
+    /// their data.
+    fn a_full_disk_never_loses_the_record_and_kubevol_recovers_when_space_returns() {
+        let root = TestRoot::new();
+        let node_root = root.path().join("root");
+        std::fs::create_dir_all(&node_root).unwrap();
+        rustix::mount::mount("tmpfs", &node_root, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=8m")).expect("a small tmpfs");
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let before: Vec<_> = (0..5).map(|i| pod_with_volumes(&format!("before-{i}"), json!([{"name": "d", "emptyDir": {}}]))).collect();
+            for p in &before {
+                m.add_pod(p.clone());
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+                let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(p))["d"].path.clone();
+                std::fs::write(dir.join("canary"), "kept").unwrap();
+            }
+            fill(&node_root);
+            let after: Vec<_> = (0..40).map(|i| pod_with_volumes(&format!("after-{i}"), json!([{"name": "d", "emptyDir": {}}]))).collect();
+            for p in &after {
+                m.add_pod(p.clone());
+            }
+            // Some set-up cannot record its intent (the journal's last page has room for a
+            // few): it fails, saying why.
+            let full = async {
+                loop {
+                    let said = after.iter().find_map(|p| {
+                        let s = m.pod_status(&kubevol::pod_uid(p))?;
+                        s.volumes.iter().find_map(|v| v.retry.last_error.clone())
+                    });
+                    if let Some(e) = said {
+                        return e;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            let e = tokio::time::timeout(Duration::from_secs(30), full).await.expect("a set-up refused on the full disk");
+            assert!(e.contains("No space left on device") || e.contains("os error 28"), "{e}");
+
+            // A restart on the full disk: the record reads whole (nothing corrupt, nothing
+            // set aside), and what it holds waits for space to be confirmed (an intent first).
+            let m = restart(m, root.path(), |_| {}).await;
+            let record = node_root.join("volume-record");
+            assert!(!record.join("journal.corrupt").exists(), "the journal reads whole");
+            let found = m.status(false).reconstruction;
+            assert_eq!(found.problems, Vec::<String>::new());
+            assert!(found.pod_volumes >= before.len(), "every volume mounted before is in the record: {found:?}");
+
+            // Space returns: every pod is mounted without a restart, the earlier ones with
+            // their data.
+            std::fs::remove_file(node_root.join("filler")).unwrap();
+            for p in before.iter().chain(&after) {
+                m.add_pod(p.clone());
+            }
+            for p in before.iter().chain(&after) {
+                m.wait_for_attach_and_mount(p).await.expect("mounted once space returned");
+            }
+            for p in &before {
+                let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(p))["d"].path.clone();
+                assert_eq!(std::fs::read_to_string(dir.join("canary")).unwrap(), "kept");
+            }
             m.shutdown();
         });
     }
