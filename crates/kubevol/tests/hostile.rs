@@ -444,18 +444,25 @@ mount_test! {
             // A restart on the full disk: the record reads whole (nothing corrupt, nothing
             // set aside), and what it holds waits for space to be confirmed (an intent first).
             let m = restart(m, root.path(), |_| {}).await;
+            for p in before.iter().chain(&after) {
+                m.add_pod(p.clone());
+            }
             let record = node_root.join("volume-record");
             assert!(!record.join("journal.corrupt").exists(), "the journal reads whole");
-            let found = m.status(false).reconstruction;
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let found = loop {
+                let found = m.status(false).reconstruction;
+                if found.pod_volumes >= before.len() || std::time::Instant::now() > deadline {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
             assert_eq!(found.problems, Vec::<String>::new());
             assert!(found.pod_volumes >= before.len(), "every volume mounted before is in the record: {found:?}");
 
             // Space returns: every pod is mounted without a restart, the earlier ones with
             // their data.
             std::fs::remove_file(node_root.join("filler")).unwrap();
-            for p in before.iter().chain(&after) {
-                m.add_pod(p.clone());
-            }
             for p in before.iter().chain(&after) {
                 m.wait_for_attach_and_mount(p).await.expect("mounted once space returned");
             }
