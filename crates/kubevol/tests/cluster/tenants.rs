@@ -149,3 +149,90 @@ mount_test! {
         });
     }
 }
+
+/// A manager of the cluster's node whose failed operations back off 2 s each time (a tenant's
+/// volume that keeps failing is tried no more often than that on its own).
+fn slow_retrying_manager(root: &std::path::Path, cluster: &TestCluster) -> kubevol::VolumeManager {
+    let node = cluster.node_name().to_string();
+    let m = manager(root, |c| {
+        c.node_name = node;
+        c.backoff.initial = Duration::from_secs(2);
+        c.backoff.max = Duration::from_secs(2);
+    });
+    m.add_source(kubevol::source::ClusterSource::new(
+        node_client(cluster),
+        cluster.node_name(),
+    ));
+    m
+}
+
+mount_test! {
+    /// A tenant's pod whose ConfigMap volumes would take more than its ephemeral-storage limit
+    /// (each key a page: 100 keys, 400 KiB a volume, 1 MiB allowed): the third volume is
+    /// refused, saying what each takes and the budget; the others are mounted.
+    fn a_tenants_content_volumes_past_its_budget_are_refused() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let tenant = tenant_client(&cluster).await;
+            let data: serde_json::Map<String, serde_json::Value> = (0..100).map(|i| (format!("k{i}"), json!("v"))).collect();
+            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata": {"name": "many"}, "data": data})).unwrap();
+            kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::default_namespaced(tenant.clone()).create(&Default::default(), &cm).await.expect("the tenant's ConfigMap");
+            let volumes: Vec<_> = (0..3).map(|i| json!({"name": format!("c{i}"), "configMap": {"name": "many"}})).collect();
+            let mut pod = bound_pod("greedy", &node, serde_json::Value::Array(volumes));
+            pod["spec"]["containers"][0]["resources"] = json!({"limits": {"ephemeral-storage": "1Mi"}});
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+            let m = cluster_manager(root.path(), &cluster);
+            let p = kube::Api::<k8s_openapi::api::core::v1::Pod>::default_namespaced(tenant).create(&Default::default(), &pod).await.expect("the tenant's pod");
+            let s = wait_for_status(&m, &p, 30, |s| s.volumes.iter().filter(|v| v.state == kubevol::status::VolumePhase::Mounted).count() == 2
+                && s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let e = s.volumes.iter().find_map(|v| v.retry.last_error.clone()).unwrap();
+            assert!(e.contains("past the pod's budget of 1024 KiB") && e.contains("its ephemeral-storage limit"), "{e}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+mount_test! {
+    /// A tenant's pod with a volume whose ConfigMap is missing and ten siblings whose
+    /// ConfigMaps the tenant makes one by one: each of those is news only to the volume that
+    /// reads it, and the one left failing is tried on its own backoff (2 s), not once per
+    /// sibling's object; made at last, its ConfigMap mounts it at once.
+    fn a_tenants_failing_volume_is_retried_for_what_it_reads_only() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let tenant = tenant_client(&cluster).await;
+            let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::default_namespaced(tenant.clone());
+            let cm = |name: &str| -> k8s_openapi::api::core::v1::ConfigMap { serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap() };
+            let mut volumes = vec![json!({"name": "stuck", "configMap": {"name": "missing"}})];
+            volumes.extend((0..10).map(|i| json!({"name": format!("v{i}"), "configMap": {"name": format!("cm-{i}")}})));
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(bound_pod("app", &node, serde_json::Value::Array(volumes))).unwrap();
+            let m = slow_retrying_manager(root.path(), &cluster);
+            let p = kube::Api::<k8s_openapi::api::core::v1::Pod>::default_namespaced(tenant).create(&Default::default(), &pod).await.expect("the tenant's pod");
+            let tries = |m: &kubevol::VolumeManager| -> u32 {
+                m.events().iter().filter(|e| e.reason == "FailedMount" && e.message.contains("volume \"stuck\"")).map(|e| e.count).sum()
+            };
+            wait_for_status(&m, &p, 30, |_| tries(&m) >= 1).await;
+            let start = Instant::now();
+            let before = tries(&m);
+            for i in 0..10 {
+                config_maps.create(&Default::default(), &cm(&format!("cm-{i}"))).await.expect("a sibling's ConfigMap");
+                // Each its own news: the node has seen it before the next comes.
+                let v = format!("v{i}");
+                wait_for_status(&m, &p, 30, |s| s.volumes.iter().any(|x| x.name == v && x.state == kubevol::status::VolumePhase::Mounted)).await;
+            }
+            wait_for_status(&m, &p, 30, |s| s.volumes.iter().filter(|v| v.name != "stuck").all(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
+            let allowed = 2 + start.elapsed().as_secs() as u32 / 2;
+            let seen = tries(&m) - before;
+            assert!(seen <= allowed, "{seen} more tries of the failing volume, {allowed} allowed");
+            config_maps.create(&Default::default(), &cm("missing")).await.expect("its own ConfigMap");
+            m.wait_for_attach_and_mount(&p).await.expect("mounted once its ConfigMap exists");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
