@@ -93,6 +93,9 @@ pub fn bind_at(
     recursive: bool,
 ) -> Result<PathBuf, MountError> {
     let target = parent.path().join(name);
+    if !crate::safe::is_one_name(Path::new(name)) || name == "." {
+        return Err(MountError::NotRelative { path: target });
+    }
     if parent.has_entry(name)? && mounter.is_mount_point(&target)? {
         return Ok(target);
     }

@@ -65,7 +65,7 @@ fn count_names(rel: &Path) -> Option<usize> {
 }
 
 /// Whether `name` is one name (a single normal component, `./` allowed).
-fn is_one_name(name: &Path) -> bool {
+pub(crate) fn is_one_name(name: &Path) -> bool {
     count_names(name) == Some(1)
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kubevol::source::ManifestSource;
 use kubevol::status::PodPhase;
+use kubevol_testserver::cluster::eventually;
 use serde_json::json;
 
 const OBJECTS: &str = r#"
@@ -747,11 +748,7 @@ mount_test! {
                 m.library().upsert_objects([cm(v)]);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !reads(30) {
-                assert!(Instant::now() < deadline, "the last version reached every volume");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually("the last version in every volume", 20, || async { reads(30) }).await;
             // Each second of updates is one turn, and the first and the last change each one
             // more: whatever the machine's speed, no more writes than that per volume.
             let turns = start.elapsed().as_secs() + 2;
@@ -842,11 +839,7 @@ mount_test! {
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["s"].path.clone();
             // Grown to 900 KiB (a Secret holds at most 1 MiB).
             m.library().upsert_objects([secret("big", 300)]);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while fs::read_to_string(dir.join("a")).map_or(0, |a| a.len()) != 300 << 10 {
-                assert!(Instant::now() < deadline, "the grown Secret written");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually("the grown Secret written", 20, || async { fs::read_to_string(dir.join("a")).map_or(0, |a| a.len()) == 300 << 10 }).await;
             assert_eq!(size_of(&p), 2 * pages(300) + (1 << 20), "grown with the payload");
             assert_eq!(mounts_under(&dir).len(), 1, "the same mount, its options changed");
             m.shutdown();

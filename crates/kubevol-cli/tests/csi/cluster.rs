@@ -93,6 +93,48 @@ async fn without_node(cluster: &kubevol_testserver::TestCluster) {
     }
 }
 
+/// The VolumeAttachment name the attach/detach controller gives volume `handle` of CSI driver
+/// `driver` on node `node`: `csi-` and the SHA-256 of the three, in hex.
+fn attachment_name(handle: &str, driver: &str, node: &str) -> String {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(format!("{handle}{driver}{node}").as_bytes());
+    format!(
+        "csi-{}",
+        hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+/// For CSI migration as a node of a cluster: the CSIDriver `driver` (`attach`: whether it
+/// requires attaching), the node's Node, a PersistentVolume of the in-tree `source` bound to
+/// claim `old` of the test's namespace, and a pod of the node that uses the claim. Returns the
+/// PersistentVolume's name and the pod.
+async fn migrated_claim_pod(
+    cluster: &kubevol_testserver::TestCluster,
+    driver: &str,
+    attach: bool,
+    source: serde_json::Value,
+) -> (String, Pod) {
+    fresh(cluster, json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver}, "spec": {"attachRequired": attach}})).await;
+    fresh_node(cluster).await;
+    let pv_name = cluster.scoped("old");
+    let mut spec = json!({"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"}});
+    spec.as_object_mut()
+        .unwrap()
+        .extend(source.as_object().unwrap().clone());
+    cluster
+        .create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name}, "spec": spec}))
+        .await;
+    let mut claim = pvc("old", "Filesystem");
+    claim["spec"]["volumeName"] = json!(pv_name);
+    cluster.create(claim).await;
+    cluster.bind_claim("old", &pv_name).await;
+    let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
+    pod["spec"]["nodeName"] = json!(cluster.node_name());
+    pod["spec"]["automountServiceAccountToken"] = json!(false);
+    let pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+    (pv_name, pod)
+}
+
 /// A volume the attach/detach controller attaches: its CSI driver and handle, its
 /// PersistentVolume, and its unique name in the Node's `status.volumesAttached`.
 struct Attached {
@@ -140,15 +182,7 @@ async fn attach_as_the_controller(
         .unwrap()
         .into_inner()
         .publish_context;
-    let attachment = {
-        use sha2::Digest;
-        let hash =
-            sha2::Sha256::digest(format!("{}{}{name}", volume.handle, volume.driver).as_bytes());
-        format!(
-            "csi-{}",
-            hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )
-    };
+    let attachment = attachment_name(volume.handle, volume.driver, name);
     let made = cluster
         .create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
             "spec": {"attacher": volume.driver, "nodeName": name, "source": {"persistentVolumeName": volume.pv}}}))
@@ -431,11 +465,7 @@ cluster_test! {
             // VolumeAttachment only once it exists.)
             with_period["spec"]["nodeAllocatableUpdatePeriodSeconds"] = json!(3600);
             std::fs::write(&max, "1").unwrap();
-            let attachment = {
-                use sha2::Digest;
-                let hash = sha2::Sha256::digest(format!("full{DRIVER}{name}").as_bytes());
-                format!("csi-{}", hash.iter().map(|b| format!("{b:02x}")).collect::<String>())
-            };
+            let attachment = attachment_name("full", DRIVER, &name);
             let made = cluster.create(json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
                 "spec": {"attacher": DRIVER, "nodeName": name, "source": {"persistentVolumeName": cluster.scoped("full")}}})).await;
             let attachments: kube::Api<k8s_openapi::api::storage::v1::VolumeAttachment> = kube::Api::all(cluster.admin_client());
@@ -583,20 +613,7 @@ cluster_test! {
             })
             .await
             .unwrap();
-            fresh(&cluster, json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": GCE}, "spec": {"attachRequired": false}})).await;
-            fresh_node(&cluster).await;
-            let pv_name = cluster.scoped("old");
-            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-                "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"},
-                         "gcePersistentDisk": {"pdName": disk, "fsType": "ext4"}}})).await;
-            let mut claim = pvc("old", "Filesystem");
-            claim["spec"]["volumeName"] = json!(pv_name);
-            cluster.create(claim).await;
-            cluster.bind_claim("old", &pv_name).await;
-            let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
-            pod["spec"]["nodeName"] = json!(name);
-            pod["spec"]["automountServiceAccountToken"] = json!(false);
-            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let (_, pod) = migrated_claim_pod(&cluster, GCE, false, json!({"gcePersistentDisk": {"pdName": disk, "fsType": "ext4"}})).await;
             let m = cluster_manager(t.path(), &cluster);
             m.wait_for_attach_and_mount(&pod).await.expect("served by the CSI driver");
             let unique = format!("kubernetes.io/csi/{GCE}^{handle}");
@@ -626,21 +643,8 @@ cluster_test! {
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--driver-name", EBS]);
         runtime().block_on(async {
             let (cluster, _driver_name) = cluster_for(backend, EBS).await;
-            let name = cluster.node_name().to_string();
-            fresh(&cluster, json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": EBS}, "spec": {"attachRequired": true}})).await;
-            fresh_node(&cluster).await;
-            let pv_name = cluster.scoped("old");
-            cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-                "spec": {"capacity": {"storage": "16Mi"}, "accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": cluster.namespace(), "name": "old"},
-                         "awsElasticBlockStore": {"volumeID": format!("aws://eu-west-1a/{HANDLE}"), "fsType": "ext4"}}})).await;
-            let mut claim = pvc("old", "Filesystem");
-            claim["spec"]["volumeName"] = json!(pv_name);
-            cluster.create(claim).await;
-            cluster.bind_claim("old", &pv_name).await;
-            let mut pod = serde_json::to_value(claim_pod("app", "old")).unwrap();
-            pod["spec"]["nodeName"] = json!(name);
-            pod["spec"]["automountServiceAccountToken"] = json!(false);
-            let pod: Pod = serde_json::from_value(cluster.create(pod).await).unwrap();
+            let source = json!({"awsElasticBlockStore": {"volumeID": format!("aws://eu-west-1a/{HANDLE}"), "fsType": "ext4"}});
+            let (pv_name, pod) = migrated_claim_pod(&cluster, EBS, true, source).await;
             let m = cluster_manager(t.path(), &cluster);
             let unique = format!("kubernetes.io/csi/{EBS}^{HANDLE}");
             let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;

@@ -12,10 +12,11 @@ use std::sync::Mutex;
 /// A pod's budget when it sets no ephemeral-storage limit.
 pub const DEFAULT_BUDGET: u64 = 256 << 20;
 
-/// What each content volume of each pod takes.
+/// What each content volume of each pod takes, by pod: a set-up looks at its own pod's
+/// volumes only.
 #[derive(Default)]
 pub struct ContentUsage {
-    by_volume: Mutex<HashMap<(PodUid, String), u64>>,
+    by_pod: Mutex<HashMap<PodUid, HashMap<String, u64>>>,
 }
 
 /// The bytes a file of `len` bytes takes: whole pages, one at least.
@@ -35,22 +36,32 @@ impl ContentUsage {
         need: u64,
         budget: u64,
     ) -> Result<(), u64> {
-        let mut map = crate::sync::lock(&self.by_volume);
-        let others: u64 = map
+        let mut map = crate::sync::lock(&self.by_pod);
+        let volumes = map.entry(pod.clone()).or_default();
+        let others: u64 = volumes
             .iter()
-            .filter(|((p, v), _)| p == pod && v != volume)
+            .filter(|(v, _)| v.as_str() != volume)
             .map(|(_, n)| *n)
             .sum();
         if others.saturating_add(need) > budget {
+            if volumes.is_empty() {
+                map.remove(pod);
+            }
             return Err(others);
         }
-        map.insert((pod.clone(), volume.to_string()), need);
+        volumes.insert(volume.to_string(), need);
         Ok(())
     }
 
-    /// Forgets `volume` of `pod` (torn down).
+    /// Forgets `volume` of `pod` (torn down), and the pod with its last volume.
     pub(crate) fn release(&self, pod: &PodUid, volume: &str) {
-        crate::sync::lock(&self.by_volume).remove(&(pod.clone(), volume.to_string()));
+        let mut map = crate::sync::lock(&self.by_pod);
+        if let Some(volumes) = map.get_mut(pod) {
+            volumes.remove(volume);
+            if volumes.is_empty() {
+                map.remove(pod);
+            }
+        }
     }
 }
 
@@ -75,5 +86,13 @@ mod tests {
         u.take(&a, "two", 600, 1000).unwrap();
         u.release(&a, "one");
         u.take(&a, "three", 400, 1000).unwrap();
+        for v in ["two", "three"] {
+            u.release(&a, v);
+        }
+        u.release(&b, "two");
+        assert!(
+            crate::sync::lock(&u.by_pod).is_empty(),
+            "nothing kept of pods gone"
+        );
     }
 }

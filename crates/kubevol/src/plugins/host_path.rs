@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::HostPathVolumeSource;
+use kubevol_core::names::PathName;
 use kubevol_core::state::VolumeSpec;
 use kubevol_mount::pin::Missing;
 use kubevol_mount::safe::Dir;
@@ -269,6 +270,7 @@ fn pin(
         r => r?,
     };
     check_kind(path, type_, kind)?;
+    let name = PathName::new("the volume's name", &req.outer_volume_name)?;
     let (parent, _) = host.root_dir.create_dir_all(
         &PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME),
         0o750,
@@ -279,7 +281,7 @@ fn pin(
         kind == FileType::Directory,
         path,
         &parent,
-        &req.outer_volume_name,
+        name.as_str(),
         true,
     )?)
 }
@@ -289,7 +291,8 @@ fn pin(
 /// detaches its `rbind`s) and removes its mount point with rmdir or unlink, which never remove
 /// a mount point nor a directory with anything in it.
 fn unpin(host: &PluginHost, req: &TearDownRequest) -> Result<(), VolumeError> {
-    let rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME).join(&*req.outer_volume_name);
+    let name = PathName::new("the volume's name", &req.outer_volume_name)?;
+    let rel = PluginHost::pod_plugin_dir(&req.pod_ref, PLUGIN_NAME).join(name.as_str());
     let is_dir = match fs::symlink_metadata(&req.path) {
         Ok(m) => m.is_dir(),
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),

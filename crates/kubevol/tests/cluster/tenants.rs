@@ -93,11 +93,7 @@ mount_test! {
                 tokio::time::sleep(Duration::from_millis(125)).await;
             }
             let reads = |want: usize| dirs.iter().all(|d| std::fs::read_to_string(d.join("v")).is_ok_and(|v| v == want.to_string()));
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !reads(last) {
-                assert!(Instant::now() < deadline, "the last version reached every volume");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            kubevol_testserver::cluster::eventually("the last version in every volume", 60, || async { reads(last) }).await;
             let elapsed = start.elapsed();
             let writes = volume_writes(&m, "kubernetes.io/secret") - before;
             println!("{pods} pods x 1 Secret patched {last} times in {elapsed:.1?}: {writes} volume writes, {:.0}/s ({:.2} per volume per second)",
