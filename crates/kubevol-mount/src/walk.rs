@@ -363,6 +363,15 @@ pub(crate) mod tests {
         walk(dir.as_fd(), path, visit)
     }
 
+    /// One test of a tree 100,000 levels deep at a time: each counts the process's open
+    /// descriptors (another walking beside it changes that count under it, and the count's
+    /// underflow panicked; the panic's unwinding then dropped the deep tree through std's
+    /// recursive removal, which overflowed the stack and hid the panic).
+    pub(crate) fn deep_trees() -> std::sync::MutexGuard<'static, ()> {
+        static DEEP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        DEEP.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn memory_tempdir() -> tempfile::TempDir {
         tempfile::tempdir_in("/dev/shm").unwrap_or_else(|_| tempfile::tempdir().unwrap())
     }

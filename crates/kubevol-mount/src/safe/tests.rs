@@ -1,6 +1,10 @@
 use super::*;
 use std::os::unix::fs::PermissionsExt;
 
+/// The stack of the threads that walk 100,000 levels: recursion would overflow it within a
+/// few hundred levels.
+const SMALL_STACK: usize = 64 << 10;
+
 #[test]
 fn create_dir_all_sets_exact_mode_and_reports_creation() {
     let t = tempfile::tempdir().unwrap();
@@ -305,6 +309,7 @@ fn remove_empty_tree_along_takes_the_chain_and_walks_what_else_is_there() {
 /// and the removal each get through it on a thread with a small stack.
 #[test]
 fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_removed_without_recursion() {
+    let _one_at_a_time = crate::walk::tests::deep_trees();
     let t = crate::walk::tests::memory_tempdir();
     let v = t.path().join("v");
     std::fs::create_dir(&v).unwrap();
@@ -312,7 +317,7 @@ fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_removed_without_recursion(
     let gid = rustix::process::getgid().as_raw();
     let top = t.path().to_path_buf();
     std::thread::Builder::new()
-        .stack_size(64 << 10)
+        .stack_size(SMALL_STACK)
         .spawn(move || {
             let vol = Dir::open(&top.join("v")).unwrap();
             assert!(vol
@@ -337,6 +342,7 @@ fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_removed_without_recursion(
 
 #[test]
 fn a_deep_tree_of_empty_directories_goes_with_rmdir_alone() {
+    let _one_at_a_time = crate::walk::tests::deep_trees();
     let t = crate::walk::tests::memory_tempdir();
     let mut cur = rustix::fs::open(t.path(), DIR_FLAGS, Mode::empty()).unwrap();
     for _ in 0..20_000 {
@@ -356,7 +362,7 @@ fn a_deep_tree_of_empty_directories_goes_with_rmdir_alone() {
     let d = Dir::open(t.path()).unwrap();
     let e = std::thread::scope(|s| {
         std::thread::Builder::new()
-            .stack_size(64 << 10)
+            .stack_size(SMALL_STACK)
             .spawn_scoped(s, || d.remove_empty_tree("e").unwrap_err())
             .unwrap()
             .join()
@@ -373,12 +379,13 @@ fn a_deep_tree_of_empty_directories_goes_with_rmdir_alone() {
 }
 #[test]
 fn a_tree_100000_levels_deep_is_walked_with_a_bounded_stack_and_bounded_descriptors() {
+    let _one_at_a_time = crate::walk::tests::deep_trees();
     let t = crate::walk::tests::memory_tempdir();
     drop(crate::walk::tests::chain(t.path(), 100_000));
     // A thread with a small stack: recursion would overflow it within a few hundred levels.
     let root = t.path().to_path_buf();
     let walked = std::thread::Builder::new()
-        .stack_size(64 << 10)
+        .stack_size(SMALL_STACK)
         .spawn(move || {
             let before = crate::walk::tests::open_descriptors();
             let mut count = crate::walk::tests::Count {
@@ -392,7 +399,7 @@ fn a_tree_100000_levels_deep_is_walked_with_a_bounded_stack_and_bounded_descript
                 count.dirs,
                 count.files,
                 count.deepest,
-                count.open_at_deepest - before,
+                count.open_at_deepest.saturating_sub(before),
             )
         })
         .unwrap()
