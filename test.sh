@@ -14,6 +14,9 @@ command -v findmnt >/dev/null || missing+=(util-linux)
 command -v losetup >/dev/null || missing+=(mount)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
+# The container tests run real containers: an OCI runtime, on a static busybox root.
+command -v crun >/dev/null || missing+=(crun)
+{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 # ring (TLS for the API server client) compiles C.
 command -v cc >/dev/null || missing+=(gcc)
 # The control plane's certificates, and its readiness checks.

@@ -399,17 +399,42 @@ fn fill(dir: &Path) {
     }
 }
 
+/// Mounts a new ext4 filesystem of `mib` MiB on `dir` (a loop device the kernel frees when
+/// the test's mount namespace ends): a disk, whose directories take blocks, unlike a tmpfs's.
+fn small_disk(dir: &Path, mib: u64) {
+    let image = dir.with_extension("img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().expect("run mkfs.ext4 and mount");
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image));
+    run(std::process::Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(dir));
+}
+
 mount_test! {
     /// The root's disk full to its last byte (what a pod's disk-backed emptyDir can do): the
     /// set-ups whose intent cannot be recorded fail, saying so, and leave nothing; the record
     /// stays whole (a restart on the full disk reads it without a corrupt line or a problem);
-    /// once space returns, every pod is mounted without a restart, the earlier ones with
+    /// pods removed meanwhile are torn down all the same; once space returns, every pod is mounted without a restart, the earlier ones with
     /// their data.
     fn a_full_disk_never_loses_the_record_and_kubevol_recovers_when_space_returns() {
         let root = TestRoot::new();
         let node_root = root.path().join("root");
         std::fs::create_dir_all(&node_root).unwrap();
-        rustix::mount::mount("tmpfs", &node_root, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=8m")).expect("a small tmpfs");
+        small_disk(&node_root, 32);
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             let before: Vec<_> = (0..5).map(|i| pod_with_volumes(&format!("before-{i}"), json!([{"name": "d", "emptyDir": {}}]))).collect();
@@ -418,6 +443,11 @@ mount_test! {
                 m.wait_for_attach_and_mount(p).await.expect("mounted");
                 let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(p))["d"].path.clone();
                 std::fs::write(dir.join("canary"), "kept").unwrap();
+            }
+            let gone: Vec<_> = (0..10).map(|i| pod_with_volumes(&format!("gone-{i}"), json!([{"name": "d", "emptyDir": {}}]))).collect();
+            for p in &gone {
+                m.add_pod(p.clone());
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
             }
             fill(&node_root);
             let after: Vec<_> = (0..40).map(|i| pod_with_volumes(&format!("after-{i}"), json!([{"name": "d", "emptyDir": {}}]))).collect();
@@ -441,6 +471,14 @@ mount_test! {
             let e = tokio::time::timeout(Duration::from_secs(30), full).await.expect("a set-up refused on the full disk");
             assert!(e.contains("No space left on device") || e.contains("os error 28"), "{e}");
 
+            // Teardowns go on while the disk is full (their lines go into the record's
+            // reserve: without it the journal's last page holds a few lines at most).
+            m.remove_pods(&gone);
+            for p in &gone {
+                tokio::time::timeout(Duration::from_secs(30), m.wait_for_unmount(p)).await.expect("torn down on the full disk").unwrap();
+            }
+            assert!(node_root.join("filler").exists());
+
             // A restart on the full disk: the record reads whole (nothing corrupt, nothing
             // set aside), and what it holds waits for space to be confirmed (an intent first).
             let m = restart(m, root.path(), |_| {}).await;
@@ -459,6 +497,9 @@ mount_test! {
             };
             assert_eq!(found.problems, Vec::<String>::new());
             assert!(found.pod_volumes >= before.len(), "every volume mounted before is in the record: {found:?}");
+            let recorded: Vec<String> = kubevol::record::Record::read(&node_root).unwrap().pods.iter().map(|r| r.pod.name.to_string()).collect();
+            assert!(before.iter().all(|p| recorded.contains(p.metadata.name.as_ref().unwrap())), "{recorded:?}");
+            assert!(!recorded.iter().any(|p| p.starts_with("gone-")), "a pod torn down is out of the record: {recorded:?}");
 
             // Space returns: every pod is mounted without a restart, the earlier ones with
             // their data.
@@ -471,6 +512,89 @@ mount_test! {
                 assert_eq!(std::fs::read_to_string(dir.join("canary")).unwrap(), "kept");
             }
             m.shutdown();
+        });
+    }
+}
+
+/// A pod volume's record in `state`, as a set-up of an emptyDir writes it.
+fn record_of(
+    pod: &str,
+    state: kubevol::record::PodVolumeState,
+) -> kubevol::record::PodVolumeRecord {
+    use kubevol::record::{PodVolumeRecord, SpecRecord, TraitsRecord, VERSION};
+    PodVolumeRecord {
+        version: VERSION,
+        state,
+        pod: kubevol_core::PodRef {
+            namespace: "default".into(),
+            name: pod.into(),
+            uid: kubevol_core::PodUid(format!("uid-{pod}").into()),
+        },
+        source: "/m/pods.yaml, document 1".into(),
+        volume: "d".into(),
+        unique_name: kubevol_core::UniqueVolumeName::from(format!(
+            "kubernetes.io/empty-dir/uid-{pod}-d"
+        )),
+        traits: TraitsRecord {
+            plugin: "kubernetes.io/empty-dir".into(),
+            attachable: false,
+            device_mountable: false,
+        },
+        path: format!("/r/pods/uid-{pod}/volumes/kubernetes.io~empty-dir/d").into(),
+        read_only: false,
+        sub_paths: Vec::new(),
+        spec: SpecRecord {
+            volume: k8s_openapi::api::core::v1::Volume {
+                name: "d".into(),
+                ..Default::default()
+            }
+            .into(),
+            persistent_volume: None,
+            block: false,
+            selinux: None,
+        },
+    }
+}
+
+mount_test! {
+    /// On a full disk the record keeps space of its own for what finishes or undoes work: the
+    /// intent to set a volume up is refused, saying so, once half of the reserve is used,
+    /// while every volume written so far can still be torn down (intent and removal); once
+    /// space is freed, set-ups are recorded again, and the journal reads whole.
+    fn the_record_keeps_its_reserve_for_teardowns_on_a_full_disk() {
+        use kubevol::record::{Change, PodVolumeState as S, Record};
+        let root = TestRoot::new();
+        let node_root = root.path().join("root");
+        std::fs::create_dir_all(&node_root).unwrap();
+        rustix::mount::mount("tmpfs", &node_root, "tmpfs", rustix::mount::MountFlags::empty(), Some(c"size=8m")).expect("a small tmpfs");
+        runtime().block_on(async {
+            let record = std::sync::Arc::new(Record::open(&node_root).unwrap());
+            fill(&node_root);
+            let mut written = 0;
+            let refused = loop {
+                let pod = format!("p{written}");
+                match record.commit(Change::PodVolume(record_of(&pod, S::SettingUp)), true).await {
+                    Ok(()) => record.commit(Change::PodVolume(record_of(&pod, S::SetUp)), false).await.unwrap(),
+                    Err(e) => break e,
+                }
+                written += 1;
+                assert!(written < 10_000, "no set-up refused on a full disk");
+            };
+            assert!(refused.to_string().contains("reserve is kept for teardowns"), "{refused}");
+            assert!(written > 100, "the reserve took {written} set-ups");
+            for i in 0..written {
+                let r = record_of(&format!("p{i}"), S::TearingDown);
+                let (pod, unique) = (r.pod.uid.clone(), r.unique_name.clone());
+                record.commit(Change::PodVolume(r), true).await.expect("a teardown's intent is recorded on the full disk");
+                record.commit(Change::RemovePodVolume { pod, volume: "d".into(), unique }, false).await.unwrap();
+            }
+            assert!(record.commit(Change::PodVolume(record_of("after", S::SettingUp)), true).await.is_err());
+            std::fs::remove_file(node_root.join("filler")).unwrap();
+            record.commit(Change::PodVolume(record_of("after", S::SettingUp)), true).await.expect("set-ups recorded once space returns");
+            drop(record);
+            let loaded = Record::read(&node_root).unwrap();
+            assert!(loaded.corrupt.is_empty());
+            assert_eq!(loaded.pods.iter().map(|r| r.pod.name.to_string()).collect::<Vec<_>>(), ["after"]);
         });
     }
 }

@@ -32,6 +32,10 @@ const JOURNAL_NEW: &str = "journal.new";
 const JOURNAL_CORRUPT: &str = "journal.corrupt";
 /// Dead lines tolerated beyond the live records before a compaction.
 pub(super) const COMPACT_SLACK: usize = 4096;
+/// Space kept allocated past the journal's end (`fallocate` with `KEEP_SIZE`), refilled when
+/// half of it is used: on a full disk the journal still takes about 1,700 lines, which is
+/// what the teardowns that free space need (two lines each).
+pub(super) const RESERVE: u64 = 2 << 20;
 
 /// What a record is about: a pod's volume, or a volume node-wide.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -392,13 +396,7 @@ pub(super) fn compact<L: AsRef<[u8]>>(
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     let read = file.try_clone()?;
-    let mut append = Appender {
-        dir: dir.to_path_buf(),
-        file,
-        len: at,
-        lines: places.len(),
-        dir_unsynced: false,
-    };
+    let mut append = Appender::new(dir, file, at, places.len());
     let journal = dir.join(JOURNAL);
     if keep_old && journal.exists() {
         std::fs::copy(&journal, dir.join(JOURNAL_CORRUPT))?;
@@ -437,6 +435,10 @@ pub(super) struct Appender {
     /// The journal took its name in a rename whose directory sync failed: the next durable
     /// append syncs the directory first (its lines are not durable until the name is).
     dir_unsynced: bool,
+    /// Where the space allocated for the journal ends (at least `len`).
+    reserved: u64,
+    /// The last refill of the reserve failed for want of space.
+    short: bool,
 }
 
 impl Appender {
@@ -452,13 +454,64 @@ impl Appender {
             sync_dir(dir)?;
         }
         let len = file.metadata()?.len();
-        Ok(Appender {
+        Ok(Appender::new(dir, file, len, lines))
+    }
+
+    fn new(dir: &Path, file: File, len: u64, lines: usize) -> Self {
+        let mut append = Appender {
             dir: dir.to_path_buf(),
             file,
             len,
             lines,
             dir_unsynced: false,
-        })
+            reserved: len,
+            short: false,
+        };
+        append.refill();
+        append
+    }
+
+    /// Whether the journal has its reserve: tops it up to [`RESERVE`] past the end when half
+    /// of it is used. Allocating what is already allocated takes no space, so after a restart
+    /// the reserve written before is found again even on a full disk. `false` when the disk
+    /// has no room for the refill; a filesystem without `fallocate` has no reserve to keep
+    /// (and is never short of it).
+    pub(super) fn refill(&mut self) -> bool {
+        use rustix::fs::{fallocate, FallocateFlags};
+        if self.reserved.saturating_sub(self.len) >= RESERVE / 2 {
+            return true;
+        }
+        let was_short = self.short;
+        match fallocate(&self.file, FallocateFlags::KEEP_SIZE, self.len, RESERVE) {
+            Ok(()) => {
+                self.reserved = self.len + RESERVE;
+                self.short = false;
+                if was_short {
+                    info!(dir = %self.dir.display(), "the volume record's reserve is whole again: set-ups resume");
+                }
+            }
+            Err(rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT) => {
+                self.short = true;
+                if !was_short {
+                    warn!(
+                        dir = %self.dir.display(),
+                        left = self.reserved.saturating_sub(self.len),
+                        "the disk holding the volume record is full: its reserve is kept for teardowns, and set-ups wait for space"
+                    );
+                }
+            }
+            Err(e) => {
+                // No fallocate here (or another failure): appends take their chance.
+                tracing::debug!(dir = %self.dir.display(), "cannot allocate the volume record's reserve: {e}");
+                self.reserved = u64::MAX;
+            }
+        }
+        !self.short
+    }
+
+    /// The record's directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Where the next append begins.
@@ -479,6 +532,7 @@ impl Appender {
             return Err(AppendError::NotWritten(e));
         }
         self.len += buf.len() as u64;
+        self.reserved = self.reserved.max(self.len);
         self.lines += lines;
         if durable {
             if self.dir_unsynced {

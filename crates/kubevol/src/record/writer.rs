@@ -40,6 +40,31 @@ impl Change {
             Change::RemoveDevice(unique) => Key::Device(unique.clone()),
         }
     }
+
+    /// Whether it records the intent to start something new on the node (a set-up, an attach,
+    /// a device mount), which waits while the disk is full: what finishes or undoes earlier
+    /// work, and frees space, is written into the journal's reserve.
+    fn starts(&self) -> bool {
+        use super::{DeviceStepState as D, PodVolumeState as P};
+        match self {
+            Change::PodVolume(r) => r.state == P::SettingUp,
+            Change::Device(r) => {
+                r.attach == Some(D::Starting) || r.device_mount == Some(D::Starting)
+            }
+            Change::RemovePodVolume { .. } | Change::RemoveDevice(_) => false,
+        }
+    }
+}
+
+/// Why a change that [`Change::starts`] something is refused while the journal's disk is full.
+fn full(dir: &std::path::Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::StorageFull,
+        format!(
+            "No space left on device: the disk holding the volume record ({}) is full; its reserve is kept for teardowns, and set-ups wait until space is freed",
+            dir.display()
+        ),
+    )
 }
 
 /// What the writer thread is sent: one change, or many queued together (never split between
@@ -224,10 +249,15 @@ fn apply(
     // The batch's lines, each encoded in place (about 600 bytes a pod volume's record).
     let mut buf = Vec::with_capacity(batch.len() * 640);
     let mut any_durable = false;
+    let short = !journal.refill();
     {
         let live = crate::sync::lock(live);
         let file = live.file();
         for &(change, durable) in batch {
+            if short && change.starts() {
+                results.push(Err(full(journal.dir())));
+                continue;
+            }
             let key = change.key();
             let begins = buf.len();
             let now = match overlay.get(&key) {
