@@ -52,6 +52,9 @@ enum Command {
     /// what to do), or summarize the node: asks a running daemon (`kubevol run`, whose --listen
     /// address --server names).
     Describe(DescribeArgs),
+    /// Show what a container of a pod gets of its volumes (the mounts and devices to hand the
+    /// container runtime), asking a running daemon.
+    Mounts(MountsArgs),
     /// Measure pod volume-ready latency and throughput against the raw mount syscalls.
     Bench(bench::BenchArgs),
 }
@@ -220,6 +223,28 @@ struct DescribeArgs {
     output: Option<DescribeOutput>,
 }
 
+#[derive(clap::Args)]
+struct MountsArgs {
+    /// NAMESPACE/NAME (NAME alone means the default namespace).
+    pod: String,
+    /// The container.
+    #[arg(short = 'c', long = "container")]
+    container: String,
+    /// The daemon's HTTP address.
+    #[arg(long, default_value = "http://127.0.0.1:10258")]
+    server: String,
+    /// A table by default; kubevol's JSON, the CRI form or the OCI form.
+    #[arg(short = 'o', long = "output", value_enum)]
+    output: Option<MountsOutput>,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum MountsOutput {
+    Json,
+    Cri,
+    Oci,
+}
+
 #[derive(Subcommand)]
 enum Describe {
     /// A pod: NAMESPACE/NAME, or its UID.
@@ -341,6 +366,7 @@ fn main() -> ExitCode {
         Command::Run(args) => runtime.block_on(run(*args)),
         Command::Status(args) => status(args),
         Command::Describe(args) => describe(args),
+        Command::Mounts(args) => mounts(args),
         Command::Bench(_) => unreachable!("handled above"),
     };
     // A blocking thread stuck in a hung filesystem or a FIFO must not hold the exit: mounts
@@ -649,6 +675,76 @@ fn describe(args: DescribeArgs) -> anyhow::Result<ExitCode> {
             describe::print_node(&d, &mut out)?;
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn mounts(args: MountsArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let (namespace, name) = args.pod.split_once('/').unwrap_or(("default", &args.pod));
+    for (what, s) in [
+        ("namespace", namespace),
+        ("pod name", name),
+        ("container name", &args.container),
+    ] {
+        if let Some(why) = kubevol_core::validation::dns1123_subdomain_error(s) {
+            anyhow::bail!("{what} {s:?} {why}");
+        }
+    }
+    let format = match args.output {
+        None | Some(MountsOutput::Json) => "json",
+        Some(MountsOutput::Cri) => "cri",
+        Some(MountsOutput::Oci) => "oci",
+    };
+    let path = format!(
+        "/api/v1/pods/{namespace}/{name}/containers/{}/mounts?format={format}",
+        args.container
+    );
+    let body = client::get(&args.server, &path)?;
+    let mut out = std::io::stdout();
+    if args.output.is_some() {
+        writeln!(out, "{body}")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let m: serde_json::Value =
+        serde_json::from_str(&body).context("the server's answer is not a container's mounts")?;
+    let mut rows = vec![[
+        "CONTAINER PATH",
+        "VOLUME",
+        "MODE",
+        "PROPAGATION",
+        "HOST PATH OR IMAGE",
+    ]
+    .map(String::from)];
+    for v in m["mounts"].as_array().into_iter().flatten() {
+        let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        let mode = match (v["readOnly"].as_bool(), v["recursiveReadOnly"].as_bool()) {
+            (_, Some(true)) => "rro",
+            (Some(true), _) => "ro",
+            _ => "rw",
+        };
+        let source = match v["image"]["reference"].as_str() {
+            Some(image) => format!("image {image}"),
+            None => text("hostPath"),
+        };
+        rows.push([
+            text("containerPath"),
+            text("volume"),
+            mode.into(),
+            text("propagation"),
+            source,
+        ]);
+    }
+    for d in m["devices"].as_array().into_iter().flatten() {
+        let text = |k: &str| d[k].as_str().unwrap_or_default().to_string();
+        rows.push([
+            text("containerPath"),
+            text("volume"),
+            "device".into(),
+            "-".into(),
+            text("hostPath"),
+        ]);
+    }
+    table::write_columns(&rows, &mut out)?;
     Ok(ExitCode::SUCCESS)
 }
 

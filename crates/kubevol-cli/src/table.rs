@@ -216,7 +216,7 @@ pub fn print_drivers(drivers: &[serde_json::Value], out: &mut impl Write) -> std
 }
 
 /// Writes rows of five columns, each of the first four padded to its widest cell.
-fn write_columns(rows: &[[String; 5]], out: &mut impl Write) -> std::io::Result<()> {
+pub(crate) fn write_columns(rows: &[[String; 5]], out: &mut impl Write) -> std::io::Result<()> {
     let widths: Vec<usize> = (0..4)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();

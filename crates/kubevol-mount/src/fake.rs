@@ -144,6 +144,7 @@ impl Mounter for FakeMounter {
             fs_type: fstype.into(),
             source: source.into(),
             super_options: options.data.join(","),
+            optional: String::new(),
         });
         Ok(())
     }
@@ -159,6 +160,22 @@ impl Mounter for FakeMounter {
         let options = MountOptions::default();
         let source = source_path.display().to_string();
         self.mount(&source, &target_dir.path().join(name), "bind", &options)
+    }
+
+    fn make_shared(&self, target: &Path) -> Result<(), MountError> {
+        let mut s = self.lock();
+        match s.table.iter_mut().rev().find(|m| m.mount_point == target) {
+            Some(m) => {
+                m.optional = format!("shared:{}", m.id);
+                Ok(())
+            }
+            None => Err(MountError::Mount {
+                source_name: "make-rshared".into(),
+                target: target.into(),
+                fstype: "".into(),
+                errno: Errno::INVAL,
+            }),
+        }
     }
 
     fn remount_read_only(&self, target: &Path) -> Result<(), MountError> {

@@ -237,6 +237,10 @@ pub trait Mounter: Send + Sync + 'static {
     /// its other mounts stay writable).
     fn remount_read_only(&self, target: &Path) -> Result<(), MountError>;
 
+    /// Makes the mount at `target` and every mount below it shared (`--make-rshared`), so that
+    /// a mount made below it later reaches a container's copy of it (`mountPropagation`).
+    fn make_shared(&self, target: &Path) -> Result<(), MountError>;
+
     /// Unmounts `target` without following a symbolic link at its last component.
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError>;
 
@@ -269,6 +273,17 @@ pub trait Mounter: Send + Sync + 'static {
 /// How long a look for what holds a busy mount may take (a node with many processes is
 /// looked at in part, and says so).
 pub const HOLDERS_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the kernel makes a mount read-only with everything below it
+/// (`mount_setattr(2)` with `AT_RECURSIVE`, Linux 5.12), which `recursiveReadOnly` needs.
+pub fn recursive_read_only_supported() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (5, 12)
+}
 
 /// umount2(2): EINVAL (nothing mounted there) is what was wanted.
 fn umount(target: &Path, flags: UnmountFlags) -> Result<Unmounted, MountError> {
@@ -376,6 +391,16 @@ impl Mounter for LinuxMounter {
                 errno,
             },
         )
+    }
+
+    fn make_shared(&self, target: &Path) -> Result<(), MountError> {
+        use rustix::mount::MountPropagationFlags as P;
+        rustix::mount::mount_change(target, P::SHARED | P::REC).map_err(|errno| MountError::Mount {
+            source_name: "make-rshared".into(),
+            target: target.into(),
+            fstype: "".into(),
+            errno,
+        })
     }
 
     fn unmount(&self, target: &Path) -> Result<Unmounted, MountError> {

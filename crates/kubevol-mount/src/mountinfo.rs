@@ -23,6 +23,23 @@ pub struct MountInfo {
     pub source: String,
     /// Per-superblock options (`rw,size=65536k`).
     pub super_options: String,
+    /// The optional fields: propagation (`shared:5`, `master:3`, `unbindable`), empty for a
+    /// private mount.
+    pub optional: String,
+}
+
+impl MountInfo {
+    /// Whether mounts made below it elsewhere reach it: a shared mount, or a slave of one.
+    pub fn receives_propagation(&self) -> bool {
+        self.optional
+            .split(' ')
+            .any(|f| f.starts_with("shared:") || f.starts_with("master:"))
+    }
+
+    /// Whether it is shared (in a peer group).
+    pub fn is_shared(&self) -> bool {
+        self.optional.split(' ').any(|f| f.starts_with("shared:"))
+    }
 }
 
 /// Undoes the kernel's octal escapes (`\040` for a space) in a mountinfo field.
@@ -76,6 +93,7 @@ fn parse_line(line: &str) -> Result<MountInfo, String> {
         fs_type: fields[sep + 1].to_string(),
         source: unescape(fields[sep + 2]),
         super_options: fields[sep + 3].to_string(),
+        optional: fields[6..sep].join(" "),
     })
 }
 
@@ -95,6 +113,9 @@ mod tests {
         assert_eq!(m[1].fs_type, "tmpfs");
         assert_eq!(m[1].super_options, "rw,size=65536k");
         assert_eq!(m[1].parent_id, 36);
+        assert_eq!(m[0].optional, "master:1");
+        assert!(m[0].receives_propagation() && !m[0].is_shared());
+        assert!(m[1].optional.is_empty() && !m[1].receives_propagation());
     }
 
     #[test]

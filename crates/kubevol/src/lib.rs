@@ -32,6 +32,7 @@
 //! [`events`], [`metrics`] and [`http`] are what an operator sees.
 
 pub mod certificates;
+pub mod containers;
 pub mod csi;
 mod dir_watch;
 pub mod error;

@@ -45,6 +45,13 @@ pub struct MountedVolume {
     /// The subPath mounts: for these container mounts the runtime bind-mounts the subPath's
     /// own mount instead of `path`.
     pub sub_paths: Vec<SubPathMount>,
+    /// The plugin that set it up (`kubernetes.io/empty-dir`).
+    pub plugin: kubevol_core::names::SharedStr,
+    /// Whether it is a raw block device (`volumeDevices`): `path` is the device.
+    pub block: bool,
+    /// Whether it was mounted with the pod's SELinux context (`-o context=`): the runtime has
+    /// nothing to relabel.
+    pub selinux_mount: bool,
 }
 
 /// The two states of world and their signals.
@@ -304,16 +311,20 @@ impl World {
 impl World {
     /// The mounted volumes of a pod, keyed by the pod's volume name.
     pub fn mounted_volumes(&self, uid: &PodUid) -> BTreeMap<String, MountedVolume> {
-        self.asw()
-            .pod_volumes(uid)
+        let asw = self.asw();
+        asw.pod_volumes(uid)
             .filter(|(_, m)| m.state == PodMountState::Mounted)
-            .map(|(_, m)| {
+            .map(|(name, m)| {
+                let plugin = asw.volume(name).map(|v| v.traits.plugin.clone());
                 (
                     m.outer_volume_name.to_string(),
                     MountedVolume {
                         path: m.path.clone(),
                         read_only: m.read_only,
                         sub_paths: m.sub_paths.clone(),
+                        plugin: plugin.unwrap_or_default(),
+                        block: m.spec.block,
+                        selinux_mount: m.spec.selinux_mount,
                     },
                 )
             })

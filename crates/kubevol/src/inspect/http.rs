@@ -12,6 +12,11 @@
 //! - `GET /api/v1/pods/{namespace}/{name}/describe` (or `/api/v1/pods/{uid}/describe`): the
 //!   pod's [`PodDescription`](crate::describe::PodDescription), each volume's chain.
 //! - `GET /api/v1/node/describe`: the [`NodeDescription`](crate::describe::NodeDescription).
+//! - `GET /api/v1/pods/{namespace}/{name}/containers/{container}/mounts`: what the container
+//!   gets of the pod's volumes ([`ContainerMounts`](crate::containers::ContainerMounts));
+//!   `?format=cri` the CRI form, `?format=oci` the OCI form. 404 for an unknown pod or
+//!   container, 409 while the volumes it uses are not mounted, 422 for a mount that cannot be
+//!   given as asked.
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -43,6 +48,10 @@ pub fn router(manager: VolumeManager) -> Router {
         )
         .route("/api/v1/pods/{uid}/describe", get(describe_by_uid))
         .route("/api/v1/node/describe", get(describe_node))
+        .route(
+            "/api/v1/pods/{namespace}/{name}/containers/{container}/mounts",
+            get(container_mounts),
+        )
         .with_state(manager)
 }
 
@@ -163,6 +172,59 @@ async fn describe_by_uid(
 
 async fn describe_node(State(m): State<VolumeManager>) -> impl IntoResponse {
     Json(m.describe_node())
+}
+
+/// The query of a container's mounts: `format=json` (kubevol's, the default), `cri` or `oci`.
+#[derive(serde::Deserialize)]
+struct MountsQuery {
+    format: Option<String>,
+}
+
+async fn container_mounts(
+    State(m): State<VolumeManager>,
+    axum::extract::Path((namespace, name, container)): axum::extract::Path<(
+        String,
+        String,
+        String,
+    )>,
+    axum::extract::Query(q): axum::extract::Query<MountsQuery>,
+) -> axum::response::Response {
+    use crate::containers::ContainerMountsError as E;
+    let format = q.format.unwrap_or_else(|| "json".into());
+    if !["json", "cri", "oci"].contains(&format.as_str()) {
+        let why = format!("format {format:?} is not one of json, cri, oci\n");
+        return (StatusCode::BAD_REQUEST, why).into_response();
+    }
+    let Some(stored) = m
+        .find_pod(&namespace, &name)
+        .and_then(|u| m.store().pod(&u))
+    else {
+        let why = format!("no pod {namespace}/{name} on this node\n");
+        return (StatusCode::NOT_FOUND, why).into_response();
+    };
+    // It may make a volume's mount shared (a mount call): off the runtime's threads.
+    let resolved = tokio::task::spawn_blocking(move || {
+        let mounts = m.container_mounts(&stored.pod, &container)?;
+        Ok::<_, E>(match format.as_str() {
+            "cri" => Ok(mounts.to_cri()),
+            "oci" => mounts.to_oci(),
+            _ => Ok(serde_json::to_value(&mounts).unwrap_or_default()),
+        })
+    })
+    .await;
+    match resolved {
+        Ok(Ok(Ok(body))) => Json(body).into_response(),
+        Ok(Ok(Err(why))) => (StatusCode::UNPROCESSABLE_ENTITY, format!("{why}\n")).into_response(),
+        Ok(Err(e)) => {
+            let code = match &e {
+                E::NoContainer { .. } => StatusCode::NOT_FOUND,
+                e if e.is_not_ready() => StatusCode::CONFLICT,
+                _ => StatusCode::UNPROCESSABLE_ENTITY,
+            };
+            (code, format!("{e}\n")).into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
 }
 
 async fn events(State(m): State<VolumeManager>) -> impl IntoResponse {

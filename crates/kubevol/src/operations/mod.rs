@@ -9,7 +9,7 @@ pub mod executor;
 mod lane;
 mod mount;
 mod slots;
-mod subpath;
+pub(crate) mod subpath;
 mod unmount;
 
 use kubevol_core::names::SharedStr;

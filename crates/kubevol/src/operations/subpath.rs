@@ -25,43 +25,58 @@ struct Wanted {
 }
 
 /// The subPath mounts the pod's containers want of one volume, with `subPathExpr` expanded
-/// from each container's environment.
+/// from each container's environment. None for an image volume: the runtime mounts its subPath.
 fn wanted(host: &PluginHost, want: &DesiredPodVolume) -> Result<Vec<Wanted>, VolumeError> {
     let mut out = Vec::new();
+    if crate::plugins::image::source(&want.spec).is_some() {
+        return Ok(out);
+    }
     for (_, c) in all_containers(&want.pod) {
         for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
             if want.outer_volume_name != m.name.as_str() {
                 continue;
             }
-            let (sub_path, secrets) = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
-                (Some(p), _) if !p.is_empty() => (p.to_string(), Vec::new()),
-                (_, Some(expr)) if !expr.is_empty() => {
-                    let env = container_env(
-                        &want.pod,
-                        c,
-                        &host.node_name,
-                        &StoreObjects(&host.store),
-                        &host.node_allocatable,
-                    );
-                    let path =
-                        expand_sub_path(expr, &env).map_err(|detail| VolumeError::SubPath {
-                            container: c.name.clone(),
-                            index,
-                            detail,
-                        })?;
-                    (path, env.secret_values())
-                }
-                _ => continue,
-            };
-            out.push(Wanted {
-                container: c.name.clone(),
-                index,
-                sub_path,
-                secrets,
-            });
+            if let Some((sub_path, secrets)) = sub_path_of(host, &want.pod, c, index, m)? {
+                out.push(Wanted {
+                    container: c.name.clone(),
+                    index,
+                    sub_path,
+                    secrets,
+                });
+            }
         }
     }
     Ok(out)
+}
+
+/// The subPath of the `index`th volumeMount `m` of container `c`, `subPathExpr` expanded from
+/// the container's environment, with the Secret values it was made with (none without one).
+pub(crate) fn sub_path_of(
+    host: &PluginHost,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    c: &k8s_openapi::api::core::v1::Container,
+    index: usize,
+    m: &k8s_openapi::api::core::v1::VolumeMount,
+) -> Result<Option<(String, Vec<String>)>, VolumeError> {
+    Ok(match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+        (Some(p), _) if !p.is_empty() => Some((p.to_string(), Vec::new())),
+        (_, Some(expr)) if !expr.is_empty() => {
+            let env = container_env(
+                pod,
+                c,
+                &host.node_name,
+                &StoreObjects(&host.store),
+                &host.node_allocatable,
+            );
+            let path = expand_sub_path(expr, &env).map_err(|detail| VolumeError::SubPath {
+                container: c.name.clone(),
+                index,
+                detail,
+            })?;
+            Some((path, env.secret_values()))
+        }
+        _ => None,
+    })
 }
 
 fn open_volume(host: &PluginHost, volume_path: &Path) -> Result<Dir, VolumeError> {

@@ -10,6 +10,7 @@ pub mod csi;
 pub(crate) mod empty_dir;
 mod host;
 mod host_path;
+pub mod image;
 pub(crate) mod local;
 
 use std::collections::BTreeMap;
@@ -371,6 +372,7 @@ impl PluginRegistry {
             r.register(Arc::new(ContentPlugin(kind)));
         }
         r.register(Arc::new(csi::CsiPlugin::default()));
+        r.register(Arc::new(image::ImagePlugin));
         r
     }
 
