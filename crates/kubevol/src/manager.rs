@@ -632,9 +632,18 @@ impl VolumeManager {
         pod: &Pod,
         container: &str,
     ) -> Result<crate::containers::ContainerMounts, crate::containers::ContainerMountsError> {
+        let host = &self.parts.host;
         let mounted = self.mounted_volumes_for_pod(&crate::pod_uid(pod));
         crate::containers::Resolver {
-            host: &self.parts.host,
+            expand: &|c, index, m| {
+                let expanded = crate::operations::subpath::sub_path_of(host, pod, c, index, m);
+                expanded
+                    .map(|p| p.map(|(path, _secrets)| path))
+                    .map_err(|e| e.to_string())
+            },
+            propagate: &|path, propagation| {
+                crate::containers::propagating(host.mounter.as_ref(), path, propagation)
+            },
             recursive_read_only: kubevol_mount::recursive_read_only_supported(),
         }
         .resolve(pod, container, &mounted)

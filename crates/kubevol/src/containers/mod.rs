@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Pod, VolumeDevice, VolumeMount};
 use kubevol_mount::Mounter;
 use serde::Serialize;
 
-use crate::plugins::PluginHost;
 use crate::world::MountedVolume;
 
 /// What one container gets of its pod's volumes.
@@ -218,8 +217,16 @@ fn find_container<'a>(
 
 /// What resolving needs beyond the pod and its mounted volumes.
 pub(crate) struct Resolver<'a> {
-    /// For `subPathExpr` of image volumes (the container's environment) and the mount table.
-    pub host: &'a PluginHost,
+    /// The subPath of an image volume's mount (`subPathExpr` expanded from the container's
+    /// environment), given the container, the mount's index and the mount.
+    pub expand: &'a dyn Fn(
+        &k8s_openapi::api::core::v1::Container,
+        usize,
+        &VolumeMount,
+    ) -> Result<Option<String>, String>,
+    /// Makes mounts propagate from a path handed out as a propagation needs (see
+    /// [`propagating`]).
+    pub propagate: &'a dyn Fn(&Path, Propagation) -> Result<(), String>,
     /// Whether the kernel makes recursive read-only mounts.
     pub recursive_read_only: bool,
 }
@@ -303,12 +310,14 @@ impl Resolver<'_> {
                     }
                     self.recursive_read_only
                 }
-                Some(other) => return Err(refused(
-                    &m.name,
-                    format!(
+                Some(other) => {
+                    return Err(refused(
+                        &m.name,
+                        format!(
                         "recursiveReadOnly {other:?} is not one of Disabled, IfPossible, Enabled"
                     ),
-                )),
+                    ))
+                }
             };
             let has_sub_path = m.sub_path.as_deref().is_some_and(|p| !p.is_empty())
                 || m.sub_path_expr.as_deref().is_some_and(|p| !p.is_empty());
@@ -317,9 +326,7 @@ impl Resolver<'_> {
                 let sub_path = match (has_sub_path, full) {
                     (false, _) => None,
                     (true, Some(full)) => {
-                        crate::operations::subpath::sub_path_of(self.host, pod, full, index, m)
-                            .map_err(|e| refused(&m.name, e.to_string()))?
-                            .map(|(path, _secrets)| path)
+                        (self.expand)(full, index, m).map_err(|why| refused(&m.name, why))?
                     }
                     (true, None) => {
                         return Err(refused(
@@ -364,8 +371,7 @@ impl Resolver<'_> {
                 (v.path.clone(), None)
             };
             if propagation != Propagation::None {
-                self.propagating(&host_path, propagation)
-                    .map_err(|why| refused(&m.name, why))?;
+                (self.propagate)(&host_path, propagation).map_err(|why| refused(&m.name, why))?;
             }
             let relabel = relabels(v) && !relabelled.contains(&m.name.as_str());
             if relabel {
@@ -417,41 +423,43 @@ impl Resolver<'_> {
             devices,
         })
     }
+}
 
-    /// Makes sure mounts propagate as `propagation` needs from the mount that holds `path`:
-    /// a mount of the volume manager's own there (a pinned hostPath, a tmpfs, a CSI volume,
-    /// a subPath) is made shared, recursively, as the kubelet makes its root directory shared;
-    /// a plain directory must lie on a mount that is shared already (or, for
-    /// `HostToContainer`, a slave of one), as systemd makes every mount.
-    fn propagating(&self, path: &Path, propagation: Propagation) -> Result<(), String> {
-        let mounter: &dyn Mounter = self.host.mounter.as_ref();
-        let failed = |e: kubevol_mount::MountError| {
-            format!("cannot read the mounts of {}: {e}", path.display())
-        };
-        let table = mounter.mount_table().map_err(failed)?;
-        let holder = table
-            .iter()
-            .rev()
-            .filter(|m| path.starts_with(&m.mount_point))
-            .max_by_key(|m| m.mount_point.as_os_str().len());
-        match holder {
-            Some(m) if m.mount_point == path => {
-                if !m.is_shared() {
-                    mounter.make_shared(path).map_err(|e| format!("cannot make {} shared for {propagation:?} propagation: {e}", path.display()))?;
-                }
-                Ok(())
+/// Makes sure mounts propagate as `propagation` needs from the mount that holds `path`:
+/// a mount of the volume manager's own there (a pinned hostPath, a tmpfs, a CSI volume,
+/// a subPath) is made shared, recursively, as the kubelet makes its root directory shared;
+/// a plain directory must lie on a mount that is shared already (or, for
+/// `HostToContainer`, a slave of one), as systemd makes every mount.
+pub(crate) fn propagating(
+    mounter: &dyn Mounter,
+    path: &Path,
+    propagation: Propagation,
+) -> Result<(), String> {
+    let failed =
+        |e: kubevol_mount::MountError| format!("cannot read the mounts of {}: {e}", path.display());
+    let table = mounter.mount_table().map_err(failed)?;
+    let holder = table
+        .iter()
+        .rev()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.as_os_str().len());
+    match holder {
+        Some(m) if m.mount_point == path => {
+            if !m.is_shared() {
+                mounter.make_shared(path).map_err(|e| format!("cannot make {} shared for {propagation:?} propagation: {e}", path.display()))?;
             }
-            Some(m) if m.is_shared() => Ok(()),
-            Some(m) if m.receives_propagation() && propagation == Propagation::HostToContainer => Ok(()),
-            Some(m) => Err(format!(
-                "{propagation:?} propagation needs the mount holding {} ({}) to be shared{}, and it is private: make it so (mount --make-rshared {}), as systemd does",
-                path.display(),
-                m.mount_point.display(),
-                if propagation == Propagation::HostToContainer { " or a slave" } else { "" },
-                m.mount_point.display()
-            )),
-            None => Err(format!("no mount holds {}", path.display())),
+            Ok(())
         }
+        Some(m) if m.is_shared() => Ok(()),
+        Some(m) if m.receives_propagation() && propagation == Propagation::HostToContainer => Ok(()),
+        Some(m) => Err(format!(
+            "{propagation:?} propagation needs the mount holding {} ({}) to be shared{}, and it is private: make it so (mount --make-rshared {}), as systemd does",
+            path.display(),
+            m.mount_point.display(),
+            if propagation == Propagation::HostToContainer { " or a slave" } else { "" },
+            m.mount_point.display()
+        )),
+        None => Err(format!("no mount holds {}", path.display())),
     }
 }
 
@@ -465,3 +473,6 @@ fn relabels(v: &MountedVolume) -> bool {
         && plugin != crate::plugins::image::PLUGIN_NAME
         && plugin != "kubernetes.io/host-path"
 }
+
+#[cfg(test)]
+mod tests;
