@@ -8,6 +8,7 @@
 //! `/dev/termination-log`, `/etc/resolv.conf`) are not the volume manager's and are not here.
 
 pub mod forms;
+pub mod oci;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -31,7 +31,10 @@ fn resolve(
     container: &str,
     mounted: &BTreeMap<String, MountedVolume>,
     rro: bool,
-) -> (Result<ContainerMounts, ContainerMountsError>, Vec<(PathBuf, Propagation)>) {
+) -> (
+    Result<ContainerMounts, ContainerMountsError>,
+    Vec<(PathBuf, Propagation)>,
+) {
     let asked = RefCell::new(Vec::new());
     let r = Resolver {
         expand: &|_, _, m| Ok(m.sub_path.clone().or(m.sub_path_expr.clone())),
@@ -63,22 +66,43 @@ fn standard() -> (Pod, BTreeMap<String, MountedVolume>) {
             {"name": "disk", "persistentVolumeClaim": {"claimName": "disk"}},
         ]),
     );
-    let mut cache = volume("kubernetes.io/empty-dir", "/r/pods/u/volumes/kubernetes.io~empty-dir/cache");
+    let mut cache = volume(
+        "kubernetes.io/empty-dir",
+        "/r/pods/u/volumes/kubernetes.io~empty-dir/cache",
+    );
     cache.sub_paths.push(SubPathMount {
         container: "app".into(),
         index: 1,
         sub_path: "logs".into(),
         path: "/r/pods/u/volume-subpaths/cache/app/1".into(),
     });
-    let mut config = volume("kubernetes.io/configmap", "/r/pods/u/volumes/kubernetes.io~configmap/config");
+    let mut config = volume(
+        "kubernetes.io/configmap",
+        "/r/pods/u/volumes/kubernetes.io~configmap/config",
+    );
     config.read_only = true;
-    let mut disk = volume("kubernetes.io/csi", "/r/pods/u/volumeDevices/kubernetes.io~csi/pv-1");
+    let mut disk = volume(
+        "kubernetes.io/csi",
+        "/r/pods/u/volumeDevices/kubernetes.io~csi/pv-1",
+    );
     disk.block = true;
     let mounted = [
         ("cache", cache),
         ("config", config),
-        ("host", volume("kubernetes.io/host-path", "/r/pods/u/volumes/kubernetes.io~host-path/host")),
-        ("tools", volume("kubernetes.io/image", "/r/pods/u/volumes/kubernetes.io~image/tools")),
+        (
+            "host",
+            volume(
+                "kubernetes.io/host-path",
+                "/r/pods/u/volumes/kubernetes.io~host-path/host",
+            ),
+        ),
+        (
+            "tools",
+            volume(
+                "kubernetes.io/image",
+                "/r/pods/u/volumes/kubernetes.io~image/tools",
+            ),
+        ),
         ("disk", disk),
     ]
     .into_iter()
@@ -92,27 +116,53 @@ fn each_mount_is_resolved_as_the_kubelet_makes_it() {
     let (p, mounted) = standard();
     let (r, asked) = resolve(&p, "app", &mounted, true);
     let r = r.unwrap();
-    assert_eq!((r.namespace.as_str(), r.pod.as_str(), r.container.as_str()), ("shop", "web", "app"));
+    assert_eq!(
+        (r.namespace.as_str(), r.pod.as_str(), r.container.as_str()),
+        ("shop", "web", "app")
+    );
     let m = &r.mounts;
     assert_eq!(
-        m.iter().map(|m| m.container_path.as_str()).collect::<Vec<_>>(),
+        m.iter()
+            .map(|m| m.container_path.as_str())
+            .collect::<Vec<_>>(),
         ["/cache", "/logs", "/etc/app", "/host", "/tools", "/again"],
         "in the order of volumeMounts"
     );
-    assert_eq!(m[0].host_path.as_deref(), Some(Path::new("/r/pods/u/volumes/kubernetes.io~empty-dir/cache")));
+    assert_eq!(
+        m[0].host_path.as_deref(),
+        Some(Path::new("/r/pods/u/volumes/kubernetes.io~empty-dir/cache"))
+    );
     assert!(!m[0].read_only && m[0].selinux_relabel && m[0].propagation == Propagation::None);
     // A subPath: its own bind mount, never the volume's path joined again.
-    assert_eq!(m[1].host_path.as_deref(), Some(Path::new("/r/pods/u/volume-subpaths/cache/app/1")));
+    assert_eq!(
+        m[1].host_path.as_deref(),
+        Some(Path::new("/r/pods/u/volume-subpaths/cache/app/1"))
+    );
     assert_eq!(m[1].sub_path.as_deref(), Some("logs"));
-    assert!(!m[1].selinux_relabel, "a volume is relabelled at its first mount only");
+    assert!(
+        !m[1].selinux_relabel,
+        "a volume is relabelled at its first mount only"
+    );
     assert!(m[2].read_only && m[2].recursive_read_only);
     assert_eq!(m[3].propagation, Propagation::HostToContainer);
-    assert!(!m[3].selinux_relabel, "the host's own files are not relabelled");
-    assert_eq!(asked, vec![(PathBuf::from("/r/pods/u/volumes/kubernetes.io~host-path/host"), Propagation::HostToContainer)]);
+    assert!(
+        !m[3].selinux_relabel,
+        "the host's own files are not relabelled"
+    );
+    assert_eq!(
+        asked,
+        vec![(
+            PathBuf::from("/r/pods/u/volumes/kubernetes.io~host-path/host"),
+            Propagation::HostToContainer
+        )]
+    );
     assert_eq!(m[4].host_path, None);
     assert_eq!(
         m[4].image,
-        Some(ImageMount { reference: "registry.example/tools:1".into(), pull_policy: Some("Always".into()) })
+        Some(ImageMount {
+            reference: "registry.example/tools:1".into(),
+            pull_policy: Some("Always".into())
+        })
     );
     assert!(m[4].read_only && !m[4].selinux_relabel);
     assert_eq!(m[4].sub_path.as_deref(), Some("bin"));
@@ -148,22 +198,50 @@ fn recursive_read_only_follows_the_kernel_and_the_apis_rules() {
         if let Some(p) = propagation {
             mount["mountPropagation"] = json!(p);
         }
-        pod(json!([{"name": "c", "volumeMounts": [mount]}]), json!([{"name": "h", "hostPath": {"path": "/srv"}}]))
+        pod(
+            json!([{"name": "c", "volumeMounts": [mount]}]),
+            json!([{"name": "h", "hostPath": {"path": "/srv"}}]),
+        )
     };
-    let mounted: BTreeMap<_, _> = [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
-    let rro = |p: &Pod, kernel: bool| resolve(p, "c", &mounted, kernel).0.map(|m| m.mounts[0].recursive_read_only);
+    let mounted: BTreeMap<_, _> =
+        [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
+    let rro = |p: &Pod, kernel: bool| {
+        resolve(p, "c", &mounted, kernel)
+            .0
+            .map(|m| m.mounts[0].recursive_read_only)
+    };
     assert!(rro(&with("Enabled", true, None), true).unwrap());
     assert!(rro(&with("IfPossible", true, None), true).unwrap());
-    assert!(!rro(&with("IfPossible", true, None), false).unwrap(), "IfPossible falls back");
+    assert!(
+        !rro(&with("IfPossible", true, None), false).unwrap(),
+        "IfPossible falls back"
+    );
     assert!(!rro(&with("Disabled", true, None), true).unwrap());
-    let e = rro(&with("Enabled", true, None), false).unwrap_err().to_string();
-    assert!(e.contains("recursiveReadOnly Enabled needs recursive read-only mounts"), "{e}");
-    let e = rro(&with("Enabled", false, None), true).unwrap_err().to_string();
-    assert!(e.contains("may only be specified when readOnly is true"), "{e}");
-    let e = rro(&with("IfPossible", true, Some("HostToContainer")), true).unwrap_err().to_string();
+    let e = rro(&with("Enabled", true, None), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("recursiveReadOnly Enabled needs recursive read-only mounts"),
+        "{e}"
+    );
+    let e = rro(&with("Enabled", false, None), true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("may only be specified when readOnly is true"),
+        "{e}"
+    );
+    let e = rro(&with("IfPossible", true, Some("HostToContainer")), true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("mountPropagation is None"), "{e}");
-    let e = rro(&with("Sometimes", true, None), true).unwrap_err().to_string();
-    assert!(e.contains("not one of Disabled, IfPossible, Enabled"), "{e}");
+    let e = rro(&with("Sometimes", true, None), true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not one of Disabled, IfPossible, Enabled"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -175,14 +253,22 @@ fn bidirectional_is_for_privileged_containers_only() {
             json!([{"name": "h", "hostPath": {"path": "/srv"}}]),
         )
     };
-    let mounted: BTreeMap<_, _> = [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
+    let mounted: BTreeMap<_, _> =
+        [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
     let (r, asked) = resolve(&p(true), "c", &mounted, true);
     assert_eq!(r.unwrap().mounts[0].propagation, Propagation::Bidirectional);
-    assert_eq!(asked, vec![(PathBuf::from("/r/h"), Propagation::Bidirectional)]);
+    assert_eq!(
+        asked,
+        vec![(PathBuf::from("/r/h"), Propagation::Bidirectional)]
+    );
     let (r, asked) = resolve(&p(false), "c", &mounted, true);
     let e = r.unwrap_err();
     assert!(!e.is_not_ready());
-    assert!(e.to_string().contains("available only to privileged containers"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("available only to privileged containers"),
+        "{e}"
+    );
     assert!(asked.is_empty());
 }
 
@@ -198,13 +284,20 @@ fn what_cannot_be_given_yet_or_at_all_says_why() {
     fewer.remove("config");
     let e = resolve(&p, "app", &fewer, true).0.unwrap_err();
     assert!(e.is_not_ready(), "{e}");
-    assert!(e.to_string().contains("volume \"config\" of pod shop/web is not mounted"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("volume \"config\" of pod shop/web is not mounted"),
+        "{e}"
+    );
 
     // Mounted, its subPath not made yet.
     let mut unprepared = mounted.clone();
     unprepared.get_mut("cache").unwrap().sub_paths.clear();
     let e = resolve(&p, "app", &unprepared, true).0.unwrap_err();
-    assert!(matches!(e, ContainerMountsError::SubPathNotPrepared { .. }) && e.is_not_ready(), "{e}");
+    assert!(
+        matches!(e, ContainerMountsError::SubPathNotPrepared { .. }) && e.is_not_ready(),
+        "{e}"
+    );
     assert!(e.to_string().contains("/logs"), "{e}");
 
     // A block volume mounted as a filesystem, a filesystem used as a device.
@@ -218,7 +311,10 @@ fn what_cannot_be_given_yet_or_at_all_says_why() {
     assert!(e.to_string().contains("use it in volumeDevices"), "{e}");
 
     // A mount of a volume the pod does not declare.
-    let undeclared = pod(json!([{"name": "c", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}]), json!([]));
+    let undeclared = pod(
+        json!([{"name": "c", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}]),
+        json!([]),
+    );
     let e = resolve(&undeclared, "c", &mounted, true).0.unwrap_err();
     assert!(matches!(e, ContainerMountsError::NoVolume { .. }), "{e}");
 }
@@ -235,7 +331,8 @@ fn init_and_ephemeral_containers_are_found_and_a_propagation_failure_is_reported
         }
     }))
     .unwrap();
-    let mounted: BTreeMap<_, _> = [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
+    let mounted: BTreeMap<_, _> =
+        [("h".to_string(), volume("kubernetes.io/host-path", "/r/h"))].into();
     let m = resolve(&p, "debug", &mounted, true).0.unwrap();
     assert_eq!(m.mounts[0].container_path, "/dbg");
     let e = Resolver {
@@ -245,7 +342,11 @@ fn init_and_ephemeral_containers_are_found_and_a_propagation_failure_is_reported
     }
     .resolve(&p, "init", &mounted)
     .unwrap_err();
-    assert!(e.to_string().contains("volume \"h\": the mount holding /r/h is private"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("volume \"h\": the mount holding /r/h is private"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -258,8 +359,14 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
         json!({"container_path": "/etc/app", "host_path": "/r/pods/u/volumes/kubernetes.io~configmap/config",
                "readonly": true, "recursive_read_only": true, "selinux_relabel": true, "propagation": "PROPAGATION_PRIVATE"})
     );
-    assert_eq!(cri["mounts"][3]["propagation"], "PROPAGATION_HOST_TO_CONTAINER");
-    assert_eq!(cri["mounts"][4]["image"], json!({"image": "registry.example/tools:1"}));
+    assert_eq!(
+        cri["mounts"][3]["propagation"],
+        "PROPAGATION_HOST_TO_CONTAINER"
+    );
+    assert_eq!(
+        cri["mounts"][4]["image"],
+        json!({"image": "registry.example/tools:1"})
+    );
     assert_eq!(cri["mounts"][4]["image_sub_path"], "bin");
     assert!(cri["mounts"][4].get("host_path").is_none());
     assert_eq!(
@@ -279,8 +386,14 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
         json!({"destination": "/cache", "type": "bind", "source": "/r/pods/u/volumes/kubernetes.io~empty-dir/cache",
                "options": ["rbind", "rprivate", "rw"]})
     );
-    assert_eq!(oci["mounts"][2]["options"], json!(["rbind", "rprivate", "ro", "rro"]));
-    assert_eq!(oci["mounts"][3]["options"], json!(["rbind", "rslave", "rw"]));
+    assert_eq!(
+        oci["mounts"][2]["options"],
+        json!(["rbind", "rprivate", "ro", "rro"])
+    );
+    assert_eq!(
+        oci["mounts"][3]["options"],
+        json!(["rbind", "rslave", "rw"])
+    );
     assert_eq!(oci["linux"]["devices"], json!([]));
 
     // A device is looked up for its numbers.
@@ -293,8 +406,14 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
         permissions: "mrw".into(),
     });
     let oci = dev.to_oci().unwrap();
-    assert_eq!(oci["linux"]["devices"][0], json!({"path": "/dev/x", "type": "c", "major": 1, "minor": 3, "fileMode": 0o660, "uid": 0, "gid": 0}));
-    assert_eq!(oci["linux"]["resources"]["devices"][0], json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}));
+    assert_eq!(
+        oci["linux"]["devices"][0],
+        json!({"path": "/dev/x", "type": "c", "major": 1, "minor": 3, "fileMode": 0o660, "uid": 0, "gid": 0})
+    );
+    assert_eq!(
+        oci["linux"]["resources"]["devices"][0],
+        json!({"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"})
+    );
     dev.devices[0].host_path = "/etc/hostname".into();
     assert!(dev.to_oci().unwrap_err().contains("is not a device"));
 }
@@ -303,15 +422,39 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
 fn propagation_makes_the_volumes_own_mount_shared_and_needs_a_shared_mount_under_a_directory() {
     use kubevol_mount::{FakeMounter, MountOptions};
     let fake = FakeMounter::new();
-    fake.mount("tmpfs", Path::new("/r/pods/u/volumes/t"), "tmpfs", &MountOptions::default()).unwrap();
-    propagating(&fake, Path::new("/r/pods/u/volumes/t"), Propagation::HostToContainer).unwrap();
+    fake.mount(
+        "tmpfs",
+        Path::new("/r/pods/u/volumes/t"),
+        "tmpfs",
+        &MountOptions::default(),
+    )
+    .unwrap();
+    propagating(
+        &fake,
+        Path::new("/r/pods/u/volumes/t"),
+        Propagation::HostToContainer,
+    )
+    .unwrap();
     let table = fake.mount_table().unwrap();
     assert!(table[0].is_shared(), "{table:?}");
     // A plain directory on a private mount cannot propagate: said, with what to do.
-    let e = propagating(&fake, Path::new("/r/pods/u/volumes/t/sub/dir"), Propagation::Bidirectional);
+    let e = propagating(
+        &fake,
+        Path::new("/r/pods/u/volumes/t/sub/dir"),
+        Propagation::Bidirectional,
+    );
     assert!(e.is_ok(), "below a shared mount: {e:?}");
-    fake.mount("ext4", Path::new("/r"), "ext4", &MountOptions::default()).unwrap();
-    let e = propagating(&fake, Path::new("/r/pods/u/volumes/d"), Propagation::HostToContainer).unwrap_err();
-    assert!(e.contains("needs the mount holding /r/pods/u/volumes/d (/r) to be shared or a slave"), "{e}");
+    fake.mount("ext4", Path::new("/r"), "ext4", &MountOptions::default())
+        .unwrap();
+    let e = propagating(
+        &fake,
+        Path::new("/r/pods/u/volumes/d"),
+        Propagation::HostToContainer,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("needs the mount holding /r/pods/u/volumes/d (/r) to be shared or a slave"),
+        "{e}"
+    );
     assert!(e.contains("mount --make-rshared /r"), "{e}");
 }
