@@ -10,6 +10,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
@@ -114,7 +115,9 @@ async fn ready(root: &TestRoot, manifests: &Path, name: &str) -> (VolumeManager,
         .listen(m.store().sink(ManifestSource::NAME))
         .await
         .expect("watch manifests");
-    let key = pod(serde_json::json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}));
+    let key = pod(
+        serde_json::json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}),
+    );
     let status = wait_for_status(&m, &key, 30, |s| s.phase == PodPhase::Ready).await;
     assert_eq!(status.phase, PodPhase::Ready, "{status:#?}");
     let uid = kubevol::pod_uid(&key);
@@ -174,6 +177,246 @@ mount_test! {
             let cache = &m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["cache"].path;
             assert_eq!(fs::read_to_string(cache.join("out")).unwrap(), "written\n");
             assert_eq!(fs::metadata(cache.join("out")).unwrap().uid(), 1000);
+            m.shutdown();
+        });
+    }
+}
+
+fn config_map(value: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: settings}}
+data: {{level: "{value}"}}
+"#
+    )
+}
+
+const WATCHER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: watcher}
+spec:
+  containers:
+  - name: watch
+    command: [sh, -c]
+    args:
+    - |
+      echo started > /scratch/started
+      i=0
+      while [ "$(cat /settings/level)" = v1 ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+      echo "directory=$(cat /settings/level)"
+      echo "subPath=$(cat /level)"
+    volumeMounts:
+    - {name: settings, mountPath: /settings}
+    - {name: settings, mountPath: /level, subPath: level}
+    - {name: scratch, mountPath: /scratch}
+  volumes:
+  - {name: settings, configMap: {name: settings}}
+  - {name: scratch, emptyDir: {}}
+"#;
+
+mount_test! {
+    /// A ConfigMap changed while its container runs: the directory mount shows the new value
+    /// (how soon is printed), the key mounted through subPath keeps the value it had when the
+    /// container started, as in Kubernetes.
+    fn a_config_map_key_through_sub_path_keeps_its_value_while_the_directory_follows() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "settings.yaml", &config_map("v1"));
+        write_manifest(&manifests, "watcher.yaml", WATCHER);
+        let rt = Runtime::new(&root.path().join("runtime"));
+        runtime().block_on(async {
+            let (m, pod) = ready(&root, &manifests, "watcher").await;
+            let container = rt.start(&m, &pod, "watch");
+            let scratch = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["scratch"].path.clone();
+            let begun = Instant::now();
+            while !scratch.join("started").exists() {
+                assert!(begun.elapsed() < Duration::from_secs(60), "the container never started");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let changed = Instant::now();
+            write_manifest(&manifests, "settings.yaml", &config_map("v2"));
+            let out = tokio::task::spawn_blocking(move || finish(container)).await.unwrap();
+            let seen = changed.elapsed();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(text, "directory=v2\nsubPath=v1\n");
+            println!("the container saw the ConfigMap's change after {} ms", seen.as_millis());
+            m.shutdown();
+        });
+    }
+}
+
+const NESTED: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: nested}
+spec:
+  containers:
+  - name: probe
+    command: [sh, -c]
+    args:
+    - |
+      for d in /rro /ro; do
+        if echo x > $d/top 2>/dev/null; then echo "$d/top=writable"; else echo "$d/top=refused"; fi
+        if echo x > $d/sub/inner 2>/dev/null; then echo "$d/sub=writable"; else echo "$d/sub=refused"; fi
+      done
+    volumeMounts:
+    - {name: data, mountPath: /rro, readOnly: true, recursiveReadOnly: Enabled}
+    - {name: data, mountPath: /ro, readOnly: true}
+  volumes:
+  - name: data
+    hostPath: {path: HOST, type: Directory}
+"#;
+
+mount_test! {
+    /// `recursiveReadOnly: Enabled` makes a mount below a read-only hostPath read-only too;
+    /// a plain `readOnly` leaves it writable (the kernel's bind remount is not recursive).
+    fn recursive_read_only_makes_a_submount_of_a_read_only_host_path_read_only() {
+        let root = TestRoot::new();
+        let host = root.path().join("host/data");
+        fs::create_dir_all(host.join("sub")).unwrap();
+        rustix::mount::mount("tmpfs", host.join("sub"), "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "nested.yaml", &NESTED.replace("HOST", host.to_str().unwrap()));
+        let rt = Runtime::new(&root.path().join("runtime"));
+        runtime().block_on(async {
+            let (m, pod) = ready(&root, &manifests, "nested").await;
+            let out = rt.run(&m, &pod, "probe");
+            assert_eq!(out, "/rro/top=refused\n/rro/sub=refused\n/ro/top=refused\n/ro/sub=writable\n");
+            m.shutdown();
+        });
+    }
+}
+
+const PROPAGATED: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: follower}
+spec:
+  containers:
+  - name: follow
+    command: [sh, -c]
+    args:
+    - |
+      echo started > /scratch/started
+      i=0
+      while ! [ -e /host/later/hello -a -e /memory/later/hello ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+      cat /host/later/hello || echo "the mount made below the host path never showed"
+      cat /memory/later/hello || echo "the mount made below the volume never showed"
+    volumeMounts:
+    - {name: host, mountPath: /host, mountPropagation: HostToContainer}
+    - {name: memory, mountPath: /memory, mountPropagation: HostToContainer}
+    - {name: scratch, mountPath: /scratch}
+  volumes:
+  - {name: host, hostPath: {path: HOST, type: Directory}}
+  - {name: memory, emptyDir: {medium: Memory}}
+  - {name: scratch, emptyDir: {}}
+"#;
+
+mount_test! {
+    /// `HostToContainer`: a filesystem mounted on the host below the hostPath after the
+    /// container started shows in the container, and so does one mounted below a
+    /// memory-backed emptyDir: the host's directory lies on a shared mount, as systemd makes
+    /// every mount (kubevol's pinned bind of it joins its peers); the emptyDir's tmpfs, made
+    /// private in this private namespace, kubevol makes shared.
+    fn host_to_container_shows_a_mount_made_on_the_host_after_the_container_started() {
+        let root = TestRoot::new();
+        let host = root.path().join("host/shared");
+        fs::create_dir_all(host.join("later")).unwrap();
+        let bind = rustix::mount::MountFlags::BIND;
+        rustix::mount::mount(&host, &host, "", bind, None).unwrap();
+        use rustix::mount::MountPropagationFlags as P;
+        rustix::mount::mount_change(&host, P::SHARED | P::REC).unwrap();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "follower.yaml", &PROPAGATED.replace("HOST", host.to_str().unwrap()));
+        let rt = Runtime::new(&root.path().join("runtime"));
+        runtime().block_on(async {
+            let (m, pod) = ready(&root, &manifests, "follower").await;
+            let container = rt.start(&m, &pod, "follow");
+            let scratch = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["scratch"].path.clone();
+            let begun = Instant::now();
+            while !scratch.join("started").exists() {
+                assert!(begun.elapsed() < Duration::from_secs(60), "the container never started");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let memory = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["memory"].path.clone();
+            for (dir, text) in [(host.clone(), "below the host path\n"), (memory, "below the volume\n")] {
+                fs::create_dir_all(dir.join("later")).unwrap();
+                rustix::mount::mount("tmpfs", dir.join("later"), "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+                fs::write(dir.join("later/hello"), text).unwrap();
+            }
+            let out = tokio::task::spawn_blocking(move || finish(container)).await.unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "below the host path\nbelow the volume\n");
+            m.shutdown();
+        });
+    }
+}
+
+const PROJECTED: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: app}
+data: {mode: "fast", "multi.line": "a\nb\n"}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: token}
+stringData: {token: "t0k3n"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: reader
+  labels: {app: reader, tier: back}
+  annotations: {note: "hello world"}
+spec:
+  containers:
+  - name: read
+    command: [sh, -c]
+    args:
+    - |
+      cd /all && for f in mode multi.line token name; do echo "== $f"; cat $f; echo; done
+      cd /info && for f in labels annotations namespace cpu; do echo "== $f"; cat $f; echo; done
+    resources: {limits: {cpu: 500m}}
+    volumeMounts:
+    - {name: all, mountPath: /all}
+    - {name: info, mountPath: /info}
+  volumes:
+  - name: all
+    projected:
+      sources:
+      - configMap: {name: app}
+      - secret: {name: token}
+      - downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}
+  - name: info
+    downwardAPI:
+      items:
+      - {path: labels, fieldRef: {fieldPath: metadata.labels}}
+      - {path: annotations, fieldRef: {fieldPath: metadata.annotations}}
+      - {path: namespace, fieldRef: {fieldPath: metadata.namespace}}
+      - {path: cpu, resourceFieldRef: {containerName: read, resource: limits.cpu, divisor: 1m}}
+"#;
+
+mount_test! {
+    /// A projected volume (a ConfigMap, a Secret and the pod's name) and a downwardAPI volume
+    /// (labels, annotations, namespace, a resource limit) read back exactly in the container.
+    fn projected_and_downward_api_volumes_read_back_exactly_in_a_container() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "reader.yaml", PROJECTED);
+        let rt = Runtime::new(&root.path().join("runtime"));
+        runtime().block_on(async {
+            let (m, pod) = ready(&root, &manifests, "reader").await;
+            let out = rt.run(&m, &pod, "read");
+            assert_eq!(
+                out,
+                "== mode\nfast\n== multi.line\na\nb\n\n== token\nt0k3n\n== name\nreader\n\
+                 == labels\napp=\"reader\"\ntier=\"back\"\n== annotations\nnote=\"hello world\"\n\
+                 == namespace\ndefault\n== cpu\n500\n"
+            );
             m.shutdown();
         });
     }

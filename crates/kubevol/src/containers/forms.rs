@@ -69,7 +69,9 @@ impl ContainerMounts {
     }
 
     /// The OCI form: `{"mounts": [...], "linux": {"devices": [...], "resources": {"devices":
-    /// [...]}}}`, to merge into a `config.json`. Each mount is a recursive bind (`rbind`) with
+    /// [...]}, "rootfsPropagation": ...}}`, to merge into a `config.json`
+    /// (`rootfsPropagation` is `rslave` when a mount is `HostToContainer`, `rshared` when one
+    /// is `Bidirectional`, as containerd sets it, and absent otherwise). Each mount is a recursive bind (`rbind`) with
     /// its propagation (`rprivate`, `rslave`, `rshared`) and `ro` or `rw`, plus `rro` when
     /// recursively read-only. Devices are looked up on the host for their numbers. An image
     /// volume has no OCI form (a runtime that pulls images mounts it): asking for one is an
@@ -137,9 +139,15 @@ impl ContainerMounts {
                 "access": "rwm",
             }));
         }
-        Ok(json!({
-            "mounts": mounts,
-            "linux": { "devices": devices, "resources": { "devices": allowed } },
-        }))
+        let mut linux = json!({ "devices": devices, "resources": { "devices": allowed } });
+        // A runtime makes the container's whole tree private first, unless told otherwise: a
+        // propagating mount needs the tree to receive (as containerd sets it).
+        let propagations = self.mounts.iter().map(|m| m.propagation);
+        if let Some(most) = propagations.max_by_key(|p| *p as u8) {
+            if most != Propagation::None {
+                linux["rootfsPropagation"] = json!(most.oci());
+            }
+        }
+        Ok(json!({ "mounts": mounts, "linux": linux }))
     }
 }

@@ -118,6 +118,7 @@ pub fn oci_config(
             "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
             "devices": fragment["linux"]["devices"],
             "resources": fragment["linux"]["resources"],
+            "rootfsPropagation": fragment["linux"].get("rootfsPropagation").cloned().unwrap_or(json!("rprivate")),
             "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },

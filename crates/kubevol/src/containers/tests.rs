@@ -395,6 +395,10 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
         json!(["rbind", "rslave", "rw"])
     );
     assert_eq!(oci["linux"]["devices"], json!([]));
+    assert_eq!(
+        oci["linux"]["rootfsPropagation"], "rslave",
+        "a HostToContainer mount needs the tree to receive"
+    );
 
     // A device is looked up for its numbers.
     let mut dev = plain.clone();
