@@ -6,6 +6,7 @@
 #[path = "../../../kubevol/tests/common/mod.rs"]
 mod common;
 mod cluster;
+mod containers;
 #[path = "../loop_driver/mod.rs"]
 mod loop_driver;
 mod migration;

@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol::status::{PodPhase, PodStatus};
 use kubevol::{Config, VolumeManager};
 
+pub mod runtime;
+
 const INSIDE: &str = "KUBEVOL_TEST_IN_PRIVATE_NS";
 
 /// The name the test harness knows test `name` of module `module` (a `module_path!()`, which
