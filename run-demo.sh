@@ -8,10 +8,36 @@
 #
 # `./run-demo.sh --cluster` runs kubevol as the node of a real cluster instead
 # (examples/cluster-demo.sh).
+#
+# `./run-demo.sh --containers` runs real containers on what kubevol mounts: the batch pod of
+# examples/batch, its init container then its container, with crun on a static busybox root
+# filesystem (examples/batch-node.rs); it prints each container's output, then tears the
+# volumes down. Installs crun and busybox-static when missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "${1:-}" = --cluster ]; then
   exec examples/cluster-demo.sh
+fi
+if [ "${1:-}" = --containers ]; then
+  missing=()
+  command -v crun >/dev/null || missing+=(crun)
+  { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}" >&2
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+  fi
+  cargo build --release -p kubevol --example batch-node
+  rootfs=$(mktemp -d /tmp/kubevol-rootfs.XXXXXX)
+  trap 'rm -rf --one-file-system "$rootfs"' EXIT
+  chmod 755 "$rootfs"
+  mkdir "$rootfs/bin"
+  cp /bin/busybox "$rootfs/bin/"
+  for applet in $(/bin/busybox --list); do
+    [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
+  done
+  RUST_LOG=${RUST_LOG:-warn} "${CARGO_TARGET_DIR:-target}/release/examples/batch-node" examples/batch "$rootfs"
+  exit
 fi
 # cargo prints its progress: a cold build takes minutes on 2 cores.
 cargo build --release --bin kubevol --bin kubevol-csi-loop
