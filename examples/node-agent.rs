@@ -11,12 +11,21 @@
 //!   torn down ([`VolumeManager::wait_for_unmount`]), then deletes the pod for good (a
 //!   grace period of 0), as the kubelet does once a pod is gone from its node.
 //!
+//! With `--run-containers ROOTFS` it is a working minimal node for batch pods: once a pod's
+//! volumes are ready it runs the pod's containers to their end with crun on ROOTFS (every
+//! container on that one root filesystem, with the mounts [`VolumeManager::container_mounts`]
+//! resolved; see `examples/oci_runner.rs`), prints their output and sets the pod's phase to
+//! `Succeeded` or `Failed`. It pulls no image and restarts nothing.
+//!
 //! kubevol itself reads the pods and the objects they reference, issues their service account
 //! tokens, reports the node's volumes in use, waits for the attach/detach controller, keeps
 //! CSINode and posts events; the agent only gates.
 //!
-//! Run as root on a node: `cargo run -p kubevol --example node-agent -- KUBECONFIG NODE ROOT`
-//! (ROOT is the kubelet root directory, e.g. `/var/lib/kubelet`).
+//! Run as root on a node: `cargo run -p kubevol --example node-agent -- KUBECONFIG NODE ROOT
+//! [--run-containers ROOTFS]` (ROOT is the kubelet root directory, e.g. `/var/lib/kubelet`).
+
+#[path = "oci_runner.rs"]
+mod oci_runner;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,25 +42,46 @@ use kubevol::source::ClusterSource;
 use kubevol::{Config, VolumeManager};
 use tokio::task::JoinHandle;
 
+pub use oci_runner::ContainerRunner;
+
 /// The pod condition the agent sets.
 pub const CONDITION: &str = "kubevol.io/VolumesReady";
 
 #[allow(dead_code)]
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, kubeconfig, node, root] = args.as_slice() else {
-        anyhow::bail!("usage: node-agent KUBECONFIG NODE ROOT");
+    let (kubeconfig, node, root, rootfs) = match args.as_slice() {
+        [_, k, n, r] => (k, n, r, None),
+        [_, k, n, r, flag, rootfs] if flag == "--run-containers" => (k, n, r, Some(rootfs)),
+        _ => anyhow::bail!("usage: node-agent KUBECONFIG NODE ROOT [--run-containers ROOTFS]"),
     };
+    let runner = rootfs.map(|rootfs| {
+        Arc::new(ContainerRunner {
+            runtime: "crun".into(),
+            rootfs: rootfs.into(),
+            state: std::path::Path::new(root).join("kubevol-containers"),
+        })
+    });
     tokio::runtime::Runtime::new()?.block_on(async {
         let file = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(file, &Default::default()).await?;
         let client = kubevol::source::cluster::client(config)?;
-        run(client, Config::new(root, node.as_str())).await
+        run_with(client, Config::new(root, node.as_str()), runner).await
     })
 }
 
 /// Runs the agent with `client` (the node's identity) until the pod watch ends.
+#[allow(dead_code)]
 pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
+    run_with(client, config, None).await
+}
+
+/// [`run`], running each pod's containers with `runner` once its volumes are ready.
+pub async fn run_with(
+    client: kube::Client,
+    config: Config,
+    runner: Option<Arc<ContainerRunner>>,
+) -> anyhow::Result<()> {
     let node = config.node_name.clone();
     let manager = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter))?;
     manager.set_token_issuer(Arc::new(ClusterTokens::new(client.clone())));
@@ -93,14 +123,26 @@ pub async fn run(client: kube::Client, config: Config) -> anyhow::Result<()> {
             // Its containers would be killed here; then its volumes go, then the pod.
             tokio::spawn(finish(client.clone(), manager.clone(), pod));
         } else if let std::collections::hash_map::Entry::Vacant(gate) = gates.entry(uid) {
-            gate.insert(tokio::spawn(start(client.clone(), manager.clone(), pod)));
+            let runner = runner.clone();
+            gate.insert(tokio::spawn(start(
+                client.clone(),
+                manager.clone(),
+                pod,
+                runner,
+            )));
         }
     }
     Ok(())
 }
 
-/// Waits for the pod's volumes, recording each outcome on the pod, until they are ready.
-async fn start(client: kube::Client, manager: VolumeManager, pod: Pod) {
+/// Waits for the pod's volumes, recording each outcome on the pod, until they are ready; then
+/// runs its containers with `runner`, if any.
+async fn start(
+    client: kube::Client,
+    manager: VolumeManager,
+    pod: Pod,
+    runner: Option<Arc<ContainerRunner>>,
+) {
     loop {
         let (ready, reason, message) = match manager.wait_for_attach_and_mount(&pod).await {
             Ok(()) => (
@@ -115,9 +157,51 @@ async fn start(client: kube::Client, manager: VolumeManager, pod: Pod) {
             eprintln!("node-agent: cannot record the volumes' state on the pod: {e}");
         }
         if ready {
-            return;
+            break;
         }
     }
+    let Some(runner) = runner else { return };
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (phase, message) = match runner.run_pod(&manager, &pod).await {
+        Ok(ran) => {
+            for r in &ran {
+                println!(
+                    "node-agent: pod {name}, container {} (success: {}):\n{}",
+                    r.container, r.success, r.output
+                );
+            }
+            match ran.iter().find(|r| !r.success) {
+                None => ("Succeeded", "every container exited with 0".to_string()),
+                Some(r) => (
+                    "Failed",
+                    format!("container {} failed: {}", r.container, r.output.trim()),
+                ),
+            }
+        }
+        Err(e) => ("Failed", format!("the containers could not be run: {e}")),
+    };
+    if let Err(e) = set_phase(&client, &pod, phase, &message).await {
+        eprintln!("node-agent: cannot record pod {name} as {phase}: {e}");
+    }
+}
+
+/// Sets the pod's phase once its containers have ended (a batch pod's last status).
+async fn set_phase(
+    client: &kube::Client,
+    pod: &Pod,
+    phase: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({"status": {"phase": phase, "message": message}});
+    pods.patch_status(
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::default(),
+        &Patch::Strategic(&patch),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Waits until the pod's volumes are torn down, then deletes the pod for good.

@@ -73,3 +73,72 @@ cluster_test! {
         });
     }
 }
+
+/// The pod's phase, if set.
+async fn phase(cluster: &TestCluster, pod: &str) -> Option<(String, String)> {
+    let p = cluster.get("v1", "pods", pod).await?;
+    let phase = p["status"]["phase"].as_str()?.to_string();
+    Some((
+        phase,
+        p["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    ))
+}
+
+cluster_test! {
+    /// With `--run-containers`, the agent runs a batch pod's containers with crun once its
+    /// volumes are ready: the container, as uid 1000 with fsGroup 2000, reads its Secret and
+    /// writes what it read to a hostPath, and the pod ends `Succeeded`; a pod whose container
+    /// exits with 3 ends `Failed`, saying which container.
+    fn the_example_node_agent_runs_a_batch_pods_containers(backend) {
+        let root = TestRoot::new();
+        let rt = common::runtime::Runtime::new(&root.path().join("runtime"));
+        let out = root.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            ensure_node(&cluster).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"}, "stringData": {"token": "t0k3n"}})).await;
+            let pod = |name: &str, script: &str| {
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                       "spec": {"nodeName": node, "restartPolicy": "Never",
+                                "securityContext": {"runAsUser": 1000, "fsGroup": 2000},
+                                "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", script],
+                                                "volumeMounts": [{"name": "creds", "mountPath": "/creds"}, {"name": "out", "mountPath": "/out"}]}],
+                                "volumes": [{"name": "creds", "secret": {"secretName": "creds"}},
+                                            {"name": "out", "hostPath": {"path": out.to_str().unwrap(), "type": "Directory"}}]}})
+            };
+            cluster.create(pod("batch", "cat /creds/token > /out/token && id -G > /out/groups")).await;
+            cluster.create(pod("fails", "exit 3")).await;
+            let mut config = kubevol::Config::new(root.path().join("root"), node.as_str());
+            config.backoff.initial = Duration::from_millis(20);
+            config.backoff.max = Duration::from_millis(200);
+            let runner = std::sync::Arc::new(agent::ContainerRunner {
+                runtime: "crun".into(),
+                rootfs: rt.rootfs.clone(),
+                state: root.path().join("containers"),
+            });
+            let running = tokio::spawn(agent::run_with(node_client(&cluster), config, Some(runner)));
+            let ended = |pod: &'static str| {
+                let cluster = &cluster;
+                move || async move { phase(cluster, pod).await.is_some_and(|(p, _)| p == "Succeeded" || p == "Failed") }
+            };
+            eventually("the batch pod's end", 60, ended("batch")).await;
+            let (p, message) = phase(&cluster, "batch").await.unwrap();
+            assert_eq!(p, "Succeeded", "{message}");
+            assert_eq!(std::fs::read_to_string(out.join("token")).unwrap(), "t0k3n");
+            let groups = std::fs::read_to_string(out.join("groups")).unwrap();
+            assert!(groups.split_whitespace().any(|g| g == "2000"), "{groups}");
+            eventually("the failing pod's end", 60, ended("fails")).await;
+            let (p, message) = phase(&cluster, "fails").await.unwrap();
+            assert_eq!(p, "Failed");
+            assert!(message.starts_with("container c failed"), "{message}");
+            running.abort();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -11,7 +11,7 @@ use kubevol::VolumeManager;
 /// An OCI runtime on a busybox root, its state and bundles below `dir`.
 pub struct Runtime {
     dir: PathBuf,
-    rootfs: PathBuf,
+    pub rootfs: PathBuf,
 }
 
 impl Runtime {
