@@ -216,15 +216,19 @@ fn find_container<'a>(
     Some((view, None))
 }
 
+/// Expands the subPath of a container's (`&Container`) `index`th mount (`&VolumeMount`).
+pub(crate) type ExpandSubPath<'a> = dyn Fn(
+        &k8s_openapi::api::core::v1::Container,
+        usize,
+        &VolumeMount,
+    ) -> Result<Option<String>, String>
+    + 'a;
+
 /// What resolving needs beyond the pod and its mounted volumes.
 pub(crate) struct Resolver<'a> {
     /// The subPath of an image volume's mount (`subPathExpr` expanded from the container's
     /// environment), given the container, the mount's index and the mount.
-    pub expand: &'a dyn Fn(
-        &k8s_openapi::api::core::v1::Container,
-        usize,
-        &VolumeMount,
-    ) -> Result<Option<String>, String>,
+    pub expand: &'a ExpandSubPath<'a>,
     /// Makes mounts propagate from a path handed out as a propagation needs (see
     /// [`propagating`]).
     pub propagate: &'a dyn Fn(&Path, Propagation) -> Result<(), String>,
