@@ -212,7 +212,7 @@ impl fmt::Display for PodRef {
 
 /// The built-in plugins' names and their directories, spelled out: every volume's path is made
 /// from one, and these need no new string each time.
-const BUILT_IN_PLUGIN_DIRS: [(&str, &str); 8] = [
+const BUILT_IN_PLUGIN_DIRS: [(&str, &str); 9] = [
     ("kubernetes.io/empty-dir", "kubernetes.io~empty-dir"),
     ("kubernetes.io/host-path", "kubernetes.io~host-path"),
     ("kubernetes.io/configmap", "kubernetes.io~configmap"),
@@ -221,6 +221,7 @@ const BUILT_IN_PLUGIN_DIRS: [(&str, &str); 8] = [
     ("kubernetes.io/projected", "kubernetes.io~projected"),
     ("kubernetes.io/local-volume", "kubernetes.io~local-volume"),
     ("kubernetes.io/csi", "kubernetes.io~csi"),
+    ("kubernetes.io/image", "kubernetes.io~image"),
 ];
 
 /// The directory name a plugin's volumes live under in a pod directory: the kubelet escapes the

@@ -335,3 +335,37 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// An image volume has nothing to set up: its pod is ready at once, the runtime gets the
+    /// reference (and subPath), nothing is made on the node for it, a restart finds it again
+    /// without a problem, and its teardown leaves nothing.
+    fn an_image_volume_is_handed_to_the_runtime_by_reference_and_survives_a_restart() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let p = pod(serde_json::json!({"metadata": {"name": "tools", "namespace": "default"}, "spec": {
+                "containers": [{"name": "c", "volumeMounts": [{"name": "t", "mountPath": "/t", "subPath": "bin"}]}],
+                "volumes": [{"name": "t", "image": {"reference": "registry.example/tools:1", "pullPolicy": "IfNotPresent"}}]}}));
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            let mounts = m.container_mounts(&p, "c").unwrap();
+            let t = &mounts.mounts[0];
+            assert_eq!(t.image.as_ref().map(|i| i.reference.as_str()), Some("registry.example/tools:1"));
+            assert_eq!((t.host_path.as_ref(), t.sub_path.as_deref(), t.read_only), (None, Some("bin"), true));
+            let pod_dir = m.config().root_dir.join("pods").join(kubevol::pod_uid(&p).as_str());
+            assert!(!pod_dir.join("volumes/kubernetes.io~image").exists(), "nothing is made for it");
+            assert!(mounts_under(&pod_dir).is_empty());
+
+            let m = restart(m, root.path(), |_| {}).await;
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            assert_eq!(m.status(false).reconstruction.problems, Vec::<String>::new());
+            assert_eq!(m.container_mounts(&p, "c").unwrap(), mounts);
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.unwrap();
+            assert!(!pod_dir.exists() || mounts_under(&pod_dir).is_empty());
+            m.shutdown();
+        });
+    }
+}
