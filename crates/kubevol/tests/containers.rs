@@ -356,6 +356,8 @@ mount_test! {
             let pod_dir = m.config().root_dir.join("pods").join(kubevol::pod_uid(&p).as_str());
             assert!(!pod_dir.join("volumes/kubernetes.io~image").exists(), "nothing is made for it");
             assert!(mounts_under(&pod_dir).is_empty());
+            let status = m.pod_status(&kubevol::pod_uid(&p)).unwrap();
+            assert_eq!(status.volumes[0].path.as_deref(), Some("image registry.example/tools:1"), "the status names what the runtime gets");
 
             let m = restart(m, root.path(), |_| {}).await;
             m.add_pod(p.clone());

@@ -303,7 +303,7 @@ impl Sources<'_> {
                     type_: self.volume_type(&plugin),
                     unique_name: Some(unique.to_string()),
                     state,
-                    path: mounted.map(|m| m.path.display().to_string()),
+                    path: mounted.map(|m| handed_out(m)),
                     read_only: mounted.is_some_and(|m| m.read_only),
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings,
@@ -373,7 +373,7 @@ impl Sources<'_> {
                     ),
                     unique_name: Some(unique.to_string()),
                     state,
-                    path: Some(m.path.display().to_string()),
+                    path: Some(handed_out(m)),
                     read_only: m.read_only,
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings: Vec::new(),
@@ -530,5 +530,14 @@ impl RetryInfo {
                 .map(|e| (e.retry_at - now).as_millis() as u64),
             permanent: err.is_some_and(|e| e.permanent),
         }
+    }
+}
+
+/// What the runtime is handed for a mounted volume: its path, or an image volume's reference
+/// (nothing is made on the node for it).
+fn handed_out(m: &kubevol_core::state::MountedPodVolume) -> String {
+    match crate::plugins::image::source(&m.spec) {
+        Some(image) => format!("image {}", image.reference.as_deref().unwrap_or_default()),
+        None => m.path.display().to_string(),
     }
 }
