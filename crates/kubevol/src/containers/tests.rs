@@ -462,3 +462,40 @@ fn propagation_makes_the_volumes_own_mount_shared_and_needs_a_shared_mount_under
     );
     assert!(e.contains("mount --make-rshared /r"), "{e}");
 }
+
+proptest::proptest! {
+    /// Whatever a pod's mounts say (names, paths, subPaths, flags), resolving never panics and
+    /// hands out only paths the actual state holds: a volume's path or a prepared subPath's
+    /// mount, never one made of the pod's strings.
+    #[test]
+    fn only_paths_the_actual_state_holds_are_handed_out(
+        mounts in proptest::collection::vec(
+            ("[a-c]{1,2}", "[ -~]{0,12}", proptest::option::of("[ -~]{0,12}"), proptest::option::of(proptest::bool::ANY),
+             proptest::option::of(proptest::sample::select(vec!["None", "HostToContainer", "Bidirectional", "x"])),
+             proptest::option::of(proptest::sample::select(vec!["Disabled", "IfPossible", "Enabled", ""]))),
+            0..6),
+        privileged in proptest::bool::ANY,
+    ) {
+        let volume_mounts: Vec<serde_json::Value> = mounts.iter().map(|(name, path, sub, ro, prop, rro)| {
+            json!({"name": name, "mountPath": path, "subPath": sub, "readOnly": ro, "mountPropagation": prop, "recursiveReadOnly": rro})
+        }).collect();
+        let p = pod(
+            json!([{"name": "c", "securityContext": {"privileged": privileged}, "volumeMounts": volume_mounts}]),
+            json!([{"name": "a", "emptyDir": {}}, {"name": "b", "hostPath": {"path": "/srv"}}, {"name": "ab", "secret": {"secretName": "s"}}]),
+        );
+        let mut a = volume("kubernetes.io/empty-dir", "/r/a");
+        for (index, (_, _, sub, ..)) in mounts.iter().enumerate() {
+            if sub.is_some() {
+                a.sub_paths.push(SubPathMount { container: "c".into(), index, sub_path: "s".into(), path: format!("/r/sub/{index}").into() });
+            }
+        }
+        let mounted: BTreeMap<_, _> = [("a".to_string(), a), ("b".to_string(), volume("kubernetes.io/host-path", "/r/b"))].into();
+        if let Ok(m) = resolve(&p, "c", &mounted, true).0 {
+            for m in &m.mounts {
+                let path = m.host_path.as_ref().expect("no image volume here");
+                let s = path.to_str().unwrap();
+                proptest::prop_assert!(s == "/r/a" || s == "/r/b" || s.starts_with("/r/sub/"), "{s}");
+            }
+        }
+    }
+}
