@@ -303,7 +303,7 @@ impl Sources<'_> {
                     type_: self.volume_type(&plugin),
                     unique_name: Some(unique.to_string()),
                     state,
-                    path: mounted.map(|m| handed_out(m)),
+                    path: mounted.map(handed_out),
                     read_only: mounted.is_some_and(|m| m.read_only),
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings,
