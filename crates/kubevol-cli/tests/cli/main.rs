@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod bench;
+mod mounts;
 #[macro_use]
 #[path = "../../../kubevol/tests/common/mod.rs"]
 mod common;
