@@ -79,6 +79,21 @@ fn strip_location(msg: &str) -> String {
     out
 }
 
+/// The base64 values under `field` (a Secret's `data`, a ConfigMap's `binaryData`) without the
+/// line breaks (`\r`, `\n`) that the API server's decoder skips, as Go's does: a value written
+/// in a YAML `|` block, as the Kubernetes documentation's `ssh-auth` and `dockercfg` examples
+/// write theirs, reads as it would through `kubectl apply`.
+fn base64_without_line_breaks(mut value: serde_json::Value, field: &str) -> serde_json::Value {
+    if let Some(map) = value.get_mut(field).and_then(|d| d.as_object_mut()) {
+        for v in map.values_mut() {
+            if let Some(s) = v.as_str().filter(|s| s.contains(['\r', '\n'])) {
+                *v = serde_json::Value::String(s.replace(['\r', '\n'], ""));
+            }
+        }
+    }
+    value
+}
+
 /// Rewrites a deserializer's message for the user. A base64 error names the offending
 /// character and its offset (`'_' at offset 7`) instead of a byte value. For a Secret
 /// (`secret`), no value is ever quoted: a Secret's values must not reach a log, an event or the
@@ -340,11 +355,15 @@ fn convert(
             })
         }
         "ConfigMap" => {
+            let value = base64_without_line_breaks(value, "binaryData");
             typed::<ConfigMap>(value, &kind, path, document, relocate, &mut found.errors)
                 .map(Object::ConfigMap)
         }
-        "Secret" => typed::<Secret>(value, &kind, path, document, relocate, &mut found.errors)
-            .map(|s| Object::Secret(normalize_secret(s))),
+        "Secret" => {
+            let value = base64_without_line_breaks(value, "data");
+            typed::<Secret>(value, &kind, path, document, relocate, &mut found.errors)
+                .map(|s| Object::Secret(normalize_secret(s)))
+        }
         "PersistentVolume" => {
             typed::<PersistentVolume>(value, &kind, path, document, relocate, &mut found.errors)
                 .map(Object::PersistentVolume)

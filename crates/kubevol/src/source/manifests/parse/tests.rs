@@ -398,3 +398,25 @@ fn unknown_fields_are_located_in_every_document_and_in_json() {
         parsed.warnings
     );
 }
+
+/// Base64 values written across lines (a YAML `|` block, as the Kubernetes documentation's
+/// `kubernetes.io/ssh-auth` and `dockercfg` examples write them) decode as the API server
+/// decodes them, line breaks skipped; a ConfigMap's binaryData too; a space is still an error.
+#[test]
+fn base64_values_across_lines_decode_as_the_api_server_decodes_them() {
+    let text = "apiVersion: v1\nkind: Secret\nmetadata: {name: ssh}\ntype: kubernetes.io/ssh-auth\ndata:\n  ssh-privatekey: |\n    c2VjcmV0\n    LXZhbHVl\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: bin}\nbinaryData:\n  blob: \"AAEC\\r\\nAw==\"\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: beside}\nspec: {containers: [{name: c}]}\n";
+    let (objects, errors) = parse("docs.yaml", text);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(objects.len(), 3, "the pod beside them is read too");
+    match &objects[0].1 {
+        Object::Secret(s) => assert_eq!(s.data.as_ref().unwrap()["ssh-privatekey"].0, b"secret-value"),
+        o => panic!("{o:?}"),
+    }
+    match &objects[1].1 {
+        Object::ConfigMap(c) => assert_eq!(c.binary_data.as_ref().unwrap()["blob"].0, [0, 1, 2, 3]),
+        o => panic!("{o:?}"),
+    }
+    let (_, errors) = parse("bad.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: \"c2Vj cmV0\"}\n");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("is not a base64 character"), "{errors:?}");
+}
