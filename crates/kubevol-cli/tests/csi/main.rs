@@ -5,6 +5,7 @@
 #[macro_use]
 #[path = "../../../kubevol/tests/common/mod.rs"]
 mod common;
+mod attach;
 mod cluster;
 mod containers;
 #[path = "../loop_driver/mod.rs"]

@@ -60,6 +60,9 @@ pub struct Driver {
     pub call_log: Option<Mutex<std::fs::File>>,
     /// Where NodeGetInfo reads `max_volumes_per_node` (none: no limit).
     pub max_volumes_file: Option<PathBuf>,
+    /// Whether the controller publishes (attaches) volumes; without, it lacks
+    /// PUBLISH_UNPUBLISH_VOLUME and the node attaches at stage and detaches at unstage.
+    pub controller_publish: bool,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -181,6 +184,7 @@ impl Driver {
             faults,
             call_log: call_log.map(Mutex::new),
             max_volumes_file: None,
+            controller_publish: true,
             locks: Mutex::new(HashMap::new()),
         })
     }

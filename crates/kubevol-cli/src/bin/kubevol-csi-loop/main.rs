@@ -60,6 +60,11 @@ struct Args {
     /// change the driver's share of the node's loop devices while it runs.
     #[arg(long, value_name = "FILE")]
     max_volumes_file: Option<PathBuf>,
+    /// The controller does not publish volumes (no PUBLISH_UNPUBLISH_VOLUME, as
+    /// csi-driver-host-path without --enable-attach): the node attaches a volume's loop device
+    /// at NodeStageVolume and detaches it at NodeUnstageVolume.
+    #[arg(long)]
+    no_controller_publish: bool,
     /// Do not serve: detach the loop devices of every volume under --data-dir and exit. For
     /// cleaning up after a demo or test whose mounts are gone; files are kept.
     #[arg(long)]
@@ -104,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
     .with_context(|| format!("cannot use data directory {}", args.data_dir.display()))?;
     driver.registration_versions = args.registration_versions;
     driver.max_volumes_file = args.max_volumes_file;
+    driver.controller_publish = !args.no_controller_publish;
     let driver = Arc::new(driver);
 
     let incoming = kubevol_csi::bind(&socket)

@@ -187,6 +187,11 @@ impl VolumePlugin for CsiPlugin {
                     r.handle, r.driver
                 )));
             };
+            if !publishes(&host, &r.driver).await? {
+                // As the external-attacher: a controller without PUBLISH_UNPUBLISH_VOLUME has
+                // nothing to attach; the volume is attached at once, with no publish context.
+                return Ok(BTreeMap::new());
+            }
             let resp = host
                 .csi
                 .call(
@@ -225,6 +230,9 @@ impl VolumePlugin for CsiPlugin {
                     r.handle, r.driver
                 )));
             };
+            if !publishes(&host, &r.driver).await? {
+                return Ok(());
+            }
             host.csi
                 .call(
                     &r.driver,
@@ -709,6 +717,15 @@ fn fs_group_by(
     } else {
         FsGroupBy::Nobody
     }
+}
+
+/// Whether `driver`'s controller publishes volumes (`PUBLISH_UNPUBLISH_VOLUME`, asked once).
+async fn publishes(host: &PluginHost, driver: &str) -> Result<bool, VolumeError> {
+    use kubevol_csi::v1::controller_service_capability::rpc::Type;
+    Ok(host
+        .csi
+        .controller_has(driver, Type::PublishUnpublishVolume)
+        .await?)
 }
 
 #[cfg(test)]

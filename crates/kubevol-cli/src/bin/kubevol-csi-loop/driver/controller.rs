@@ -85,6 +85,9 @@ impl Controller for Svc {
         req: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let r = req.into_inner();
+        if !self.controller_publish {
+            return Err(not_offered("ControllerUnpublishVolume"));
+        }
         if r.volume_id.is_empty() {
             return Err(invalid("volume_id"));
         }
@@ -116,6 +119,9 @@ impl Controller for Svc {
         req: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
         let r = req.into_inner();
+        if !self.controller_publish {
+            return Err(not_offered("ControllerPublishVolume"));
+        }
         check_id(&r.volume_id)?;
         if r.node_id.is_empty() {
             return Err(invalid("node_id"));
@@ -223,12 +229,16 @@ impl Controller for Svc {
         let cap = |t: rpc::Type| ControllerServiceCapability {
             r#type: Some(Type::Rpc(Rpc { r#type: t as i32 })),
         };
+        let mut capabilities = vec![
+            cap(rpc::Type::CreateDeleteVolume),
+            cap(rpc::Type::PublishUnpublishVolume),
+            cap(rpc::Type::ExpandVolume),
+        ];
+        if !self.controller_publish {
+            capabilities.remove(1);
+        }
         Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities: vec![
-                cap(rpc::Type::CreateDeleteVolume),
-                cap(rpc::Type::PublishUnpublishVolume),
-                cap(rpc::Type::ExpandVolume),
-            ],
+            capabilities,
         }))
     }
 
@@ -251,4 +261,11 @@ impl Controller for Svc {
         })
         .await
     }
+}
+
+/// A call of an RPC the controller does not offer (a CO must not make it).
+fn not_offered(method: &str) -> Status {
+    Status::unimplemented(format!(
+        "{method}: this controller does not offer PUBLISH_UNPUBLISH_VOLUME"
+    ))
 }

@@ -74,12 +74,18 @@ impl Node for Svc {
             return Err(invalid("staging_target_path"));
         }
         let staging = PathBuf::from(&r.staging_target_path);
+        // Without a controller that publishes, the node attached the device at stage.
+        let image = (!self.controller_publish && check_id(&r.volume_id).is_ok())
+            .then(|| self.image(&r.volume_id));
         self.call(
             "NodeUnstageVolume",
             &r.volume_id,
             &r.staging_target_path,
             move || {
                 sys::unmount_all(&staging).map_err(internal)?;
+                if let Some(image) = image.filter(|i| i.exists()) {
+                    sys::detach_freed(&image).map_err(internal)?;
+                }
                 Ok(NodeUnstageVolumeResponse {})
             },
         )

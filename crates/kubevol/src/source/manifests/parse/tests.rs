@@ -409,14 +409,23 @@ fn base64_values_across_lines_decode_as_the_api_server_decodes_them() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(objects.len(), 3, "the pod beside them is read too");
     match &objects[0].1 {
-        Object::Secret(s) => assert_eq!(s.data.as_ref().unwrap()["ssh-privatekey"].0, b"secret-value"),
+        Object::Secret(s) => assert_eq!(
+            s.data.as_ref().unwrap()["ssh-privatekey"].0,
+            b"secret-value"
+        ),
         o => panic!("{o:?}"),
     }
     match &objects[1].1 {
         Object::ConfigMap(c) => assert_eq!(c.binary_data.as_ref().unwrap()["blob"].0, [0, 1, 2, 3]),
         o => panic!("{o:?}"),
     }
-    let (_, errors) = parse("bad.yaml", "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: \"c2Vj cmV0\"}\n");
+    let (_, errors) = parse(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: \"c2Vj cmV0\"}\n",
+    );
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].contains("is not a base64 character"), "{errors:?}");
+    assert!(
+        errors[0].contains("is not a base64 character"),
+        "{errors:?}"
+    );
 }

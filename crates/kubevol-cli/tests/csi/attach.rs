@@ -1,0 +1,40 @@
+//! Attach as the external-attacher does it: a controller that lacks PUBLISH_UNPUBLISH_VOLUME
+//! is asked for its capabilities and never sent ControllerPublishVolume or
+//! ControllerUnpublishVolume, whatever the CSIDriver says of attach (or without a CSIDriver).
+
+use super::*;
+
+mount_test! {
+    /// The loop driver with `--no-controller-publish` (as csi-driver-host-path without
+    /// `--enable-attach`): a claim's volume that needs attach by its CSIDriver, and one of a
+    /// driver without a CSIDriver object, are attached at once with no ControllerPublishVolume
+    /// call (the driver would refuse one with Unimplemented), staged (the node attaches its
+    /// loop device), published and written; at teardown no ControllerUnpublishVolume is sent,
+    /// and the node detaches its devices at unstage.
+    fn a_controller_without_publish_unpublish_is_attached_without_a_call() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--no-controller-publish"]);
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            // Without a CSIDriver object attach is required, as in Kubernetes.
+            m.library().upsert_objects(objects(json!([pv("one", "16Mi", "Filesystem"), pvc("one", "Filesystem")])));
+            let p = claim_pod("p", "one");
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            std::fs::write(mount_path(&m, &p, "data").join("f"), "x").unwrap();
+            // A CSIDriver that says attachRequired: the same.
+            m.library().upsert_objects(objects(json!([csi_driver(true), pv("two", "16Mi", "Filesystem"), pvc("two", "Filesystem")])));
+            let q = claim_pod("q", "two");
+            m.add_pod(q.clone());
+            m.wait_for_attach_and_mount(&q).await.unwrap();
+            assert_eq!(driver.count("NodeStageVolume", "Ok"), 2);
+            m.remove_pods(&[p.clone(), q.clone()]);
+            m.wait_for_all_pods_unmount(&[p, q]).await.unwrap();
+            wait_until("both volumes unstaged", 20, || driver.count("NodeUnstageVolume", "Ok") == 2).await;
+            let controller_calls: Vec<_> = driver.calls().into_iter().filter(|c| c.0.starts_with("ControllerPublish") || c.0.starts_with("ControllerUnpublish")).collect();
+            assert_eq!(controller_calls, vec![], "no publish call reached the driver");
+            assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
+            m.shutdown();
+        });
+    }
+}
