@@ -13,7 +13,10 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use crate::quantity::Quantity;
 
 mod content;
+mod static_pod;
 mod volume;
+
+pub use static_pod::static_pod_api_reference;
 
 pub use content::*;
 pub use volume::{

@@ -417,7 +417,16 @@ impl Populator {
                 ),
             );
         }
-        let errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
+        let mut errors: Vec<String> = validate_pod(pod).iter().map(|e| e.to_string()).collect();
+        if matches!(stored.origin(), crate::store::Origin::File { .. })
+            && self.store.serves_a_cluster()
+        {
+            if let Some(what) = kubevol_core::validation::static_pod_api_reference(pod) {
+                errors.push(format!(
+                    "static pods may not reference {what}: a pod from a manifest file on a node of a cluster gets no object of the API server; remove the reference, or create the pod through the API server"
+                ));
+            }
+        }
         if !errors.is_empty() {
             let message = format!(
                 "{}: pod {pref} rejected, nothing was created for it; fix these fields: {}",

@@ -28,6 +28,9 @@ pub use bindings::{Binding, Bindings, Creating, BINDINGS_FILE};
 pub use definitions::Key as ObjectKey;
 use definitions::{Key, Objects, Shared};
 
+/// The name the API server's pod source registers under (`ClusterSource::NAME`).
+pub const API_SERVER_SOURCE: &str = "api-server";
+
 /// Where an object came from. The order is the precedence when two origins define the same
 /// object: the library API first, then the API server, then manifest files by path (byte
 /// order) and document.
@@ -524,6 +527,12 @@ impl ObjectStore {
             .iter()
             .map(|(name, s)| (name.clone(), s.synced))
             .collect()
+    }
+
+    /// Whether the API server is one of the pod sources (a node of a cluster): pods from
+    /// manifest files are then static pods.
+    pub fn serves_a_cluster(&self) -> bool {
+        crate::sync::lock(&self.sources).contains_key(API_SERVER_SOURCE)
     }
 
     /// Whether every registered source has synced.

@@ -654,3 +654,57 @@ cluster_test! {
         });
     }
 }
+
+cluster_test! {
+    /// A node of a cluster refuses static pods (from its manifest directory) that reference
+    /// objects of the API server, as the kubelet does since 1.34 (PreventStaticPodAPIReferences):
+    /// one mounting a Secret, one with a ConfigMap in its environment; a static pod of emptyDir
+    /// and downwardAPI volumes beside them is mounted.
+    fn static_pods_that_reference_api_objects_are_refused_as_the_kubelet_refuses_them(backend) {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "static.yaml", r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: uses-secret, namespace: kube-system}
+spec:
+  containers: [{name: c, volumeMounts: [{name: creds, mountPath: /creds}]}]
+  volumes: [{name: creds, secret: {secretName: creds}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: uses-config-map, namespace: kube-system}
+spec:
+  containers: [{name: c, envFrom: [{configMapRef: {name: settings}}], volumeMounts: [{name: scratch, mountPath: /s}]}]
+  volumes: [{name: scratch, emptyDir: {}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: plain, namespace: kube-system}
+spec:
+  containers: [{name: c, volumeMounts: [{name: scratch, mountPath: /s}, {name: info, mountPath: /info}]}]
+  volumes:
+  - {name: scratch, emptyDir: {}}
+  - {name: info, downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}}
+"#);
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            ensure_node(&cluster).await;
+            let m = cluster_manager(root.path(), &cluster);
+            kubevol::source::ManifestSource::new(&manifests)
+                .listen(m.store().sink(kubevol::source::ManifestSource::NAME))
+                .await
+                .unwrap();
+            let static_pod = |name: &str| pod(json!({"metadata": {"name": name, "namespace": "kube-system"}, "spec": {"containers": []}}));
+            let plain = static_pod("plain");
+            m.wait_for_attach_and_mount(&plain).await.unwrap();
+            for (name, what) in [("uses-secret", "secrets"), ("uses-config-map", "configmaps")] {
+                let s = wait_for_status(&m, &static_pod(name), 20, |s| s.phase == kubevol::status::PodPhase::Rejected).await;
+                let errors = s.errors.join("\n");
+                assert!(errors.contains(&format!("static pods may not reference {what}:")), "{name}: {errors}");
+            }
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -70,7 +70,7 @@ pub struct ClusterSource {
 
 impl ClusterSource {
     /// The source's name in the sync gate and the status.
-    pub const NAME: &'static str = "api-server";
+    pub const NAME: &'static str = crate::store::API_SERVER_SOURCE;
 
     /// A source of the pods bound to `node_name`, read with `client` (the node's identity).
     pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
