@@ -95,6 +95,17 @@ pub struct VolumeSpec {
     pub selinux_mount: bool,
 }
 
+impl VolumeSpec {
+    /// The CSI driver that serves the volume: an inline CSI volume's, or its PersistentVolume's.
+    pub fn csi_driver(&self) -> Option<&str> {
+        let inline = self.volume.csi.as_ref().map(|c| c.driver.as_str());
+        inline.or_else(|| {
+            let pv = self.persistent_volume.as_deref()?;
+            Some(pv.spec.as_ref()?.csi.as_ref()?.driver.as_str())
+        })
+    }
+}
+
 /// Fields of a pod's volume that the API types kubevol is built with do not know, read from
 /// the manifest's text and kept beside the typed volume.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -489,6 +489,14 @@ impl AswWriter {
         pending.remove(uid).map(|since| since.elapsed())
     }
 
+    /// How long the pod has waited for its volumes since it entered the DSW, while it has not
+    /// yet had them all mounted.
+    pub fn waiting_since(&self, uid: &PodUid) -> Option<std::time::Duration> {
+        crate::sync::lock(&self.world.pending_since)
+            .get(uid)
+            .map(|since| since.elapsed())
+    }
+
     /// The world written to, for reading.
     pub fn world(&self) -> &World {
         &self.world

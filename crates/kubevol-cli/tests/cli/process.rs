@@ -70,6 +70,7 @@ mount_test! {
             "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 5",
             "volume_manager_total_volumes{plugin_name=\"kubernetes.io/configmap\",state=\"actual_state_of_world\"} 1",
             "storage_operation_duration_seconds_count{volume_plugin=\"kubernetes.io/host-path\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"} 3",
+            "volume_operation_total_seconds_count{plugin_name=\"kubernetes.io/host-path\",operation_name=\"overall_volume_mount\"} 3",
             "kubevol_pod_volumes_ready_duration_seconds_count 4",
         ];
         until_http(port, "/metrics", |metrics| {

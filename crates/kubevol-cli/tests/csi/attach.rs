@@ -28,6 +28,16 @@ mount_test! {
             m.add_pod(q.clone());
             m.wait_for_attach_and_mount(&q).await.unwrap();
             assert_eq!(driver.count("NodeStageVolume", "Ok"), 2);
+            // The kubelet's metrics name a CSI volume's plugin with its driver (a set-up may
+            // have run again for the second claim's arrival: at least two).
+            let metrics = m.metrics_text();
+            let count = |series: &str| {
+                metrics.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<u64>().ok())
+            };
+            let mounts = count(&format!("storage_operation_duration_seconds_count{{volume_plugin=\"kubernetes.io/csi:{DRIVER}\",operation_name=\"volume_mount\",status=\"success\",migrated=\"false\"}}"));
+            assert!(mounts >= Some(2), "{metrics}");
+            let first = count(&format!("volume_operation_total_seconds_count{{plugin_name=\"kubernetes.io/csi:{DRIVER}\",operation_name=\"overall_volume_mount\"}}"));
+            assert_eq!(first, Some(2), "one end-to-end time per volume's first set-up: {metrics}");
             m.remove_pods(&[p.clone(), q.clone()]);
             m.wait_for_all_pods_unmount(&[p, q]).await.unwrap();
             wait_until("both volumes unstaged", 20, || driver.count("NodeUnstageVolume", "Ok") == 2).await;

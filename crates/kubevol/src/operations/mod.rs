@@ -261,6 +261,42 @@ fn report_stalled(ops: &Operations, op: &Operation) {
     ops.world().announce();
 }
 
+/// The plugin as the kubelet names it in its metrics: a CSI volume's with its driver
+/// (`kubernetes.io/csi:<driver>`), read from the volume's key when it holds it (a persistent
+/// volume's, `kubernetes.io/csi/<driver>^<handle>`) and else from its spec.
+pub(crate) fn metric_plugin<'a>(
+    ops: &Operations,
+    volume: &UniqueVolumeName,
+    plugin: &'a str,
+) -> std::borrow::Cow<'a, str> {
+    use std::borrow::Cow;
+    let csi = crate::plugins::csi::PLUGIN_NAME;
+    if plugin != csi {
+        return Cow::Borrowed(plugin);
+    }
+    let keyed = volume
+        .as_str()
+        .strip_prefix(csi)
+        .and_then(|rest| rest.strip_prefix('/')?.split_once('^'))
+        .map(|(driver, _)| driver.to_string());
+    let driver = keyed.or_else(|| {
+        let world = ops.world();
+        let actual = world.asw().volume(volume).and_then(|v| {
+            let spec = v.spec.as_ref()?;
+            spec.csi_driver().map(str::to_string)
+        });
+        actual.or_else(|| {
+            let dsw = world.dsw();
+            let spec = dsw.volume(volume)?.pods.values().next()?.spec.clone();
+            spec.csi_driver().map(str::to_string)
+        })
+    });
+    match driver {
+        Some(d) => Cow::Owned(format!("{plugin}:{d}")),
+        None => Cow::Borrowed(plugin),
+    }
+}
+
 fn stalled_message(ops: &Operations, op: &Operation) -> String {
     format!(
         "{} of {} has not finished after {:?}: its filesystem or CSI driver may be hung (check the mount and the driver); other volumes carry on, and this one is tried again once the call returns",
@@ -281,7 +317,7 @@ fn conclude(ops: &Operations, done: Vec<(Operation, Instant, Outcome)>) {
     let now = Instant::now();
     for (op, started, (plugin, outcome, replan)) in done {
         ops.metrics.observe_operation(
-            &plugin,
+            &metric_plugin(ops, op.volume(), &plugin),
             op.metric_name(),
             outcome.is_ok(),
             started.elapsed().as_secs_f64(),

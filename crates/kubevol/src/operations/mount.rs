@@ -259,6 +259,12 @@ pub(super) fn finish(
                 .write()
                 .mark_pod_volume(volume, &traits, pod.clone(), mounted);
             if announce {
+                if let Some(waited) = ops.asw.waiting_since(pod) {
+                    let plugin = super::metric_plugin(ops, volume, &traits.plugin);
+                    let seconds = waited.as_secs_f64();
+                    ops.metrics
+                        .observe_end_to_end(&plugin, "overall_volume_mount", seconds);
+                }
                 ops.events.record(
                     pref,
                     false,

@@ -2,7 +2,9 @@
 //!
 //! `volume_manager_total_volumes{plugin_name,state}` is computed from both states of world at
 //! scrape time; `storage_operation_duration_seconds` is observed by the executor for every
-//! operation; `kubevol_pod_volumes_ready_duration_seconds` measures from the moment a pod entered
+//! operation, and `volume_operation_total_seconds` (`overall_volume_mount`) at a volume's first
+//! set-up (both Beta in Kubernetes 1.37, their plugin label `kubernetes.io/csi:<driver>` for a
+//! CSI volume); `kubevol_pod_volumes_ready_duration_seconds` measures from the moment a pod entered
 //! the desired state until all its volumes were mounted.
 
 use std::collections::BTreeMap;
@@ -45,6 +47,15 @@ pub struct OperationLabels {
     pub status: &'static str,
     /// Always `false`: kubevol does not migrate in-tree plugins.
     pub migrated: &'static str,
+}
+
+/// Labels of `volume_operation_total_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndToEndLabels {
+    /// The plugin (`kubernetes.io/csi:<driver>` for CSI volumes).
+    pub plugin_name: String,
+    /// `overall_volume_mount`.
+    pub operation_name: &'static str,
 }
 
 /// Labels of `csi_operations_seconds`.
@@ -158,6 +169,7 @@ pub struct Metrics {
     /// outcome: a few, found without building (and hashing) a label set for every operation.
     operation_series: Mutex<Vec<(OperationSeries, Histogram)>>,
     pod_ready: Histogram,
+    end_to_end: Family<EndToEndLabels, Histogram, fn() -> Histogram>,
     csi_operations: Family<CsiOperationLabels, Histogram, fn() -> Histogram>,
     volume_stats: [Family<VolumeStatsLabels, Gauge>; 7],
     orphans_cleaned: Gauge,
@@ -219,6 +231,15 @@ impl Default for Metrics {
             "storage_operation_duration_seconds",
             "Storage operation duration",
             operation_duration.clone(),
+        );
+        let end_to_end =
+            Family::<EndToEndLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                operation_histogram,
+            );
+        registry.register(
+            "volume_operation_total_seconds",
+            "Storage operation end to end duration in seconds",
+            end_to_end.clone(),
         );
         registry.register(
             "kubevol_pod_volumes_ready_duration_seconds",
@@ -294,6 +315,7 @@ impl Default for Metrics {
             operation_duration,
             operation_series: Mutex::default(),
             pod_ready,
+            end_to_end,
             csi_operations,
             volume_stats,
             render: Mutex::new(()),
@@ -365,6 +387,17 @@ impl Metrics {
             series.len() - 1
         });
         series[at].1.observe(seconds);
+    }
+
+    /// Records an operation's end-to-end time (`overall_volume_mount`: from the pod volume's
+    /// entry in the desired state to its first successful set-up, as the kubelet measures it).
+    pub fn observe_end_to_end(&self, plugin: &str, operation: &'static str, seconds: f64) {
+        self.end_to_end
+            .get_or_create(&EndToEndLabels {
+                plugin_name: plugin.to_string(),
+                operation_name: operation,
+            })
+            .observe(seconds);
     }
 
     /// Records how long a pod waited for its volumes.
