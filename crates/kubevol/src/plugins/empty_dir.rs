@@ -100,6 +100,54 @@ pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec) -> Option<i64> {
     }
 }
 
+/// Makes a memory-backed emptyDir's tmpfs (mounted at `path`, its root open as `root`) the size the pod
+/// asks for now, keeping its files: a pod resized, or edited, since it was mounted. A size
+/// below what the volume holds is refused, with a warning event on the pod, and the volume
+/// keeps its size (as the kubelet refuses it).
+fn resize_tmpfs(
+    host: &PluginHost,
+    req: &SetUpRequest,
+    path: &Path,
+    root: &kubevol_mount::safe::Dir,
+) -> Result<(), VolumeError> {
+    let Ok(st) = rustix::fs::fstatfs(root.fd()) else {
+        return Ok(());
+    };
+    let block = st.f_bsize as u64;
+    let now = st.f_blocks.saturating_mul(block);
+    let used = st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(block);
+    // tmpfs counts whole pages; no size is no limit (`size=0`).
+    let want = tmpfs_size(&req.pod, &req.spec).map(|s| (s.max(0) as u64).div_ceil(block) * block);
+    match want {
+        Some(w) if w == now => return Ok(()),
+        Some(w) if w < used => {
+            let message = format!(
+                "emptyDir {:?} cannot shrink to {w} bytes: it holds {used}; it keeps its size of {now} bytes (free some of it, or ask for more)",
+                req.outer_volume_name
+            );
+            tracing::warn!(pod = %req.pod_ref, "{message}");
+            host.events.record(
+                &req.pod_ref,
+                true,
+                crate::events::reason::VOLUME_RESIZE_FAILED,
+                message,
+            );
+            return Ok(());
+        }
+        None if st.f_blocks == 0 => return Ok(()),
+        _ => {}
+    }
+    let size = want.unwrap_or(0);
+    tracing::info!(pod = %req.pod_ref, volume = %req.outer_volume_name, from = now, to = size, "resizing a memory-backed emptyDir's tmpfs (0: no limit)");
+    let options = kubevol_mount::MountOptions {
+        data: vec![format!("size={size}")],
+        remount: true,
+        ..Default::default()
+    };
+    host.mounter.mount("tmpfs", path, "tmpfs", &options)?;
+    Ok(())
+}
+
 /// The huge page size in bytes for a HugePages medium, from the medium itself or from the pod's
 /// `hugepages-<size>` resources.
 fn huge_page_size(
@@ -199,6 +247,13 @@ impl VolumePlugin for EmptyDirPlugin {
         Some(self)
     }
 
+    /// A memory-backed emptyDir whose size changed (its `sizeLimit`, or the pod's memory
+    /// limit, by a pod resize or an edit of the pod): its tmpfs is resized in place
+    /// (Kubernetes 1.37, `InPlacePodVerticalScalingMemoryBackedVolumes`).
+    fn set_up_again(&self, old_pod: &Pod, old: &VolumeSpec, pod: &Pod, spec: &VolumeSpec) -> bool {
+        medium(spec) == Medium::Memory && tmpfs_size(old_pod, old) != tmpfs_size(pod, spec)
+    }
+
     fn set_up(
         &self,
         host: Arc<PluginHost>,
@@ -271,6 +326,7 @@ impl QuickPlugin for EmptyDirPlugin {
                 })
             }
         };
+        let memory = fs.as_ref().is_some_and(|f| f.fstype == "tmpfs");
         let (path, dir) = host.set_up_volume_dir(
             &req.pod_ref,
             PLUGIN_NAME,
@@ -278,8 +334,15 @@ impl QuickPlugin for EmptyDirPlugin {
             mode(&req.spec),
             fs,
         )?;
-        if let Some((gid, policy)) = fs_group(&req.pod) {
-            dir.open()?.apply_fs_group(gid, false, policy)?;
+        let fs_group = fs_group(&req.pod);
+        if memory || fs_group.is_some() {
+            let root = dir.open()?;
+            if memory {
+                resize_tmpfs(host, &req, &path, &root)?;
+            }
+            if let Some((gid, policy)) = fs_group {
+                root.apply_fs_group(gid, false, policy)?;
+            }
         }
         Ok(SetUpResult {
             path,

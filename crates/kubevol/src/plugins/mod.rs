@@ -253,6 +253,19 @@ pub trait VolumePlugin: Send + Sync + 'static {
         false
     }
 
+    /// Whether a change of the pod or the volume's spec (from `old_pod`'s `old` to `pod`'s
+    /// `spec`) needs the volume set up again, for a plugin that does not rewrite content: a
+    /// memory-backed emptyDir whose size changed is resized in place.
+    fn set_up_again(
+        &self,
+        _old_pod: &Pod,
+        _old: &VolumeSpec,
+        _pod: &Pod,
+        _spec: &VolumeSpec,
+    ) -> bool {
+        false
+    }
+
     /// The volume's key in the states of world. Per-pod volumes by default.
     fn volume_name(&self, pod: &PodRef, spec: &VolumeSpec) -> UniqueVolumeName {
         UniqueVolumeName::for_pod_volume(self.name(), &pod.uid, &spec.volume.name)

@@ -547,7 +547,19 @@ impl Populator {
                 self.content_generation += 1;
                 self.content_generation
             } else {
-                0
+                // A volume set up again when the pod's change asks for it (a memory-backed
+                // emptyDir whose size changed); else what was asked before stands.
+                let world = self.dsw.world();
+                let dsw = world.dsw();
+                let before = dsw.volume(&name).and_then(|v| v.pods.get(uid));
+                match before {
+                    Some(b) if plugin.set_up_again(&b.pod, &b.spec, pod, &spec) => {
+                        self.content_generation += 1;
+                        self.content_generation
+                    }
+                    Some(b) => b.content_generation,
+                    None => 0,
+                }
             };
             wishes.push(PodVolumeWish {
                 name,

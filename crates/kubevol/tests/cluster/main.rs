@@ -708,3 +708,42 @@ spec:
         });
     }
 }
+
+cluster_test! {
+    /// A pod resized through the API server's `resize` subresource (a new memory limit): its
+    /// memory-backed emptyDir without a sizeLimit, sized by that limit, is remounted with the
+    /// new size, its files kept.
+    fn a_pod_resize_resizes_its_memory_backed_empty_dir(backend) {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            ensure_node(&cluster).await;
+            let mut pod = bound_pod("sized", &node, json!([{"name": "m", "emptyDir": {"medium": "Memory"}}]));
+            pod["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "32Mi", "cpu": "10m"}, "limits": {"memory": "32Mi", "cpu": "10m"}});
+            let made = cluster.create(pod).await;
+            let m = cluster_manager(root.path(), &cluster);
+            let p = typed(&made);
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            let path = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["m"].path.clone();
+            let size = || { let st = rustix::fs::statfs(&path).unwrap(); st.f_blocks * st.f_bsize as u64 };
+            assert_eq!(size(), 32 << 20);
+            std::fs::write(path.join("kept"), "yes").unwrap();
+
+            // The API server admits a resize only within the node's allocatable resources.
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.admin_client());
+            let resources = json!({"cpu": "4", "memory": "8Gi", "pods": "110"});
+            let status = json!({"status": {"capacity": resources, "allocatable": resources}});
+            nodes.patch_status(&node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&status)).await.expect("the node's resources");
+            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(cluster.admin_client(), cluster.namespace());
+            let resize = json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"memory": "48Mi"}, "limits": {"memory": "48Mi"}}}]}});
+            pods.patch_subresource("resize", "sized", &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(&resize))
+                .await
+                .expect("the resize is accepted");
+            until(&m, 30, "the tmpfs resized to 48Mi", || size() == 48 << 20).await;
+            assert_eq!(std::fs::read_to_string(path.join("kept")).unwrap(), "yes");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod claims;
+mod resize;
 
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
