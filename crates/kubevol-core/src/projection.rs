@@ -712,10 +712,12 @@ pub fn referenced_objects(pod: &Pod, volume: &Volume) -> Vec<ObjectRef> {
 
 mod downward;
 mod env;
+mod owners;
 
 use downward::project_downward;
 pub use downward::{field_value, format_map, go_quote, resource_value};
 pub use env::{container_env, expand, expand_sub_path, redact, ContainerEnv};
+pub use owners::FileOwners;
 
 #[cfg(test)]
 mod tests;

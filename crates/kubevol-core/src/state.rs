@@ -113,6 +113,15 @@ pub struct VolumeExtensions {
     /// `emptyDir.mode` (Kubernetes 1.37, alpha): the permission bits of the volume's directory,
     /// 0 to 0o1777.
     pub empty_dir_mode: Option<u32>,
+    /// `defaultUser` of a secret, configMap, downwardAPI or projected volume (Kubernetes 1.37,
+    /// alpha `AtomicWriteVolumeUserFields`): the owner of its files.
+    pub default_user: Option<u32>,
+    /// Each item's `user`, by source (0 but for a projected volume's sources) and item index;
+    /// it takes precedence over `default_user`.
+    pub item_users: BTreeMap<(usize, usize), u32>,
+    /// A projected volume's `serviceAccountToken`, `clusterTrustBundle` and `podCertificate`
+    /// sources' `user`, by source index.
+    pub source_users: BTreeMap<usize, u32>,
     /// Every other field the types do not know, by path from the pod (`spec.volumes[0].emptyDir.x`):
     /// ignored, and reported as a warning.
     pub unknown_fields: Vec<UnknownField>,

@@ -20,7 +20,7 @@
 //! directories `..data` does not point to, missing or extra links. So a writer killed at any
 //! step leaves a volume that the next run completes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -49,6 +49,8 @@ pub struct Entry<'a> {
     pub data: &'a [u8],
     /// The permission bits.
     pub mode: u32,
+    /// The owner (`defaultUser`, an item's `user`); none: the writer's own user.
+    pub user: Option<u32>,
 }
 
 /// The steps of a write, reported to a hook (tests stop the process at each).
@@ -175,8 +177,12 @@ fn unsafe_entry(dir: &Dir, name: &str, reason: impl Into<String>) -> MountError 
     }
 }
 
-fn check_entries<'a>(entries: &[Entry<'a>]) -> Result<BTreeSet<&'a str>, MountError> {
-    let mut top = BTreeSet::new();
+/// The top-level names of `entries` (each a visible link), with the owner of the first entry
+/// below it that has one (the link's owner).
+type Top<'a> = BTreeMap<&'a str, Option<u32>>;
+
+fn check_entries<'a>(entries: &[Entry<'a>]) -> Result<Top<'a>, MountError> {
+    let mut top: Top<'a> = BTreeMap::new();
     for e in entries {
         let ok = !e.path.is_empty()
             && !e.path.starts_with("..")
@@ -189,7 +195,10 @@ fn check_entries<'a>(entries: &[Entry<'a>]) -> Result<BTreeSet<&'a str>, MountEr
                 path: e.path.into(),
             });
         }
-        top.insert(e.path.split('/').next().unwrap_or(e.path));
+        let owner = top
+            .entry(e.path.split('/').next().unwrap_or(e.path))
+            .or_default();
+        *owner = owner.or(e.user);
     }
     Ok(top)
 }
@@ -325,9 +334,13 @@ fn file_is(
             reason: "is not a regular file".into(),
         });
     }
+    let owner = e
+        .user
+        .unwrap_or_else(|| rustix::process::geteuid().as_raw());
     if u64::try_from(st.st_size).ok() != Some(e.data.len() as u64)
         || st.st_mode & 0o7777 != own.file_mode(e.mode)
         || own.gid.is_some_and(|g| g != st.st_gid)
+        || st.st_uid != owner
     {
         return Ok(false);
     }
@@ -383,6 +396,10 @@ fn write_file(dir: &Dir, name: &str, e: &Entry<'_>, own: Ownership) -> Result<()
         Mode::from_raw_mode(0o600),
     )
     .map_err(io("create", &path))?;
+    if let Some(uid) = e.user {
+        rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(uid)), None)
+            .map_err(io("chown", &path))?;
+    }
     own.apply(&fd, own.file_mode(e.mode), &path)?;
     let mut f = std::fs::File::from(fd);
     f.write_all(e.data).map_err(|err| MountError::Io {
@@ -412,11 +429,14 @@ fn visible_target(name: &str) -> String {
 }
 
 /// Makes the link of each top-level entry; an entry that exists must be exactly that link.
-fn link_visible(dir: &Dir, top: &BTreeSet<&str>) -> Result<(), MountError> {
-    for name in top {
+fn link_visible(dir: &Dir, top: &Top<'_>) -> Result<(), MountError> {
+    for (name, owner) in top {
         let want = visible_target(name);
         match rustix::fs::readlinkat(&dir.fd, *name, Vec::new()) {
-            Ok(t) if t.as_bytes() == want.as_bytes() => continue,
+            Ok(t) if t.as_bytes() == want.as_bytes() => {
+                own_link(dir, name, *owner)?;
+                continue;
+            }
             Ok(t) => {
                 return Err(unsafe_entry(
                     dir,
@@ -439,19 +459,31 @@ fn link_visible(dir: &Dir, top: &BTreeSet<&str>) -> Result<(), MountError> {
         }
         rustix::fs::symlinkat(want.as_str(), &dir.fd, *name)
             .map_err(io("symlink", &dir.child_path(OsStr::new(name))))?;
+        own_link(dir, name, *owner)?;
     }
     Ok(())
 }
 
+/// Gives the visible link `name` its entry's owner, as the kubelet does (the link itself,
+/// never what it points at).
+fn own_link(dir: &Dir, name: &str, owner: Option<u32>) -> Result<(), MountError> {
+    let Some(uid) = owner else {
+        return Ok(());
+    };
+    let uid = rustix::fs::Uid::from_raw(uid);
+    rustix::fs::chownat(&dir.fd, name, Some(uid), None, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(io("chown", &dir.child_path(OsStr::new(name))))
+}
+
 /// Removes the writer's links whose entries are no longer in the payload; other entries are
 /// not the writer's and are left alone.
-fn unlink_old_visible(dir: &Dir, top: &BTreeSet<&str>) -> Result<(), MountError> {
+fn unlink_old_visible(dir: &Dir, top: &Top<'_>) -> Result<(), MountError> {
     for (name, ft) in dir.entries()? {
         if name.starts_with(b"..") || ft != FileType::Symlink {
             continue;
         }
         let name = String::from_utf8_lossy(&name).into_owned();
-        if top.contains(name.as_str()) {
+        if top.contains_key(name.as_str()) {
             continue;
         }
         let ours = rustix::fs::readlinkat(&dir.fd, name.as_str(), Vec::new())
@@ -482,7 +514,7 @@ fn remove_old_payloads(dir: &Dir, keep: &str) -> Result<(), MountError> {
 fn converge(
     dir: &Dir,
     current: &str,
-    top: &BTreeSet<&str>,
+    top: &Top<'_>,
     hook: &mut dyn FnMut(Step),
 ) -> Result<(), MountError> {
     link_visible(dir, top)?;

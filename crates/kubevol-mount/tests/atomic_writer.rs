@@ -19,6 +19,7 @@ fn as_entries(files: &Files) -> Vec<Entry<'_>> {
             path: p,
             data: data.as_bytes(),
             mode: *mode,
+            user: None,
         })
         .collect()
 }

@@ -371,3 +371,67 @@ mount_test! {
         });
     }
 }
+
+fn owned_secret(default_user: u32) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: keys}}
+stringData: {{mine: "for 1000", theirs: "for 2000"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: owner}}
+spec:
+  securityContext: {{runAsUser: 1000, runAsGroup: 1000}}
+  containers:
+  - name: read
+    command: [sh, -c]
+    args:
+    - |
+      cat /keys/mine; echo
+      if cat /keys/theirs 2>/dev/null; then echo; else echo "theirs: refused"; fi
+      ls -ln /keys/..data/ | awk 'NR>1 {{print $3, $9}}'
+    volumeMounts: [{{name: keys, mountPath: /keys}}]
+  volumes:
+  - name: keys
+    secret:
+      secretName: keys
+      defaultMode: 0400
+      defaultUser: {default_user}
+      items: [{{key: mine, path: mine}}, {{key: theirs, path: theirs, user: 2000}}]
+"#
+    )
+}
+
+mount_test! {
+    /// `defaultUser` and an item's `user` (Kubernetes 1.37, `AtomicWriteVolumeUserFields`)
+    /// own a Secret's files: a container running as uid 1000 reads the 0400 file it owns and
+    /// is refused the one owned by 2000; a changed `defaultUser` gives the files their new
+    /// owner though their content is the same.
+    fn a_secrets_files_belong_to_their_default_user_and_item_users() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        write_manifest(&manifests, "owner.yaml", &owned_secret(1000));
+        let rt = Runtime::new(&root.path().join("runtime"));
+        runtime().block_on(async {
+            let (m, pod) = ready(&root, &manifests, "owner").await;
+            let out = rt.run(&m, &pod, "read");
+            assert_eq!(out, "for 1000\ntheirs: refused\n1000 mine\n2000 theirs\n");
+            let keys = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["keys"].path.clone();
+            let link = fs::symlink_metadata(keys.join("mine")).unwrap();
+            assert_eq!(link.uid(), 1000, "the visible link is the file's owner's too");
+
+            write_manifest(&manifests, "owner.yaml", &owned_secret(3000));
+            let owner = || fs::metadata(keys.join("mine")).map(|m| m.uid()).unwrap_or(0);
+            let begun = Instant::now();
+            while owner() != 3000 {
+                assert!(begun.elapsed() < Duration::from_secs(30), "the new defaultUser never took");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(fs::metadata(keys.join("theirs")).unwrap().uid(), 2000);
+            m.shutdown();
+        });
+    }
+}

@@ -285,12 +285,15 @@ fn write_content(
         // The payload gets its group from the writer; the root once, here.
         dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)?;
     }
+    let owners =
+        kubevol_core::projection::FileOwners::of_volume(&req.spec.volume, &req.spec.extensions);
     let entries: Vec<Entry<'_>> = payload
         .iter()
         .map(|(path, f)| Entry {
             path,
             data: &f.data,
             mode: f.mode,
+            user: owners.of(path),
         })
         .collect();
     let own = Ownership {

@@ -51,6 +51,11 @@ pub fn pod_extensions(
             }
         }
     }
+    for (i, (raw, ext)) in raw_volumes.iter().zip(&mut volumes).enumerate() {
+        read_users(raw, ext, &format!("spec.volumes[{i}]"), &mut |e| {
+            errors.push((i, e))
+        });
+    }
     for unknown in unknown_fields::<Pod>(raw) {
         let field = unknown.field(locate(&unknown.path));
         match unknown.path.as_slice() {
@@ -60,7 +65,7 @@ pub fn pod_extensions(
                 // Read and honoured above.
                 let mode =
                     matches!(rest, [Part::Key(e), Part::Key(m)] if e == "emptyDir" && m == "mode");
-                if !mode {
+                if !mode && !is_user_field(rest) {
                     volumes[*i].unknown_fields.push(field);
                 }
             }
@@ -79,11 +84,165 @@ pub fn pod_extensions(
     }
 }
 
+/// The volume kinds whose files the atomic writer makes, and may own by `defaultUser`.
+const ATOMIC: [&str; 4] = ["secret", "configMap", "downwardAPI", "projected"];
+
+/// The most a `defaultUser` or `user` may be (the API server's `IsValidUserID`).
+const MAX_USER: i64 = 2_147_483_647;
+
+/// Whether a volume's field path (below `spec.volumes[i]`) is a `defaultUser` or `user` field
+/// of Kubernetes 1.37 (`AtomicWriteVolumeUserFields`), read by [`read_users`].
+fn is_user_field(rest: &[Part]) -> bool {
+    let key = |p: &Part, k: &str| matches!(p, Part::Key(x) if x == k);
+    match rest {
+        [kind, last] => ATOMIC.iter().any(|k| key(kind, k)) && key(last, "defaultUser"),
+        [kind, items, Part::Index(_), last] => {
+            ["secret", "configMap", "downwardAPI"]
+                .iter()
+                .any(|k| key(kind, k))
+                && key(items, "items")
+                && key(last, "user")
+        }
+        [p, sources, Part::Index(_), source, items, Part::Index(_), last] => {
+            key(p, "projected")
+                && key(sources, "sources")
+                && ["secret", "configMap", "downwardAPI"]
+                    .iter()
+                    .any(|k| key(source, k))
+                && key(items, "items")
+                && key(last, "user")
+        }
+        [p, sources, Part::Index(_), source, last] => {
+            key(p, "projected")
+                && key(sources, "sources")
+                && [
+                    "serviceAccountToken",
+                    "clusterTrustBundle",
+                    "podCertificate",
+                ]
+                .iter()
+                .any(|k| key(source, k))
+                && key(last, "user")
+        }
+        _ => false,
+    }
+}
+
+/// Reads the `defaultUser` and `user` fields of one volume (`raw`, at `path`) into `ext`,
+/// each checked as the API server checks it; `error` gets what is refused.
+fn read_users(raw: &Value, ext: &mut VolumeExtensions, path: &str, error: &mut dyn FnMut(String)) {
+    let mut user = |v: Option<&Value>, field: String| -> Option<u32> {
+        let v = v.filter(|v| !v.is_null())?;
+        match v.as_i64().filter(|u| (0..=MAX_USER).contains(u)) {
+            Some(u) => u32::try_from(u).ok(),
+            None => {
+                error(format!(
+                    "{field}: Invalid value: {v}: must be between 0 and {MAX_USER}, inclusive"
+                ));
+                None
+            }
+        }
+    };
+    let items = |source: &Value| -> Vec<Value> {
+        source
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for kind in ATOMIC {
+        let Some(source) = raw.get(kind) else {
+            continue;
+        };
+        ext.default_user = user(
+            source.get("defaultUser"),
+            format!("{path}.{kind}.defaultUser"),
+        );
+        if kind != "projected" {
+            for (j, item) in items(source).iter().enumerate() {
+                if let Some(u) = user(item.get("user"), format!("{path}.{kind}.items[{j}].user")) {
+                    ext.item_users.insert((0, j), u);
+                }
+            }
+            continue;
+        }
+        let sources = source
+            .get("sources")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (i, s) in sources.iter().enumerate() {
+            let at = format!("{path}.projected.sources[{i}]");
+            for inner in ["secret", "configMap", "downwardAPI"] {
+                let Some(inner_source) = s.get(inner) else {
+                    continue;
+                };
+                for (j, item) in items(inner_source).iter().enumerate() {
+                    let field = format!("{at}.{inner}.items[{j}].user");
+                    if let Some(u) = user(item.get("user"), field) {
+                        ext.item_users.insert((i, j), u);
+                    }
+                }
+            }
+            for own in [
+                "serviceAccountToken",
+                "clusterTrustBundle",
+                "podCertificate",
+            ] {
+                let Some(own_source) = s.get(own) else {
+                    continue;
+                };
+                if let Some(u) = user(own_source.get("user"), format!("{at}.{own}.user")) {
+                    ext.source_users.insert(i, u);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// `defaultUser` and `user` (Kubernetes 1.37) are read where the API has them, checked as
+    /// the API server checks them, and not reported as unknown fields.
+    #[test]
+    fn default_user_and_item_users_are_read_and_checked() {
+        let ext = extensions(json!([
+            {"name": "s", "secret": {"secretName": "s", "defaultUser": 1000, "items": [{"key": "k", "path": "p", "user": 2000}]}},
+            {"name": "p", "projected": {"defaultUser": 0, "sources": [
+                {"configMap": {"name": "c", "items": [{"key": "k", "path": "q", "user": 3000}]}},
+                {"serviceAccountToken": {"path": "t", "user": 4000}}]}},
+        ]))
+        .unwrap();
+        let s = &ext.volumes["s"];
+        assert_eq!(
+            (s.default_user, s.item_users.clone()),
+            (Some(1000), [((0, 0), 2000)].into())
+        );
+        assert!(s.unknown_fields.is_empty(), "{s:?}");
+        let p = &ext.volumes["p"];
+        assert_eq!(p.default_user, Some(0));
+        assert_eq!(p.item_users, [((0, 0), 3000)].into());
+        assert_eq!(p.source_users, [(1, 4000)].into());
+        assert!(
+            p.unknown_fields.is_empty() && ext.unknown_fields.is_empty(),
+            "{ext:?}"
+        );
+        let errors = extensions(json!([
+            {"name": "d", "downwardAPI": {"defaultUser": -1, "items": [{"path": "x", "fieldRef": {"fieldPath": "metadata.name"}, "user": 2147483648_i64}]}},
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            errors,
+            [
+                "spec.volumes[0].downwardAPI.defaultUser: Invalid value: -1: must be between 0 and 2147483647, inclusive",
+                "spec.volumes[0].downwardAPI.items[0].user: Invalid value: 2147483648: must be between 0 and 2147483647, inclusive",
+            ]
+        );
+    }
 
     fn extensions(volumes: Value) -> Result<PodExtensions, Vec<String>> {
         let raw = json!({"spec": {"containers": [], "volumes": volumes}});
@@ -105,7 +264,7 @@ mod tests {
             ext.volumes["a"],
             VolumeExtensions {
                 empty_dir_mode: Some(0o1770),
-                unknown_fields: vec![]
+                ..Default::default()
             }
         );
         let paths: Vec<&str> = ext.volumes["c"]
