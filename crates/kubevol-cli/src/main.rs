@@ -142,10 +142,10 @@ struct RunArgs {
     /// status and the log, and left alone.
     #[arg(long)]
     adopt_foreign_pods: bool,
-    /// The SELinuxMount feature (beta in Kubernetes 1.36, off by default): volumes of every
+    /// The SELinuxMount feature (GA and on by default in Kubernetes 1.37): volumes of every
     /// access mode whose CSIDriver says seLinuxMount are mounted with the pods' SELinux label,
-    /// not only ReadWriteOncePod ones.
-    #[arg(long)]
+    /// not only ReadWriteOncePod ones. `--selinux-mount=false` turns it off.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     selinux_mount: bool,
     /// Whether the node has SELinux: `detect` (/sys/fs/selinux), `disabled`, or the containers'
     /// default file context to assume (`system_u:object_r:container_file_t:s0`).

@@ -78,8 +78,10 @@ pub struct Config {
     /// Whether the node has SELinux, and its containers' default file context: detected (from
     /// `/sys/fs/selinux` and the policy's `lxc_contexts`) unless given.
     pub selinux: Selinux,
-    /// The SELinuxMount feature (Kubernetes 1.36: beta, off by default): volumes of every access
-    /// mode, not only ReadWriteOncePod ones, are mounted with their SELinux label.
+    /// The SELinuxMount feature (Kubernetes 1.37: GA, on by default): persistent volumes of
+    /// every access mode, not only ReadWriteOncePod ones, are mounted with their SELinux label
+    /// where their CSIDriver says `seLinuxMount`. `false` turns it off (ReadWriteOncePod only,
+    /// as in 1.36).
     pub selinux_mount: bool,
     /// Where the built-in `kubevol.io/local-path` provisioner makes its volumes' directories
     /// (standalone mode); `None`: `<root_dir>/local-path`.
@@ -135,7 +137,7 @@ impl Config {
             node_labels: BTreeMap::new(),
             adopt_foreign_pods: false,
             selinux: Selinux::Detect,
-            selinux_mount: false,
+            selinux_mount: true,
             local_path_dir: None,
         }
     }

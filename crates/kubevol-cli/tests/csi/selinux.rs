@@ -29,9 +29,9 @@ mount_test! {
     fn selinux_labels_are_mounted_with_and_conflicts_refused() {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        // SELinuxMount is on by default (GA in Kubernetes 1.37): a ReadWriteOnce volume too.
         let config = |c: &mut kubevol::Config| {
             c.selinux = kubevol::Selinux::Enabled { file_context: "system_u:object_r:container_file_t:s0".into() };
-            c.selinux_mount = true;
         };
         let label = "system_u:object_r:container_file_t:s0:c1,c2";
         let option = format!("context=\"{label}\"");
@@ -157,6 +157,45 @@ mount_test! {
                     flags.iter().all(|f| !f.as_str().unwrap_or_default().starts_with("context=")),
                     "{call} with no context option: {flags:?}"
                 );
+            }
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
+    /// SELinuxMount turned off (`--selinux-mount=false`, the 1.36 default): a ReadWriteOnce
+    /// volume is mounted without a context, a ReadWriteOncePod one still with its label.
+    fn with_selinux_mount_off_only_read_write_once_pod_volumes_get_a_context() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        let config = |c: &mut kubevol::Config| {
+            c.selinux = kubevol::Selinux::Enabled { file_context: "system_u:object_r:container_file_t:s0".into() };
+            c.selinux_mount = false;
+        };
+        runtime().block_on(async {
+            let m = manager(t.path(), config);
+            let mut selinux_driver = csi_driver(false);
+            selinux_driver["spec"]["seLinuxMount"] = json!(true);
+            let mut rwop = pv("single", "16Mi", "Filesystem");
+            rwop["spec"]["accessModes"] = json!(["ReadWriteOncePod"]);
+            let mut rwop_claim = pvc("single", "Filesystem");
+            rwop_claim["spec"]["accessModes"] = json!(["ReadWriteOncePod"]);
+            m.library().upsert_objects(objects(json!([selinux_driver, pv("many", "16Mi", "Filesystem"), pvc("many", "Filesystem"), rwop, rwop_claim])));
+            let context = |call: &str, volume: &str| {
+                driver.requests(call).into_iter().filter(|r| r.to_string().contains(volume)).map(|r| r["mount_flags"].clone()).next_back()
+            };
+            for (claim, want) in [("many", json!(null)), ("single", json!(["context=\"system_u:object_r:container_file_t:s0:c7,c8\""]))] {
+                let p = selinux_pod(claim, claim, &["s0:c7,c8"]);
+                m.add_pod(p.clone());
+                m.wait_for_attach_and_mount(&p).await.expect("mounted");
+                let flags = context("NodeStageVolume", claim).expect("staged");
+                let none = flags.is_null() || flags == json!([]);
+                if want.is_null() {
+                    assert!(none, "{claim}: {flags}");
+                } else {
+                    assert_eq!(flags, want, "{claim}");
+                }
             }
             m.shutdown();
         });
