@@ -159,9 +159,15 @@ EOF
     --initial-cluster "kubevol-test=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync --log-level warn
 
+  # 1.37's alpha fields of pods that kubevol reads (a server without their gate drops them).
+  local gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true
+  case $("$bin/kube-apiserver" --version) in
+    *v1.37.*) gates=$gates,EmptyDirVolumeMode=true,AtomicWriteVolumeUserFields=true,InPlacePodVerticalScalingMemoryBackedVolumes=true ;;
+  esac
   start "$dir" kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \
+    --endpoint-reconciler-type none \
     --tls-cert-file "$dir/apiserver.crt" --tls-private-key-file "$dir/apiserver.key" \
     --client-ca-file "$dir/ca.crt" \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
@@ -169,7 +175,7 @@ EOF
     --service-account-key-file "$dir/service-account.pub" \
     --service-account-signing-key-file "$dir/service-account.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --feature-gates ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true \
+    --feature-gates "$gates" \
     --runtime-config certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-mode blocking \
