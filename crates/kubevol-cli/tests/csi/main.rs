@@ -11,6 +11,7 @@ mod containers;
 #[path = "../loop_driver/mod.rs"]
 mod loop_driver;
 mod migration;
+mod secrets;
 mod selinux;
 
 use std::path::{Path, PathBuf};

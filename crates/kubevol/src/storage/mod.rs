@@ -24,6 +24,7 @@ pub mod ephemeral;
 mod error;
 pub mod provision;
 pub mod reclaim;
+mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

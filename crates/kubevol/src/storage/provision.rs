@@ -385,6 +385,13 @@ async fn create_csi(
     let volume = volume_name(claim);
     let ask = Ask::of(claim)?;
     let parameters = class.parameters.clone().unwrap_or_default();
+    let secrets = super::secrets::class_secrets(&parameters, &volume, claim)
+        .map_err(StorageError::Refused)?;
+    let provisioner_secrets = match secrets.get("provisioner") {
+        Some(r) => crate::plugins::csi::secret_data(host, r, namespace)
+            .map_err(|e| StorageError::Refused(format!("the provisioner's secret: {e}")))?,
+        None => Default::default(),
+    };
     let fs_type = parameters
         .get(FSTYPE_PARAMETER)
         .cloned()
@@ -442,7 +449,7 @@ async fn create_csi(
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 accessibility_requirements: topology,
-                ..Default::default()
+                secrets: provisioner_secrets,
             }),
         )
         .await?
@@ -464,9 +471,14 @@ async fn create_csi(
         volume_attributes: (!created.volume_context.is_empty())
             .then(|| created.volume_context.into_iter().collect()),
         fs_type: (!fs_type.is_empty() && !ask.block).then_some(fs_type),
+        controller_publish_secret_ref: secrets.get("controller-publish").cloned(),
+        node_stage_secret_ref: secrets.get("node-stage").cloned(),
+        node_publish_secret_ref: secrets.get("node-publish").cloned(),
+        controller_expand_secret_ref: secrets.get("controller-expand").cloned(),
+        node_expand_secret_ref: secrets.get("node-expand").cloned(),
         ..Default::default()
     };
-    let pv = provisioned_volume(
+    let mut pv = provisioned_volume(
         namespace,
         name,
         claim,
@@ -480,6 +492,16 @@ async fn create_csi(
             terms,
         },
     );
+    // DeleteVolume gets the provisioner's secret too, whatever becomes of the class.
+    if let Some(r) = secrets.get("provisioner") {
+        let annotations = pv.metadata.annotations.get_or_insert_with(Default::default);
+        let (name, ns) = (
+            r.name.clone().unwrap_or_default(),
+            r.namespace.clone().unwrap_or_default(),
+        );
+        annotations.insert(super::secrets::DELETION_SECRET_NAME.into(), name);
+        annotations.insert(super::secrets::DELETION_SECRET_NAMESPACE.into(), ns);
+    }
     record(&host.store, namespace, name, pv)?;
     tracing::info!(claim = %format!("{namespace}/{name}"), %volume, %driver, node = %host.node_name, "volume provisioned by CSI driver");
     Ok(())

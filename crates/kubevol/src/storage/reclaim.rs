@@ -132,6 +132,17 @@ pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) -> bool {
     let name = r.volume.metadata.name.clone().unwrap_or_default();
     let spec = r.volume.spec.clone().unwrap_or_default();
     crate::record::fail_point("reclaim", "before");
+    // The provisioner's secret, as the provisioned volume's annotations keep it.
+    let deletion_secrets = match super::secrets::deletion_secret(&r.volume) {
+        Some(secret) => match crate::plugins::csi::secret_data(&host, &secret, "") {
+            Ok(data) => data,
+            Err(e) => {
+                tracing::warn!(volume = %name, "cannot read the provisioner's secret for DeleteVolume (tried again): {e}");
+                return false;
+            }
+        },
+        None => Default::default(),
+    };
     let deleted = match (spec.csi, spec.local) {
         (Some(csi), _) => match host.csi.controller_client(&csi.driver) {
             Some(mut client) => host
@@ -142,7 +153,7 @@ pub async fn reclaim(host: Arc<PluginHost>, r: Reclaim) -> bool {
                     "DeleteVolume",
                     client.delete_volume(kubevol_csi::v1::DeleteVolumeRequest {
                         volume_id: csi.volume_handle.clone(),
-                        ..Default::default()
+                        secrets: deletion_secrets.clone(),
                     }),
                 )
                 .await

@@ -719,6 +719,16 @@ fn fs_group_by(
     }
 }
 
+/// The data of the Secret `r` names (in `default_ns` when it names no namespace), for the
+/// `secrets` of a CSI call the provisioner makes.
+pub(crate) fn secret_data(
+    host: &PluginHost,
+    r: &k8s_openapi::api::core::v1::SecretReference,
+    default_ns: &str,
+) -> Result<HashMap<String, String>, VolumeError> {
+    volume::secrets(host, volume::SecretRef::of(r, default_ns).as_ref())
+}
+
 /// Whether `driver`'s controller publishes volumes (`PUBLISH_UNPUBLISH_VOLUME`, asked once).
 async fn publishes(host: &PluginHost, driver: &str) -> Result<bool, VolumeError> {
     use kubevol_csi::v1::controller_service_capability::rpc::Type;

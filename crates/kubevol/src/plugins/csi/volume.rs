@@ -42,7 +42,7 @@ pub(super) struct SecretRef {
 }
 
 impl SecretRef {
-    fn of(r: &SecretReference, default_ns: &str) -> Option<SecretRef> {
+    pub(super) fn of(r: &SecretReference, default_ns: &str) -> Option<SecretRef> {
         Some(SecretRef {
             name: r.name.clone().filter(|n| !n.is_empty())?,
             namespace: r

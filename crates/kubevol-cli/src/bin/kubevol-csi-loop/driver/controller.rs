@@ -85,9 +85,6 @@ impl Controller for Svc {
         req: Request<DeleteVolumeRequest>,
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let r = req.into_inner();
-        if !self.controller_publish {
-            return Err(not_offered("ControllerUnpublishVolume"));
-        }
         if r.volume_id.is_empty() {
             return Err(invalid("volume_id"));
         }
@@ -95,6 +92,15 @@ impl Controller for Svc {
             // A volume that cannot exist is deleted already.
             return Ok(Response::new(DeleteVolumeResponse {}));
         }
+        self.log_request(
+            "DeleteVolume",
+            &r.volume_id,
+            &HashMap::new(),
+            &HashMap::new(),
+            &r.secrets,
+            None,
+            false,
+        );
         let image = self.image(&r.volume_id);
         let id = r.volume_id.clone();
         self.call("DeleteVolume", &r.volume_id, "", move || {
@@ -161,6 +167,9 @@ impl Controller for Svc {
         req: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let r = req.into_inner();
+        if !self.controller_publish {
+            return Err(not_offered("ControllerUnpublishVolume"));
+        }
         if r.volume_id.is_empty() {
             return Err(invalid("volume_id"));
         }
