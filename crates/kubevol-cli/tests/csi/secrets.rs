@@ -65,6 +65,12 @@ mount_test! {
             let pv = m.store().persistent_volume(&volume).unwrap().object;
             let csi = pv.spec.clone().unwrap().csi.unwrap();
             assert_eq!(csi.node_publish_secret_ref.unwrap().name.as_deref(), Some("publish-data"));
+            // The provisioner's identity, as the external-provisioner writes it, reaches the node.
+            let identity = csi.volume_attributes.unwrap()["storage.kubernetes.io/csiProvisionerIdentity"].clone();
+            let parts: Vec<&str> = identity.splitn(3, '-').collect();
+            assert!(parts.len() == 3 && parts[0].parse::<u64>().is_ok() && parts[1].parse::<u32>().is_ok() && parts[2] == DRIVER, "{identity}");
+            let staged = driver.requests("NodeStageVolume").last().unwrap()["context"].clone();
+            assert_eq!(staged["storage.kubernetes.io/csiProvisionerIdentity"], identity.as_str());
             assert_eq!(pv.metadata.annotations.as_ref().unwrap()["volume.kubernetes.io/provisioner-deletion-secret-name"], "provision-default");
 
             std::fs::remove_file(manifests.join("claim.json")).unwrap();

@@ -321,6 +321,22 @@ const RESERVED_PARAMETERS: &str = "csi.storage.k8s.io/";
 /// The parameter that gives a CSI volume's filesystem.
 const FSTYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
 
+/// The volume attribute the external-provisioner adds to each volume it makes: its identity.
+const PROVISIONER_IDENTITY: &str = "storage.kubernetes.io/csiProvisionerIdentity";
+
+/// The provisioner's identity for `driver`, as the external-provisioner forms it: its start
+/// time in milliseconds, a number, the driver (here this process's start and its PID).
+fn provisioner_identity(driver: &str) -> String {
+    static BASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let base = BASE.get_or_init(|| {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{ms}-{}", std::process::id() % 10_000)
+    });
+    format!("{base}-{driver}")
+}
+
 /// Starts creating the volume of claim `namespace/name` with the CSI driver of `class` (once:
 /// a call already out is waited for), and says what the claim waits for. When the call ends,
 /// the volume is recorded and bound (and the store's change brings the claim's pods back), or
@@ -468,8 +484,16 @@ async fn create_csi(
     let source = CSIPersistentVolumeSource {
         driver: driver.clone(),
         volume_handle: created.volume_id,
-        volume_attributes: (!created.volume_context.is_empty())
-            .then(|| created.volume_context.into_iter().collect()),
+        volume_attributes: Some(
+            created
+                .volume_context
+                .into_iter()
+                .chain([(
+                    PROVISIONER_IDENTITY.to_string(),
+                    provisioner_identity(driver),
+                )])
+                .collect(),
+        ),
         fs_type: (!fs_type.is_empty() && !ask.block).then_some(fs_type),
         controller_publish_secret_ref: secrets.get("controller-publish").cloned(),
         node_stage_secret_ref: secrets.get("node-stage").cloned(),
