@@ -1,6 +1,8 @@
 //! Runs a pod's containers with an OCI runtime (crun or runc) on a root filesystem the agent
 //! already has, with the mounts and devices kubevol resolved for each container: the step a
-//! node agent takes once [`VolumeManager::wait_for_attach_and_mount`] has returned. Init
+//! node agent takes once [`VolumeManager::wait_for_attach_and_mount`] has returned. Each
+//! container gets an overlay of the root filesystem to write into (its mount points among
+//! what it writes), so that containers run side by side on one root. Init
 //! containers run one after another, then the containers together; each runs to its end (a
 //! batch pod). Shared by the examples that run containers.
 
@@ -55,12 +57,42 @@ impl ContainerRunner {
     async fn run(&self, m: &VolumeManager, pod: &Pod, container: &str) -> anyhow::Result<Ran> {
         let mounts = m.container_mounts(pod, container)?;
         let groups = m.extra_supplemental_groups_for_pod(pod);
-        let config = kubevol::containers::oci::oci_config(pod, &mounts, &groups, &self.rootfs)
-            .map_err(anyhow::Error::msg)?;
         let uid = kubevol::pod_uid(pod);
         let id = format!("{uid}-{container}");
         let bundle = self.state.join("bundles").join(&id);
-        std::fs::create_dir_all(&bundle)?;
+        let rootfs = bundle.join("rootfs");
+        for dir in ["upper", "work", "rootfs"] {
+            std::fs::create_dir_all(bundle.join(dir))?;
+        }
+        // Each container writes into a root of its own (the runtime makes its mount points
+        // there): an overlay of the shared root filesystem, as a runtime's snapshots are.
+        let layers = [&self.rootfs, &bundle.join("upper"), &bundle.join("work")];
+        if layers
+            .iter()
+            .any(|p| p.to_string_lossy().contains([',', ':']))
+        {
+            anyhow::bail!(
+                "the root filesystem and state paths may not hold ',' or ':' (overlay options)"
+            );
+        }
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            layers[0].display(),
+            layers[1].display(),
+            layers[2].display()
+        );
+        let data = std::ffi::CString::new(options)?;
+        let flags = rustix::mount::MountFlags::empty();
+        rustix::mount::mount("overlay", &rootfs, "overlay", flags, Some(data.as_c_str())).map_err(
+            |e| {
+                anyhow::anyhow!(
+                    "cannot mount the container's root at {}: {e}",
+                    rootfs.display()
+                )
+            },
+        )?;
+        let config = kubevol::containers::oci::oci_config(pod, &mounts, &groups, &rootfs)
+            .map_err(anyhow::Error::msg)?;
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config)?,
@@ -77,6 +109,7 @@ impl ContainerRunner {
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await?
             .map_err(|e| anyhow::anyhow!("cannot run {runtime}: {e}"))?;
+        let _ = rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::DETACH);
         let _ = std::fs::remove_dir_all(&bundle);
         let mut output = String::from_utf8_lossy(&out.stdout).into_owned();
         output.push_str(&String::from_utf8_lossy(&out.stderr));
