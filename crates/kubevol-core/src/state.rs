@@ -586,6 +586,9 @@ pub struct ActualVolume {
 pub struct ReconstructedDevice {
     /// An attach may have happened (recorded, or an intent was).
     pub attach: bool,
+    /// The attach is recorded as done: it is trusted, as the external-attacher trusts its
+    /// VolumeAttachment, and not made again (an interrupted one is uncertain, and is).
+    pub attach_done: bool,
     /// A device mount (CSI stage) may be in place.
     pub device: bool,
     /// Where.
@@ -665,8 +668,8 @@ impl ActualState {
     ) {
         let v = self.entry(name, traits);
         if traits.attachable && found.attach {
-            v.attached = false;
-            v.attach_uncertain = true;
+            v.attached = found.attach_done;
+            v.attach_uncertain = !found.attach_done;
         }
         if found.device {
             v.device_state = DeviceMountState::Uncertain;

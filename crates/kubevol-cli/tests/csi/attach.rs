@@ -48,3 +48,40 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// After a restart, a volume the record shows attached is not attached again (the
+    /// external-attacher trusts its VolumeAttachment the same way): one ControllerPublishVolume
+    /// in all; the device is staged again, as the kubelet re-stages what it reconstructs, with
+    /// the publish context recorded.
+    fn a_restart_trusts_the_recorded_attach_and_stages_again() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let objects_of = || objects(json!([csi_driver(true), pv("kept", "16Mi", "Filesystem"), pvc("kept", "Filesystem")]));
+            m.library().upsert_objects(objects_of());
+            let p = claim_pod("p", "kept");
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            std::fs::write(mount_path(&m, &p, "data").join("f"), "kept").unwrap();
+            let m = restart(m, t.path(), |c| {
+                c.csi_controllers = vec![(DRIVER.into(), t.path().join("driver").join("csi.sock"))];
+                c.csi_timeout = Duration::from_secs(60);
+            })
+            .await;
+            m.library().upsert_objects(objects_of());
+            m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.unwrap();
+            wait_until("staged again", 20, || driver.count("NodeStageVolume", "Ok") == 2).await;
+            assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "attached once, before the restart");
+            let staged = driver.requests("NodeStageVolume");
+            assert_eq!(staged[1]["publish_context"], staged[0]["publish_context"], "the recorded publish context");
+            assert_eq!(std::fs::read_to_string(mount_path(&m, &p, "data").join("f")).unwrap(), "kept");
+            m.remove_pod(&p);
+            m.wait_for_unmount(&p).await.unwrap();
+            wait_until("detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            m.shutdown();
+        });
+    }
+}

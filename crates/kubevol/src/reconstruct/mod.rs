@@ -172,6 +172,7 @@ pub(crate) fn reconstruct(
             &d.traits.traits(),
             ReconstructedDevice {
                 attach: d.attach.is_some(),
+                attach_done: d.attach == Some(crate::record::DeviceStepState::Done),
                 device: d.device_mount.is_some(),
                 device_mount_path: d.device_mount_path.clone(),
                 publish_context: d.publish_context.clone(),
@@ -304,6 +305,7 @@ pub(crate) fn reconstruct(
             &traits,
             ReconstructedDevice {
                 attach: false,
+                attach_done: false,
                 device: true,
                 device_mount_path: Some(path),
                 publish_context: BTreeMap::new(),
