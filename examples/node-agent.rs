@@ -192,9 +192,20 @@ async fn set_phase(
     phase: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
+    let status = serde_json::json!({"phase": phase, "message": message});
+    patch_status(client, pod, status).await
+}
+
+/// Patches the pod's status with `status` (a strategic merge patch: what it does not name
+/// stays).
+async fn patch_status(
+    client: &kube::Client,
+    pod: &Pod,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let patch = serde_json::json!({"status": {"phase": phase, "message": message}});
+    let patch = serde_json::json!({ "status": status });
     pods.patch_status(
         pod.metadata.name.as_deref().unwrap_or_default(),
         &PatchParams::default(),
@@ -238,8 +249,6 @@ async fn set_condition(
     reason: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let condition = serde_json::json!({
         "type": CONDITION,
         "status": if ready { "True" } else { "False" },
@@ -247,12 +256,10 @@ async fn set_condition(
         "message": message,
         "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
     });
-    let patch = serde_json::json!({"status": {"conditions": [condition]}});
-    pods.patch_status(
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        &PatchParams::default(),
-        &Patch::Strategic(&patch),
+    patch_status(
+        client,
+        pod,
+        serde_json::json!({ "conditions": [condition] }),
     )
     .await
-    .map(|_| ())
 }

@@ -241,6 +241,8 @@ struct Compare<'e> {
     /// The entries by path.
     want: BTreeMap<&'e str, &'e Entry<'e>>,
     own: Ownership,
+    /// The writer's own user: the owner of an entry that names none.
+    writer: u32,
     /// Files on disk seen so far.
     seen: usize,
     /// A file on disk differs from its entry, or is not one; later files are not read.
@@ -280,7 +282,8 @@ impl Visit for Compare<'_> {
                 let rel = at.relative(name);
                 match self.want.get(rel.as_str()) {
                     Some(e) => {
-                        let same = file_is(parent, name, e, self.own, || at.child(name))?;
+                        let same =
+                            file_is(parent, name, e, self.own, self.writer, || at.child(name))?;
                         self.differs = !same;
                     }
                     None => self.differs = true,
@@ -315,6 +318,7 @@ fn file_is(
     name: &OsStr,
     e: &Entry<'_>,
     own: Ownership,
+    writer: u32,
     path: impl Fn() -> PathBuf,
 ) -> Result<bool, MountError> {
     let fd = match rustix::fs::openat(
@@ -334,9 +338,7 @@ fn file_is(
             reason: "is not a regular file".into(),
         });
     }
-    let owner = e
-        .user
-        .unwrap_or_else(|| rustix::process::geteuid().as_raw());
+    let owner = e.user.unwrap_or(writer);
     if u64::try_from(st.st_size).ok() != Some(e.data.len() as u64)
         || st.st_mode & 0o7777 != own.file_mode(e.mode)
         || own.gid.is_some_and(|g| g != st.st_gid)
@@ -568,6 +570,7 @@ pub fn write(
         let mut cmp = Compare {
             want: entries.iter().map(|e| (e.path, e)).collect(),
             own,
+            writer: rustix::process::geteuid().as_raw(),
             seen: 0,
             differs: false,
         };

@@ -332,21 +332,14 @@ fn grow_tmpfs(
     dir: &kubevol_mount::safe::Dir,
     size: u64,
 ) -> Result<(), VolumeError> {
-    let Ok(st) = rustix::fs::fstatfs(dir.fd()) else {
+    let Some(usage) = PluginHost::tmpfs_usage(dir) else {
         return Ok(());
     };
-    let now = st.f_blocks.saturating_mul(st.f_bsize as u64);
-    if now >= size {
+    if usage.size >= size {
         return Ok(());
     }
-    tracing::debug!(path = %path.display(), from = now, to = size, "the content grew: its tmpfs too");
-    let options = kubevol_mount::MountOptions {
-        data: vec![format!("size={size}")],
-        remount: true,
-        ..Default::default()
-    };
-    host.mounter.mount("tmpfs", path, "tmpfs", &options)?;
-    Ok(())
+    tracing::debug!(path = %path.display(), from = usage.size, to = size, "the content grew: its tmpfs too");
+    host.resize_tmpfs(path, size)
 }
 
 /// The tokens of a projected volume's `serviceAccountToken` sources, by source index, and when

@@ -110,14 +110,13 @@ fn resize_tmpfs(
     path: &Path,
     root: &kubevol_mount::safe::Dir,
 ) -> Result<(), VolumeError> {
-    let Ok(st) = rustix::fs::fstatfs(root.fd()) else {
+    let Some(usage) = PluginHost::tmpfs_usage(root) else {
         return Ok(());
     };
-    let block = st.f_bsize as u64;
-    let now = st.f_blocks.saturating_mul(block);
-    let used = st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(block);
+    let (now, used) = (usage.size, usage.used);
     // tmpfs counts whole pages; no size is no limit (`size=0`).
-    let want = tmpfs_size(&req.pod, &req.spec).map(|s| (s.max(0) as u64).div_ceil(block) * block);
+    let want = tmpfs_size(&req.pod, &req.spec)
+        .map(|s| (s.max(0) as u64).div_ceil(usage.block) * usage.block);
     match want {
         Some(w) if w == now => return Ok(()),
         Some(w) if w < used => {
@@ -134,18 +133,12 @@ fn resize_tmpfs(
             );
             return Ok(());
         }
-        None if st.f_blocks == 0 => return Ok(()),
+        None if now == 0 => return Ok(()),
         _ => {}
     }
     let size = want.unwrap_or(0);
     tracing::info!(pod = %req.pod_ref, volume = %req.outer_volume_name, from = now, to = size, "resizing a memory-backed emptyDir's tmpfs (0: no limit)");
-    let options = kubevol_mount::MountOptions {
-        data: vec![format!("size={size}")],
-        remount: true,
-        ..Default::default()
-    };
-    host.mounter.mount("tmpfs", path, "tmpfs", &options)?;
-    Ok(())
+    host.resize_tmpfs(path, size)
 }
 
 /// The huge page size in bytes for a HugePages medium, from the medium itself or from the pod's

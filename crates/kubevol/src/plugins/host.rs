@@ -283,6 +283,29 @@ impl PluginHost {
             .collect()
     }
 
+    /// The tmpfs whose root is open as `root`: its size and what it holds, in bytes, and its
+    /// block (page) size; `None` when it cannot be looked at.
+    pub(crate) fn tmpfs_usage(root: &kubevol_mount::safe::Dir) -> Option<TmpfsUsage> {
+        let st = rustix::fs::fstatfs(root.fd()).ok()?;
+        let block = st.f_bsize as u64;
+        Some(TmpfsUsage {
+            size: st.f_blocks.saturating_mul(block),
+            used: st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(block),
+            block,
+        })
+    }
+
+    /// Remounts the tmpfs at `path` with `size=` bytes (0: no limit), keeping its files.
+    pub(crate) fn resize_tmpfs(&self, path: &Path, size: u64) -> Result<(), VolumeError> {
+        let options = MountOptions {
+            data: vec![format!("size={size}")],
+            remount: true,
+            ..Default::default()
+        };
+        self.mounter.mount("tmpfs", path, "tmpfs", &options)?;
+        Ok(())
+    }
+
     /// Creates `pods/<uid>/volumes/<plugin>/<name>` (with `mode`, parents 0750) and, when `fs` is
     /// given, mounts it there unless it is mounted already (its root with `mode`). Returns the
     /// path and the directory.
@@ -567,4 +590,15 @@ impl VolumeDir {
             VolumeDir::Below { parent, name } => parent.open_beneath(Path::new(&name)),
         }
     }
+}
+
+/// What [`PluginHost::tmpfs_usage`] finds of a tmpfs, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TmpfsUsage {
+    /// Its size (0: no limit).
+    pub size: u64,
+    /// What its files take.
+    pub used: u64,
+    /// Its block size (a page).
+    pub block: u64,
 }

@@ -128,6 +128,14 @@ fn is_user_field(rest: &[Part]) -> bool {
     }
 }
 
+/// A list field of `v`, read in place (empty when absent or not a list).
+fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
 /// Reads the `defaultUser` and `user` fields of one volume (`raw`, at `path`) into `ext`,
 /// each checked as the API server checks it; `error` gets what is refused.
 fn read_users(raw: &Value, ext: &mut VolumeExtensions, path: &str, error: &mut dyn FnMut(String)) {
@@ -143,13 +151,6 @@ fn read_users(raw: &Value, ext: &mut VolumeExtensions, path: &str, error: &mut d
             }
         }
     };
-    let items = |source: &Value| -> Vec<Value> {
-        source
-            .get("items")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
     for kind in ATOMIC {
         let Some(source) = raw.get(kind) else {
             continue;
@@ -159,25 +160,20 @@ fn read_users(raw: &Value, ext: &mut VolumeExtensions, path: &str, error: &mut d
             format!("{path}.{kind}.defaultUser"),
         );
         if kind != "projected" {
-            for (j, item) in items(source).iter().enumerate() {
+            for (j, item) in list(source, "items").iter().enumerate() {
                 if let Some(u) = user(item.get("user"), format!("{path}.{kind}.items[{j}].user")) {
                     ext.item_users.insert((0, j), u);
                 }
             }
             continue;
         }
-        let sources = source
-            .get("sources")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for (i, s) in sources.iter().enumerate() {
+        for (i, s) in list(source, "sources").iter().enumerate() {
             let at = format!("{path}.projected.sources[{i}]");
             for inner in ["secret", "configMap", "downwardAPI"] {
                 let Some(inner_source) = s.get(inner) else {
                     continue;
                 };
-                for (j, item) in items(inner_source).iter().enumerate() {
+                for (j, item) in list(inner_source, "items").iter().enumerate() {
                     let field = format!("{at}.{inner}.items[{j}].user");
                     if let Some(u) = user(item.get("user"), field) {
                         ext.item_users.insert((i, j), u);
