@@ -85,8 +85,12 @@ pub struct NodeCapabilities {
     pub get_volume_stats: bool,
     /// EXPAND_VOLUME.
     pub expand_volume: bool,
-    /// VOLUME_CONDITION.
+    /// VOLUME_CONDITION (drivers before CSI 1.13: a condition in NodeGetVolumeStats).
     pub volume_condition: bool,
+    /// GET_VOLUME_HEALTH (CSI 1.13, alpha): NodeGetVolumeHealth.
+    pub get_volume_health: bool,
+    /// GET_STORAGE_HEALTH (CSI 1.13, alpha): NodeGetStorageHealth.
+    pub get_storage_health: bool,
     /// SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
     /// VOLUME_MOUNT_GROUP: the driver applies fsGroup itself.
@@ -335,6 +339,8 @@ impl Drivers {
                 Ok(Type::VolumeCondition) => capabilities.volume_condition = true,
                 Ok(Type::SingleNodeMultiWriter) => capabilities.single_node_multi_writer = true,
                 Ok(Type::VolumeMountGroup) => capabilities.volume_mount_group = true,
+                Ok(Type::GetVolumeHealth) => capabilities.get_volume_health = true,
+                Ok(Type::GetStorageHealth) => capabilities.get_storage_health = true,
                 _ => {}
             }
         }

@@ -466,6 +466,7 @@ async fn create_csi(
                     .collect(),
                 accessibility_requirements: topology,
                 secrets: provisioner_secrets,
+                volume_content_source: None,
             }),
         )
         .await?

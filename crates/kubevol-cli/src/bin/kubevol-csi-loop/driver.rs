@@ -1,6 +1,7 @@
 //! The CSI services of kubevol-csi-loop: Identity, Controller and Node.
 //!
-//! A volume is a sparse file `<data-dir>/volumes/<id>.img`. ControllerPublishVolume attaches it
+//! A volume is a sparse file `<data-dir>/volumes/<id>.img`, a snapshot a copy of one in
+//! `<data-dir>/snapshots/<id>.img`. ControllerPublishVolume attaches it
 //! to a loop device; NodeStageVolume formats the device (unless it holds a filesystem already)
 //! and mounts it at the staging path; NodePublishVolume bind-mounts the staging path (or, for
 //! block access, the device node) at the target. Every call is idempotent: repeating it after
@@ -315,6 +316,11 @@ impl Driver {
 
     fn image(&self, id: &str) -> PathBuf {
         sys::image(&self.data_dir, id)
+    }
+
+    /// The image file of snapshot `id`: `<data-dir>/snapshots/<id>.img`.
+    fn snapshot(&self, id: &str) -> PathBuf {
+        self.data_dir.join("snapshots").join(format!("{id}.img"))
     }
 }
 

@@ -17,18 +17,7 @@ impl Controller for Svc {
         if r.volume_capabilities.is_empty() {
             return Err(invalid("volume_capabilities"));
         }
-        let id = if check_id(&r.name).is_ok() {
-            r.name.clone()
-        } else {
-            let h = Sha256::digest(r.name.as_bytes());
-            format!(
-                "loop-{}",
-                h.iter()
-                    .take(10)
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            )
-        };
+        let id = id_of(&r.name, "loop");
         let range = r.capacity_range.unwrap_or_default();
         let (want, limit) = (range.required_bytes, range.limit_bytes);
         if want < 0 || limit < 0 || (limit > 0 && want > limit) {
@@ -54,6 +43,19 @@ impl Controller for Svc {
             false,
         );
         let image = self.image(&id);
+        // The content to start from: a snapshot's image, or another volume's.
+        let source = match r.volume_content_source.as_ref().and_then(|c| c.r#type.as_ref()) {
+            None => None,
+            Some(volume_content_source::Type::Snapshot(s)) => {
+                check_id(&s.snapshot_id)?;
+                Some((self.snapshot(&s.snapshot_id), "snapshot", s.snapshot_id.clone()))
+            }
+            Some(volume_content_source::Type::Volume(v)) => {
+                check_id(&v.volume_id)?;
+                Some((self.image(&v.volume_id), "volume", v.volume_id.clone()))
+            }
+        };
+        let content_source = r.volume_content_source.clone();
         // A loop device exists on its node only: the volume is where it was asked to be (the
         // first preferred or requisite topology), which for this driver is its own node.
         let topology: Vec<Topology> = r
@@ -62,7 +64,10 @@ impl Controller for Svc {
             .into_iter()
             .collect();
         self.call("CreateVolume", &id.clone(), "", move || {
-            let have = create_image(&image, size)?;
+            let have = match &source {
+                None => create_image(&image, size)?,
+                Some((from, kind, from_id)) => copy_image(&image, from, size, kind, from_id)?,
+            };
             if have < want || (limit > 0 && have > limit) {
                 return Err(Status::already_exists(format!(
                     "volume {id} exists with {have} bytes, outside the requested range {want}..{limit}"
@@ -73,6 +78,7 @@ impl Controller for Svc {
                     capacity_bytes: have,
                     volume_id: id,
                     volume_context: HashMap::new(),
+                    content_source,
                     accessible_topology: topology,
                 }),
             })
@@ -116,6 +122,84 @@ impl Controller for Svc {
                 .map_err(|e| internal(format!("remove {}: {e}", image.display())))?;
             let _ = std::fs::remove_file(meta_path(&image));
             Ok(DeleteVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        req: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        if r.name.is_empty() {
+            return Err(invalid("name"));
+        }
+        check_id(&r.source_volume_id)?;
+        let id = id_of(&r.name, "snap");
+        let snapshot = self.snapshot(&id);
+        let image = self.image(&r.source_volume_id);
+        let source_id = r.source_volume_id.clone();
+        self.call("CreateSnapshot", &r.source_volume_id, "", move || {
+            let source_of = snapshot.with_extension("source");
+            if snapshot.exists() {
+                // The same request again: the snapshot made before, if it is of that volume.
+                let of = std::fs::read_to_string(&source_of).unwrap_or_default();
+                if of != source_id {
+                    return Err(Status::already_exists(format!(
+                        "snapshot {id} exists, of volume {of:?}, not {source_id}"
+                    )));
+                }
+            } else {
+                if !image.exists() {
+                    return Err(Status::not_found(format!(
+                        "volume {source_id} does not exist"
+                    )));
+                }
+                if let Some(dir) = snapshot.parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| internal(format!("{}: {e}", dir.display())))?;
+                }
+                std::fs::write(&source_of, &source_id)
+                    .map_err(|e| internal(format!("{}: {e}", source_of.display())))?;
+                copy_image(&snapshot, &image, 0, "volume", &source_id)?;
+            }
+            let size_bytes = std::fs::metadata(&snapshot)
+                .map_err(|e| internal(format!("{}: {e}", snapshot.display())))?
+                .len() as i64;
+            Ok(CreateSnapshotResponse {
+                snapshot: Some(Snapshot {
+                    size_bytes,
+                    snapshot_id: id,
+                    source_volume_id: source_id,
+                    ready_to_use: true,
+                }),
+            })
+        })
+        .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        let r = req.into_inner();
+        if r.snapshot_id.is_empty() {
+            return Err(invalid("snapshot_id"));
+        }
+        if check_id(&r.snapshot_id).is_err() {
+            // A snapshot that cannot exist is deleted already.
+            return Ok(Response::new(DeleteSnapshotResponse {}));
+        }
+        let snapshot = self.snapshot(&r.snapshot_id);
+        self.call("DeleteSnapshot", &r.snapshot_id, "", move || {
+            for f in [snapshot.clone(), snapshot.with_extension("source")] {
+                match std::fs::remove_file(&f) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(internal(format!("remove {}: {e}", f.display()))),
+                }
+            }
+            Ok(DeleteSnapshotResponse {})
         })
         .await
     }
@@ -242,6 +326,8 @@ impl Controller for Svc {
             cap(rpc::Type::CreateDeleteVolume),
             cap(rpc::Type::PublishUnpublishVolume),
             cap(rpc::Type::ExpandVolume),
+            cap(rpc::Type::CloneVolume),
+            cap(rpc::Type::CreateDeleteSnapshot),
         ];
         if !self.controller_publish {
             capabilities.remove(1);
@@ -277,4 +363,55 @@ fn not_offered(method: &str) -> Status {
     Status::unimplemented(format!(
         "{method}: this controller does not offer PUBLISH_UNPUBLISH_VOLUME"
     ))
+}
+
+/// The ID of the volume or snapshot made for request `name`: the name itself where it can be a
+/// file name, else `<prefix>-` and a digest of it.
+fn id_of(name: &str, prefix: &str) -> String {
+    if check_id(name).is_ok() {
+        return name.to_string();
+    }
+    let h = Sha256::digest(name.as_bytes());
+    format!(
+        "{prefix}-{}",
+        h.iter()
+            .take(10)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
+}
+
+/// Makes `image` a copy of `from` (the image of `kind` `id`), grown to `size` bytes if that is
+/// more; returns its size. What the node has written but not yet flushed is flushed first (a
+/// crash-consistent copy, as a snapshot of a disk in use is). A size below the source's is out
+/// of range: a volume cannot start smaller than its content.
+fn copy_image(image: &Path, from: &Path, size: i64, kind: &str, id: &str) -> Result<i64, Status> {
+    if let Ok(m) = std::fs::metadata(image) {
+        return Ok(m.len() as i64);
+    }
+    let have = std::fs::metadata(from)
+        .map_err(|_| Status::not_found(format!("{kind} {id} does not exist")))?
+        .len() as i64;
+    if size > 0 && size < have {
+        return Err(Status::out_of_range(format!(
+            "{size} bytes is less than the {have} bytes of {kind} {id}"
+        )));
+    }
+    rustix::fs::sync();
+    let tmp = image.with_extension("img.tmp");
+    std::fs::copy(from, &tmp).map_err(|e| {
+        internal(format!("copy {} to {}: {e}", from.display(), tmp.display()))
+    })?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tmp)
+        .map_err(|e| internal(format!("open {}: {e}", tmp.display())))?;
+    let size = size.max(have);
+    f.set_len(size as u64)
+        .map_err(|e| internal(format!("size {}: {e}", tmp.display())))?;
+    f.sync_all()
+        .map_err(|e| internal(format!("sync {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, image)
+        .map_err(|e| internal(format!("rename {}: {e}", image.display())))?;
+    Ok(size)
 }

@@ -269,6 +269,43 @@ impl Node for Svc {
         .await
     }
 
+    async fn node_get_volume_health(
+        &self,
+        req: Request<NodeGetVolumeHealthRequest>,
+    ) -> Result<Response<NodeGetVolumeHealthResponse>, Status> {
+        let r = req.into_inner();
+        check_id(&r.volume_id)?;
+        let image = self.image(&r.volume_id);
+        let id = r.volume_id.clone();
+        self.call(
+            "NodeGetVolumeHealth",
+            &r.volume_id,
+            &r.volume_publish_path,
+            move || {
+                Ok(NodeGetVolumeHealthResponse {
+                    volume_health: Some(VolumeHealth {
+                        volume_id: id,
+                        health_statuses: volume_health(&image),
+                    }),
+                })
+            },
+        )
+        .await
+    }
+
+    async fn node_get_storage_health(
+        &self,
+        _: Request<NodeGetStorageHealthRequest>,
+    ) -> Result<Response<NodeGetStorageHealthResponse>, Status> {
+        let dir = self.data_dir.join("volumes");
+        self.call("NodeGetStorageHealth", "", "", move || {
+            Ok(NodeGetStorageHealthResponse {
+                backend_health: storage_health(&dir),
+            })
+        })
+        .await
+    }
+
     async fn node_expand_volume(
         &self,
         req: Request<NodeExpandVolumeRequest>,
@@ -322,6 +359,8 @@ impl Node for Svc {
                     cap(rpc::Type::StageUnstageVolume),
                     cap(rpc::Type::GetVolumeStats),
                     cap(rpc::Type::ExpandVolume),
+                    cap(rpc::Type::GetVolumeHealth),
+                    cap(rpc::Type::GetStorageHealth),
                 ],
             })
         })
@@ -355,5 +394,61 @@ impl Node for Svc {
             })
         })
         .await
+    }
+}
+
+/// What is wrong with the volume whose backing file is `image`: nothing, or the file is gone
+/// (`Inaccessible`: a loop device that still holds it serves the data until it is detached, but
+/// the volume cannot be attached again).
+fn volume_health(image: &Path) -> Vec<volume_health::VolumeHealthEntry> {
+    use volume_health::VolumeHealthEntry;
+    match std::fs::symlink_metadata(image) {
+        Ok(m) if m.is_file() => Vec::new(),
+        Ok(_) => vec![VolumeHealthEntry {
+            status: VolumeHealthErrorType::Inaccessible as i32,
+            reason: "BackingFileInvalid".into(),
+            message: format!("{} is not a regular file", image.display()),
+        }],
+        Err(e) => vec![VolumeHealthEntry {
+            status: VolumeHealthErrorType::Inaccessible as i32,
+            reason: "BackingFileMissing".into(),
+            message: format!("{}: {e}", image.display()),
+        }],
+    }
+}
+
+/// The free share of the backing filesystem under which the storage counts as degraded.
+const LOW_SPACE_PERCENT: u64 = 5;
+
+/// What is wrong with the storage under `dir` (where the backing files live): nothing, the
+/// directory is gone (`StorageUnreachable`), or its filesystem has less than 5% free
+/// (`StorageDegraded`).
+fn storage_health(dir: &Path) -> Vec<node_get_storage_health_response::StorageBackendHealth> {
+    use node_get_storage_health_response::StorageBackendHealth;
+    let entry = |status: StorageHealthErrorType, reason: &str, message: String| {
+        vec![StorageBackendHealth {
+            status: status as i32,
+            reason: reason.into(),
+            message,
+            volume_capability: None,
+        }]
+    };
+    match rustix::fs::statvfs(dir) {
+        Err(e) => entry(
+            StorageHealthErrorType::StorageUnreachable,
+            "BackingDirectoryUnreachable",
+            format!("{}: {e}", dir.display()),
+        ),
+        Ok(s) if s.f_blocks > 0 && s.f_bavail * 100 < s.f_blocks * LOW_SPACE_PERCENT => entry(
+            StorageHealthErrorType::StorageDegraded,
+            "LowSpace",
+            format!(
+                "the filesystem of {} has {} of {} blocks free",
+                dir.display(),
+                s.f_bavail,
+                s.f_blocks
+            ),
+        ),
+        Ok(_) => Vec::new(),
     }
 }
