@@ -81,8 +81,11 @@ pub fn print_report(
                 .iter()
                 .map(move |w| format!("{}/{}: {w}", p.namespace, p.name));
             let of_volumes = p.volumes.iter().flat_map(move |v| {
+                let health = v.health.iter().flat_map(|h| &h.conditions);
                 v.warnings
                     .iter()
+                    .cloned()
+                    .chain(health.map(|c| format!("unhealthy: {c}")))
                     .map(move |w| format!("{}/{} volume {}: {w}", p.namespace, p.name, v.name))
             });
             of_pod.chain(of_volumes)
@@ -209,6 +212,28 @@ pub fn print_drivers(drivers: &[serde_json::Value], out: &mut impl Write) -> std
             )?;
             for w in warnings {
                 writeln!(out, "  {w}")?;
+            }
+        }
+        let storage: Vec<&serde_json::Value> = d["storage_health"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        if !storage.is_empty() {
+            writeln!(
+                out,
+                "\nStorage health of {}:",
+                d["name"].as_str().unwrap_or_default()
+            )?;
+            for c in storage {
+                let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                writeln!(
+                    out,
+                    "  {} ({}): {}",
+                    text("status"),
+                    text("reason"),
+                    text("message")
+                )?;
             }
         }
     }

@@ -300,6 +300,7 @@ impl VolumeManager {
             selinux_mount_all: config.selinux_mount,
             metrics: metrics.clone(),
             events: events.clone(),
+            health: Arc::default(),
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,
@@ -527,7 +528,12 @@ impl VolumeManager {
 
     /// The CSI drivers kubevol knows.
     pub fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
-        self.parts.host.csi.status()
+        let mut drivers = self.parts.host.csi.status();
+        let storage = self.parts.host.health.storage();
+        for d in &mut drivers {
+            d.storage_health = storage.get(&d.name).cloned().unwrap_or_default();
+        }
+        drivers
     }
 
     /// Stops [`VolumeManager::run`]. Mounts stay in place (pods keep their volumes).
@@ -568,6 +574,7 @@ impl VolumeManager {
             store: &p.store,
             plugins: &p.plugins,
             events: &p.events,
+            health: &p.host.health,
             findings: &p.findings,
             node_name: &p.config.node_name,
             root_dir: &p.config.root_dir,

@@ -8,6 +8,7 @@ mod common;
 mod attach;
 mod cluster;
 mod containers;
+mod health;
 #[path = "../loop_driver/mod.rs"]
 mod loop_driver;
 mod migration;

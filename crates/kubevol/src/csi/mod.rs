@@ -154,6 +154,9 @@ pub struct DriverStatus {
     pub controller: Option<String>,
     /// `healthy`, or the last failed call.
     pub health: String,
+    /// The adverse conditions the driver reports of its storage (NodeGetStorageHealth).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage_health: Vec<crate::report::health::Condition>,
     /// What happened to registrations under this name that an operator should know: another
     /// endpoint replacing this one, or refused (newest last).
     pub warnings: Vec<String>,
@@ -592,6 +595,12 @@ impl Drivers {
         Ok(has)
     }
 
+    /// Every registered driver's node plugin.
+    pub fn all(&self) -> Vec<Arc<Driver>> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.values().cloned().collect()
+    }
+
     /// Every driver, for the status API.
     pub fn status(&self) -> Vec<DriverStatus> {
         let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
@@ -618,6 +627,7 @@ impl Drivers {
                         .cloned()
                         .unwrap_or_else(|| "healthy".into()),
                     warnings: warnings.get(&d.name).cloned().unwrap_or_default(),
+                    storage_health: Vec::new(),
                 },
             );
         }

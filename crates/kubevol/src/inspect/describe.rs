@@ -176,6 +176,8 @@ impl super::status::Sources<'_> {
                                 (c.expand_volume, "EXPAND_VOLUME"),
                                 (c.volume_mount_group, "VOLUME_MOUNT_GROUP"),
                                 (c.single_node_multi_writer, "SINGLE_NODE_MULTI_WRITER"),
+                                (c.get_volume_health, "GET_VOLUME_HEALTH"),
+                                (c.get_storage_health, "GET_STORAGE_HEALTH"),
                             ]
                             .into_iter()
                             .filter_map(|(on, name)| on.then_some(name))
@@ -361,6 +363,21 @@ impl super::status::Sources<'_> {
                         sp.path.display().to_string(),
                     ));
                 }
+            }
+            if let Some(h) = &v.health {
+                let conditions: Vec<String> = h.conditions.iter().map(|c| c.to_string()).collect();
+                let mut s = step(
+                    "health",
+                    StepState::Done,
+                    format!("as its driver reports it (NodeGetVolumeHealth), since {}s after the epoch", h.since),
+                );
+                if conditions.is_empty() {
+                    s.detail = format!("no adverse condition since {}s after the epoch (it had some before)", h.since);
+                } else {
+                    s.state = StepState::Failed;
+                    s.error = Some(conditions.join("; "));
+                }
+                steps.push(s);
             }
             let ready = v.state == VolumePhase::Mounted;
             let waiting_for = (!ready).then(|| {

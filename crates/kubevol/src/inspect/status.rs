@@ -89,6 +89,9 @@ pub struct VolumeStatus {
     /// What is set up but not as the manifest asks (a field kubevol ignores).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What its CSI driver reports of its health, once it reported an adverse condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::report::health::VolumeHealth>,
 }
 
 /// The warnings of a volume's fields that kubevol ignores, in the API server's words.
@@ -217,6 +220,8 @@ pub(crate) struct Sources<'a> {
     pub(crate) plugins: &'a PluginRegistry,
     /// Each pod's events.
     pub(crate) events: &'a EventRecorder,
+    /// What CSI drivers report of their volumes' health.
+    pub(crate) health: &'a crate::report::health::Health,
     /// What reconstruction and the orphan sweep found.
     pub(crate) findings: &'a Findings,
     /// The node's name.
@@ -307,6 +312,7 @@ impl Sources<'_> {
                     read_only: mounted.is_some_and(|m| m.read_only),
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings,
+                    health: self.health.volume(uid, outer),
                 });
             }
             let stored = self.store.pod(uid);
@@ -340,6 +346,7 @@ impl Sources<'_> {
                         ..RetryInfo::default()
                     },
                     warnings: Vec::new(),
+                    health: None,
                 });
             }
             // A volume still waiting for an object the API server has not delivered keeps the
@@ -377,6 +384,7 @@ impl Sources<'_> {
                     read_only: m.read_only,
                     retry: RetryInfo::from_error(err.as_ref(), now),
                     warnings: Vec::new(),
+                    health: self.health.volume(uid, &m.outer_volume_name),
                 });
             }
             if let Some(why) = held {

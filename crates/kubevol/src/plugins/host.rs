@@ -71,6 +71,8 @@ pub struct PluginHost {
     pub metrics: Arc<crate::report::metrics::Metrics>,
     /// The pods' events, for what a plugin does beside set-up and teardown (an expansion).
     pub events: Arc<crate::report::events::EventRecorder>,
+    /// The health CSI drivers report of their volumes and storage.
+    pub health: Arc<crate::report::health::Health>,
 }
 
 impl PluginHost {

@@ -142,6 +142,17 @@ pub struct PodCertificateLabels {
     pub state: String,
 }
 
+/// Labels of `csi_node_storage_health_status`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageHealthLabels {
+    /// The CSI driver.
+    pub driver_name: String,
+    /// `StorageUnreachable` or `StorageDegraded`.
+    pub status: String,
+    /// The driver's reason.
+    pub reason: String,
+}
+
 /// What the SELinux gauges count (each as the kubelet's metric of that name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SelinuxCount {
@@ -178,6 +189,7 @@ pub struct Metrics {
     selinux_pod: [Family<SelinuxPodLabels, Gauge>; 2],
     selinux_volume: [Family<SelinuxVolumeLabels, Gauge>; 3],
     pod_certificates: Family<PodCertificateLabels, Gauge>,
+    storage_health: Family<StorageHealthLabels, Gauge>,
     render: Mutex<()>,
 }
 
@@ -303,9 +315,16 @@ impl Default for Metrics {
             "Gauge vector reporting the number of pod certificate projected volume sources, faceted by signer_name and state.",
             pod_certificates.clone(),
         );
+        let storage_health = Family::<StorageHealthLabels, Gauge>::default();
+        registry.register(
+            "csi_node_storage_health_status",
+            "CSI node storage backend health conditions currently reported (1 = present).",
+            storage_health.clone(),
+        );
         Metrics {
             registry,
             pod_certificates,
+            storage_health,
             selinux_pod,
             selinux_volume,
             orphans_cleaned,
@@ -439,6 +458,27 @@ impl Metrics {
             ];
             for (f, v) in self.volume_stats.iter().zip(values) {
                 f.get_or_create(&labels).set(v);
+            }
+        }
+    }
+
+    /// Sets `csi_node_storage_health_status` to the conditions each driver reports now (1 each,
+    /// every other series gone).
+    pub(crate) fn set_storage_health(
+        &self,
+        by_driver: &BTreeMap<String, Vec<crate::report::health::Condition>>,
+    ) {
+        let _one_at_a_time = crate::sync::lock(&self.render);
+        self.storage_health.clear();
+        for (driver, conditions) in by_driver {
+            for c in conditions {
+                self.storage_health
+                    .get_or_create(&StorageHealthLabels {
+                        driver_name: driver.clone(),
+                        status: c.status.clone(),
+                        reason: c.reason.clone(),
+                    })
+                    .set(1);
             }
         }
     }

@@ -20,6 +20,7 @@ mod resize;
 pub(crate) fn csi_access_mode(first: Option<&str>, single_node_multi_writer: bool) -> i32 {
     volume::csi_access_mode(first, single_node_multi_writer) as i32
 }
+mod health;
 mod stats;
 mod volume;
 

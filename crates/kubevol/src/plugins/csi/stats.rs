@@ -1,6 +1,7 @@
-//! Volume usage for `kubelet_volume_stats_*`: NodeGetVolumeStats, or statfs.
+//! Volume usage for `kubelet_volume_stats_*` (NodeGetVolumeStats, or statfs) and the health of
+//! CSI volumes and storage, gathered together every `--volume-stats-period`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,17 +12,19 @@ use kubevol_csi::v1::{self as csi};
 use crate::csi::Drivers;
 use crate::error::VolumeError;
 use crate::plugins::{blocking, PluginHost};
+use crate::report::health::{Change, Condition};
 
 use super::*;
 
 /// The usage of a mounted volume from a claim: NodeGetVolumeStats for a CSI driver that has
-/// GET_VOLUME_STATS, statfs of the mounted path for any other filesystem volume.
+/// GET_VOLUME_STATS, statfs of the mounted path for any other filesystem volume; with the
+/// abnormal condition a driver of CSI 1.12 or earlier may report beside.
 pub(crate) async fn volume_stats(
     host: &Arc<PluginHost>,
     spec: &VolumeSpec,
     pod: &PodRef,
     path: &Path,
-) -> Result<Option<crate::metrics::VolumeUsage>, VolumeError> {
+) -> Result<Option<(crate::metrics::VolumeUsage, Option<Condition>)>, VolumeError> {
     let csi_volume = spec
         .persistent_volume
         .as_ref()
@@ -36,7 +39,8 @@ pub(crate) async fn volume_stats(
             let s = rustix::fs::statvfs(&path)
                 .map_err(|e| not_ready(format!("statfs {}: {e}", path.display())))?;
             let f = s.f_frsize as i64;
-            Ok(Some(crate::metrics::VolumeUsage {
+            Ok(Some((
+                crate::metrics::VolumeUsage {
                 capacity_bytes: s.f_blocks as i64 * f,
                 available_bytes: s.f_bavail as i64 * f,
                 used_bytes: (s.f_blocks as i64 - s.f_bfree as i64) * f,
@@ -44,7 +48,9 @@ pub(crate) async fn volume_stats(
                 inodes_free: s.f_ffree as i64,
                 inodes_used: s.f_files as i64 - s.f_ffree as i64,
                 abnormal: false,
-            }))
+            },
+                None,
+            )))
         })
         .await;
     }
@@ -72,8 +78,12 @@ pub(crate) async fn volume_stats(
             }),
         )
         .await?;
+    let condition = resp
+        .volume_condition
+        .as_ref()
+        .and_then(super::health::legacy_condition);
     let mut u = crate::metrics::VolumeUsage {
-        abnormal: resp.volume_condition.is_some_and(|c| c.abnormal),
+        abnormal: condition.is_some(),
         ..Default::default()
     };
     for usage in resp.usage {
@@ -91,11 +101,22 @@ pub(crate) async fn volume_stats(
             _ => {}
         }
     }
-    Ok(Some(u))
+    Ok(Some((u, condition)))
 }
 
-/// Gathers `kubelet_volume_stats_*` for every mounted volume that comes from a claim:
-/// NodeGetVolumeStats for CSI drivers that offer it, statfs for the rest.
+/// A mounted volume of a pod.
+struct Mounted {
+    pod: PodRef,
+    /// The pod's name of the volume.
+    volume: String,
+    spec: Arc<VolumeSpec>,
+    path: PathBuf,
+    /// `(namespace, claim)` of a volume from a claim.
+    claim: Option<(String, String)>,
+}
+
+/// Every `period`: `kubelet_volume_stats_*` for every mounted volume that comes from a claim,
+/// and the health of CSI volumes and of the drivers' storage.
 pub(crate) async fn stats_loop(
     world: Arc<crate::world::World>,
     host: Arc<PluginHost>,
@@ -104,42 +125,116 @@ pub(crate) async fn stats_loop(
 ) {
     loop {
         tokio::time::sleep(period).await;
-        let volumes: Vec<(
-            String,
-            String,
-            Arc<kubevol_core::state::VolumeSpec>,
-            PathBuf,
-            kubevol_core::PodRef,
-        )> = {
+        let mounted: Vec<Mounted> = {
             let asw = world.asw();
             asw.volumes()
                 .flat_map(|v| v.pods.values())
                 .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
-                .filter_map(|m| {
-                    let claim = kubevol_core::names::claim_name(&m.pod_ref.name, &m.spec.volume)?;
-                    Some((
-                        m.pod_ref.namespace.to_string(),
-                        claim.into_owned(),
-                        m.spec.clone(),
-                        m.path.clone(),
-                        m.pod_ref.clone(),
-                    ))
+                .map(|m| Mounted {
+                    pod: m.pod_ref.clone(),
+                    volume: m.outer_volume_name.to_string(),
+                    spec: m.spec.clone(),
+                    path: m.path.clone(),
+                    claim: kubevol_core::names::claim_name(&m.pod_ref.name, &m.spec.volume)
+                        .map(|c| (m.pod_ref.namespace.to_string(), c.into_owned())),
                 })
                 .collect()
         };
         let mut stats = BTreeMap::new();
-        for (ns, claim, spec, path, pod) in volumes {
-            if stats.contains_key(&(ns.clone(), claim.clone())) {
+        let mut legacy = BTreeMap::new();
+        for m in &mounted {
+            let Some(claim) = &m.claim else { continue };
+            if stats.contains_key(claim) {
                 continue;
             }
-            match volume_stats(&host, &spec, &pod, &path).await {
-                Ok(Some(u)) => {
-                    stats.insert((ns, claim), u);
+            match volume_stats(&host, &m.spec, &m.pod, &m.path).await {
+                Ok(Some((u, condition))) => {
+                    stats.insert(claim.clone(), u);
+                    legacy.insert(claim.clone(), condition);
                 }
                 Ok(None) => {}
-                Err(e) => tracing::debug!(claim = %claim, namespace = %ns, "volume stats: {e}"),
+                Err(e) => tracing::debug!(claim = %claim.1, namespace = %claim.0, "volume stats: {e}"),
+            }
+        }
+        for m in &mounted {
+            let Some(conditions) = volume_conditions(&host, m, &legacy).await else {
+                continue;
+            };
+            if let Some(u) = m.claim.as_ref().and_then(|c| stats.get_mut(c)) {
+                u.abnormal |= !conditions.is_empty();
+            }
+            let volume = &m.volume;
+            match host.health.set_volume(&m.pod, volume, conditions) {
+                Change::None => {}
+                Change::Abnormal(what) => host.events.record(
+                    &m.pod,
+                    true,
+                    crate::report::health::reason::VOLUME_CONDITION_ABNORMAL,
+                    format!("volume {volume:?}: {what}"),
+                ),
+                Change::Recovered => host.events.record(
+                    &m.pod,
+                    false,
+                    crate::report::health::reason::VOLUME_CONDITION_NORMAL,
+                    format!("volume {volume:?}: no adverse condition is reported any more"),
+                ),
             }
         }
         metrics.set_volume_stats(&stats);
+        let live: BTreeSet<(&str, &str)> = mounted
+            .iter()
+            .map(|m| (m.pod.uid.as_str(), m.volume.as_str()))
+            .collect();
+        host.health
+            .retain(|uid, volume| live.contains(&(uid.as_str(), volume)));
+        storage_conditions(&host).await;
+        metrics.set_storage_health(&host.health.storage());
     }
+}
+
+/// The conditions of a mounted volume of a CSI PersistentVolume: from NodeGetVolumeHealth, or
+/// from NodeGetVolumeStats (`legacy`, by claim) for a driver of CSI 1.12 or earlier; `None`
+/// where the driver reports no health, or could not be asked now (what it said last stays).
+async fn volume_conditions(
+    host: &PluginHost,
+    m: &Mounted,
+    legacy: &BTreeMap<(String, String), Option<Condition>>,
+) -> Option<Vec<Condition>> {
+    let claim = m.claim.as_ref()?;
+    let r = resolve(&m.spec, Some(&m.pod)).ok()?;
+    let driver = host.csi.get(&r.driver)?;
+    if driver.capabilities.get_volume_health {
+        let staging_path = if driver.capabilities.stage_unstage_volume {
+            host.root.join(staging(&r).0).display().to_string()
+        } else {
+            String::new()
+        };
+        let publish_path = m.path.display().to_string();
+        return super::health::volume_health(host, &driver, &r.handle, publish_path, staging_path)
+            .await
+            .inspect_err(|e| tracing::debug!(pod = %m.pod, volume = %m.volume, "volume health: {e}"))
+            .ok();
+    }
+    if driver.capabilities.volume_condition {
+        return legacy.get(claim).map(|c| c.iter().cloned().collect());
+    }
+    None
+}
+
+/// NodeGetStorageHealth of every driver that offers it; drivers gone are forgotten.
+async fn storage_conditions(host: &PluginHost) {
+    let drivers = host.csi.all();
+    for d in &drivers {
+        if !d.capabilities.get_storage_health {
+            continue;
+        }
+        match super::health::storage_health(host, d).await {
+            Ok(conditions) => {
+                host.health.set_storage(&d.name, conditions);
+            }
+            Err(e) => tracing::debug!(driver = %d.name, "storage health: {e}"),
+        }
+    }
+    let names: BTreeSet<&str> = drivers.iter().map(|d| d.name.as_str()).collect();
+    host.health.retain_storage(|d| names.contains(d));
 }
