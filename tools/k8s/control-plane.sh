@@ -159,11 +159,15 @@ EOF
     --initial-cluster "kubevol-test=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync --log-level warn
 
-  # 1.37's alpha fields of pods that kubevol reads (a server without their gate drops them).
+  # 1.37's alpha fields that kubevol reads and writes (a server without their gate drops them),
+  # each turned on where the server has it: its --help lists the gates it knows (a binary built
+  # from the module proxy reports no release in --version).
   local gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true
-  case $("$bin/kube-apiserver" --version) in
-    *v1.37.*) gates=$gates,EmptyDirVolumeMode=true,AtomicWriteVolumeUserFields=true,InPlacePodVerticalScalingMemoryBackedVolumes=true ;;
-  esac
+  local known gate
+  known=$("$bin/kube-apiserver" --help 2>&1)
+  for gate in EmptyDirVolumeMode AtomicWriteVolumeUserFields InPlacePodVerticalScalingMemoryBackedVolumes CSIVolumeHealth; do
+    case $known in *"$gate=true|false"*) gates=$gates,$gate=true ;; esac
+  done
   start "$dir" kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \

@@ -526,6 +526,22 @@ impl VolumeManager {
         self.parts.findings.leftovers()
     }
 
+    /// The health CSI drivers report of the node's volumes and of their storage.
+    pub fn health(&self) -> Arc<crate::report::health::Health> {
+        self.parts.host.health.clone()
+    }
+
+    /// Whether a pod came from the API server (holding only the store).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn from_api_server(&self) -> Arc<dyn Fn(&PodUid) -> bool + Send + Sync> {
+        let store = self.parts.store.clone();
+        Arc::new(move |uid| {
+            store
+                .pod(uid)
+                .is_some_and(|p| matches!(p.origin(), crate::store::Origin::Cluster))
+        })
+    }
+
     /// The CSI drivers kubevol knows.
     pub fn csi_drivers(&self) -> Vec<crate::csi::DriverStatus> {
         let mut drivers = self.parts.host.csi.status();

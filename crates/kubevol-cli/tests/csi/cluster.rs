@@ -672,3 +672,92 @@ cluster_test! {
         });
     }
 }
+
+cluster_test! {
+    /// Volume health reaches the API server as the kubelet writes it (Kubernetes 1.37,
+    /// CSIVolumeHealth): the loop driver's volume whose backing file is gone shows
+    /// `Inaccessible` in the pod's `status.volumeHealth`, and the driver's storage whose
+    /// directory is gone shows `StorageUnreachable` in the CSINode's `status.storageHealth`;
+    /// both clear when the file and the directory are back (the pod's entry kept, empty, as
+    /// the kubelet keeps it). A server without the fields (1.36) keeps the pod running and
+    /// the health in kubevol's own status.
+    fn volume_and_storage_health_reach_the_pod_and_the_csinode(backend) {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        runtime().block_on(async {
+            let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
+            let name = cluster.node_name().to_string();
+            fresh_node(&cluster).await;
+            let pod = create_claim_pod(&cluster, "data", false).await;
+            let m = manager(t.path(), |c| {
+                c.node_name = name.clone();
+                c.volume_stats_period = Duration::from_millis(200);
+            });
+            kubevol::source::cluster::join(&m, node_client(&cluster));
+            m.wait_for_attach_and_mount(&pod).await.unwrap();
+            let version = cluster.admin_client().apiserver_version().await.unwrap();
+            let served = version.minor.trim_end_matches('+').parse::<u32>().unwrap() >= 37;
+            let pod_name = pod.metadata.name.clone().unwrap();
+            let volume_health = || async {
+                let p = cluster.get("v1", "pods", &pod_name).await.unwrap();
+                p["status"]["volumeHealth"].clone()
+            };
+            let storage_health = || async {
+                let c = cluster.get("storage.k8s.io/v1", "csinodes", &name).await;
+                c.map(|c| c["status"]["storageHealth"].clone()).unwrap_or_default()
+            };
+
+            let image = driver.image("data");
+            let away = image.with_extension("away");
+            std::fs::rename(&image, &away).unwrap();
+            let uid = kubevol::pod_uid(&pod);
+            wait_until("kubevol sees the volume inaccessible", 30, || {
+                m.pod_status(&uid).unwrap().volumes[0].health.as_ref().is_some_and(|h| !h.conditions.is_empty())
+            }).await;
+            if served {
+                eventually("the pod's status.volumeHealth", 30, || async {
+                    let h = volume_health().await;
+                    h[0]["name"] == "data"
+                        && h[0]["healthConditions"][0]["status"] == "Inaccessible"
+                        && h[0]["healthConditions"][0]["reason"] == "BackingFileMissing"
+                        && h[0]["lastTransitionTime"].is_string()
+                }).await;
+            } else {
+                assert!(volume_health().await.is_null(), "a 1.36 server has no such field");
+            }
+            std::fs::rename(&away, &image).unwrap();
+            if served {
+                eventually("the pod's volume recovered", 30, || async {
+                    let h = volume_health().await;
+                    h[0]["name"] == "data" && h[0]["healthConditions"].as_array().is_none_or(|c| c.is_empty())
+                }).await;
+            }
+
+            let volumes = image.parent().unwrap().to_path_buf();
+            let volumes_away = volumes.with_extension("away");
+            std::fs::rename(&volumes, &volumes_away).unwrap();
+            wait_until("kubevol sees the storage unreachable", 30, || {
+                m.csi_drivers().iter().any(|d| !d.storage_health.is_empty())
+            }).await;
+            if served {
+                eventually("the CSINode's status.storageHealth", 30, || async {
+                    let s = storage_health().await;
+                    s[0]["name"] == DRIVER
+                        && s[0]["healthConditions"][0]["status"] == "StorageUnreachable"
+                        && s[0]["healthConditions"][0]["reason"] == "BackingDirectoryUnreachable"
+                }).await;
+            }
+            std::fs::rename(&volumes_away, &volumes).unwrap();
+            wait_until("kubevol sees the storage back", 30, || {
+                m.csi_drivers().iter().all(|d| d.storage_health.is_empty())
+            }).await;
+            if served {
+                eventually("the CSINode's storage health cleared", 30, || async {
+                    let s = storage_health().await;
+                    s.as_array().is_none_or(|s| s.is_empty())
+                }).await;
+            }
+            m.shutdown();
+        });
+    }
+}

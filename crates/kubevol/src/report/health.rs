@@ -48,6 +48,14 @@ pub struct Condition {
     /// The volume mode a storage condition is limited to (`Filesystem` or `Block`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_mode: Option<String>,
+    /// When a storage condition first appeared (seconds since the epoch; 0 for a volume's,
+    /// whose time is its volume's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub since: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Condition {
@@ -59,6 +67,7 @@ impl Condition {
             message: cut(message, MAX_MESSAGE),
             access_mode: None,
             volume_mode: None,
+            since: 0,
         }
     }
 
@@ -235,9 +244,23 @@ impl Health {
             let before = inner.storage.get(driver).map_or(&[][..], Vec::as_slice);
             if same(before, &conditions) {
                 if let Some(c) = inner.storage.get_mut(driver) {
+                    for new in &mut conditions {
+                        new.since = c
+                            .iter()
+                            .find(|old| old.identity() == new.identity())
+                            .map_or(0, |old| old.since);
+                    }
                     *c = conditions;
                 }
                 return false;
+            }
+            // A condition that was there before keeps its time.
+            let now = now_secs();
+            for c in &mut conditions {
+                c.since = before
+                    .iter()
+                    .find(|b| b.identity() == c.identity())
+                    .map_or(now, |b| b.since);
             }
             if conditions.is_empty() {
                 inner.storage.remove(driver);

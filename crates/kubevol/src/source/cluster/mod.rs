@@ -14,6 +14,7 @@
 //!   references the object) is retried with backoff; the pod's volume waits meanwhile.
 //! - `tokens` (TokenRequest), `events` (the event recorder), `node_status`
 //!   (`status.volumesInUse`), `csinode` (CSINode and the Node's CSI annotation and labels),
+//!   `health` (pods' `status.volumeHealth`, the CSINode's `status.storageHealth`),
 //!   `attach` (the attach/detach controller's record), `claims` (claims' statuses during an
 //!   expansion), `trust` (ClusterTrustBundles), `certificates` (PodCertificateRequests);
 //!   `backoff`, `publish` and `listings` (the count of complete listings) are what they share.
@@ -29,6 +30,7 @@ mod connection;
 mod credentials;
 mod csinode;
 mod events;
+mod health;
 mod listings;
 mod node_status;
 mod objects;
@@ -287,7 +289,8 @@ impl Probe {
 /// Makes `manager` the volume manager of its node (`Config::node_name`) in the cluster
 /// `client` reaches with the node's identity, as `kubevol run --kubeconfig` does: pods and
 /// their objects from the API server ([`ClusterSource`]), tokens from TokenRequest, trust
-/// bundles, pod certificates, controller-managed attach, events, `status.volumesInUse` and CSINode. Returns the
+/// bundles, pod certificates, controller-managed attach, events, `status.volumesInUse`, CSINode
+/// and volume health. Returns the
 /// tasks it started: the watches and publishers, which run until aborted (the mounts stay),
 /// and last the event poster, which ends once the manager is gone and its queue is posted.
 pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHandle<()>> {
@@ -303,12 +306,19 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
     manager.set_certificate_requests(Arc::new(ClusterCertificates::new(manager, client.clone())));
     let (events, poster) = EventPoster::spawn(client.clone(), node.clone());
     manager.set_event_sink(events);
-    vec![
+    let mut jobs = health::spawn(
+        client.clone(),
+        node.clone(),
+        manager.health(),
+        manager.from_api_server(),
+    );
+    jobs.extend([
         CsiNodePublisher::spawn(client.clone(), node.clone(), manager.node_drivers()),
         NodeStatusReporter::spawn(client.clone(), node.clone(), Arc::new(manager.clone())),
         manager.add_source(ClusterSource::new(client, node)),
         poster,
-    ]
+    ]);
+    jobs
 }
 
 /// A pod as the store keeps it (the API server has validated and defaulted it).
