@@ -15,6 +15,7 @@ pub mod projection;
 pub mod quantity;
 pub mod reconcile;
 pub mod selinux;
+pub mod snapshot;
 pub mod state;
 pub mod validation;
 

@@ -13,9 +13,11 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use crate::quantity::Quantity;
 
 mod content;
+mod snapshot;
 mod static_pod;
 mod volume;
 
+pub use snapshot::{validate_volume_snapshot, validate_volume_snapshot_content};
 pub use static_pod::static_pod_api_reference;
 
 pub use content::*;

@@ -342,7 +342,7 @@ pub fn validate_claim_spec(
 
 /// The UID of an object from a manifest: a canonical lower-case UUID when it is set (it names
 /// directories, as a claim's names its provisioned volume's).
-fn uid(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
+pub(super) fn uid(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
     if let Some(uid) = meta.uid.as_deref() {
         if !super::is_canonical_uuid(uid) {
             errs.push(invalid(
@@ -355,7 +355,7 @@ fn uid(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
 }
 
 /// A namespaced object's name and namespace, as the API server checks them.
-fn namespaced_meta(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
+pub(super) fn namespaced_meta(meta: &ObjectMeta, errs: &mut Vec<FieldError>) {
     match meta.name.as_deref() {
         None | Some("") => errs.push(required("metadata.name")),
         Some(n) => {

@@ -25,6 +25,8 @@ mod error;
 pub mod provision;
 pub mod reclaim;
 mod secrets;
+mod snapshots;
+mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -446,6 +446,10 @@ async fn create_csi(
             "no controller service of CSI driver {driver} is given (--csi-controller)"
         )));
     };
+    let content_source = super::sources::content_source(
+        host, namespace, name, claim, class, ask.bytes, ask.block,
+    )
+    .await?;
     let created = host
         .csi
         .call(
@@ -466,7 +470,7 @@ async fn create_csi(
                     .collect(),
                 accessibility_requirements: topology,
                 secrets: provisioner_secrets,
-                volume_content_source: None,
+                volume_content_source: content_source,
             }),
         )
         .await?

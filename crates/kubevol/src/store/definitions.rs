@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::projection::ObjectKind;
+use kubevol_core::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use kubevol_core::PodUid;
 
 use super::{
@@ -44,6 +45,10 @@ pub enum Key {
     StorageClass(String),
     /// A Node, by name.
     Node(String),
+    /// A VolumeSnapshot, by namespace and name.
+    VolumeSnapshot(NsName),
+    /// A VolumeSnapshotContent, by name.
+    VolumeSnapshotContent(String),
 }
 
 impl Key {
@@ -58,6 +63,8 @@ impl Key {
             Object::CSIDriver(d) => Key::CSIDriver(name(&d.metadata)),
             Object::StorageClass(c) => Key::StorageClass(name(&c.metadata)),
             Object::Node(n) => Key::Node(name(&n.metadata)),
+            Object::VolumeSnapshot(v) => Key::VolumeSnapshot(ns_name(&v.metadata)),
+            Object::VolumeSnapshotContent(c) => Key::VolumeSnapshotContent(name(&c.metadata)),
         }
     }
 }
@@ -73,6 +80,8 @@ impl std::fmt::Display for Key {
             Key::CSIDriver(n) => write!(f, "CSIDriver {n}"),
             Key::StorageClass(n) => write!(f, "StorageClass {n}"),
             Key::Node(n) => write!(f, "Node {n}"),
+            Key::VolumeSnapshot((ns, n)) => write!(f, "VolumeSnapshot {ns}/{n}"),
+            Key::VolumeSnapshotContent(n) => write!(f, "VolumeSnapshotContent {n}"),
         }
     }
 }
@@ -89,6 +98,8 @@ pub(super) enum Shared {
     CSIDriver(Arc<CSIDriver>),
     StorageClass(Arc<StorageClass>),
     Node(Arc<Node>),
+    VolumeSnapshot(Arc<VolumeSnapshot>),
+    VolumeSnapshotContent(Arc<VolumeSnapshotContent>),
 }
 
 impl From<Object> for Shared {
@@ -102,6 +113,8 @@ impl From<Object> for Shared {
             Object::CSIDriver(x) => Shared::CSIDriver(Arc::new(x)),
             Object::StorageClass(x) => Shared::StorageClass(Arc::new(x)),
             Object::Node(x) => Shared::Node(Arc::new(x)),
+            Object::VolumeSnapshot(x) => Shared::VolumeSnapshot(Arc::new(x)),
+            Object::VolumeSnapshotContent(x) => Shared::VolumeSnapshotContent(Arc::new(x)),
         }
     }
 }
@@ -118,6 +131,8 @@ impl Shared {
             (Shared::CSIDriver(a), Object::CSIDriver(b)) => **a == *b,
             (Shared::StorageClass(a), Object::StorageClass(b)) => **a == *b,
             (Shared::Node(a), Object::Node(b)) => **a == *b,
+            (Shared::VolumeSnapshot(a), Object::VolumeSnapshot(b)) => **a == *b,
+            (Shared::VolumeSnapshotContent(a), Object::VolumeSnapshotContent(b)) => **a == *b,
             _ => false,
         }
     }
@@ -138,6 +153,8 @@ impl Shared {
                 v::csi_driver_name("metadata.name", name, &mut errs);
                 errs
             }
+            Shared::VolumeSnapshot(s) => v::validate_volume_snapshot(s),
+            Shared::VolumeSnapshotContent(c) => v::validate_volume_snapshot_content(c),
             Shared::Pod(..) | Shared::Node(_) => return None,
         };
         (!errs.is_empty()).then(|| {
@@ -173,6 +190,8 @@ pub(super) struct Objects {
     pub(super) csi_drivers: BTreeMap<String, Stored<CSIDriver>>,
     pub(super) storage_classes: BTreeMap<String, Stored<StorageClass>>,
     pub(super) nodes: BTreeMap<String, Stored<Node>>,
+    pub(super) volume_snapshots: BTreeMap<NsName, Stored<VolumeSnapshot>>,
+    pub(super) volume_snapshot_contents: BTreeMap<String, Stored<VolumeSnapshotContent>>,
     /// Every definition of every object, by origin: when the one in effect goes, the next one
     /// takes its place without any file being read again.
     defs: HashMap<Key, BTreeMap<Origin, Shared>>,
@@ -247,6 +266,8 @@ impl Objects {
                 Key::CSIDriver(k) => self.csi_drivers.remove(k).is_some(),
                 Key::StorageClass(k) => self.storage_classes.remove(k).is_some(),
                 Key::Node(k) => self.nodes.remove(k).is_some(),
+                Key::VolumeSnapshot(k) => self.volume_snapshots.remove(k).is_some(),
+                Key::VolumeSnapshotContent(k) => self.volume_snapshot_contents.remove(k).is_some(),
             };
         };
         let invalid = def.invalid();
@@ -287,6 +308,16 @@ impl Objects {
                 put(&mut self.storage_classes, k.clone(), d, &origin, invalid)
             }
             (Key::Node(k), Shared::Node(d)) => put(&mut self.nodes, k.clone(), d, &origin, None),
+            (Key::VolumeSnapshot(k), Shared::VolumeSnapshot(d)) => {
+                put(&mut self.volume_snapshots, k.clone(), d, &origin, invalid)
+            }
+            (Key::VolumeSnapshotContent(k), Shared::VolumeSnapshotContent(d)) => put(
+                &mut self.volume_snapshot_contents,
+                k.clone(),
+                d,
+                &origin,
+                invalid,
+            ),
             _ => unreachable!("a key and its definitions are of one kind"),
         }
     }

@@ -97,6 +97,10 @@ pub enum Object {
     /// A Node (in cluster mode, this node's own: its labels are what PersistentVolumes'
     /// nodeAffinity is checked against).
     Node(Node),
+    /// A VolumeSnapshot (standalone mode fills claims' volumes from it).
+    VolumeSnapshot(kubevol_core::snapshot::VolumeSnapshot),
+    /// A VolumeSnapshotContent: a snapshot on the storage.
+    VolumeSnapshotContent(kubevol_core::snapshot::VolumeSnapshotContent),
 }
 
 /// The namespace name of the kubelet's default namespace.
@@ -681,6 +685,26 @@ impl ObjectStore {
             .persistent_volume_claims
             .get(&(ns.into(), name.into()))
             .cloned()
+    }
+
+    /// A VolumeSnapshot by namespace and name.
+    pub fn volume_snapshot(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Option<Stored<kubevol_core::snapshot::VolumeSnapshot>> {
+        self.read()
+            .volume_snapshots
+            .get(&(ns.into(), name.into()))
+            .cloned()
+    }
+
+    /// A VolumeSnapshotContent by name.
+    pub fn volume_snapshot_content(
+        &self,
+        name: &str,
+    ) -> Option<Stored<kubevol_core::snapshot::VolumeSnapshotContent>> {
+        self.read().volume_snapshot_contents.get(name).cloned()
     }
 
     /// A CSIDriver by name.

@@ -2,6 +2,7 @@
 //! error located by file, document, line and column, and worded for the user (a Secret's
 //! values are never quoted).
 
+use kubevol_core::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
@@ -265,6 +266,7 @@ fn convert(
             "v1"
         }
         "CSIDriver" | "StorageClass" => "storage.k8s.io/v1",
+        "VolumeSnapshot" | "VolumeSnapshotContent" => kubevol_core::snapshot::API_VERSION,
         other => {
             debug!(file = %path.display(), document, kind = other, "skipping object of a kind kubevol does not use");
             found.skipped.extend(object_name(other, &value));
@@ -293,6 +295,8 @@ fn convert(
             "PersistentVolume" => unknown_fields::<PersistentVolume>(&value),
             "PersistentVolumeClaim" => unknown_fields::<PersistentVolumeClaim>(&value),
             "StorageClass" => unknown_fields::<StorageClass>(&value),
+            "VolumeSnapshot" => unknown_fields::<VolumeSnapshot>(&value),
+            "VolumeSnapshotContent" => unknown_fields::<VolumeSnapshotContent>(&value),
             _ => unknown_fields::<CSIDriver>(&value),
         };
         for u in unknown {
@@ -381,6 +385,19 @@ fn convert(
             typed::<StorageClass>(value, &kind, path, document, relocate, &mut found.errors)
                 .map(Object::StorageClass)
         }
+        "VolumeSnapshot" => {
+            typed::<VolumeSnapshot>(value, &kind, path, document, relocate, &mut found.errors)
+                .map(Object::VolumeSnapshot)
+        }
+        "VolumeSnapshotContent" => typed::<VolumeSnapshotContent>(
+            value,
+            &kind,
+            path,
+            document,
+            relocate,
+            &mut found.errors,
+        )
+        .map(Object::VolumeSnapshotContent),
         _ => typed::<CSIDriver>(value, &kind, path, document, relocate, &mut found.errors)
             .map(Object::CSIDriver),
     };
