@@ -14,6 +14,7 @@ mod loop_driver;
 mod migration;
 mod secrets;
 mod selinux;
+mod sources;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -2,7 +2,9 @@
 //! rules check them (external-snapshotter's `snapshot.storage.k8s.io/v1`).
 
 use super::volume::{namespaced_meta, uid};
-use super::{dns1123_subdomain_error, err, exactly_one, invalid, required, FieldError, FieldErrorKind};
+use super::{
+    dns1123_subdomain_error, err, exactly_one, invalid, required, FieldError, FieldErrorKind,
+};
 use crate::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 
 /// A VolumeSnapshot's errors: its name and namespace, exactly one source.
@@ -12,8 +14,14 @@ pub fn validate_volume_snapshot(s: &VolumeSnapshot) -> Vec<FieldError> {
     uid(&s.metadata, &mut errs);
     let src = &s.spec.source;
     let found: Vec<&str> = [
-        ("persistentVolumeClaimName", &src.persistent_volume_claim_name),
-        ("volumeSnapshotContentName", &src.volume_snapshot_content_name),
+        (
+            "persistentVolumeClaimName",
+            &src.persistent_volume_claim_name,
+        ),
+        (
+            "volumeSnapshotContentName",
+            &src.volume_snapshot_content_name,
+        ),
     ]
     .into_iter()
     .filter(|(_, v)| v.as_deref().is_some_and(|v| !v.is_empty()))
@@ -91,18 +99,25 @@ mod tests {
         let mut s = VolumeSnapshot::default();
         s.metadata.name = Some("snap".into());
         s.metadata.namespace = Some("default".into());
-        assert!(validate_volume_snapshot(&s)[0].to_string().contains("exactly one of"));
+        assert!(validate_volume_snapshot(&s)[0]
+            .to_string()
+            .contains("exactly one of"));
         s.spec.source.volume_snapshot_content_name = Some("c".into());
         assert!(validate_volume_snapshot(&s).is_empty());
         s.spec.source.persistent_volume_claim_name = Some("data".into());
-        assert!(validate_volume_snapshot(&s)[0].to_string().contains("more than 1"));
+        assert!(validate_volume_snapshot(&s)[0]
+            .to_string()
+            .contains("more than 1"));
     }
 
     #[test]
     fn a_content_needs_its_driver_policy_source_and_reference() {
         let mut c = VolumeSnapshotContent::default();
         c.metadata.name = Some("c".into());
-        let errs: Vec<String> = validate_volume_snapshot_content(&c).iter().map(|e| e.to_string()).collect();
+        let errs: Vec<String> = validate_volume_snapshot_content(&c)
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
         assert_eq!(errs.len(), 4, "{errs:?}");
         c.spec.driver = "d".into();
         c.spec.deletion_policy = "Retain".into();

@@ -369,10 +369,16 @@ impl super::status::Sources<'_> {
                 let mut s = step(
                     "health",
                     StepState::Done,
-                    format!("as its driver reports it (NodeGetVolumeHealth), since {}s after the epoch", h.since),
+                    format!(
+                        "as its driver reports it (NodeGetVolumeHealth), since {}s after the epoch",
+                        h.since
+                    ),
                 );
                 if conditions.is_empty() {
-                    s.detail = format!("no adverse condition since {}s after the epoch (it had some before)", h.since);
+                    s.detail = format!(
+                        "no adverse condition since {}s after the epoch (it had some before)",
+                        h.since
+                    );
                 } else {
                     s.state = StepState::Failed;
                     s.error = Some(conditions.join("; "));

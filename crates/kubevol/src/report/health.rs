@@ -317,7 +317,10 @@ mod tests {
         let h = Health::default();
         let mut seen = h.subscribe();
         assert_eq!(h.set_volume(&pod(), "data", vec![]), Change::None);
-        assert!(h.pods().is_empty(), "no entry until a condition is reported");
+        assert!(
+            h.pods().is_empty(),
+            "no entry until a condition is reported"
+        );
         assert!(!seen.has_changed().unwrap());
 
         let gone = Condition::new("Inaccessible", "BackingFileMissing", "no file");

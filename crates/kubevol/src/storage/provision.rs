@@ -446,10 +446,9 @@ async fn create_csi(
             "no controller service of CSI driver {driver} is given (--csi-controller)"
         )));
     };
-    let content_source = super::sources::content_source(
-        host, namespace, name, claim, class, ask.bytes, ask.block,
-    )
-    .await?;
+    let content_source =
+        super::sources::content_source(host, namespace, name, claim, class, ask.bytes, ask.block)
+            .await?;
     let created = host
         .csi
         .call(

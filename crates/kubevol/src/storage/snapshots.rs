@@ -17,9 +17,15 @@ pub(super) fn snapshot_handle(
     driver: &str,
 ) -> Result<String, StorageError> {
     let snapshot = format!("VolumeSnapshot {namespace}/{name}");
-    let refuse = |why: String| Err(StorageError::Refused(format!("{this}: its data source {why}")));
+    let refuse = |why: String| {
+        Err(StorageError::Refused(format!(
+            "{this}: its data source {why}"
+        )))
+    };
     let Some(s) = host.store.volume_snapshot(namespace, name) else {
-        return refuse(format!("{snapshot} is not defined: define it, or remove the data source"));
+        return refuse(format!(
+            "{snapshot} is not defined: define it, or remove the data source"
+        ));
     };
     let source = &s.object.spec.source;
     let take_one = "kubevol runs no snapshot controller and takes no snapshots: give the VolumeSnapshot spec.source.volumeSnapshotContentName, naming a VolumeSnapshotContent whose spec.source.snapshotHandle is the driver's snapshot";

@@ -126,8 +126,7 @@ fn clone_source(
             "is of StorageClass {source_class:?}, not {class:?}: a clone must be of its source's class"
         ));
     }
-    let source_block =
-        claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+    let source_block = claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
     if source_block != block {
         return refuse("has another volumeMode: a clone must have its source's".into());
     }

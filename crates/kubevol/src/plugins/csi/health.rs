@@ -62,7 +62,12 @@ pub(crate) async fn volume_health(
         .await?;
     Ok(resp
         .volume_health
-        .map(|h| h.health_statuses.iter().filter_map(volume_condition).collect())
+        .map(|h| {
+            h.health_statuses
+                .iter()
+                .filter_map(volume_condition)
+                .collect()
+        })
         .unwrap_or_default())
 }
 

@@ -41,14 +41,14 @@ pub(crate) async fn volume_stats(
             let f = s.f_frsize as i64;
             Ok(Some((
                 crate::metrics::VolumeUsage {
-                capacity_bytes: s.f_blocks as i64 * f,
-                available_bytes: s.f_bavail as i64 * f,
-                used_bytes: (s.f_blocks as i64 - s.f_bfree as i64) * f,
-                inodes: s.f_files as i64,
-                inodes_free: s.f_ffree as i64,
-                inodes_used: s.f_files as i64 - s.f_ffree as i64,
-                abnormal: false,
-            },
+                    capacity_bytes: s.f_blocks as i64 * f,
+                    available_bytes: s.f_bavail as i64 * f,
+                    used_bytes: (s.f_blocks as i64 - s.f_bfree as i64) * f,
+                    inodes: s.f_files as i64,
+                    inodes_free: s.f_ffree as i64,
+                    inodes_used: s.f_files as i64 - s.f_ffree as i64,
+                    abnormal: false,
+                },
                 None,
             )))
         })
@@ -153,7 +153,9 @@ pub(crate) async fn stats_loop(
                     legacy.insert(claim.clone(), condition);
                 }
                 Ok(None) => {}
-                Err(e) => tracing::debug!(claim = %claim.1, namespace = %claim.0, "volume stats: {e}"),
+                Err(e) => {
+                    tracing::debug!(claim = %claim.1, namespace = %claim.0, "volume stats: {e}")
+                }
             }
         }
         for m in &mounted {
@@ -212,7 +214,9 @@ async fn volume_conditions(
         let publish_path = m.path.display().to_string();
         return super::health::volume_health(host, &driver, &r.handle, publish_path, staging_path)
             .await
-            .inspect_err(|e| tracing::debug!(pod = %m.pod, volume = %m.volume, "volume health: {e}"))
+            .inspect_err(
+                |e| tracing::debug!(pod = %m.pod, volume = %m.volume, "volume health: {e}"),
+            )
             .ok();
     }
     if driver.capabilities.volume_condition {

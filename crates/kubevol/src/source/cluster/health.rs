@@ -111,7 +111,11 @@ pub fn spawn(
                                 "status": {"volumeHealth": h.volume_health},
                             });
                             match api
-                                .patch_status(&h.name, &PatchParams::default(), &Patch::Merge(&patch))
+                                .patch_status(
+                                    &h.name,
+                                    &PatchParams::default(),
+                                    &Patch::Merge(&patch),
+                                )
                                 .await
                             {
                                 Ok(_) => {}

@@ -44,11 +44,19 @@ impl Controller for Svc {
         );
         let image = self.image(&id);
         // The content to start from: a snapshot's image, or another volume's.
-        let source = match r.volume_content_source.as_ref().and_then(|c| c.r#type.as_ref()) {
+        let source = match r
+            .volume_content_source
+            .as_ref()
+            .and_then(|c| c.r#type.as_ref())
+        {
             None => None,
             Some(volume_content_source::Type::Snapshot(s)) => {
                 check_id(&s.snapshot_id)?;
-                Some((self.snapshot(&s.snapshot_id), "snapshot", s.snapshot_id.clone()))
+                Some((
+                    self.snapshot(&s.snapshot_id),
+                    "snapshot",
+                    s.snapshot_id.clone(),
+                ))
             }
             Some(volume_content_source::Type::Volume(v)) => {
                 check_id(&v.volume_id)?;
@@ -399,9 +407,8 @@ fn copy_image(image: &Path, from: &Path, size: i64, kind: &str, id: &str) -> Res
     }
     rustix::fs::sync();
     let tmp = image.with_extension("img.tmp");
-    std::fs::copy(from, &tmp).map_err(|e| {
-        internal(format!("copy {} to {}: {e}", from.display(), tmp.display()))
-    })?;
+    std::fs::copy(from, &tmp)
+        .map_err(|e| internal(format!("copy {} to {}: {e}", from.display(), tmp.display())))?;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&tmp)

@@ -1,0 +1,101 @@
+//! Claims whose volume starts from a data source, provisioned by the loop driver: a clone of
+//! another claim, a VolumeSnapshot of a snapshot the driver has, and what is refused.
+
+use super::*;
+
+fn claim(name: &str, size: &str, source: serde_json::Value) -> serde_json::Value {
+    let mut c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}});
+    if !source.is_null() {
+        c["spec"]["dataSourceRef"] = source;
+    }
+    c
+}
+
+fn pod_of(claim: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": claim, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}})
+}
+
+fn list(items: Vec<serde_json::Value>) -> String {
+    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+mount_test! {
+    /// A clone gets CreateVolume with its source claim's volume and starts with its files; a
+    /// claim of a VolumeSnapshot bound to a VolumeSnapshotContent of a snapshot the driver
+    /// made starts with the files as they were at the snapshot, not as they are now. Refused,
+    /// each with what to change and nothing made: a clone smaller than its source, a data
+    /// source of another kind (a volume populator), a VolumeSnapshot that asks for a new
+    /// snapshot (kubevol takes none), a VolumeSnapshot that is not defined.
+    fn a_claim_starts_from_a_clone_or_a_snapshot_and_what_cannot_be_honoured_is_refused() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        let manifests = t.manifests();
+        let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "loop"},
+            "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"});
+        write_manifest(&manifests, "objects.json", &list(vec![csi_driver(true), class, claim("data", "32Mi", json!(null)), pod_of("data")]));
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let _watch = kubevol::source::ManifestSource::new(&manifests).listen(m.store().sink(kubevol::source::ManifestSource::NAME)).await.unwrap();
+            let data = claim_pod("data", "data");
+            m.wait_for_attach_and_mount(&data).await.expect("the source claim's volume");
+            let canary = mount_path(&m, &data, "data").join("canary");
+            std::fs::write(&canary, "at the snapshot").unwrap();
+            rustix::fs::sync();
+
+            // A snapshot the driver has, made as a snapshot controller would make it.
+            let handle = m.status(false).bindings.iter().find(|b| b.claim.ends_with("/data")).unwrap().volume.clone();
+            let mut controller = kubevol_csi::v1::controller_client::ControllerClient::new(kubevol_csi::connect(&driver.socket()));
+            let snapshot = controller
+                .create_snapshot(kubevol_csi::v1::CreateSnapshotRequest { source_volume_id: handle.clone(), name: "snap-1".into(), ..Default::default() })
+                .await.unwrap().into_inner().snapshot.unwrap();
+            assert!(snapshot.ready_to_use && snapshot.source_volume_id == handle);
+            std::fs::write(&canary, "after the snapshot").unwrap();
+            rustix::fs::sync();
+
+            let clone_of = |name: &str| json!({"kind": "PersistentVolumeClaim", "name": name});
+            let snap_of = |name: &str| json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": name});
+            let content = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent", "metadata": {"name": "snap-1-content"},
+                "spec": {"driver": DRIVER, "deletionPolicy": "Retain", "source": {"snapshotHandle": snapshot.snapshot_id},
+                         "volumeSnapshotRef": {"name": "snap", "namespace": "default"}}});
+            let snap = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap", "namespace": "default"},
+                "spec": {"source": {"volumeSnapshotContentName": "snap-1-content"}}});
+            let take = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "take", "namespace": "default"},
+                "spec": {"volumeSnapshotClassName": "loop", "source": {"persistentVolumeClaimName": "data"}}});
+            write_manifest(&manifests, "sources.json", &list(vec![
+                content, snap, take,
+                claim("copy", "64Mi", clone_of("data")), pod_of("copy"),
+                claim("restored", "32Mi", snap_of("snap")), pod_of("restored"),
+                claim("small", "16Mi", clone_of("data")), pod_of("small"),
+                claim("populated", "32Mi", json!({"apiGroup": "example.com", "kind": "Hello", "name": "h"})), pod_of("populated"),
+                claim("taken", "32Mi", snap_of("take")), pod_of("taken"),
+                claim("missing", "32Mi", snap_of("nowhere")), pod_of("missing"),
+            ]));
+            let copy = claim_pod("copy", "copy");
+            m.wait_for_attach_and_mount(&copy).await.expect("the clone");
+            assert_eq!(std::fs::read_to_string(mount_path(&m, &copy, "data").join("canary")).unwrap(), "after the snapshot");
+            let restored = claim_pod("restored", "restored");
+            m.wait_for_attach_and_mount(&restored).await.expect("the restored snapshot");
+            assert_eq!(std::fs::read_to_string(mount_path(&m, &restored, "data").join("canary")).unwrap(), "at the snapshot");
+            let created = driver.requests("CreateVolume");
+            assert_eq!(created.len(), 3, "data, copy and restored only: {created:?}");
+
+            for (pod, why) in [
+                ("small", "has 33554432 bytes, more than the clone asks for (16777216)"),
+                ("populated", "not from volume populators"),
+                ("taken", "kubevol runs no snapshot controller and takes no snapshots"),
+                ("missing", "VolumeSnapshot default/nowhere is not defined"),
+            ] {
+                let p = claim_pod(pod, pod);
+                wait_for_status(&m, &p, 30, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains(why)))).await;
+                let error = m.pod_status(&kubevol::pod_uid(&p)).unwrap().volumes[0].retry.last_error.clone().unwrap();
+                assert!(error.contains(&format!("PersistentVolumeClaim default/{pod}")), "names the claim: {error}");
+            }
+            assert_eq!(driver.requests("CreateVolume").len(), 3, "nothing made for what is refused");
+            m.shutdown();
+        });
+        drop(driver);
+    }
+}
