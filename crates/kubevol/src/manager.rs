@@ -533,7 +533,7 @@ impl VolumeManager {
 
     /// Whether a pod came from the API server (holding only the store).
     #[cfg(feature = "cluster")]
-    pub(crate) fn from_api_server(&self) -> Arc<dyn Fn(&PodUid) -> bool + Send + Sync> {
+    pub(crate) fn api_server_pods(&self) -> Arc<dyn Fn(&PodUid) -> bool + Send + Sync> {
         let store = self.parts.store.clone();
         Arc::new(move |uid| {
             store

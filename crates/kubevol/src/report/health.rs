@@ -372,4 +372,19 @@ mod tests {
         let kept = h.volume(&PodUid::from("u1"), "v").unwrap();
         assert_eq!(kept.conditions.len(), MAX_CONDITIONS);
     }
+
+    proptest::proptest! {
+        /// Whatever a driver says (its strings are not kubevol's), a condition keeps a prefix of
+        /// it within the API's limits, cut at a character boundary.
+        #[test]
+        fn any_drivers_strings_are_kept_within_the_apis_limits(
+            reason in proptest::prelude::any::<String>(),
+            message in "\\PC{0,2000}",
+        ) {
+            let c = Condition::new("Degraded", &reason, &message);
+            proptest::prop_assert!(c.reason.len() <= MAX_REASON && reason.starts_with(&c.reason));
+            proptest::prop_assert!(c.message.len() <= MAX_MESSAGE && message.starts_with(&c.message));
+            proptest::prop_assert!(reason.len() <= MAX_REASON || c.reason.len() + 4 > MAX_REASON);
+        }
+    }
 }

@@ -310,7 +310,7 @@ pub fn join(manager: &crate::VolumeManager, client: kube::Client) -> Vec<JoinHan
         client.clone(),
         node.clone(),
         manager.health(),
-        manager.from_api_server(),
+        manager.api_server_pods(),
     );
     jobs.extend([
         CsiNodePublisher::spawn(client.clone(), node.clone(), manager.node_drivers()),
