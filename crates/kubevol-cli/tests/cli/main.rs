@@ -834,7 +834,7 @@ mount_test! {
         let driver = data["steps"][2]["detail"].as_str().unwrap();
         assert!(
             driver.contains(
-                "node ID demo, capabilities [STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS, EXPAND_VOLUME]"
+                "node ID demo, capabilities [STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS, EXPAND_VOLUME, GET_VOLUME_HEALTH, GET_STORAGE_HEALTH]"
             ) && driver.contains("(CSI 1.0.0)"),
             "{driver}"
         );
