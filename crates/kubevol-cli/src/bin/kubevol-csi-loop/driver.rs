@@ -476,16 +476,13 @@ impl Registration for Svc {
 
 /// Detaches the loop devices of every volume under `data_dir` (`--detach-all`).
 pub fn detach_all(data_dir: &Path) -> Result<(), String> {
-    let dir = data_dir.join("volumes");
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
-    };
-    for e in entries.flatten() {
-        if e.path().extension().is_some_and(|x| x == "img") {
-            sys::detach(&e.path())?;
-        }
+    // By where their backing files lie, not by the images' names: a backing file renamed or
+    // removed while attached is still under the data directory.
+    let data_dir = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    for dev in sys::loops_under(&data_dir) {
+        sys::run("losetup", &["--detach", &dev])?;
     }
     Ok(())
 }

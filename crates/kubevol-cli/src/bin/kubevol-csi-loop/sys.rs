@@ -37,6 +37,30 @@ pub fn loops_of(file: &Path) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// The loop devices whose backing file lies under `dir`, whatever its name now (renamed, or
+/// removed: the kernel shows it with ` (deleted)`).
+pub fn loops_under(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        let Ok(backing) = std::fs::read_to_string(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        let backing = backing.trim_end_matches('\n');
+        let backing = backing.strip_suffix(" (deleted)").unwrap_or(backing);
+        if Path::new(backing).starts_with(dir) {
+            out.push(format!("/dev/{name}"));
+        }
+    }
+    out
+}
+
 /// The loop device backed by `file`, attached if there is none.
 pub fn attach(file: &Path) -> Result<String, String> {
     if let Some(dev) = loops_of(file)?.into_iter().next() {
