@@ -8,25 +8,32 @@ use serde::{Deserialize, Serialize};
 /// The API version of both kinds.
 pub const API_VERSION: &str = "snapshot.storage.k8s.io/v1";
 
-/// A request for a snapshot of a claim, or a name for a snapshot that exists.
+/// An object of a custom resource: its type's fields, the spec, and the status a controller
+/// writes (kept as it is: a node reads none of it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshot {
+pub struct Custom<S> {
     /// `snapshot.storage.k8s.io/v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_version: Option<String>,
-    /// `VolumeSnapshot`.
+    /// The kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Its metadata.
     #[serde(default)]
     pub metadata: ObjectMeta,
-    /// What it is of.
-    pub spec: VolumeSnapshotSpec,
-    /// What the snapshot controller wrote (ignored on a node).
+    /// What it asks for.
+    pub spec: S,
+    /// What its controller wrote (ignored on a node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
 }
+
+/// A request for a snapshot of a claim, or a name for a snapshot that exists.
+pub type VolumeSnapshot = Custom<VolumeSnapshotSpec>;
+
+/// A snapshot on the storage.
+pub type VolumeSnapshotContent = Custom<VolumeSnapshotContentSpec>;
 
 /// A VolumeSnapshot's spec.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -49,26 +56,6 @@ pub struct VolumeSnapshotSource {
     /// The VolumeSnapshotContent of a snapshot that exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_snapshot_content_name: Option<String>,
-}
-
-/// A snapshot on the storage.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotContent {
-    /// `snapshot.storage.k8s.io/v1`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    /// `VolumeSnapshotContent`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// Its metadata.
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    /// Where the snapshot is.
-    pub spec: VolumeSnapshotContentSpec,
-    /// What the snapshot controller wrote (ignored on a node).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<serde_json::Value>,
 }
 
 /// A VolumeSnapshotContent's spec.

@@ -74,8 +74,20 @@ async fn cluster_for(
 }
 
 fn cluster_manager(root: &Path, cluster: &kubevol_testserver::TestCluster) -> VolumeManager {
+    cluster_manager_with(root, cluster, |_| {})
+}
+
+/// [`cluster_manager`] with `configure` applied to its configuration.
+fn cluster_manager_with(
+    root: &Path,
+    cluster: &kubevol_testserver::TestCluster,
+    configure: impl FnOnce(&mut kubevol::Config),
+) -> VolumeManager {
     let name = cluster.node_name().to_string();
-    let m = manager(root, |c| c.node_name = name);
+    let m = manager(root, |c| {
+        c.node_name = name;
+        configure(c);
+    });
     kubevol::source::cluster::join(&m, node_client(cluster));
     m
 }
@@ -689,11 +701,7 @@ cluster_test! {
             let name = cluster.node_name().to_string();
             fresh_node(&cluster).await;
             let pod = create_claim_pod(&cluster, "data", false).await;
-            let m = manager(t.path(), |c| {
-                c.node_name = name.clone();
-                c.volume_stats_period = Duration::from_millis(200);
-            });
-            kubevol::source::cluster::join(&m, node_client(&cluster));
+            let m = cluster_manager_with(t.path(), &cluster, |c| c.volume_stats_period = Duration::from_millis(200));
             m.wait_for_attach_and_mount(&pod).await.unwrap();
             let version = cluster.admin_client().apiserver_version().await.unwrap();
             let served = version.minor.trim_end_matches('+').parse::<u32>().unwrap() >= 37;

@@ -60,6 +60,24 @@ fn pvc(name: &str, mode: &str) -> serde_json::Value {
                  "resources": {"requests": {"storage": "1Mi"}}}})
 }
 
+/// A claim of `size` of StorageClass `class`, in the manifests' JSON.
+fn class_claim(name: &str, class: &str, size: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
+}
+
+/// Pod `name` with claim `claim` mounted at /data, in the manifests' JSON.
+fn claim_pod_json(name: &str, claim: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}})
+}
+
+/// `items` as a List.
+fn list(items: Vec<serde_json::Value>) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
 fn claim_pod(name: &str, claim: &str) -> Pod {
     pod_with_volumes(
         name,
@@ -116,12 +134,7 @@ mount_test! {
             "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": true,
             "parameters": {"csi.storage.k8s.io/fstype": "xfs", "flavour": "plain"}});
         write_manifest(&manifests, "objects.json", &json!({"apiVersion": "v1", "kind": "List", "items": [csi_driver(true), class]}).to_string());
-        let claim = json!({"apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "default"},
-             "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "300Mi"}}}},
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "default"},
-             "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}]});
+        let claim = list(vec![class_claim("data", "loop", "300Mi"), claim_pod_json("app", "data")]);
         write_manifest(&manifests, "claim.json", &claim.to_string());
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));

@@ -35,13 +35,9 @@ mount_test! {
             secret("attach", "storage", "attach-key"),
             secret("publish-data", "default", "publish-key"),
         ]}).to_string());
-        let claim = json!({"apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data", "namespace": "default",
-                "annotations": {"example.com/key": "publish-data"}},
-             "spec": {"storageClassName": "secure", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}},
-            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app", "namespace": "default"},
-             "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                      "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}]});
+        let mut data = class_claim("data", "secure", "16Mi");
+        data["metadata"]["annotations"] = json!({"example.com/key": "publish-data"});
+        let claim = list(vec![data, claim_pod_json("app", "data")]);
         write_manifest(&manifests, "claim.json", &claim.to_string());
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));

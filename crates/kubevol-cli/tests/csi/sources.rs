@@ -3,9 +3,9 @@
 
 use super::*;
 
+/// A claim of class `loop` whose volume starts from `source` (none if null).
 fn claim(name: &str, size: &str, source: serde_json::Value) -> serde_json::Value {
-    let mut c = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": "default"},
-        "spec": {"storageClassName": "loop", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}});
+    let mut c = class_claim(name, "loop", size);
     if !source.is_null() {
         c["spec"]["dataSourceRef"] = source;
     }
@@ -13,13 +13,7 @@ fn claim(name: &str, size: &str, source: serde_json::Value) -> serde_json::Value
 }
 
 fn pod_of(claim: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": claim, "namespace": "default"},
-        "spec": {"containers": [{"name": "c", "image": "busybox", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}})
-}
-
-fn list(items: Vec<serde_json::Value>) -> String {
-    json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    claim_pod_json(claim, claim)
 }
 
 mount_test! {
@@ -35,7 +29,7 @@ mount_test! {
         let manifests = t.manifests();
         let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "loop"},
             "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"});
-        write_manifest(&manifests, "objects.json", &list(vec![csi_driver(true), class, claim("data", "32Mi", json!(null)), pod_of("data")]));
+        write_manifest(&manifests, "objects.json", &list(vec![csi_driver(true), class, claim("data", "32Mi", json!(null)), pod_of("data")]).to_string());
         runtime().block_on(async {
             let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
             let _watch = kubevol::source::ManifestSource::new(&manifests).listen(m.store().sink(kubevol::source::ManifestSource::NAME)).await.unwrap();
@@ -72,7 +66,7 @@ mount_test! {
                 claim("populated", "32Mi", json!({"apiGroup": "example.com", "kind": "Hello", "name": "h"})), pod_of("populated"),
                 claim("taken", "32Mi", snap_of("take")), pod_of("taken"),
                 claim("missing", "32Mi", snap_of("nowhere")), pod_of("missing"),
-            ]));
+            ]).to_string());
             let copy = claim_pod("copy", "copy");
             m.wait_for_attach_and_mount(&copy).await.expect("the clone");
             assert_eq!(std::fs::read_to_string(mount_path(&m, &copy, "data").join("canary")).unwrap(), "after the snapshot");

@@ -7,6 +7,20 @@ use super::{
 };
 use crate::snapshot::{VolumeSnapshot, VolumeSnapshotContent};
 
+/// `spec.source` must set exactly one of `fields` (an empty string is not set).
+fn one_source(fields: [(&str, &Option<String>); 2], errs: &mut Vec<FieldError>) {
+    let found: Vec<&str> = fields
+        .iter()
+        .filter(|(_, v)| v.as_deref().is_some_and(|v| !v.is_empty()))
+        .map(|(k, _)| *k)
+        .collect();
+    let none = format!(
+        "exactly one of {} and {} must be set",
+        fields[0].0, fields[1].0
+    );
+    exactly_one(&"spec.source", &found, "source", &none, errs);
+}
+
 /// A VolumeSnapshot's errors: its name and namespace, exactly one source.
 pub fn validate_volume_snapshot(s: &VolumeSnapshot) -> Vec<FieldError> {
     let mut errs = Vec::new();
@@ -63,19 +77,11 @@ pub fn validate_volume_snapshot_content(c: &VolumeSnapshotContent) -> Vec<FieldE
         ));
     }
     let src = &c.spec.source;
-    let found: Vec<&str> = [
-        ("snapshotHandle", &src.snapshot_handle),
-        ("volumeHandle", &src.volume_handle),
-    ]
-    .into_iter()
-    .filter(|(_, v)| v.as_deref().is_some_and(|v| !v.is_empty()))
-    .map(|(k, _)| k)
-    .collect();
-    exactly_one(
-        &"spec.source",
-        &found,
-        "source",
-        "exactly one of volumeHandle and snapshotHandle must be set",
+    one_source(
+        [
+            ("volumeHandle", &src.volume_handle),
+            ("snapshotHandle", &src.snapshot_handle),
+        ],
         &mut errs,
     );
     let r = &c.spec.volume_snapshot_ref;
@@ -92,7 +98,6 @@ pub fn validate_volume_snapshot_content(c: &VolumeSnapshotContent) -> Vec<FieldE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::*;
 
     #[test]
     fn a_snapshot_names_exactly_one_source() {

@@ -365,22 +365,18 @@ impl super::status::Sources<'_> {
                 }
             }
             if let Some(h) = &v.health {
-                let conditions: Vec<String> = h.conditions.iter().map(|c| c.to_string()).collect();
+                let since = crate::report::health::rfc3339(h.since);
                 let mut s = step(
                     "health",
                     StepState::Done,
-                    format!(
-                        "as its driver reports it (NodeGetVolumeHealth), since {}s after the epoch",
-                        h.since
-                    ),
+                    format!("no adverse condition reported since {since} (it had some before)"),
                 );
-                if conditions.is_empty() {
-                    s.detail = format!(
-                        "no adverse condition since {}s after the epoch (it had some before)",
-                        h.since
-                    );
-                } else {
+                if !h.conditions.is_empty() {
+                    let conditions: Vec<String> =
+                        h.conditions.iter().map(|c| c.to_string()).collect();
                     s.state = StepState::Failed;
+                    s.detail =
+                        format!("as its driver reports it (NodeGetVolumeHealth) since {since}");
                     s.error = Some(conditions.join("; "));
                 }
                 steps.push(s);

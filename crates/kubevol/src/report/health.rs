@@ -141,6 +141,13 @@ impl Default for Health {
     }
 }
 
+/// `secs` since the epoch in the API's time format (RFC 3339).
+pub fn rfc3339(secs: u64) -> String {
+    jiff::Timestamp::from_second(secs as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -236,25 +243,13 @@ impl Health {
         }
     }
 
-    /// Takes what `driver` reports of its storage now; whether that changed anything.
+    /// Takes what `driver` reports of its storage now; whether that changed anything. A
+    /// condition that was there before keeps its time.
     pub fn set_storage(&self, driver: &str, mut conditions: Vec<Condition>) -> bool {
         conditions.truncate(MAX_CONDITIONS);
-        {
+        let changed = {
             let mut inner = crate::sync::lock(&self.inner);
             let before = inner.storage.get(driver).map_or(&[][..], Vec::as_slice);
-            if same(before, &conditions) {
-                if let Some(c) = inner.storage.get_mut(driver) {
-                    for new in &mut conditions {
-                        new.since = c
-                            .iter()
-                            .find(|old| old.identity() == new.identity())
-                            .map_or(0, |old| old.since);
-                    }
-                    *c = conditions;
-                }
-                return false;
-            }
-            // A condition that was there before keeps its time.
             let now = now_secs();
             for c in &mut conditions {
                 c.since = before
@@ -262,14 +257,18 @@ impl Health {
                     .find(|b| b.identity() == c.identity())
                     .map_or(now, |b| b.since);
             }
+            let changed = !same(before, &conditions);
             if conditions.is_empty() {
                 inner.storage.remove(driver);
             } else {
                 inner.storage.insert(driver.to_string(), conditions);
             }
+            changed
+        };
+        if changed {
+            self.bump();
         }
-        self.bump();
-        true
+        changed
     }
 
     /// The health of volume `volume` of pod `uid`, if its driver ever reported a condition.

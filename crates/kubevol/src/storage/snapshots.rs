@@ -4,22 +4,18 @@
 //! controller: a VolumeSnapshot that asks for a new snapshot of a claim is refused with how to
 //! give an existing one instead.
 
+use super::sources::Target;
 use super::StorageError;
-use crate::plugins::PluginHost;
 
-/// The driver's ID of the snapshot that VolumeSnapshot `namespace/name` stands for, for the
-/// claim `this` whose class's driver is `driver`.
-pub(super) fn snapshot_handle(
-    host: &PluginHost,
-    namespace: &str,
-    this: &str,
-    name: &str,
-    driver: &str,
-) -> Result<String, StorageError> {
+/// The driver's ID of the snapshot that VolumeSnapshot `name` (in the target's namespace)
+/// stands for.
+pub(super) fn snapshot_handle(t: &Target<'_>, name: &str) -> Result<String, StorageError> {
+    let (host, namespace, driver) = (t.host, t.namespace, t.driver);
     let snapshot = format!("VolumeSnapshot {namespace}/{name}");
     let refuse = |why: String| {
         Err(StorageError::Refused(format!(
-            "{this}: its data source {why}"
+            "{}: its data source {why}",
+            t.this
         )))
     };
     let Some(s) = host.store.volume_snapshot(namespace, name) else {

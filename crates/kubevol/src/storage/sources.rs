@@ -28,6 +28,20 @@ fn data_source(claim: &PersistentVolumeClaim) -> Option<TypedObjectReference> {
     })
 }
 
+/// The claim whose volume is being made, as the checks of its data source see it.
+pub(super) struct Target<'a> {
+    pub(super) host: &'a PluginHost,
+    pub(super) namespace: &'a str,
+    /// `PersistentVolumeClaim <namespace>/<name>`, for messages.
+    pub(super) this: String,
+    /// Its StorageClass's name and provisioner.
+    pub(super) class: &'a str,
+    pub(super) driver: &'a str,
+    /// What it asks for, in bytes, and whether it is a Block claim.
+    pub(super) bytes: i64,
+    pub(super) block: bool,
+}
+
 /// The content source of the volume for claim `namespace/name` of `class` (`bytes` asked,
 /// `block` for a Block claim), or `None` for an empty volume.
 pub(super) async fn content_source(
@@ -42,78 +56,69 @@ pub(super) async fn content_source(
     let Some(source) = data_source(claim) else {
         return Ok(None);
     };
-    let this = format!("PersistentVolumeClaim {namespace}/{name}");
+    let t = Target {
+        host,
+        namespace,
+        this: format!("PersistentVolumeClaim {namespace}/{name}"),
+        class: class.metadata.name.as_deref().unwrap_or_default(),
+        driver: &class.provisioner,
+        bytes,
+        block,
+    };
     let group = source.api_group.as_deref().unwrap_or_default();
     if source.namespace.as_deref().is_some_and(|n| n != namespace) {
         return Err(StorageError::Refused(format!(
-            "{this}: dataSourceRef names namespace {:?}: a data source in another namespace needs CrossNamespaceVolumeDataSource, which kubevol does not offer; use a source in {namespace}",
+            "{}: dataSourceRef names namespace {:?}: a data source in another namespace needs CrossNamespaceVolumeDataSource, which kubevol does not offer; use a source in {namespace}",
+            t.this,
             source.namespace.unwrap_or_default()
         )));
     }
-    let driver = &class.provisioner;
-    let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    match (group, source.kind.as_str()) {
+    let content = match (group, source.kind.as_str()) {
         ("", "PersistentVolumeClaim") => {
-            let handle = clone_source(host, namespace, &this, &source.name, class_name, driver, bytes, block)?;
-            needs(host, driver, ControllerCap::CloneVolume, "CLONE_VOLUME", &this).await?;
-            Ok(Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Volume(
-                    volume_content_source::VolumeSource { volume_id: handle },
-                )),
-            }))
+            let volume_id = clone_source(&t, &source.name)?;
+            needs(&t, ControllerCap::CloneVolume, "CLONE_VOLUME").await?;
+            volume_content_source::Type::Volume(volume_content_source::VolumeSource { volume_id })
         }
         (SNAPSHOT_GROUP, "VolumeSnapshot") => {
-            let snapshot =
-                super::snapshots::snapshot_handle(host, namespace, &this, &source.name, driver)?;
-            needs(host, driver, ControllerCap::CreateDeleteSnapshot, "CREATE_DELETE_SNAPSHOT", &this).await?;
-            Ok(Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snapshot,
-                    },
-                )),
-            }))
+            let snapshot_id = super::snapshots::snapshot_handle(&t, &source.name)?;
+            needs(&t, ControllerCap::CreateDeleteSnapshot, "CREATE_DELETE_SNAPSHOT").await?;
+            volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
+                snapshot_id,
+            })
         }
-        (group, kind) => Err(StorageError::Refused(format!(
-            "{this}: its data source is a {kind}{}: kubevol fills a volume from a PersistentVolumeClaim (a clone) or a VolumeSnapshot of {SNAPSHOT_GROUP}, not from volume populators; remove the data source or use one of those",
-            if group.is_empty() { String::new() } else { format!(" of API group {group}") }
-        ))),
-    }
+        (group, kind) => {
+            return Err(StorageError::Refused(format!(
+                "{}: its data source is a {kind}{}: kubevol fills a volume from a PersistentVolumeClaim (a clone) or a VolumeSnapshot of {SNAPSHOT_GROUP}, not from volume populators; remove the data source or use one of those",
+                t.this,
+                if group.is_empty() { String::new() } else { format!(" of API group {group}") }
+            )))
+        }
+    };
+    Ok(Some(VolumeContentSource {
+        r#type: Some(content),
+    }))
 }
 
-/// Refuses unless `driver`'s controller offers `cap`.
-async fn needs(
-    host: &PluginHost,
-    driver: &str,
-    cap: ControllerCap,
-    spelled: &str,
-    this: &str,
-) -> Result<(), StorageError> {
-    if host.csi.controller_has(driver, cap).await? {
+/// Refuses unless the driver's controller offers `cap` (`spelled` as the spec spells it).
+async fn needs(t: &Target<'_>, cap: ControllerCap, spelled: &str) -> Result<(), StorageError> {
+    if t.host.csi.controller_has(t.driver, cap).await? {
         return Ok(());
     }
     Err(StorageError::Refused(format!(
-        "{this}: CSI driver {driver} does not offer {spelled}, which its data source needs: remove the data source, or use a class whose driver offers it"
+        "{}: CSI driver {} does not offer {spelled}, which its data source needs: remove the data source, or use a class whose driver offers it",
+        t.this, t.driver
     )))
 }
 
-/// The handle of the volume a clone of claim `source` (in `namespace`) starts from, checked as
-/// the external-provisioner checks it: bound, of the same class, driver and volume mode, and no
-/// larger than the clone.
-#[allow(clippy::too_many_arguments)]
-fn clone_source(
-    host: &PluginHost,
-    namespace: &str,
-    this: &str,
-    source: &str,
-    class: &str,
-    driver: &str,
-    bytes: i64,
-    block: bool,
-) -> Result<String, StorageError> {
+/// The handle of the volume a clone of claim `source` (in the target's namespace) starts
+/// from, checked as the external-provisioner checks it: bound, of the same class, driver and
+/// volume mode, and no larger than the clone.
+fn clone_source(t: &Target<'_>, source: &str) -> Result<String, StorageError> {
+    let (host, namespace, class, driver) = (t.host, t.namespace, t.class, t.driver);
     let refuse = |why: String| {
         Err(StorageError::Refused(format!(
-            "{this}: its data source PersistentVolumeClaim {namespace}/{source} {why}"
+            "{}: its data source PersistentVolumeClaim {namespace}/{source} {why}",
+            t.this
         )))
     };
     let Some(claim) = host.store.persistent_volume_claim(namespace, source) else {
@@ -127,7 +132,7 @@ fn clone_source(
         ));
     }
     let source_block = claim.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
-    if source_block != block {
+    if source_block != t.block {
         return refuse("has another volumeMode: a clone must have its source's".into());
     }
     let bindings = host.store.bindings();
@@ -151,9 +156,10 @@ fn clone_source(
         ));
     }
     let have = kubevol_core::binding::capacity(&pv);
-    if bytes < have {
+    if t.bytes < have {
         return refuse(format!(
-            "has {have} bytes, more than the clone asks for ({bytes}): ask for at least as much"
+            "has {have} bytes, more than the clone asks for ({}): ask for at least as much",
+            t.bytes
         ));
     }
     Ok(csi.volume_handle.clone())

@@ -347,19 +347,31 @@ fn create_image(image: &Path, size: i64) -> Result<i64, Status> {
     match std::fs::metadata(image) {
         Ok(m) => Ok(m.len() as i64),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let tmp = image.with_extension("img.tmp");
-            let f = std::fs::File::create(&tmp)
-                .map_err(|e| internal(format!("create {}: {e}", tmp.display())))?;
-            f.set_len(size as u64)
-                .map_err(|e| internal(format!("size {}: {e}", tmp.display())))?;
-            f.sync_all()
-                .map_err(|e| internal(format!("sync {}: {e}", tmp.display())))?;
-            std::fs::rename(&tmp, image)
-                .map_err(|e| internal(format!("rename {}: {e}", image.display())))?;
+            place_image(image, size, |tmp| std::fs::File::create(tmp).map(drop))?;
             Ok(size)
         }
         Err(e) => Err(internal(format!("{}: {e}", image.display()))),
     }
+}
+
+/// Makes `image` whole or not at all: `fill` makes a file at a temporary name beside it, which
+/// is sized to `size` bytes, synced and renamed into place.
+fn place_image(
+    image: &Path,
+    size: i64,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), Status> {
+    let tmp = image.with_extension("img.tmp");
+    fill(&tmp).map_err(|e| internal(format!("make {}: {e}", tmp.display())))?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tmp)
+        .map_err(|e| internal(format!("open {}: {e}", tmp.display())))?;
+    f.set_len(size as u64)
+        .map_err(|e| internal(format!("size {}: {e}", tmp.display())))?;
+    f.sync_all()
+        .map_err(|e| internal(format!("sync {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, image).map_err(|e| internal(format!("rename {}: {e}", image.display())))
 }
 
 /// The image of an existing volume, or of one made now from the context's `size`.

@@ -14,15 +14,8 @@ use kubevol_core::PodUid;
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
-use crate::report::health::{Condition, Health};
+use crate::report::health::{rfc3339, Condition, Health};
 use crate::source::cluster::publish::publish_on_change;
-
-/// `secs` since the epoch in the API's time format.
-fn time(secs: u64) -> String {
-    jiff::Timestamp::from_second(secs as i64)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
 
 fn conditions_json(conditions: &[Condition]) -> Vec<Value> {
     conditions
@@ -39,7 +32,7 @@ fn conditions_json(conditions: &[Condition]) -> Vec<Value> {
                 v["volumeMode"] = json!(m);
             }
             if c.since > 0 {
-                v["lastTransitionTime"] = json!(time(c.since));
+                v["lastTransitionTime"] = json!(rfc3339(c.since));
             }
             v
         })
@@ -78,7 +71,7 @@ pub fn spawn(
                                 json!({
                                     "name": name,
                                     "healthConditions": conditions_json(&h.conditions),
-                                    "lastTransitionTime": time(h.since),
+                                    "lastTransitionTime": rfc3339(h.since),
                                 })
                             })
                             .collect();

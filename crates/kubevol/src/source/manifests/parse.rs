@@ -261,6 +261,30 @@ fn convert(
             }
         }
     }
+    /// An object other than a pod, typed, with the fields its type lacks as its file's
+    /// warnings (a pod's own are its warnings).
+    fn object<T: DeserializeOwned>(
+        value: serde_json::Value,
+        kind: &str,
+        path: &Path,
+        document: usize,
+        relocate: Relocate<'_>,
+        found: &mut Parsed,
+    ) -> Option<T> {
+        for u in unknown_fields::<T>(&value) {
+            let field = u.field(None);
+            found.warnings.push(ManifestError {
+                object: object_name(kind, &value),
+                ..manifest_error(
+                    path,
+                    Some(document),
+                    relocate(&u.path),
+                    format!("{kind}: {field}: ignored"),
+                )
+            });
+        }
+        typed::<T>(value, kind, path, document, relocate, &mut found.errors)
+    }
     let want_version = match kind.as_str() {
         "Pod" | "ConfigMap" | "Secret" | "PersistentVolume" | "PersistentVolumeClaim" | "List" => {
             "v1"
@@ -286,31 +310,6 @@ fn convert(
             )
         });
         return;
-    }
-    if kind != "Pod" && kind != "List" {
-        // A pod's own are its warnings; other objects' are their file's.
-        let unknown = match kind.as_str() {
-            "ConfigMap" => unknown_fields::<ConfigMap>(&value),
-            "Secret" => unknown_fields::<Secret>(&value),
-            "PersistentVolume" => unknown_fields::<PersistentVolume>(&value),
-            "PersistentVolumeClaim" => unknown_fields::<PersistentVolumeClaim>(&value),
-            "StorageClass" => unknown_fields::<StorageClass>(&value),
-            "VolumeSnapshot" => unknown_fields::<VolumeSnapshot>(&value),
-            "VolumeSnapshotContent" => unknown_fields::<VolumeSnapshotContent>(&value),
-            _ => unknown_fields::<CSIDriver>(&value),
-        };
-        for u in unknown {
-            let field = u.field(None);
-            found.warnings.push(ManifestError {
-                object: object_name(&kind, &value),
-                ..manifest_error(
-                    path,
-                    Some(document),
-                    relocate(&u.path),
-                    format!("{kind}: {field}: ignored"),
-                )
-            });
-        }
     }
     let obj = match kind.as_str() {
         "List" => {
@@ -360,45 +359,31 @@ fn convert(
         }
         "ConfigMap" => {
             let value = base64_without_line_breaks(value, "binaryData");
-            typed::<ConfigMap>(value, &kind, path, document, relocate, &mut found.errors)
+            object::<ConfigMap>(value, &kind, path, document, relocate, found)
                 .map(Object::ConfigMap)
         }
         "Secret" => {
             let value = base64_without_line_breaks(value, "data");
-            typed::<Secret>(value, &kind, path, document, relocate, &mut found.errors)
+            object::<Secret>(value, &kind, path, document, relocate, found)
                 .map(|s| Object::Secret(normalize_secret(s)))
         }
         "PersistentVolume" => {
-            typed::<PersistentVolume>(value, &kind, path, document, relocate, &mut found.errors)
+            object::<PersistentVolume>(value, &kind, path, document, relocate, found)
                 .map(Object::PersistentVolume)
         }
-        "PersistentVolumeClaim" => typed::<PersistentVolumeClaim>(
-            value,
-            &kind,
-            path,
-            document,
-            relocate,
-            &mut found.errors,
-        )
-        .map(Object::PersistentVolumeClaim),
-        "StorageClass" => {
-            typed::<StorageClass>(value, &kind, path, document, relocate, &mut found.errors)
-                .map(Object::StorageClass)
+        "PersistentVolumeClaim" => {
+            object::<PersistentVolumeClaim>(value, &kind, path, document, relocate, found)
+                .map(Object::PersistentVolumeClaim)
         }
-        "VolumeSnapshot" => {
-            typed::<VolumeSnapshot>(value, &kind, path, document, relocate, &mut found.errors)
-                .map(Object::VolumeSnapshot)
+        "StorageClass" => object::<StorageClass>(value, &kind, path, document, relocate, found)
+            .map(Object::StorageClass),
+        "VolumeSnapshot" => object::<VolumeSnapshot>(value, &kind, path, document, relocate, found)
+            .map(Object::VolumeSnapshot),
+        "VolumeSnapshotContent" => {
+            object::<VolumeSnapshotContent>(value, &kind, path, document, relocate, found)
+                .map(Object::VolumeSnapshotContent)
         }
-        "VolumeSnapshotContent" => typed::<VolumeSnapshotContent>(
-            value,
-            &kind,
-            path,
-            document,
-            relocate,
-            &mut found.errors,
-        )
-        .map(Object::VolumeSnapshotContent),
-        _ => typed::<CSIDriver>(value, &kind, path, document, relocate, &mut found.errors)
+        _ => object::<CSIDriver>(value, &kind, path, document, relocate, found)
             .map(Object::CSIDriver),
     };
     found.objects.extend(obj.map(|o| (document, o)));

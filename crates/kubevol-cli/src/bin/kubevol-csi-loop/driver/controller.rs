@@ -406,19 +406,7 @@ fn copy_image(image: &Path, from: &Path, size: i64, kind: &str, id: &str) -> Res
         )));
     }
     rustix::fs::sync();
-    let tmp = image.with_extension("img.tmp");
-    std::fs::copy(from, &tmp)
-        .map_err(|e| internal(format!("copy {} to {}: {e}", from.display(), tmp.display())))?;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&tmp)
-        .map_err(|e| internal(format!("open {}: {e}", tmp.display())))?;
     let size = size.max(have);
-    f.set_len(size as u64)
-        .map_err(|e| internal(format!("size {}: {e}", tmp.display())))?;
-    f.sync_all()
-        .map_err(|e| internal(format!("sync {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, image)
-        .map_err(|e| internal(format!("rename {}: {e}", image.display())))?;
+    place_image(image, size, |tmp| std::fs::copy(from, tmp).map(drop))?;
     Ok(size)
 }
