@@ -115,13 +115,21 @@ pub async fn run_with(
             }
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        gates.retain(|_, g| !g.is_finished());
+        // A pod that has ended is not started again: its own last status patch comes back as
+        // an event, after its start has finished (a started pod keeps its gate until deleted).
+        let ended = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
         if pod.metadata.deletion_timestamp.is_some() {
             if let Some(g) = gates.remove(&uid) {
                 g.abort();
             }
             // Its containers would be killed here; then its volumes go, then the pod.
             tokio::spawn(finish(client.clone(), manager.clone(), pod));
+        } else if ended {
+            continue;
         } else if let std::collections::hash_map::Entry::Vacant(gate) = gates.entry(uid) {
             let runner = runner.clone();
             gate.insert(tokio::spawn(start(

@@ -159,16 +159,13 @@ EOF
     --initial-cluster "kubevol-test=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync --log-level warn
 
-  # 1.37's alpha gate for what kubevol writes (pods' status.volumeHealth, CSINode status), turned
-  # on where the server has it: its --help lists the gates it knows (a binary built from the
-  # module proxy reports no release in --version). EmptyDirVolumeMode,
-  # AtomicWriteVolumeUserFields and InPlacePodVerticalScalingMemoryBackedVolumes stay off for now:
-  # with them on, a pod's own status patch makes its Secret volume briefly not mounted (see
-  # docs/cluster.md).
+  # 1.37's alpha gates of what kubevol reads and writes (a server without them drops those
+  # fields), each turned on where the server has it: its --help lists the gates it knows (a
+  # binary built from the module proxy reports no release in --version).
   local gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true
   local known gate
   known=$("$bin/kube-apiserver" --help 2>&1)
-  for gate in CSIVolumeHealth; do
+  for gate in EmptyDirVolumeMode AtomicWriteVolumeUserFields InPlacePodVerticalScalingMemoryBackedVolumes CSIVolumeHealth; do
     case $known in *"$gate=true|false"*) gates=$gates,$gate=true ;; esac
   done
   start "$dir" kube-apiserver "$bin/kube-apiserver" \
