@@ -453,8 +453,9 @@ cluster_test! {
 mount_test! {
     /// Fields newer than kubevol's API types reach it from the API server as from a manifest:
     /// `emptyDir.mode` is honoured, any other unknown field of a volume is a warning. (Only
-    /// the in-process server can serve them: a real server prunes what its own version does
-    /// not know.)
+    /// the in-process server can serve a field no Kubernetes version has: a real server prunes
+    /// what its own version does not know; the 1.37 fields from the real one are tested
+    /// below.)
     fn volume_fields_newer_than_the_api_types_are_kept_from_the_api_server() {
         let root = TestRoot::new();
         runtime().block_on(async {
@@ -472,6 +473,42 @@ mount_test! {
             let s = m.pod_status(&uid).unwrap();
             let other = s.volumes.iter().find(|v| v.name == "other").unwrap();
             assert!(other.warnings.iter().any(|w| w.contains("futureField")), "{other:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+cluster_test! {
+    /// Kubernetes 1.37's alpha pod fields reach kubevol from the real API server (its control
+    /// plane turns their gates on): `emptyDir.mode` gives the directory its mode, and a
+    /// Secret volume's `defaultUser` and an item's `user` own its files. A 1.36 server does
+    /// not know them and drops them: the defaults then hold (0777, kubevol's own user).
+    fn the_alpha_pod_fields_of_1_37_arrive_from_the_real_api_server(backend) {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            let version = cluster.admin_client().apiserver_version().await.unwrap();
+            let served = version.minor.trim_end_matches('+').parse::<u32>().unwrap() >= 37;
+            cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys"}, "stringData": {"mine": "a", "theirs": "b"}})).await;
+            let m = cluster_manager(root.path(), &cluster);
+            let p = typed(&cluster.create(bound_pod("app", &node, json!([
+                {"name": "scratch", "emptyDir": {"mode": 488}},
+                {"name": "keys", "secret": {"secretName": "keys", "defaultUser": 1234,
+                    "items": [{"key": "mine", "path": "mine"}, {"key": "theirs", "path": "theirs", "user": 2000}]}}]))).await);
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let mounted = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p));
+            let mode = std::fs::metadata(&mounted["scratch"].path).unwrap().permissions().mode() & 0o7777;
+            let owner = |f: &str| std::fs::metadata(mounted["keys"].path.join(f)).unwrap().uid();
+            if served {
+                assert_eq!(mode, 0o750, "emptyDir.mode from the server");
+                assert_eq!((owner("mine"), owner("theirs")), (1234, 2000), "defaultUser and user from the server");
+            } else {
+                assert_eq!(mode, 0o777);
+                assert_eq!((owner("mine"), owner("theirs")), (0, 0));
+            }
             m.shutdown();
             cluster.clean_up().await;
         });
