@@ -12,6 +12,7 @@
 mod at;
 pub mod atomic;
 pub mod fake;
+pub mod fs_group;
 pub mod holders;
 pub mod mountinfo;
 pub mod ns;

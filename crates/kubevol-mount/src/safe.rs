@@ -443,6 +443,18 @@ impl Dir {
         read_only: bool,
         policy: FsGroupPolicy,
     ) -> Result<bool, MountError> {
+        self.apply_fs_group_reporting(gid, read_only, policy, &|_| {})
+    }
+
+    /// [`Dir::apply_fs_group`], telling `progress` how many entries it has looked at every
+    /// [`crate::fs_group::PROGRESS_EVERY`] entries (a long walk is shown, and warned of, as the kubelet does).
+    pub fn apply_fs_group_reporting(
+        &self,
+        gid: u32,
+        read_only: bool,
+        policy: FsGroupPolicy,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<bool, MountError> {
         let mask = if read_only { 0o440 } else { 0o660 };
         let dir_bits = mask | 0o110;
         if policy == FsGroupPolicy::OnRootMismatch {
@@ -451,8 +463,7 @@ impl Dir {
                 return Ok(false);
             }
         }
-        let dev = self.device()?;
-        crate::walk::walk(self.fd(), &self.path, &mut FsGroup { gid, mask, dev })?;
+        crate::fs_group::apply(self, gid, mask, progress)?;
         Ok(true)
     }
 
@@ -614,7 +625,7 @@ fn open_same_mount(
 
 /// Whether the entry `name` of `parent` (not followed) is a mount root or lies on another
 /// device than `dev`: a walk that must stay on one filesystem stops there.
-fn leaves_filesystem(
+pub(crate) fn leaves_filesystem(
     parent: BorrowedFd<'_>,
     name: &OsStr,
     dev: (u32, u32),
@@ -724,72 +735,6 @@ impl Visit for RemoveOneFs {
 
 /// Gives everything below a directory on the device `dev` the group `gid` and the bits `mask`
 /// (see [`Dir::apply_fs_group`]).
-struct FsGroup {
-    gid: u32,
-    mask: u32,
-    dev: (u32, u32),
-}
-
-impl Visit for FsGroup {
-    fn enter(&mut self, dir: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
-        let st = rustix::fs::fstat(dir).map_err(|e| io("stat", &at.dir())(e))?;
-        rustix::fs::fchown(dir, None, Some(rustix::fs::Gid::from_raw(self.gid)))
-            .map_err(|e| io("chown", &at.dir())(e))?;
-        let mode = (st.st_mode & 0o7777) | self.mask | 0o110 | 0o2000;
-        rustix::fs::fchmod(dir, Mode::from_raw_mode(mode)).map_err(|e| io("chmod", &at.dir())(e))
-    }
-
-    fn other(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        ft: FileType,
-        at: &At<'_>,
-    ) -> Result<(), MountError> {
-        if ft == FileType::Symlink || leaves_filesystem(parent, name, self.dev, at)? {
-            return Ok(());
-        }
-        let gid = Some(rustix::fs::Gid::from_raw(self.gid));
-        if ft != FileType::RegularFile {
-            // Sockets, FIFOs and devices: change the group without opening them.
-            return match rustix::fs::chownat(parent, name, None, gid, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(()) | Err(Errno::NOENT) => Ok(()),
-                Err(e) => Err(io("chown", &at.child(name))(e)),
-            };
-        }
-        let flags =
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            // Swapped for a link or removed since it was listed: not ours to touch.
-            Err(Errno::LOOP | Errno::NOENT) => return Ok(()),
-            Err(e) => return Err(io("open", &at.child(name))(e)),
-        };
-        let st = rustix::fs::fstat(&fd).map_err(|e| io("stat", &at.child(name))(e))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Ok(());
-        }
-        rustix::fs::fchown(&fd, None, gid).map_err(|e| io("chown", &at.child(name))(e))?;
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode((st.st_mode & 0o7777) | self.mask))
-            .map_err(|e| io("chmod", &at.child(name))(e))
-    }
-
-    fn descend(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        at: &At<'_>,
-    ) -> Result<Option<OwnedFd>, MountError> {
-        if leaves_filesystem(parent, name, self.dev, at)? {
-            return Ok(None);
-        }
-        match crate::walk::open_dir(parent, name, at) {
-            Err(MountError::Symlink { .. }) => Ok(None),
-            r => r,
-        }
-    }
-}
-
 /// Removes the empty directories below a directory with rmdir alone; keeps the first thing
 /// found that is not one (see [`Dir::remove_empty_tree`]).
 struct EmptyTree {

@@ -3,6 +3,12 @@
 //! until something changes: a DSW or ASW change, a finished operation, the earliest backoff
 //! expiry, or the slow safety-net resync. It reads the world and never writes it, and never
 //! makes a syscall.
+//!
+//! The safety net is armed by change: a full pass follows every change within the resync
+//! period, and a full pass over a converged world (it plans nothing and nothing backs off) is
+//! the last until something changes again. A pass plans from the two states only, so a second
+//! full pass over states that did not change would plan the same nothing: an idle node is not
+//! woken at all, however many volumes it has.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -24,24 +30,26 @@ const PLAN_SLICE: usize = 128;
 struct Memory {
     /// When volumes whose operations back off are to be planned again.
     retries: BTreeMap<Instant, BTreeSet<UniqueVolumeName>>,
-    /// When every volume is planned again whatever changed (the safety net).
-    next_full: Instant,
+    /// When every volume is planned again whatever changed (the safety net); `None` once a full
+    /// pass found the world converged, until the next change.
+    next_full: Option<Instant>,
 }
 
 /// One pass: plans the volumes whose state changed or whose backoff expired (every volume at
 /// the start and at each resync), starts what is due, and returns when the next pass is due
-/// without a wake-up: the earliest backoff expiry, or the resync.
-fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant {
+/// without a wake-up: the earliest backoff expiry, or the resync; `None`: not before a change.
+fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Option<Instant> {
     let world = ops.world();
     let now = Instant::now();
     let teardown_allowed = world.dsw_synced();
     let dirty = world.take_dirty();
     world.count_pass();
-    let full = dirty.all || now >= memory.next_full;
+    let full = dirty.all || memory.next_full.is_some_and(|at| now >= at);
+    let changed = full || !dirty.volumes.is_empty();
     let mut only = dirty.volumes;
     if full {
         memory.retries.clear();
-        memory.next_full = now + resync;
+        memory.next_full = None;
     } else {
         let later = memory.retries.split_off(&(now + Duration::from_nanos(1)));
         for (_, volumes) in std::mem::replace(&mut memory.retries, later) {
@@ -66,6 +74,7 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant
             .flat_map(|slice| plan_under_locks(Some(slice)))
             .collect()
     };
+    let planned_any = !planned.is_empty();
     for op in planned {
         match ops.start(op.clone(), now) {
             Ok(()) | Err(NotStarted::Busy) => {}
@@ -82,13 +91,15 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Instant
         info!("reconciler states synced");
     }
     ops.prune_errors();
-    memory
-        .retries
-        .keys()
-        .next()
-        .copied()
-        .unwrap_or(memory.next_full)
-        .min(memory.next_full)
+    let converged = full && !planned_any && memory.retries.is_empty();
+    if changed && !converged && memory.next_full.is_none() {
+        memory.next_full = Some(now + resync);
+    }
+    let retry = memory.retries.keys().next().copied();
+    match (retry, memory.next_full) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Runs until `stop` says so.
@@ -96,7 +107,7 @@ pub(crate) async fn run(ops: Arc<Operations>, resync: Duration, mut stop: watch:
     let world = ops.world();
     let mut memory = Memory {
         retries: BTreeMap::new(),
-        next_full: Instant::now(),
+        next_full: None,
     };
     loop {
         if *stop.borrow_and_update() {
@@ -110,11 +121,11 @@ pub(crate) async fn run(ops: Arc<Operations>, resync: Duration, mut stop: watch:
         let next = outcome.unwrap_or_else(|_| {
             tracing::error!("the reconciler panicked in a pass; the next one starts on the next change or the resync");
             world.touch_all();
-            Instant::now() + resync
+            Some(Instant::now() + resync)
         });
         tokio::select! {
             _ = world.reconciler_woken() => {}
-            _ = tokio::time::sleep_until(next) => {}
+            _ = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {}
             _ = stop.changed() => return,
         }
     }

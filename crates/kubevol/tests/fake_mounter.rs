@@ -442,3 +442,40 @@ async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
     );
     m.shutdown();
 }
+
+/// An idle node is not woken: once everything is mounted, the reconciler makes its safety-net
+/// full pass after the last change and then no pass at all until something changes, however
+/// many resync periods go by (before, it planned every volume every period). A change after
+/// that is still acted on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_is_not_woken_by_the_resync() {
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let resync = Duration::from_millis(20);
+    let (m, _) = start_configured(t.path(), fake.clone(), &[], |c| c.resync_period = resync);
+    let pods: Vec<Pod> = (0..3).map(|i| pod(&format!("idle-{i}"))).collect();
+    for p in &pods {
+        m.add_pod(p.clone());
+    }
+    for p in &pods {
+        m.wait_for_attach_and_mount(p).await.unwrap();
+    }
+    // Quiet: no pass over 25 resync periods. With a pass every period this never holds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let before = m.reconciler_passes();
+        tokio::time::sleep(resync * 25).await;
+        if m.reconciler_passes() == before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reconciler never went quiet: a pass every resync period of {resync:?}"
+        );
+    }
+    m.remove_pod(&pods[0]);
+    m.wait_for_unmount(&pods[0])
+        .await
+        .expect("a change after idle is acted on");
+    m.shutdown();
+}

@@ -26,7 +26,7 @@ async fn until(store: &ObjectStore, cond: impl Fn(&ObjectStore) -> bool) {
 
 /// A file is read when it is written, and not again while nothing is written: the source's own
 /// reads (and the store's changes they cause) never make it read again. Counted by the source's
-/// reads, over a window longer than the settling of events (1 s) and the path's resolution (1 s).
+/// reads, over a window longer than the settling of events (1 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_reads_do_not_trigger_reloads() {
     let dir = tempfile::tempdir().unwrap();
@@ -371,7 +371,8 @@ async fn a_symlinked_directory_switched_to_a_new_release_is_followed() {
         .await
         .unwrap();
     assert_eq!(names(&store), ["web"]);
-    // `ln -sfn rel2 current.tmp && mv -T current.tmp current`
+    // `ln -sfn rel2 current.tmp && mv -T current.tmp current`: seen through the watch of the
+    // way to the directory (`until` waits 10 s, the periodic listing comes every 20 s).
     std::os::unix::fs::symlink("rel2", base.join("current.tmp")).unwrap();
     std::fs::rename(base.join("current.tmp"), &current).unwrap();
     until(&store, |s| names(s) == ["web2"]).await;

@@ -29,9 +29,16 @@ pub struct BenchArgs {
     /// Memory emptyDir volumes per pod.
     #[arg(long, default_value_t = 4)]
     volumes: usize,
-    /// Seconds to measure idle CPU with everything mounted.
+    /// Seconds to measure idle CPU and wake-ups with everything mounted.
     #[arg(long, default_value_t = 10)]
     idle_seconds: u64,
+    /// At most this many seconds between the last pod's readiness and the idle window: the
+    /// tail work of the set-up (the durable record's write, the orphan sweep after the
+    /// changes, the operation threads' exit when they have had nothing to do for 10 s) is
+    /// measured apart from idle, until those threads are gone and a whole second passes in
+    /// which no thread of kubevol woke or ended.
+    #[arg(long, default_value_t = 30)]
+    settle_seconds: u64,
     /// Operations kubevol runs at once (default: the manager's default).
     #[arg(long)]
     concurrency: Option<usize>,
@@ -72,6 +79,12 @@ pub struct BenchArgs {
     /// and after.
     #[arg(long, value_name = "SECONDS", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale"])]
     churn: Option<u64>,
+    /// Benchmark fsGroup instead: a volume of this many files and directories is given a
+    /// pod's fsGroup by kubevol, by the kubelet's own SetVolumeOwnership (built from
+    /// k8s.io/kubernetes) and by a raw single-threaded walk, first with every entry to change,
+    /// then again with every entry right, and with OnRootMismatch.
+    #[arg(long, value_name = "FILES", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn"])]
+    fs_group: Option<usize>,
     /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
     /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
     #[arg(long)]
@@ -118,6 +131,98 @@ fn status_mib(field: &str) -> f64 {
 
 fn peak_rss_mib() -> f64 {
     status_mib("VmHWM:")
+}
+
+/// Wake-ups of this process's living threads so far (each thread's voluntary context
+/// switches: it slept and woke on a timer, an event or a lock), by thread name, and the
+/// threads' ids, from /proc/self/task. A thread that ends takes its count with it: the ids tell
+/// how many ended (each woke at least once to do so).
+struct Wakeups {
+    by_name: std::collections::BTreeMap<String, u64>,
+    tids: std::collections::BTreeSet<String>,
+}
+
+fn wakeups() -> Wakeups {
+    let mut by_name = std::collections::BTreeMap::new();
+    let mut tids = std::collections::BTreeSet::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        let switches = field("voluntary_ctxt_switches:")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        *by_name
+            .entry(field("Name:").unwrap_or_default())
+            .or_insert(0) += switches;
+        tids.insert(task.file_name().to_string_lossy().into_owned());
+    }
+    Wakeups { by_name, tids }
+}
+
+/// The name of the runtime's threads, workers and blocking threads alike (tokio's default).
+const RUNTIME_THREAD: &str = "tokio-rt-worker";
+
+/// Waits until the runtime's blocking threads have ended (they end after 10 s with nothing to
+/// do, each waking to do so: tail work, not idle) and then a whole second passes in which no
+/// thread but the caller's woke and none ended; at most `max`. Returns how long it took. The
+/// caller sleeps outside the runtime (as the idle window does), so that its own timer wakes
+/// none of kubevol's threads; it must not be one of the runtime's `workers`.
+fn settle(max: Duration, workers: usize) -> Duration {
+    let me = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+    let start = Instant::now();
+    while start.elapsed() < max {
+        let before = wakeups();
+        std::thread::sleep(Duration::from_secs(1));
+        let after = wakeups();
+        let (_, woke) = wakeups_between(&before, &after, 1.0);
+        // The runtime names its workers and its blocking threads alike.
+        let runtime_threads = std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|name| name.trim() == RUNTIME_THREAD)
+            })
+            .count();
+        let only_blocking_gone = runtime_threads <= workers;
+        if only_blocking_gone && woke.iter().all(|(name, n)| name == me.trim() && *n <= 1) {
+            break;
+        }
+    }
+    start.elapsed()
+}
+
+/// What woke the process between two [`wakeups`] counts: the total per second and the threads
+/// (by name) that woke, most first; threads that ended count once each, as "ended".
+fn wakeups_between(before: &Wakeups, after: &Wakeups, seconds: f64) -> (f64, Vec<(String, u64)>) {
+    let mut woke: Vec<(String, u64)> = after
+        .by_name
+        .iter()
+        .map(|(name, n)| {
+            let was = before.by_name.get(name).copied().unwrap_or(0);
+            (name.clone(), n.saturating_sub(was))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let ended = before.tids.difference(&after.tids).count() as u64;
+    if ended > 0 {
+        woke.push(("(threads that ended)".into(), ended));
+    }
+    woke.sort_by_key(|w| std::cmp::Reverse(w.1));
+    let total: u64 = woke.iter().map(|(_, n)| n).sum();
+    (total as f64 / seconds.max(1e-9), woke)
 }
 
 fn pod(i: usize, volumes: usize) -> Pod {
@@ -337,6 +442,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(seconds) = args.churn {
         return churn::run(args, seconds);
     }
+    if let Some(files) = args.fs_group {
+        return fsgroup::run(args, files);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -417,6 +525,13 @@ struct Figures {
     floor_cpu: f64,
     idle_cpu: f64,
     idle_seconds: u64,
+    /// Wake-ups per second while idle, and the threads that woke.
+    idle_wakeups: f64,
+    idle_woke: Vec<(String, u64)>,
+    /// How long the tail work after the last pod was ready lasted, and its CPU seconds
+    /// (the [`settle`]'s own reads included).
+    settled: Duration,
+    settle_cpu: f64,
     /// Resident memory before the manager started, and the peak after, in MiB.
     rss_before: f64,
     rss_peak: f64,
@@ -474,11 +589,32 @@ impl Figures {
             self.floor_cpu,
             (self.mount_cpu + self.unmount_cpu) / self.floor_cpu
         );
+        println!(
+            "tail work after the last pod was ready: {:.1} ms CPU, quiet after {:.0} s{}",
+            self.settle_cpu * 1e3,
+            self.settled.as_secs_f64(),
+            if self.settled.as_secs() >= args.settle_seconds {
+                " (not quiet by --settle-seconds)"
+            } else {
+                ""
+            }
+        );
         match self.idle_percent() {
-            Some(p) => println!(
-                "idle CPU with {total} volumes mounted: {p:.3}% of one core over {} s",
-                self.idle_seconds
-            ),
+            Some(p) => {
+                println!(
+                    "idle CPU with {total} volumes mounted: {p:.3}% of one core over {} s; {:.1} wake-ups/s",
+                    self.idle_seconds, self.idle_wakeups
+                );
+                let woke: Vec<String> = self
+                    .idle_woke
+                    .iter()
+                    .take(6)
+                    .map(|(name, n)| format!("{name} {n}"))
+                    .collect();
+                if !woke.is_empty() {
+                    println!("  threads that woke while idle: {}", woke.join(", "));
+                }
+            }
             None => println!("idle CPU: not measured (--idle-seconds 0)"),
         }
         println!(
@@ -522,9 +658,19 @@ fn measure(
         let mount_elapsed = start.elapsed();
         let mount_cpu = cpu_seconds() - cpu_start;
 
+        let settle_start = cpu_seconds();
+        // The benchmark's thread (block_on's, not a worker) sleeps outside the runtime from
+        // here to the end of the idle window: its timer is not kubevol's wake-up.
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        let settled = settle(Duration::from_secs(args.settle_seconds), workers);
+        let settle_cpu = cpu_seconds() - settle_start;
+
+        // Counted before the clock starts: reading every thread's status is not kubevol's.
+        let woken_before = wakeups();
         let idle_start = cpu_seconds();
-        tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+        std::thread::sleep(Duration::from_secs(args.idle_seconds));
         let idle_cpu = cpu_seconds() - idle_start;
+        let idle = wakeups_between(&woken_before, &wakeups(), args.idle_seconds as f64);
 
         let cpu_unmount_start = cpu_seconds();
         let t = tokio::time::Instant::now();
@@ -538,12 +684,13 @@ fn measure(
             latencies,
             mount_elapsed,
             mount_cpu,
-            idle_cpu,
+            ((settled, settle_cpu), idle_cpu, idle),
             unmount_elapsed,
             unmount_cpu,
         ))
     });
-    let (latencies, mount_elapsed, mount_cpu, idle_cpu, unmount_elapsed, unmount_cpu) = result?;
+    let (latencies, mount_elapsed, mount_cpu, quiet, unmount_elapsed, unmount_cpu) = result?;
+    let ((settled, settle_cpu), idle_cpu, (idle_wakeups, idle_woke)) = quiet;
     let rss_peak = peak_rss_mib();
     let cpu1 = cpu_seconds();
     let (floor_mount_b, floor_unmount_b) = raw_floor(&floor_dir, total).context("raw floor")?;
@@ -565,6 +712,10 @@ fn measure(
         floor_cpu,
         idle_cpu,
         idle_seconds: args.idle_seconds,
+        idle_wakeups,
+        idle_woke,
+        settled,
+        settle_cpu,
         rss_before,
         rss_peak,
     };
@@ -634,3 +785,5 @@ mod content;
 mod csi;
 
 mod cluster;
+
+mod fsgroup;

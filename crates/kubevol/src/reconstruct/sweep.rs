@@ -101,7 +101,10 @@ pub(crate) async fn sweep_orphans(s: &Sweep) -> usize {
 }
 
 /// Sweeps orphaned pod directories once every pod source has listed its pods and the first
-/// full reconcile is done, then every period, until `stop` says so.
+/// full reconcile is done, then after changes of the world (a pod gone, a volume torn down), at
+/// most once a period, until `stop` says so. An idle node is not swept: nothing can have become
+/// an orphan. While directories are kept as leftovers, they are looked at again every period
+/// (whoever clears them by hand sees them go).
 pub(crate) async fn sweep_loop(s: Sweep, mut stop: watch::Receiver<bool>) {
     let mut changes = s.world.subscribe();
     while !s.world.states_synced() {
@@ -111,9 +114,18 @@ pub(crate) async fn sweep_loop(s: Sweep, mut stop: watch::Receiver<bool>) {
         }
     }
     loop {
+        // Changes from here on call for another sweep.
+        changes.borrow_and_update();
+        let began = tokio::time::Instant::now();
         sweep_orphans(&s).await;
+        if crate::sync::lock(&s.findings.leftovers).is_empty() {
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                _ = stop.changed() => return,
+            }
+        }
         tokio::select! {
-            _ = tokio::time::sleep(s.period) => {}
+            _ = tokio::time::sleep_until(began + s.period) => {}
             _ = stop.changed() => return,
         }
     }

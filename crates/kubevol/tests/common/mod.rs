@@ -292,6 +292,20 @@ pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
 /// Stops `m` and starts a new manager on its root, as [`manager`] does, once the old one has
 /// let go of the root's lock (its tasks end after the shutdown).
 pub async fn restart(m: VolumeManager, root: &Path, tweak: impl Fn(&mut Config)) -> VolumeManager {
+    restart_with(m, root, tweak, |_| ()).await.0
+}
+
+/// [`restart`], with `before_run` done on the new manager before it runs: a source's sink made
+/// there holds teardown back until the source has listed (a sink made once the manager runs
+/// may come after its first pass has found every source synced and torn down what the record
+/// held).
+#[allow(dead_code)]
+pub async fn restart_with<T>(
+    m: VolumeManager,
+    root: &Path,
+    tweak: impl Fn(&mut Config),
+    before_run: impl FnOnce(&VolumeManager) -> T,
+) -> (VolumeManager, T) {
     m.shutdown();
     drop(m);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -303,9 +317,10 @@ pub async fn restart(m: VolumeManager, root: &Path, tweak: impl Fn(&mut Config))
         tweak(&mut config);
         match VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)) {
             Ok(m) => {
+                let before = before_run(&m);
                 let run = m.clone();
                 tokio::spawn(async move { run.run().await });
-                return m;
+                return (m, before);
             }
             Err(e) if e.kind() == std::io::ErrorKind::ResourceBusy => {
                 assert!(

@@ -391,8 +391,8 @@ mount_test! {
 
             // A better fit, then a restart: the claim stays where its data is.
             write_manifest(&manifests, "volumes.yaml", &(volumes.clone() + &host_volume(&host, "tiny", "1Gi", "")));
-            let m = restart(m, root.path(), |_| {}).await;
-            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let (m, sink) = restart_with(m, root.path(), |_| {}, |m| m.store().sink(ManifestSource::NAME)).await;
+            let _watch = ManifestSource::new(&manifests).listen(sink).await.unwrap();
             m.wait_for_attach_and_mount(&data).await.expect("mounted again");
             assert_eq!(bindings(&m), ["default/data -> small"]);
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&data))["data"].path.clone();
@@ -472,8 +472,8 @@ mount_test! {
             assert_eq!(spec.claim_ref.unwrap().name.as_deref(), Some("web"));
 
             // A restart: the same volume, with its data.
-            let m = restart(m, root.path(), |_| {}).await;
-            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            let (m, sink) = restart_with(m, root.path(), |_| {}, |m| m.store().sink(ManifestSource::NAME)).await;
+            let _watch = ManifestSource::new(&manifests).listen(sink).await.unwrap();
             m.wait_for_attach_and_mount(&web).await.expect("mounted again");
             assert_eq!(volume_of(&m, "web"), volume);
             let mounted = m.mounted_volumes_for_pod(&kubevol::pod_uid(&web))["data"].path.clone();

@@ -14,6 +14,8 @@ mod read;
 mod shape;
 #[cfg(feature = "manifests")]
 mod watch;
+#[cfg(feature = "manifests")]
+mod way;
 
 pub use parse::{humanize, parse_manifest};
 pub use read::{read_file, DEFAULT_MAX_FILE_SIZE};

@@ -1,8 +1,10 @@
 //! The watch of the manifest directory (the `manifests` feature): inotify events applied as
-//! one change per batch, the given path resolved again every second (a directory swapped by a
-//! link, as a ConfigMap's mount swaps it), and the directory listed again every 20 s.
+//! one change per batch, the given path resolved again whenever an entry on the way to it
+//! changes (a directory swapped by a link, as a ConfigMap's mount swaps it; see [`super::way`])
+//! and at every listing, and the directory listed again every 20 s. Nothing else wakes it.
 
 use super::parse::manifest_error;
+use super::way::{way_of, Way};
 use super::{is_manifest_file, read_file, DEFAULT_MAX_FILE_SIZE};
 use crate::source::{BoxFuture, PodSource, Sink};
 use crate::store::{Change, FileContent};
@@ -53,15 +55,11 @@ fn unpaired_rename(batch: &[notify::Result<notify::Event>]) -> bool {
     tracked(RenameMode::From).any(|t| !paired.contains(&t))
 }
 
-/// How often the directory's path is resolved again, to notice that it was replaced, moved or
-/// re-pointed (a symbolic link on the way switched to a new release): a `stat` of the path and
-/// its resolution, a few system calls a second.
-const RESOLVE_PERIOD: Duration = Duration::from_secs(1);
-
 /// How often the directory is listed again whatever inotify said (the kubelet's file source
 /// re-lists every 20 s): only files whose identity, size or times changed are read, so it costs
 /// a `stat` per file when nothing changed. It catches what inotify cannot tell, such as a
-/// manifest that is a symbolic link whose target was switched.
+/// manifest that is a symbolic link whose target was switched, or a filesystem mounted over an
+/// entry on the way to the directory (the path is resolved again with it).
 const RELIST_PERIOD: Duration = Duration::from_secs(20);
 
 /// How long a directory just switched to must be quiet before it is listed: a directory
@@ -412,10 +410,12 @@ impl ManifestSource {
     /// returns the task that then applies every change as inotify reports it, until it is
     /// dropped or aborted. The events that arrive together are applied together: a rename (the
     /// old name gone, the new one there) never shows the store a moment without the pods it
-    /// moved. The given path is resolved again every second: a directory replaced, moved or
-    /// re-pointed is listed anew, and one that is gone is reported while nothing is torn down.
-    /// Fails if the directory cannot be watched or listed now.
+    /// moved. The given path is resolved again when an entry on the way to it changes: a
+    /// directory replaced, moved or re-pointed is listed anew, and one that is gone is reported
+    /// while nothing is torn down. Fails if the directory cannot be watched or listed now.
     pub async fn listen(mut self, sink: Sink) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        // The way first: a change on it between the two is seen.
+        let way = Way::watch(way_of(&self.given));
         let resolved = Resolved::of(&self.given)?;
         self.dir = resolved.path.clone();
         // Watch before the first listing, so no change between the two is lost.
@@ -424,30 +424,44 @@ impl ManifestSource {
         sink.problem(None);
         sink.synced();
         info!(dir = %self.dir.display(), "manifest directory listed");
-        Ok(tokio::spawn(self.follow(sink, watch)))
+        Ok(tokio::spawn(self.follow(sink, watch, way)))
+    }
+
+    /// When the loop has something to do without an event: the next listing, the first held
+    /// back removal to confirm, or the first file to read again.
+    fn next_due(&self, next_relist: tokio::time::Instant) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let removal = crate::sync::lock(&self.removals)
+            .values()
+            .min()
+            .map(|at| *at + REMOVAL_SETTLE);
+        let retry = crate::sync::lock(&self.retries)
+            .values()
+            .map(|b| b.ready_at())
+            .min()
+            .map(|at| now + at.saturating_duration_since(std::time::Instant::now()));
+        // A resolution still running when one was due is tried again shortly, not at once.
+        let soonest = now + Duration::from_millis(50);
+        [removal, retry]
+            .into_iter()
+            .flatten()
+            .map(|due| due.max(soonest))
+            .fold(next_relist, tokio::time::Instant::min)
     }
 
     /// Applies the directory's changes until aborted (see [`ManifestSource::listen`]).
-    async fn follow(mut self, sink: Sink, watch: Watch) {
+    async fn follow(mut self, sink: Sink, watch: Watch, mut way: Way) {
         let mut watch = Some(watch);
-        let mut resolve = tokio::time::interval(RESOLVE_PERIOD);
-        resolve.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
         loop {
-            // Removals held back are confirmed once settled, not only at the next tick.
-            // (One already past waits for the tick: the resolution it needs is still running.)
-            let removal_due = crate::sync::lock(&self.removals)
-                .values()
-                .min()
-                .map(|at| *at + REMOVAL_SETTLE)
-                .filter(|due| *due > tokio::time::Instant::now());
+            let due = self.next_due(next_relist);
             let batch = tokio::select! {
                 first = Watch::next(&mut watch) => Some(first),
-                _ = resolve.tick() => None,
-                _ = tokio::time::sleep_until(removal_due.unwrap_or_else(tokio::time::Instant::now)), if removal_due.is_some() => None,
+                () = way.changed() => None,
+                () = tokio::time::sleep_until(due) => None,
             };
             // Events that ask for no read (kubevol's own opens and closes among them) cost no
-            // resolution: the tick looks soon enough.
+            // resolution: a change of the way wakes one.
             let batch = match batch {
                 Some(Some(first)) => match self.collect_events(&mut watch, first).await {
                     Some(work) => Some(Some(work)),
@@ -458,11 +472,14 @@ impl ManifestSource {
             };
             // Events are only ever taken for the directory the path still leads to: the old
             // directory of a replaced one keeps sending them.
-            let now = match self.resolve().await {
+            let (now, entries) = match self.resolve().await {
                 Some(now) => now,
                 // Still resolving (a hung filesystem): nothing is known, nothing changes.
                 None => continue,
             };
+            if let Some(entries) = entries.filter(|e| !way.is(e)) {
+                way = Way::watch(entries);
+            }
             let same = matches!((&now, &watch), (Ok(r), Some(w)) if *r == w.resolved);
             if !same {
                 // The files of a directory that went or was replaced are not removals.
@@ -491,29 +508,35 @@ impl ManifestSource {
         }
     }
 
-    /// Where the given path leads now, resolved on a blocking thread: `None` while an earlier
-    /// resolution has not finished, or this one does not within [`READ_STALL`] (its filesystem
-    /// hangs), which is reported as a problem of the source.
-    async fn resolve(&self) -> Option<std::io::Result<Resolved>> {
+    /// Where the given path leads now, resolved on a blocking thread, and the way there (see
+    /// [`way_of`]): `None` while an earlier resolution has not finished, or this one does not
+    /// within [`READ_STALL`] (its filesystem hangs), which is reported as a problem of the source.
+    /// The way is `None` when it is not known (the resolution failed to run or hangs).
+    async fn resolve(&self) -> Option<(std::io::Result<Resolved>, Option<BTreeSet<PathBuf>>)> {
         use std::sync::atomic::Ordering;
         if self.resolving.swap(true, Ordering::AcqRel) {
             return None;
         }
         let (given, resolving) = (self.given.clone(), self.resolving.clone());
         let task = tokio::task::spawn_blocking(move || {
+            // The way first: a change of it between the two wakes another resolution.
+            let way = way_of(&given);
             let r = Resolved::of(&given);
             resolving.store(false, Ordering::Release);
-            r
+            (r, way)
         });
         match tokio::time::timeout(READ_STALL, task).await {
-            Ok(Ok(r)) => Some(r),
-            Ok(Err(e)) => Some(Err(std::io::Error::other(e))),
-            Err(_) => Some(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "resolving it has not finished after {READ_STALL:?} (is its filesystem hung?)"
-                ),
-            ))),
+            Ok(Ok((r, way))) => Some((r, Some(way))),
+            Ok(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "resolving it has not finished after {READ_STALL:?} (is its filesystem hung?)"
+                    ),
+                )),
+                None,
+            )),
         }
     }
 

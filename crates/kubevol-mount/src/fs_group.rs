@@ -1,0 +1,250 @@
+//! A pod's fsGroup given to a volume's tree (see [`Dir::apply_fs_group`]): one `statx` per
+//! entry, and a change only where the group or the bits are not right, so that a tree given the
+//! group before (every later set-up under `fsGroupChangePolicy: Always`) costs a stat per
+//! entry. The subdirectories of the volume's root are walked by up to [`MAX_WALKERS`] threads
+//! at once (the machine's CPUs): the kernel changes different inodes in parallel.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Mutex};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
+use rustix::io::Errno;
+
+use crate::at::io;
+use crate::safe::{leaves_filesystem, Dir};
+use crate::walk::{At, Visit};
+use crate::MountError;
+
+/// How many entries an ownership walk looks at between two reports of its progress.
+pub const PROGRESS_EVERY: u64 = 4096;
+
+/// The most threads one ownership walk uses.
+pub const MAX_WALKERS: usize = 4;
+
+/// What the walkers of one application share.
+struct Shared<'p> {
+    gid: u32,
+    mask: u32,
+    dev: (u32, u32),
+    /// Entries looked at so far, by every walker.
+    seen: AtomicU64,
+    progress: &'p (dyn Fn(u64) + Sync),
+    /// Set when a walker failed: the others stop taking directories.
+    failed: AtomicBool,
+}
+
+/// One walker's visit.
+struct FsGroup<'s, 'p> {
+    shared: &'s Shared<'p>,
+    /// Where the root's subdirectories go to be walked by any walker (the first walker's
+    /// visit of the root only).
+    handoff: Option<&'s mpsc::Sender<(OwnedFd, PathBuf)>>,
+}
+
+/// Gives the tree of `dir` group `gid` and the bits of `mask` (see [`Dir::apply_fs_group`]).
+pub(crate) fn apply(
+    dir: &Dir,
+    gid: u32,
+    mask: u32,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), MountError> {
+    let shared = Shared {
+        gid,
+        mask,
+        dev: dir.device()?,
+        seen: AtomicU64::new(0),
+        progress,
+        failed: AtomicBool::new(false),
+    };
+    let walkers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_WALKERS);
+    if walkers < 2 || subdirectories(dir.fd()) < 2 {
+        let mut visit = FsGroup {
+            shared: &shared,
+            handoff: None,
+        };
+        return crate::walk::walk(dir.fd(), dir.path(), &mut visit);
+    }
+    let (tx, rx) = mpsc::channel::<(OwnedFd, PathBuf)>();
+    let rx = Mutex::new(rx);
+    let take = || {
+        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        next.ok().filter(|_| !shared.failed.load(Ordering::Relaxed))
+    };
+    let work = || -> Result<(), MountError> {
+        while let Some((fd, path)) = take() {
+            let mut visit = FsGroup {
+                shared: &shared,
+                handoff: None,
+            };
+            crate::walk::walk(fd.as_fd(), &path, &mut visit).inspect_err(|_| {
+                shared.failed.store(true, Ordering::Relaxed);
+            })?;
+        }
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..walkers).map(|_| s.spawn(work)).collect();
+        let root = {
+            let mut visit = FsGroup {
+                shared: &shared,
+                handoff: Some(&tx),
+            };
+            crate::walk::walk(dir.fd(), dir.path(), &mut visit)
+        };
+        if root.is_err() {
+            shared.failed.store(true, Ordering::Relaxed);
+        }
+        // No more directories: the walkers end once the queue is empty.
+        drop(tx);
+        let mine = root.and_then(|()| work());
+        helpers
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .fold(mine, Result::and)
+    })
+}
+
+/// How many subdirectories `dir` has, as its listing says (0 if it cannot be listed: the walk
+/// reports why).
+fn subdirectories(dir: BorrowedFd<'_>) -> usize {
+    let Ok(entries) = rustix::fs::Dir::read_from(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type() == FileType::Directory)
+        .filter(|e| e.file_name() != c"." && e.file_name() != c"..")
+        .take(2)
+        .count()
+}
+
+impl FsGroup<'_, '_> {
+    fn count(&self) {
+        let seen = self.shared.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if seen.is_multiple_of(PROGRESS_EVERY) {
+            (self.shared.progress)(seen);
+        }
+    }
+
+    /// The mode an entry of mode `mode` is to have (directories also get search and
+    /// set-group-ID).
+    fn wanted(&self, mode: u32, dir: bool) -> u32 {
+        let extra = if dir { 0o110 | 0o2000 } else { 0 };
+        (mode & 0o7777) | self.shared.mask | extra
+    }
+}
+
+impl Visit for FsGroup<'_, '_> {
+    /// A directory: its group and bits, changed through its descriptor, and only where they are
+    /// not already right. (A directory's chown leaves its mode alone.)
+    fn enter(&mut self, dir: BorrowedFd<'_>, at: &At<'_>) -> Result<(), MountError> {
+        self.count();
+        let st = rustix::fs::fstat(dir).map_err(|e| io("stat", &at.dir())(e))?;
+        if st.st_gid != self.shared.gid {
+            let gid = Some(rustix::fs::Gid::from_raw(self.shared.gid));
+            rustix::fs::fchown(dir, None, gid).map_err(|e| io("chown", &at.dir())(e))?;
+        }
+        let mode = self.wanted(st.st_mode, true);
+        if mode != st.st_mode & 0o7777 {
+            rustix::fs::fchmod(dir, Mode::from_raw_mode(mode))
+                .map_err(|e| io("chmod", &at.dir())(e))?;
+        }
+        Ok(())
+    }
+
+    /// Anything but a directory: one `statx` (without following a link) says what it is, where
+    /// it lives, and its group and mode; nothing more is done where both are right. The group
+    /// is changed by name without following a link; the mode of a regular file through a
+    /// descriptor opened without following one (a mode change by name would follow a link
+    /// swapped in meanwhile, to anywhere on the node). Links, mount points and entries of
+    /// another filesystem are passed by.
+    fn other(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        _listed: FileType,
+        at: &At<'_>,
+    ) -> Result<(), MountError> {
+        self.count();
+        let what = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::GID;
+        let st = match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
+            Ok(st) => st,
+            // Removed since it was listed: nothing to change.
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(io("statx", &at.child(name))(e)),
+        };
+        let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+        let ft = FileType::from_raw_mode(st.stx_mode.into());
+        let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != self.shared.dev;
+        if ft == FileType::Symlink || mount_root || elsewhere {
+            return Ok(());
+        }
+        let mode = u32::from(st.stx_mode) & 0o7777;
+        let regular = ft == FileType::RegularFile;
+        // Sockets, FIFOs and devices keep their mode: only their group changes.
+        let wanted = if regular {
+            self.wanted(mode, false)
+        } else {
+            mode
+        };
+        let regroup = st.stx_gid != self.shared.gid;
+        if regroup {
+            let gid = Some(rustix::fs::Gid::from_raw(self.shared.gid));
+            match rustix::fs::chownat(parent, name, None, gid, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(io("chown", &at.child(name))(e)),
+            }
+        }
+        // A chown clears set-user-ID and set-group-ID of a file: they are given back, as the
+        // kubelet's chmod after its chown gives them back.
+        let chmod = wanted != mode || (regroup && mode & 0o6000 != 0);
+        if !chmod || !regular {
+            return Ok(());
+        }
+        let flags =
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            // Swapped for a link, a socket or a device without a driver, or removed, since it
+            // was looked at: not a file to change.
+            Err(Errno::LOOP | Errno::NOENT | Errno::NXIO | Errno::NODEV) => return Ok(()),
+            Err(e) => return Err(io("open", &at.child(name))(e)),
+        };
+        // Whatever the name leads to now is an entry of this volume (a link is never followed,
+        // and a mount is something only the node makes): one swapped in since the statx is the
+        // pod's own, as is every other file here.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(wanted))
+            .map_err(|e| io("chmod", &at.child(name))(e))
+    }
+
+    /// A subdirectory on the same filesystem, never through a link: walked here, or, for the
+    /// root's subdirectories when several walkers share the work, handed to whichever is free.
+    fn descend(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        at: &At<'_>,
+    ) -> Result<Option<OwnedFd>, MountError> {
+        if leaves_filesystem(parent, name, self.shared.dev, at)? {
+            return Ok(None);
+        }
+        let fd = match crate::walk::open_dir(parent, name, at) {
+            Err(MountError::Symlink { .. }) => return Ok(None),
+            r => r?,
+        };
+        match (self.handoff, fd) {
+            (Some(tx), Some(fd)) if at.depth() == 0 => {
+                // The receivers live until every sender is gone.
+                let _ = tx.send((fd, at.child(name)));
+                Ok(None)
+            }
+            (_, fd) => Ok(fd),
+        }
+    }
+}
