@@ -342,8 +342,18 @@ impl super::status::Sources<'_> {
             let set_up_done = set_up.state == StepState::Done;
             steps.push(set_up);
             if let (Some(t), Some(pod)) = (&traits, stored.as_ref().map(|s| &s.pod)) {
-                if let Some(detail) = fs_group_step(t.plugin.as_str(), pod, desired.as_ref(), host)
+                if let Some(mut detail) =
+                    fs_group_step(t.plugin.as_str(), pod, desired.as_ref(), host)
                 {
+                    let uid = PodUid::from(status.uid.as_str());
+                    if let Some(p) = host.ownership.progress(&uid, &v.name) {
+                        detail = format!(
+                            "fsGroup {}: being applied by kubevol: {} files and directories so far, for {} s",
+                            p.gid,
+                            p.entries,
+                            p.started.elapsed().as_secs()
+                        );
+                    }
                     let state = if set_up_done {
                         StepState::Done
                     } else {

@@ -334,7 +334,8 @@ impl QuickPlugin for EmptyDirPlugin {
                 resize_tmpfs(host, &req, &path, &root)?;
             }
             if let Some((gid, policy)) = fs_group {
-                root.apply_fs_group(gid, false, policy)?;
+                let volume = &req.outer_volume_name;
+                host.apply_fs_group(&req.pod_ref, volume, &root, gid, policy)?;
             }
         }
         Ok(SetUpResult {

@@ -73,6 +73,8 @@ pub struct PluginHost {
     pub events: Arc<crate::report::events::EventRecorder>,
     /// The health CSI drivers report of their volumes and storage.
     pub health: Arc<crate::report::health::Health>,
+    /// The fsGroup walks under way.
+    pub ownership: super::ownership::Walks,
 }
 
 impl PluginHost {

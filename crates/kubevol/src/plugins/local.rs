@@ -136,9 +136,8 @@ fn set_up_directory(
     if read_only {
         host.mounter.remount_read_only(&target)?;
     } else if let Some((gid, policy)) = fs_group(&req.pod) {
-        parent
-            .open_beneath(Path::new(pv))?
-            .apply_fs_group(gid, false, policy)?;
+        let dir = parent.open_beneath(Path::new(pv))?;
+        host.apply_fs_group(&req.pod_ref, &req.outer_volume_name, &dir, gid, policy)?;
     }
     Ok(SetUpResult {
         path: target,

@@ -12,6 +12,7 @@ mod host;
 mod host_path;
 pub mod image;
 pub(crate) mod local;
+pub mod ownership;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

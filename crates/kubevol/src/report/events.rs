@@ -37,6 +37,8 @@ pub mod reason {
     pub const SELINUX_UNAVAILABLE: &str = "SELinuxUnavailable";
     /// A provisioned volume cannot grow to its claim's new request.
     pub const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
+    /// A volume's fsGroup walk is taking long (the kubelet's reason).
+    pub const VOLUME_PERMISSION_CHANGE_IN_PROGRESS: &str = "VolumePermissionChangeInProgress";
     /// The signer denied a pod certificate's request.
     pub const DENIED: &str = "Denied";
     /// The signer failed a pod certificate's request.

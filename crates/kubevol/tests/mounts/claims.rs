@@ -67,6 +67,84 @@ mount_test! {
 }
 
 mount_test! {
+    /// fsGroup on a local volume of 10,000 files (a setuid one among them): every entry gets
+    /// the group and the bits, the setuid bit is kept, and a walk longer than the warning's
+    /// threshold (0 here, 30 s by default) posts the kubelet's VolumePermissionChangeInProgress
+    /// naming OnRootMismatch. A second pod with `Always` finds everything right and changes
+    /// nothing (no entry's ctime moves); one with `OnRootMismatch` does not walk at all.
+    fn a_long_fs_group_walk_warns_its_pod_and_a_second_one_changes_nothing() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = TestRoot::new();
+        let disk = root.path().join("host/disk");
+        for d in 0..10 {
+            std::fs::create_dir_all(disk.join(format!("d{d}"))).unwrap();
+            for f in 0..999 {
+                std::fs::write(disk.join(format!("d{d}/f{f}")), "").unwrap();
+            }
+        }
+        let setuid = disk.join("d3/f7");
+        std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let host = root.path().join("host");
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| {
+                c.host_path_allow = vec![host.clone()];
+                c.fs_group_warning_after = Some(std::time::Duration::ZERO);
+            });
+            let here = affinity(json!([{"key": "kubernetes.io/hostname", "operator": "In", "values": ["test-node"]}]));
+            let mut objects = Vec::new();
+            for n in ["one", "two", "three"] {
+                objects.extend(bound_pair(&format!("{n}-pv"), &format!("{n}-claim"), "Filesystem", json!({"local": {"path": disk}, "nodeAffinity": here})));
+            }
+            assert!(m.library().upsert_objects(objects).is_empty());
+            let pod = |name: &str, claim: &str, policy: &str| {
+                let mut p = pod_with_volumes(name, json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]));
+                p.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 2000, "fsGroupChangePolicy": policy})).unwrap());
+                p
+            };
+            let warned = |m: &kubevol::VolumeManager, uid: &kubevol_core::PodUid| {
+                m.events().into_iter().filter(|e| &e.uid == uid && e.reason == "VolumePermissionChangeInProgress").map(|e| e.message.to_string()).collect::<Vec<_>>()
+            };
+
+            let first = pod("first", "one-claim", "Always");
+            let uid = m.add_pod(first.clone());
+            m.wait_for_attach_and_mount(&first).await.expect("mounted");
+            let events = warned(&m, &uid);
+            assert!(events.len() == 1 && events[0].contains("is taking longer than expected, consider using OnRootMismatch") && events[0].contains(&format!("{uid}/volumes/kubernetes.io~local-volume/one-pv")), "{events:?}");
+            for d in 0..10 {
+                let dir = std::fs::metadata(disk.join(format!("d{d}"))).unwrap();
+                assert_eq!((dir.gid(), dir.mode() & 0o2770), (2000, 0o2770), "d{d}");
+                for f in [0, 500, 998] {
+                    let file = std::fs::metadata(disk.join(format!("d{d}/f{f}"))).unwrap();
+                    assert_eq!((file.gid(), file.mode() & 0o660), (2000, 0o660), "d{d}/f{f}");
+                }
+            }
+            assert_eq!(std::fs::metadata(&setuid).unwrap().mode() & 0o7777, 0o4775, "set-user-ID given back after the chown");
+            let ctimes = |dir: &std::path::Path| -> Vec<(i64, i64)> {
+                (0..10).flat_map(|d| (0..999).map(move |f| (d, f))).map(|(d, f)| {
+                    let m = std::fs::metadata(dir.join(format!("d{d}/f{f}"))).unwrap();
+                    (m.ctime(), m.ctime_nsec())
+                }).collect()
+            };
+            let before = ctimes(&disk);
+
+            let second = pod("second", "two-claim", "Always");
+            let uid2 = m.add_pod(second.clone());
+            m.wait_for_attach_and_mount(&second).await.expect("mounted");
+            assert_eq!(ctimes(&disk), before, "everything was right: nothing changed");
+            assert_eq!(warned(&m, &uid2).len(), 1, "walked (Always), and told");
+
+            let third = pod("third", "three-claim", "OnRootMismatch");
+            let uid3 = m.add_pod(third.clone());
+            m.wait_for_attach_and_mount(&third).await.expect("mounted");
+            assert!(warned(&m, &uid3).is_empty(), "the root matches: no walk");
+            m.remove_pods(&[first.clone(), second.clone(), third.clone()]);
+            m.wait_for_all_pods_unmount(&[first, second, third]).await.expect("torn down");
+            m.shutdown();
+        });
+    }
+}
+
+mount_test! {
     /// A generic ephemeral volume uses the claim `<pod>-<volume>` only if the pod controls it
     /// (the kubelet's "was not created for pod" check): a claim that merely has the name is
     /// never mounted, and a claim of the manifests may name its owner pod by kind and name

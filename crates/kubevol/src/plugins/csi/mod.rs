@@ -516,6 +516,7 @@ async fn publish_volume(
         .await?;
     let (host, target) = (host.clone(), target.to_path_buf());
     let (block, pod_uid, r2) = (r.block, pod.uid.clone(), r.clone());
+    let (pod_ref, volume) = (pod.clone(), req.outer_volume_name.clone());
     blocking(move || {
         if block {
             let link = pod_device_link(&r2, &pod_uid);
@@ -528,9 +529,8 @@ async fn publish_volume(
                     ))
                 })?;
         } else if let FsGroupBy::Kubevol(gid, change) = group_by {
-            host.root_dir
-                .open_beneath(&target)?
-                .apply_fs_group(gid, false, change)?;
+            let dir = host.root_dir.open_beneath(&target)?;
+            host.apply_fs_group(&pod_ref, &volume, &dir, gid, change)?;
         }
         Ok(())
     })
