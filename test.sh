@@ -38,6 +38,9 @@ plane=$(mktemp -d /tmp/kubevol-control-plane.XXXXXX)
 trap 'tools/k8s/control-plane.sh down "$plane"; rm -f "$log"' EXIT
 tools/k8s/control-plane.sh up "$plane" >/dev/null
 echo "a real control plane serves on https://127.0.0.1:$(cat "$plane/port") (logs in $plane while the tests run)" >&2
+# The kubelet's own volume code, which the benchmark's tests measure kubevol beside.
+KUBEVOL_KUBELET_HARNESS=$(tools/k8s/build-harness.sh | tail -1)/kubelet-harness
+export KUBEVOL_KUBELET_HARNESS
 # The library as an agent that feeds pods itself builds it (without kube-rs, axum and notify):
 # it builds, and the embedding example runs (in a private mount namespace it enters itself).
 echo "building and running the library without its default features (examples/embed.rs)" >&2

@@ -6,6 +6,12 @@
 //
 // runs the kubelet's SetVolumeOwnership (pkg/volume.NewVolumeOwnership(...).ChangePermissions)
 // on DIR and prints one line: "seconds <s>".
+//
+//	kubelet-harness volume-manager --root DIR --pods N --volumes M
+//
+// runs the kubelet's VolumeManager (pkg/kubelet/volumemanager, with the emptyDir plugin and the
+// node's real mounter) on N pods of M Memory emptyDir volumes added at once and prints one line:
+// "p50 <s> p99 <s> max <s> mounted <s> unmounted <s>".
 package main
 
 import (
@@ -75,6 +81,8 @@ func main() {
 	switch os.Args[1] {
 	case "fsgroup":
 		fsGroup(os.Args[2:])
+	case "volume-manager":
+		volumeManager(os.Args[2:])
 	default:
 		fail("unknown command %q", os.Args[1])
 	}

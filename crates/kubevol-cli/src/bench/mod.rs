@@ -85,6 +85,11 @@ pub struct BenchArgs {
     /// then again with every entry right, and with OnRootMismatch.
     #[arg(long, value_name = "FILES", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn"])]
     fs_group: Option<usize>,
+    /// Run the default benchmark, then the same workload through the kubelet's own
+    /// VolumeManager (built from k8s.io/kubernetes by tools/k8s/build-harness.sh), and print
+    /// the ratios.
+    #[arg(long, conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn", "fs_group"])]
+    versus_kubelet: bool,
     /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
     /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
     #[arg(long)]
@@ -448,6 +453,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if args.versus_kubelet {
+        return versus::run(args, &runtime);
+    }
     if args.scale.is_empty() {
         let f = measure(args, args.pods(), &runtime)?;
         f.print(args);
@@ -662,7 +670,13 @@ fn measure(
         // The benchmark's thread (block_on's, not a worker) sleeps outside the runtime from
         // here to the end of the idle window: its timer is not kubevol's wake-up.
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
-        let settled = settle(Duration::from_secs(args.settle_seconds), workers);
+        // Nothing to settle for without an idle window.
+        let max = if args.idle_seconds == 0 {
+            0
+        } else {
+            args.settle_seconds
+        };
+        let settled = settle(Duration::from_secs(max), workers);
         let settle_cpu = cpu_seconds() - settle_start;
 
         // Counted before the clock starts: reading every thread's status is not kubevol's.
@@ -787,3 +801,5 @@ mod csi;
 mod cluster;
 
 mod fsgroup;
+
+mod versus;

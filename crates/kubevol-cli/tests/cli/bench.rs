@@ -156,3 +156,60 @@ mount_test! {
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 }
+
+/// The kubelet harness (tools/k8s/build-harness.sh): the one `./test.sh` built, or built here.
+fn kubelet_harness() -> std::path::PathBuf {
+    if let Some(h) = std::env::var_os("KUBEVOL_KUBELET_HARNESS") {
+        return h.into();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/k8s/build-harness.sh");
+    let out = std::process::Command::new(&script)
+        .output()
+        .expect("run tools/k8s/build-harness.sh (Go builds the kubelet harness)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8_lossy(&out.stdout);
+    Path::new(dir.lines().last().unwrap().trim()).join("kubelet-harness")
+}
+
+mount_test! {
+    /// Side by side with the kubelet's own code, built from k8s.io/kubernetes: the
+    /// VolumeManager on the same pods (both sets of figures, the ratios, and no mount left by
+    /// either), and fsGroup on the same tree (kubevol's, the kubelet's SetVolumeOwnership and
+    /// the raw walk, first time and again, and OnRootMismatch not walking).
+    fn bench_measures_kubevol_beside_the_kubelets_own_code() {
+        require_root();
+        let tmp = tempfile::tempdir().unwrap();
+        let harness = kubelet_harness();
+        let run = |args: &[&str]| {
+            let mut all = vec!["bench"];
+            all.extend(args);
+            all.extend(["--idle-seconds", "0"]);
+            succeeds(
+                in_namespace(&all)
+                    .env("TMPDIR", tmp.path())
+                    .env("KUBEVOL_KUBELET_HARNESS", &harness),
+            )
+            .0
+        };
+        let versus = run(&["--versus-kubelet", "--pods", "8", "--volumes", "2"]);
+        let ratio = |out: &str, row: &str| -> f64 {
+            let line = out.lines().find(|l| l.trim_start().starts_with(row)).unwrap_or_else(|| panic!("no {row:?}:\n{out}"));
+            line.split_whitespace().last().unwrap().trim_end_matches('x').parse().unwrap()
+        };
+        assert!(versus.contains("the kubelet's own VolumeManager"), "{versus}");
+        for row in ["ready p50", "ready p99", "all torn down"] {
+            let r = ratio(&versus, row);
+            assert!(r.is_finite() && r > 0.0, "{row}: {r}\n{versus}");
+        }
+
+        let fs_group = run(&["--fs-group", "3000"]);
+        for want in ["raw single-threaded walk (floor)", "kubelet SetVolumeOwnership", "kubevol is faster than the kubelet", "OnRootMismatch with the root already right: kubevol"] {
+            assert!(fs_group.contains(want), "{want:?} missing:\n{fs_group}");
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing left behind");
+    }
+}
