@@ -14,7 +14,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
 use crate::at::io;
-use crate::safe::{leaves_filesystem, Dir};
+use crate::safe::{leaves_filesystem, Dir, FsGroupPolicy};
 use crate::walk::{At, Visit};
 use crate::MountError;
 
@@ -42,6 +42,45 @@ struct FsGroup<'s, 'p> {
     /// Where the root's subdirectories go to be walked by any walker (the first walker's
     /// visit of the root only).
     handoff: Option<&'s mpsc::Sender<(OwnedFd, PathBuf)>>,
+}
+
+impl Dir {
+    /// Gives the tree below (and including) this directory the pod's fsGroup, as the kubelet
+    /// does for `securityContext.fsGroup`: group `gid` on every file and directory, group
+    /// read/write (read only for read-only volumes) added to the mode, search and set-group-ID
+    /// on directories. Symbolic links are skipped, never followed; nothing on another filesystem
+    /// or below a mount point is touched. With [`FsGroupPolicy::OnRootMismatch`] nothing is
+    /// walked when this directory already has the group and the bits. Returns whether it
+    /// walked.
+    pub fn apply_fs_group(
+        &self,
+        gid: u32,
+        read_only: bool,
+        policy: FsGroupPolicy,
+    ) -> Result<bool, MountError> {
+        self.apply_fs_group_reporting(gid, read_only, policy, &|_| {})
+    }
+
+    /// [`Dir::apply_fs_group`], telling `progress` how many entries it has looked at every
+    /// [`PROGRESS_EVERY`] entries (a long walk is shown, and warned of, as the kubelet does).
+    pub fn apply_fs_group_reporting(
+        &self,
+        gid: u32,
+        read_only: bool,
+        policy: FsGroupPolicy,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<bool, MountError> {
+        let mask = if read_only { 0o440 } else { 0o660 };
+        let dir_bits = mask | 0o110;
+        if policy == FsGroupPolicy::OnRootMismatch {
+            let st = rustix::fs::fstat(&self.fd).map_err(io("stat", &self.path))?;
+            if st.st_gid == gid && st.st_mode & dir_bits == dir_bits && st.st_mode & 0o2000 != 0 {
+                return Ok(false);
+            }
+        }
+        apply(self, gid, mask, progress)?;
+        Ok(true)
+    }
 }
 
 /// Gives the tree of `dir` group `gid` and the bits of `mask` (see [`Dir::apply_fs_group`]).
