@@ -784,3 +784,32 @@ cluster_test! {
         });
     }
 }
+
+cluster_test! {
+    /// An immutable Secret is read once and never watched (as the kubelet stops watching one):
+    /// the node lists it and opens no watch of secrets, while the pod's mutable ConfigMap is
+    /// watched and its update reaches the volume.
+    fn an_immutable_secret_is_read_once_and_never_watched(backend) {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "frozen"}, "immutable": true, "stringData": {"key": "v1"}})).await;
+            cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "live"}, "data": {"level": "info"}})).await;
+            let m = cluster_manager(root.path(), &cluster);
+            let pod = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "s", "secret": {"secretName": "frozen"}}, {"name": "c", "configMap": {"name": "live"}}]))).await);
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted");
+            let volumes = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod));
+            assert_eq!(std::fs::read_to_string(volumes["s"].path.join("key")).unwrap(), "v1");
+            cluster.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "live"}, "data": {"level": "debug"}})).await;
+            let cfg = volumes["c"].path.clone();
+            until(&m, 20, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
+            let requests = storage_only_read_with_get(&cluster);
+            assert!(requests.get("list secrets").is_some_and(|n| *n >= 1), "{requests:#?}");
+            assert!(!requests.contains_key("watch secrets"), "the immutable Secret was watched: {requests:#?}");
+            assert!(requests.get("watch configmaps").is_some_and(|n| *n >= 1), "the mutable ConfigMap is watched: {requests:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
