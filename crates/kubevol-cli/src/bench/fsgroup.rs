@@ -99,30 +99,67 @@ fn reset(vol: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The kubelet's SetVolumeOwnership as the harness runs it: its own measure of the call, in
-/// seconds, or why it could not run.
-fn kubelet(harness: &Path, vol: &Path, policy: &str) -> anyhow::Result<f64> {
+/// Runs the kubelet harness with `args` and returns what it printed: a line of named figures
+/// ("seconds 1.2" or "p50 0.9 p99 1.1 ...").
+pub(super) fn run_harness(
+    harness: &Path,
+    args: &[&std::ffi::OsStr],
+) -> anyhow::Result<Vec<(String, f64)>> {
     let out = std::process::Command::new(harness)
-        .arg("fsgroup")
-        .arg(vol)
-        .arg(GID.to_string())
-        .arg(policy)
+        .args(args)
         .output()
         .with_context(|| format!("run {}", harness.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    anyhow::ensure!(
-        out.status.success(),
-        "{} failed: {}{}",
-        harness.display(),
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .split_whitespace()
-        .skip_while(|w| *w != "seconds")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("unexpected output of the harness: {stdout}"))
+    if !out.status.success() {
+        // The end of its log (the kubelet's code logs every volume).
+        let log = String::from_utf8_lossy(&out.stderr);
+        let tail: String = log
+            .chars()
+            .rev()
+            .take(4000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        anyhow::bail!(
+            "{} {:?} failed: {stdout}{tail}",
+            harness.display(),
+            args.first()
+        );
+    }
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    words
+        .chunks(2)
+        .map(|pair| match pair {
+            [name, value] => value
+                .parse()
+                .map(|v| (name.to_string(), v))
+                .with_context(|| format!("unexpected output of the harness: {stdout}")),
+            _ => anyhow::bail!("unexpected output of the harness: {stdout}"),
+        })
+        .collect()
+}
+
+/// The figure `name` of the harness's output.
+pub(super) fn figure(figures: &[(String, f64)], name: &str) -> anyhow::Result<f64> {
+    figures
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| *v)
+        .with_context(|| format!("the harness printed no {name}: {figures:?}"))
+}
+
+/// The kubelet's SetVolumeOwnership as the harness runs it: its own measure of the call, in
+/// seconds, or why it could not run.
+fn kubelet(harness: &Path, vol: &Path, policy: &str) -> anyhow::Result<f64> {
+    let gid = GID.to_string();
+    let args = [
+        OsStr::new("fsgroup"),
+        vol.as_os_str(),
+        OsStr::new(&gid),
+        OsStr::new(policy),
+    ];
+    figure(&run_harness(harness, &args)?, "seconds")
 }
 
 /// The kubelet harness: `KUBEVOL_KUBELET_HARNESS`, or built by `tools/k8s/build-harness.sh`

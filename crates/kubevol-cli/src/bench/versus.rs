@@ -4,6 +4,9 @@
 //! the node's real mounter, built by `tools/k8s/build-harness.sh`), in the same private mount
 //! namespace on a fresh tmpfs, and the ratios of the two.
 
+use std::ffi::OsStr;
+
+use super::fsgroup::{figure, run_harness};
 use super::*;
 
 /// What the kubelet's VolumeManager did with the workload, in seconds.
@@ -15,36 +18,22 @@ struct Kubelet {
 }
 
 fn kubelet(harness: &Path, root: &Path, pods: usize, volumes: usize) -> anyhow::Result<Kubelet> {
-    let out = std::process::Command::new(harness)
-        .arg("volume-manager")
-        .arg("--root")
-        .arg(root)
-        .arg("--pods")
-        .arg(pods.to_string())
-        .arg("--volumes")
-        .arg(volumes.to_string())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("run {}", harness.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    anyhow::ensure!(
-        out.status.success(),
-        "{} volume-manager failed: {stdout}",
-        harness.display()
-    );
-    let field = |name: &str| -> anyhow::Result<f64> {
-        stdout
-            .split_whitespace()
-            .skip_while(|w| *w != name)
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {name} in the harness's output: {stdout}"))
-    };
+    let (pods, volumes) = (pods.to_string(), volumes.to_string());
+    let args: Vec<&OsStr> = vec![
+        "volume-manager".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--pods".as_ref(),
+        pods.as_ref(),
+        "--volumes".as_ref(),
+        volumes.as_ref(),
+    ];
+    let figures = run_harness(harness, &args)?;
     Ok(Kubelet {
-        p50: field("p50")?,
-        p99: field("p99")?,
-        mounted: field("mounted")?,
-        unmounted: field("unmounted")?,
+        p50: figure(&figures, "p50")?,
+        p99: figure(&figures, "p99")?,
+        mounted: figure(&figures, "mounted")?,
+        unmounted: figure(&figures, "unmounted")?,
     })
 }
 

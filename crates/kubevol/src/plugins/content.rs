@@ -276,8 +276,10 @@ fn write_content(
         0o777,
         fs,
     )?;
+    // A tmpfs mounted just now has the size asked for: nothing to grow.
+    let grow = kind.in_memory() && !dir.mounted_now();
     let dir = dir.open()?;
-    if kind.in_memory() {
+    if grow {
         grow_tmpfs(host, &path, &dir, size)?;
     }
     let group = fs_group(&req.pod);

@@ -328,9 +328,11 @@ impl QuickPlugin for EmptyDirPlugin {
             fs,
         )?;
         let fs_group = fs_group(&req.pod);
-        if memory || fs_group.is_some() {
+        // A tmpfs mounted just now has the size asked for now: nothing to resize.
+        let resize = memory && !dir.mounted_now();
+        if resize || fs_group.is_some() {
             let root = dir.open()?;
-            if memory {
+            if resize {
                 resize_tmpfs(host, &req, &path, &root)?;
             }
             if let Some((gid, policy)) = fs_group {

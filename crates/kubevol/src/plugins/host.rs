@@ -365,7 +365,7 @@ impl PluginHost {
             };
             self.mounter.mount(fs.source, &path, fs.fstype, &options)?;
         }
-        Ok((path, VolumeDir::below(parent.dir, name)))
+        Ok((path, VolumeDir::below(parent.dir, name, mount)))
     }
 
     /// Tears down what [`PluginHost::set_up_volume_dir`] made: unmounts the volume's own
@@ -576,22 +576,37 @@ pub(crate) enum VolumeDir {
         parent: Arc<Dir>,
         /// The volume's name.
         name: String,
+        /// Whether its filesystem was mounted just now, with the options asked for (a tmpfs
+        /// then has the size asked for: nothing to check or resize).
+        mounted_now: bool,
     },
 }
 
 impl VolumeDir {
-    fn below(parent: Arc<Dir>, name: &str) -> Self {
+    fn below(parent: Arc<Dir>, name: &str, mounted_now: bool) -> Self {
         VolumeDir::Below {
             parent,
             name: name.to_string(),
+            mounted_now,
         }
+    }
+
+    /// Whether its filesystem was mounted just now, with the options asked for.
+    pub(crate) fn mounted_now(&self) -> bool {
+        matches!(
+            self,
+            VolumeDir::Below {
+                mounted_now: true,
+                ..
+            }
+        )
     }
 
     /// The directory, opened.
     pub(crate) fn open(self) -> Result<Dir, MountError> {
         match self {
             VolumeDir::Open(d) => Ok(d),
-            VolumeDir::Below { parent, name } => parent.open_beneath(Path::new(&name)),
+            VolumeDir::Below { parent, name, .. } => parent.open_beneath(Path::new(&name)),
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod claims;
 mod pace;
+pub use pace::CONTENT_EVERY;
 mod selinux;
 mod storage;
 mod versions;
