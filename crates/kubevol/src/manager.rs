@@ -61,8 +61,8 @@ pub struct Config {
     /// How often `kubelet_volume_stats_*` are gathered (kubelet: 1 minute).
     pub volume_stats_period: Duration,
     /// How long a volume's fsGroup walk runs before its pod is warned
-    /// (`VolumePermissionChangeInProgress`); `None`: the kubelet's 30 s.
-    pub fs_group_warning_after: Option<Duration>,
+    /// (`VolumePermissionChangeInProgress`; kubelet: 30 s).
+    pub fs_group_warning_after: Duration,
     /// How long one operation may run before its pod shows it as stalled and its slot is given
     /// to other operations (a hung filesystem or driver).
     pub operation_timeout: Duration,
@@ -136,7 +136,7 @@ impl Config {
             csi_timeout: crate::csi::DEFAULT_TIMEOUT,
             volume_stats_period: Duration::from_secs(60),
             operation_timeout: Duration::from_secs(120),
-            fs_group_warning_after: None,
+            fs_group_warning_after: crate::plugins::ownership::WARN_AFTER,
             allow_lazy_unmount: false,
             node_labels: BTreeMap::new(),
             adopt_foreign_pods: false,
@@ -305,10 +305,9 @@ impl VolumeManager {
             metrics: metrics.clone(),
             events: events.clone(),
             health: Arc::default(),
-            ownership: match config.fs_group_warning_after {
-                Some(after) => crate::plugins::ownership::Walks::warning_after(after),
-                None => Default::default(),
-            },
+            ownership: crate::plugins::ownership::Walks::warning_after(
+                config.fs_group_warning_after,
+            ),
             csi,
             record,
             allow_lazy_unmount: config.allow_lazy_unmount,

@@ -96,10 +96,7 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Option<
         memory.next_full = Some(now + resync);
     }
     let retry = memory.retries.keys().next().copied();
-    match (retry, memory.next_full) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    retry.into_iter().chain(memory.next_full).min()
 }
 
 /// Runs until `stop` says so.

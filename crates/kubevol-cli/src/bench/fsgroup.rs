@@ -61,33 +61,35 @@ fn make_tree(root: &Path, files: usize) -> anyhow::Result<()> {
 /// The raw floor: every entry below (and with) `dir` given group `gid` and the modes
 /// `dir_mode` and `file_mode` with one stat, one chown and one chmod by name each, relative to
 /// the directory's descriptor, with no check of any kind; with `only_stat`, the stat alone (a
-/// walk that finds everything right). Returns how many entries it saw.
-fn raw_walk(dir: BorrowedFd<'_>, gid: u32, modes: (u32, u32), only_stat: bool) -> u64 {
-    let mut seen = 0;
-    let mut stack: Vec<OwnedFd> = vec![rustix::io::dup(dir).expect("dup")];
+/// walk that finds everything right).
+fn raw_walk(
+    dir: BorrowedFd<'_>,
+    gid: u32,
+    modes: (u32, u32),
+    only_stat: bool,
+) -> rustix::io::Result<()> {
+    let mut stack: Vec<OwnedFd> = vec![rustix::io::dup(dir)?];
     while let Some(d) = stack.pop() {
-        let entries = rustix::fs::Dir::read_from(&d).expect("read the benchmark's tree");
-        for entry in entries.flatten() {
+        for entry in rustix::fs::Dir::read_from(&d)? {
+            let entry = entry?;
             let name = entry.file_name();
             if name == c"." || name == c".." {
                 continue;
             }
-            seen += 1;
-            let st = rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW).expect("stat");
+            let st = rustix::fs::statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)?;
             let is_dir = FileType::from_raw_mode(st.st_mode) == FileType::Directory;
             if !only_stat {
                 let g = Some(rustix::fs::Gid::from_raw(gid));
-                rustix::fs::chownat(&d, name, None, g, AtFlags::SYMLINK_NOFOLLOW).expect("chown");
+                rustix::fs::chownat(&d, name, None, g, AtFlags::SYMLINK_NOFOLLOW)?;
                 let mode = if is_dir { modes.0 } else { modes.1 };
-                rustix::fs::chmodat(&d, name, Mode::from_raw_mode(mode), AtFlags::empty())
-                    .expect("chmod");
+                rustix::fs::chmodat(&d, name, Mode::from_raw_mode(mode), AtFlags::empty())?;
             }
             if is_dir {
-                stack.push(open_dir(d.as_fd(), OsStr::from_bytes(name.to_bytes())).expect("open"));
+                stack.push(open_dir(d.as_fd(), OsStr::from_bytes(name.to_bytes()))?);
             }
         }
     }
-    seen
+    Ok(())
 }
 
 /// Gives the whole tree back group 0 and modes 0755/0644, as it was made.
@@ -95,7 +97,7 @@ fn reset(vol: &Path) -> anyhow::Result<()> {
     let fd = open_dir(rustix::fs::CWD, vol.as_os_str())?;
     rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(0)))?;
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?;
-    raw_walk(fd.as_fd(), 0, (0o755, 0o644), false);
+    raw_walk(fd.as_fd(), 0, (0o755, 0o644), false).context("reset the benchmark's tree")?;
     Ok(())
 }
 
@@ -219,7 +221,7 @@ pub fn run(args: &BenchArgs, files: usize) -> anyhow::Result<ExitCode> {
             rustix::fs::fchown(&fd, None, Some(rustix::fs::Gid::from_raw(GID)))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o2775))?;
         }
-        raw_walk(fd.as_fd(), GID, (0o2775, 0o664), only_stat);
+        raw_walk(fd.as_fd(), GID, (0o2775, 0o664), only_stat).context("the raw walk")?;
         Ok(t.elapsed().as_secs_f64())
     };
     let kubevol = |policy: FsGroupPolicy| -> anyhow::Result<(f64, bool)> {

@@ -21,11 +21,10 @@ pub const WARN_AFTER: Duration = Duration::from_secs(30);
 pub const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// The walks under way, by pod and volume name.
-#[derive(Default)]
 pub struct Walks {
     running: Mutex<BTreeMap<(PodUid, String), Progress>>,
     /// [`WARN_AFTER`], or a test's.
-    warn_after: Option<Duration>,
+    warn_after: Duration,
 }
 
 /// How far one walk has got.
@@ -42,11 +41,11 @@ pub struct Progress {
 }
 
 impl Walks {
-    /// Walks that warn after `warn_after` instead of [`WARN_AFTER`].
+    /// Walks that warn after `warn_after` ([`WARN_AFTER`] as the kubelet).
     pub fn warning_after(warn_after: Duration) -> Walks {
         Walks {
             running: Mutex::default(),
-            warn_after: Some(warn_after),
+            warn_after,
         }
     }
 
@@ -88,7 +87,7 @@ impl PluginHost {
         let walks = &self.ownership;
         let key = (pod.uid.clone(), volume.to_string());
         let started = Instant::now();
-        let warn_after = walks.warn_after.unwrap_or(WARN_AFTER);
+        let warn_after = walks.warn_after;
         // Named from the pod's UID on, as the kubelet names it.
         let path = dir.path().display().to_string();
         let volume_dir = match path.find(pod.uid.as_str()) {

@@ -88,7 +88,7 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(root.path(), |c| {
                 c.host_path_allow = vec![host.clone()];
-                c.fs_group_warning_after = Some(std::time::Duration::ZERO);
+                c.fs_group_warning_after = std::time::Duration::ZERO;
             });
             let here = affinity(json!([{"key": "kubernetes.io/hostname", "operator": "In", "values": ["test-node"]}]));
             let mut objects = Vec::new();

@@ -109,17 +109,15 @@ impl PodSource for ClusterSource {
                 key: ObjectKey::Node(self.node_name.clone()),
                 pending: true,
             }]);
-            let node = tokio::spawn(
-                watch_one(
-                    Api::<Node>::all(self.client.clone()),
-                    self.node_name.clone(),
-                    ObjectKey::Node(self.node_name.clone()),
-                    sink.clone(),
-                    Object::Node,
-                    self.listings.clone(),
-                )
-                .run(),
-            );
+            let node = tokio::spawn(watch_one(
+                Api::<Node>::all(self.client.clone()),
+                self.node_name.clone(),
+                ObjectKey::Node(self.node_name.clone()),
+                sink.clone(),
+                Object::Node,
+                self.listings.clone(),
+                |_| false,
+            ));
             let _node = AbortOnDrop(node);
             // Read untyped, then typed: fields newer than kubevol's API types (a volume's
             // `emptyDir.mode`) are kept as the pod's extensions, as for a manifest.

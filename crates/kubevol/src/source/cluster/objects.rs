@@ -244,15 +244,15 @@ impl Referenced {
         match r.clone() {
             Ref::ConfigMap(ns, n) => {
                 let api = Api::<ConfigMap>::namespaced(client, &ns);
-                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, listings)
-                    .until(|c: &ConfigMap| c.immutable == Some(true));
-                (tokio::spawn(watch.run()), None)
+                let frozen = |c: &ConfigMap| c.immutable == Some(true);
+                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, listings, frozen);
+                (tokio::spawn(watch), None)
             }
             Ref::Secret(ns, n) => {
                 let api = Api::<Secret>::namespaced(client, &ns);
-                let watch = watch_one(api, n, r.key(), sink, Object::Secret, listings)
-                    .until(|s: &Secret| s.immutable == Some(true));
-                (tokio::spawn(watch.run()), None)
+                let frozen = |s: &Secret| s.immutable == Some(true);
+                let watch = watch_one(api, n, r.key(), sink, Object::Secret, listings, frozen);
+                (tokio::spawn(watch), None)
             }
             Ref::Volume(n) => {
                 let read = read_one(
@@ -360,105 +360,64 @@ async fn read_one<K>(
     }
 }
 
-/// A watch of one object by name: see [`WatchOne::run`].
-pub(super) struct WatchOne<K> {
-    api: Api<K>,
-    name: String,
-    key: ObjectKey,
-    sink: Sink,
-    object: fn(K) -> Object,
-    listings: Listings,
-    /// Once an object is seen so (immutable), it is kept as it is and no longer watched.
-    frozen: fn(&K) -> bool,
-}
-
 /// Lists and watches one object by name (a field selector, all the Node authorizer allows a
-/// node for the ConfigMaps and Secrets its pods reference), keeping the store's copy of it.
-pub(super) fn watch_one<K>(
+/// node for the ConfigMaps and Secrets its pods reference), keeping the store's copy of it: the
+/// listing marks it present or absent and no longer pending; each event updates it; a refusal
+/// (the authorizer has not learnt the relationship yet) or an unreachable server is tried again
+/// after a backoff, and what the store has stays. Once the object is `frozen` (an immutable
+/// ConfigMap or Secret, as the kubelet stops watching one) it is kept as read and no longer
+/// watched.
+pub(super) async fn watch_one<K>(
     api: Api<K>,
     name: String,
     key: ObjectKey,
     sink: Sink,
     object: fn(K) -> Object,
     listings: Listings,
-) -> WatchOne<K> {
-    WatchOne {
-        api,
-        name,
-        key,
-        sink,
-        object,
-        listings,
-        frozen: |_| false,
-    }
-}
-
-impl<K> WatchOne<K>
-where
+    frozen: fn(&K) -> bool,
+) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    /// Stops watching once the object is `frozen` (an immutable ConfigMap or Secret, as the
-    /// kubelet stops watching one): it is read once and kept as read.
-    pub(super) fn until(mut self, frozen: fn(&K) -> bool) -> Self {
-        self.frozen = frozen;
-        self
-    }
-
-    /// Keeps the store's copy of the object until dropped (or, once frozen, for good): the
-    /// listing marks it present or absent and no longer pending; each event updates it; a
-    /// refusal (the authorizer has not learnt the relationship yet) or an unreachable server
-    /// is tried again after a backoff, and what the store has stays.
-    pub(super) async fn run(self) {
-        let WatchOne {
-            api,
-            name,
-            key,
-            sink,
-            object,
-            listings,
-            frozen,
-        } = self;
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut events = watcher(api, config).boxed();
-        let mut backoff = WatchBackoff::default();
-        let (mut listed, mut is_frozen) = (false, false);
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(Event::Init) => (listed, is_frozen) = (false, false),
-                Ok(Event::InitApply(o)) => {
-                    (listed, is_frozen) = (true, frozen(&o));
-                    sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, config).boxed();
+    let mut backoff = WatchBackoff::default();
+    let (mut listed, mut is_frozen) = (false, false);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => (listed, is_frozen) = (false, false),
+            Ok(Event::InitApply(o)) => {
+                (listed, is_frozen) = (true, frozen(&o));
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+            }
+            Ok(Event::Apply(o)) => {
+                let now_frozen = frozen(&o);
+                sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+                if now_frozen {
+                    return;
                 }
-                Ok(Event::Apply(o)) => {
-                    let now_frozen = frozen(&o);
-                    sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
-                    if now_frozen {
-                        return;
-                    }
-                }
-                Ok(Event::InitDone) => {
-                    backoff.reset();
-                    listings.listed_object();
-                    if !listed {
-                        sink.apply([Change::ClusterRemove(key.clone())]);
-                    }
-                    sink.apply([Change::ClusterPending {
-                        key: key.clone(),
-                        pending: false,
-                    }]);
-                    // Read, and never to change: no watch is opened.
-                    if is_frozen {
-                        return;
-                    }
-                }
-                Ok(Event::Delete(_)) => {
+            }
+            Ok(Event::InitDone) => {
+                backoff.reset();
+                listings.listed_object();
+                if !listed {
                     sink.apply([Change::ClusterRemove(key.clone())]);
                 }
-                Err(e) => {
-                    let delay = backoff.step(object_watch_refused(&e));
-                    tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
-                    tokio::time::sleep(delay).await;
+                sink.apply([Change::ClusterPending {
+                    key: key.clone(),
+                    pending: false,
+                }]);
+                // Read, and never to change: no watch is opened.
+                if is_frozen {
+                    return;
                 }
+            }
+            Ok(Event::Delete(_)) => {
+                sink.apply([Change::ClusterRemove(key.clone())]);
+            }
+            Err(e) => {
+                let delay = backoff.step(object_watch_refused(&e));
+                tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
+                tokio::time::sleep(delay).await;
             }
         }
     }
