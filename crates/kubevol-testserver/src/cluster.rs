@@ -82,8 +82,8 @@ pub struct TestCluster {
     relay: Relay,
     /// Cluster-scoped objects this test created, deleted by `clean_up` on a real cluster.
     created: Mutex<Vec<(&'static Resource, String)>>,
-    /// The pods this test created: when, in which namespace, and which Secrets, ConfigMaps and
-    /// service account each references (what a node may be refused for a moment after).
+    /// The pods this test created: when, in which namespace, and which objects each references
+    /// (what a node may be refused for a moment after).
     pods: Mutex<Vec<CreatedPod>>,
     /// The project's control plane's directory, when this is it.
     control_plane: Option<std::path::PathBuf>,
@@ -98,45 +98,14 @@ struct CreatedPod {
     /// When the API server created it.
     at: Option<k8s_openapi::jiff::Timestamp>,
     namespace: String,
-    /// `secrets/<name>`, `configmaps/<name>`, `serviceaccounts/<name>`.
+    /// `<resource>/<name>` of every object the pod names, as the Node authorizer relates
+    /// them (`crate::refs`).
     references: std::collections::BTreeSet<String>,
 }
 
 /// How long after a pod's creation a node may be refused a read of what the pod references:
 /// the Node authorizer learns the pod's references from its own watch, moments later.
 const AUTHORIZER_LAG: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The Secrets, ConfigMaps and service account a pod's JSON references (volumes, projected
-/// sources, environment), as `<resource>/<name>`.
-fn pod_references(pod: &Value) -> std::collections::BTreeSet<String> {
-    let mut out = std::collections::BTreeSet::new();
-    let account = pod["spec"]["serviceAccountName"]
-        .as_str()
-        .unwrap_or("default");
-    out.insert(format!("serviceaccounts/{account}"));
-    let mut todo = vec![&pod["spec"]];
-    while let Some(v) = todo.pop() {
-        match v {
-            Value::Object(map) => {
-                for (key, value) in map {
-                    let resource = match key.as_str() {
-                        "secret" | "secretKeyRef" | "secretRef" => Some("secrets"),
-                        "configMap" | "configMapKeyRef" | "configMapRef" => Some("configmaps"),
-                        _ => None,
-                    };
-                    let name = value["secretName"].as_str().or(value["name"].as_str());
-                    if let (Some(resource), Some(name)) = (resource, name) {
-                        out.insert(format!("{resource}/{name}"));
-                    }
-                    todo.push(value);
-                }
-            }
-            Value::Array(items) => todo.extend(items),
-            _ => {}
-        }
-    }
-    out
-}
 
 /// One request of the node, as the API server's audit log has it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -468,7 +437,10 @@ impl TestCluster {
                         .as_str()
                         .unwrap_or_default()
                         .to_string(),
-                    references: pod_references(&made),
+                    references: crate::refs::of_pod(&made)
+                        .into_iter()
+                        .map(|(resource, name)| format!("{resource}/{name}"))
+                        .collect(),
                 });
         }
         made
