@@ -19,6 +19,7 @@ pub mod ns;
 pub mod pin;
 pub mod safe;
 pub mod subpath;
+pub mod usage;
 pub mod walk;
 
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -60,6 +60,10 @@ pub struct Config {
     pub csi_timeout: Duration,
     /// How often `kubelet_volume_stats_*` are gathered (kubelet: 1 minute).
     pub volume_stats_period: Duration,
+    /// Whether a disk-backed emptyDir made where the filesystem accounts project quotas gets a
+    /// project of its own, so that its usage is one `quotactl` rather than a walk
+    /// (`--project-quotas`; on).
+    pub project_quotas: bool,
     /// How long a volume's fsGroup walk runs before its pod is warned
     /// (`VolumePermissionChangeInProgress`; kubelet: 30 s).
     pub fs_group_warning_after: Duration,
@@ -135,6 +139,7 @@ impl Config {
             csi_controllers: Vec::new(),
             csi_timeout: crate::csi::DEFAULT_TIMEOUT,
             volume_stats_period: Duration::from_secs(60),
+            project_quotas: true,
             operation_timeout: Duration::from_secs(120),
             fs_group_warning_after: crate::plugins::ownership::WARN_AFTER,
             allow_lazy_unmount: false,
@@ -300,6 +305,8 @@ impl VolumeManager {
             claim_status: std::sync::OnceLock::new(),
             refresh: crate::plugins::Refresher::new(refresh),
             content_usage: Default::default(),
+            projects: crate::plugins::usage::Projects::new(config.project_quotas),
+            usages: Default::default(),
             selinux_context: config.selinux.file_context(),
             selinux_mount_all: config.selinux_mount,
             metrics: metrics.clone(),
@@ -536,6 +543,12 @@ impl VolumeManager {
     /// The health CSI drivers report of the node's volumes and of their storage.
     pub fn health(&self) -> Arc<crate::report::health::Health> {
         self.parts.host.health.clone()
+    }
+
+    /// `/stats/summary`: each mounted emptyDir's usage, as last measured (every
+    /// `volume_stats_period`), in the kubelet's Summary API's shape.
+    pub fn stats_summary(&self) -> serde_json::Value {
+        crate::inspect::summary::summary(&self.status(false), &self.parts.host.usages.all())
     }
 
     /// Whether a pod came from the API server (holding only the store).

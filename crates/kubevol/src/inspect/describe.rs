@@ -362,6 +362,19 @@ impl super::status::Sources<'_> {
                     steps.push(step("fsGroup", state, detail));
                 }
             }
+            if let Some(u) = host.usages.get(&PodUid::from(status.uid.as_str()), &v.name) {
+                let ago = u.at.and_then(|t| t.elapsed().ok()).unwrap_or_default();
+                let detail = format!(
+                    "{} bytes in {} inodes, measured by {} {} s ago (of {} bytes, {} free)",
+                    u.used_bytes,
+                    u.inodes_used,
+                    u.by.as_str(),
+                    ago.as_secs(),
+                    u.capacity_bytes,
+                    u.available_bytes,
+                );
+                steps.push(step("usage", StepState::Done, detail));
+            }
             if let Some((_, _, subs)) = &mounted {
                 for sp in subs {
                     steps.push(step(

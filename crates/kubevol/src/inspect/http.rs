@@ -48,6 +48,7 @@ pub fn router(manager: VolumeManager) -> Router {
         )
         .route("/api/v1/pods/{uid}/describe", get(describe_by_uid))
         .route("/api/v1/node/describe", get(describe_node))
+        .route("/stats/summary", get(stats_summary))
         .route(
             "/api/v1/pods/{namespace}/{name}/containers/{container}/mounts",
             get(container_mounts),
@@ -172,6 +173,10 @@ async fn describe_by_uid(
 
 async fn describe_node(State(m): State<VolumeManager>) -> impl IntoResponse {
     Json(m.describe_node())
+}
+
+async fn stats_summary(State(m): State<VolumeManager>) -> impl IntoResponse {
+    Json(m.stats_summary())
 }
 
 /// The query of a container's mounts: `format=json` (kubevol's, the default), `cri` or `oci`.

@@ -6,3 +6,4 @@ pub mod describe;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod status;
+pub mod summary;

@@ -14,7 +14,7 @@ use kubevol_core::state::VolumeSpec;
 
 use super::{
     blocking, fs_group, BoxFuture, Filesystem, PluginHost, QuickPlugin, QuickStep, SetUpRequest,
-    SetUpResult, TearDownRequest, VolumePlugin,
+    SetUpResult, TearDownRequest, VolumeDir, VolumePlugin,
 };
 use crate::error::VolumeError;
 
@@ -327,6 +327,11 @@ impl QuickPlugin for EmptyDirPlugin {
             mode(&req.spec),
             fs,
         )?;
+        // A disk-backed volume made just now, empty: a project of its own, where projects are
+        // accounted, makes its usage one call.
+        if let VolumeDir::Open(made, true) = &dir {
+            host.projects.give(made);
+        }
         let fs_group = fs_group(&req.pod);
         // A tmpfs mounted just now has the size asked for now: nothing to resize.
         let resize = memory && !dir.mounted_now();

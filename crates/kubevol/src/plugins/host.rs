@@ -61,6 +61,10 @@ pub struct PluginHost {
     pub refresh: Refresher,
     /// What each pod's content volumes take, against its budget.
     pub content_usage: super::budget::ContentUsage,
+    /// The project IDs given to disk-backed emptyDir volumes.
+    pub projects: super::usage::Projects,
+    /// What each mounted emptyDir held when last measured.
+    pub usages: super::usage::Usages,
     /// The plugin directories last used, kept open.
     pub(crate) plugin_dirs: PluginDirCache,
     /// The containers' default SELinux file context, or `None`: the node has no SELinux.
@@ -324,8 +328,8 @@ impl PluginHost {
         let path = self.pod_volume_path(pod, plugin, name);
         let mut parent = self.plugin_dir(pod, plugin, true)?;
         let Some(mut fs) = fs else {
-            let (dir, _) = parent.retry_fresh(self, |p| p.make_child(OsStr::new(name), mode))?;
-            return Ok((path, VolumeDir::Open(dir)));
+            let (dir, made) = parent.retry_fresh(self, |p| p.make_child(OsStr::new(name), mode))?;
+            return Ok((path, VolumeDir::Open(dir, made)));
         };
         // The common first set-up: a directory made a moment ago cannot be a mount point. (It
         // is not opened: the filesystem mounted on it is what the caller may want to open.)
@@ -568,8 +572,8 @@ impl PluginDir<'_> {
 /// A volume's directory as set-up left it, opened when the caller needs it (for an fsGroup, or
 /// to write content): after the mount, so that it is the new filesystem's root.
 pub(crate) enum VolumeDir {
-    /// Opened already (no filesystem of its own).
-    Open(Dir),
+    /// Opened already (no filesystem of its own), and whether it was made just now.
+    Open(Dir, bool),
     /// The entry `name` of `parent`, not opened yet.
     Below {
         /// The plugin's directory of the pod.
@@ -605,7 +609,7 @@ impl VolumeDir {
     /// The directory, opened.
     pub(crate) fn open(self) -> Result<Dir, MountError> {
         match self {
-            VolumeDir::Open(d) => Ok(d),
+            VolumeDir::Open(d, _) => Ok(d),
             VolumeDir::Below { parent, name, .. } => parent.open_beneath(Path::new(&name)),
         }
     }

@@ -13,6 +13,7 @@ mod host_path;
 pub mod image;
 pub(crate) mod local;
 pub mod ownership;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use kubevol_mount::safe::FsGroupPolicy;
 pub(crate) use content::StoreObjects;
 pub use content::{ContentKind, ContentPlugin};
 pub use empty_dir::EmptyDirPlugin;
-pub(crate) use host::Filesystem;
+pub(crate) use host::{Filesystem, VolumeDir};
 pub use host::{PluginHost, Refresher};
 pub use host_path::HostPathPlugin;
 pub use local::LocalPlugin;

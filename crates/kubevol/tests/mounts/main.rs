@@ -5,6 +5,7 @@
 mod common;
 mod claims;
 mod resize;
+mod usage;
 
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

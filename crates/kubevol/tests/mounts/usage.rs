@@ -1,0 +1,162 @@
+//! emptyDir usage (`/stats/summary`, `describe`): from the filesystem's project quota on
+//! loop-mounted XFS and ext4, by a walk elsewhere, from its own tmpfs for a memory medium; each
+//! checked against `du` on the same tree.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+/// Mounts a new filesystem `fs` (`xfs` or `ext4`) of a sparse file at `<root>/root`, the
+/// manager's root, with project quotas where the kernel has them (XFS needs
+/// `CONFIG_XFS_QUOTA`, ext4 `CONFIG_QFMT_V2`), else without: says which. A loop device the
+/// kernel detaches at the unmount.
+fn loop_root(root: &Path, fs: &str) -> bool {
+    let image = root.join(format!("{fs}.img"));
+    let target = root.join("root");
+    std::fs::create_dir(&target).unwrap();
+    let try_with = |quotas: bool| {
+        std::fs::File::create(&image).unwrap().set_len(512 << 20).unwrap();
+        let mkfs = match (fs, quotas) {
+            ("xfs", _) => std::process::Command::new("mkfs.xfs").args(["-q", "-f"]).arg(&image).status(),
+            (_, true) => std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-O", "quota,project"]).arg(&image).status(),
+            (_, false) => std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).status(),
+        };
+        assert!(mkfs.unwrap().success(), "mkfs.{fs}");
+        let options = if quotas { "loop,prjquota" } else { "loop" };
+        let out = std::process::Command::new("mount").args(["-o", options]).arg(&image).arg(&target).output().unwrap();
+        out.status.success()
+    };
+    if try_with(true) {
+        return true;
+    }
+    eprintln!("this kernel cannot account project quotas on {fs}: the volume is walked");
+    assert!(try_with(false), "mount {fs}");
+    false
+}
+
+/// `du`'s bytes (blocks) and inodes of the tree at `path`, one filesystem.
+fn du(path: &Path) -> (u64, u64) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("du").args(args).arg(path).output().unwrap();
+        assert!(out.status.success(), "du: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().parse::<u64>().unwrap()
+    };
+    (run(&["-s", "-x", "-B1"]), run(&["-s", "-x", "--inodes"]))
+}
+
+/// Writes `files` files of 10,000 bytes, a subdirectory each 100, and a second link to one.
+fn fill(dir: &Path, files: usize, tag: &str) {
+    for i in 0..files {
+        let sub = dir.join(format!("{tag}-{}", i / 100));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("f{i}")), vec![b'x'; 10_000]).unwrap();
+    }
+    std::fs::hard_link(dir.join(format!("{tag}-0/f0")), dir.join(format!("{tag}-link"))).unwrap();
+    rustix::fs::sync();
+}
+
+/// The volume `name` of `pod` in the summary, once measured after `after` bytes were in it.
+async fn measured(m: &kubevol::VolumeManager, pod: &str, name: &str, at_least: u64) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let summary = m.stats_summary();
+        let found = summary["pods"].as_array().into_iter().flatten()
+            .filter(|p| p["podRef"]["name"] == pod)
+            .flat_map(|p| p["volume"].as_array().cloned().unwrap_or_default())
+            .find(|v| v["name"] == name && v["usedBytes"].as_u64().unwrap_or(0) >= at_least);
+        if let Some(v) = found {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{pod}/{name} not measured with {at_least} bytes: {summary:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pod with a disk-backed and a memory-backed emptyDir on a root of `fs` (`None`: the test's
+/// own filesystem): the disk-backed one is measured by its project where the filesystem
+/// accounts projects, else walked; both agree with du; a restart keeps the project, and what
+/// the pod adds is seen at the next measure.
+fn usage_on(fs: Option<&str>) {
+    let root = TestRoot::new();
+    let quotas = fs.is_some_and(|fs| loop_root(root.path(), fs));
+    let by = if quotas { "project-quota" } else { "walk" };
+    runtime().block_on(async {
+        let fast = |c: &mut kubevol::Config| c.volume_stats_period = Duration::from_millis(100);
+        let m = manager(root.path(), fast);
+        let p = pod_with_volumes("app", json!([{"name": "scratch", "emptyDir": {}}, {"name": "mem", "emptyDir": {"medium": "Memory"}}]));
+        let uid = m.add_pod(p.clone());
+        m.wait_for_attach_and_mount(&p).await.expect("mounted");
+        let scratch = m.mounted_volumes_for_pod(&uid)["scratch"].path.clone();
+        let mem = m.mounted_volumes_for_pod(&uid)["mem"].path.clone();
+        fill(&scratch, 1_000, "a");
+        std::fs::write(mem.join("m"), vec![1u8; 1 << 20]).unwrap();
+
+        let (bytes, inodes) = du(&scratch);
+        let v = measured(&m, "app", "scratch", bytes).await;
+        assert_eq!(v["measuredBy"], by, "{v}");
+        assert_eq!(v["usedBytes"], bytes, "du's bytes: {v}");
+        assert_eq!(v["inodesUsed"], inodes, "du's inodes: {v}");
+        assert!(v["capacityBytes"].as_u64().unwrap() > 0 && v["time"].is_string(), "{v}");
+        let v = measured(&m, "app", "mem", 1 << 20).await;
+        assert_eq!(v["measuredBy"], "own-filesystem", "{v}");
+        assert_eq!(v["usedBytes"], du(&mem).0, "{v}");
+        let described = m.describe_pod(&uid).unwrap();
+        let text = serde_json::to_string(&described).unwrap();
+        assert!(text.contains(&format!("{bytes} bytes in {inodes} inodes, measured by {by}")), "{text}");
+
+        // After a restart the volume keeps its project; what the pod adds is measured.
+        let m = restart(m, root.path(), fast).await;
+        m.add_pod(p.clone());
+        m.wait_for_attach_and_mount(&p).await.expect("mounted again");
+        fill(&scratch, 500, "b");
+        let (bytes, inodes) = du(&scratch);
+        let v = measured(&m, "app", "scratch", bytes).await;
+        assert_eq!((v["measuredBy"].clone(), v["usedBytes"].clone(), v["inodesUsed"].clone()), (json!(by), json!(bytes), json!(inodes)), "{v}");
+
+        m.remove_pod(&p);
+        m.wait_for_unmount(&p).await.expect("torn down");
+        assert!(!scratch.exists(), "the volume is removed");
+        m.shutdown();
+    });
+}
+
+mount_test! {
+    fn an_empty_dir_on_xfs_is_measured_by_its_project_where_quotas_are_on() {
+        usage_on(Some("xfs"));
+    }
+}
+
+mount_test! {
+    fn an_empty_dir_on_ext4_is_measured_by_its_project_where_quotas_are_on() {
+        usage_on(Some("ext4"));
+    }
+}
+
+mount_test! {
+    fn an_empty_dir_on_the_roots_own_filesystem_is_walked() {
+        usage_on(None);
+    }
+}
+
+mount_test! {
+    /// The project kubevol gives a directory is the one xfs_io reads, inherited.
+    fn a_project_given_on_xfs_is_read_back_by_xfs_io() {
+        let root = TestRoot::new();
+        loop_root(root.path(), "xfs");
+        let d = root.path().join("root/volume");
+        std::fs::create_dir(&d).unwrap();
+        let dir = kubevol_mount::safe::Dir::open(&d).unwrap();
+        assert_eq!(kubevol_mount::usage::project(&dir).unwrap(), None, "no project yet");
+        kubevol_mount::usage::set_project(&dir, 1_048_600).unwrap();
+        assert_eq!(kubevol_mount::usage::project(&dir).unwrap(), Some(1_048_600));
+        let out = std::process::Command::new("xfs_io").args(["-c", "lsproj", "-c", "lsattr"]).arg(&d).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("projid = 1048600"), "{text}");
+        assert!(text.lines().nth(1).is_some_and(|l| l.split_whitespace().next().unwrap_or("").contains('P')), "inherited: {text}");
+        std::fs::create_dir(d.join("child")).unwrap();
+        let child = kubevol_mount::safe::Dir::open(&d.join("child")).unwrap();
+        assert_eq!(kubevol_mount::usage::project(&child).unwrap(), Some(1_048_600), "a new entry takes it");
+    }
+}
