@@ -18,6 +18,14 @@ pub(crate) fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> 
     }
 }
 
+/// The result of a raw system call: its errno when it returned -1.
+pub(crate) fn checked(ret: libc::c_long) -> Result<(), Errno> {
+    match ret {
+        -1 => Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO)),
+        _ => Ok(()),
+    }
+}
+
 /// A directory, opened for reading its entries, never through a symbolic link.
 pub(crate) const DIR_FLAGS: OFlags = OFlags::DIRECTORY
     .union(OFlags::NOFOLLOW)

@@ -198,10 +198,11 @@ impl Visit for FsGroup<'_, '_> {
 
     /// Anything but a directory: one `statx` (without following a link) says what it is, where
     /// it lives, and its group and mode; nothing more is done where both are right. The group
-    /// is changed by name without following a link; the mode of a regular file through a
-    /// descriptor opened without following one (a mode change by name would follow a link
-    /// swapped in meanwhile, to anywhere on the node). Links, mount points and entries of
-    /// another filesystem are passed by.
+    /// is changed by name without following a link; the mode of a regular file by name without
+    /// following one either (`fchmodat2`; a plain chmod by name would follow a link swapped in
+    /// meanwhile, to anywhere on the node), or, on a kernel without it, through a descriptor
+    /// opened without following one. Links, mount points and entries of another filesystem
+    /// are passed by.
     fn other(
         &mut self,
         parent: BorrowedFd<'_>,
@@ -246,6 +247,14 @@ impl Visit for FsGroup<'_, '_> {
         if !chmod || !regular {
             return Ok(());
         }
+        match chmod_nofollow(parent, name, wanted) {
+            // Swapped for a link (whose mode Linux does not change), or removed, since it was
+            // looked at: not a file to change.
+            Ok(()) | Err(Errno::OPNOTSUPP | Errno::NOENT) => return Ok(()),
+            Err(Errno::NOSYS) => {}
+            Err(e) => return Err(io("chmod", &at.child(name))(e)),
+        }
+        // A kernel before 6.6: through a descriptor opened without following a link.
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
         let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
@@ -286,4 +295,36 @@ impl Visit for FsGroup<'_, '_> {
             (_, fd) => Ok(fd),
         }
     }
+}
+
+/// Whether the kernel has `fchmodat2` (Linux 6.6), until a call says it has not.
+static FCHMODAT2: AtomicBool = AtomicBool::new(true);
+
+/// `fchmodat2(parent, name, mode, AT_SYMLINK_NOFOLLOW)`: the mode of the entry `name` changed
+/// without following a link (a link is refused with `EOPNOTSUPP`); `ENOSYS` on a kernel
+/// without the call.
+fn chmod_nofollow(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<(), Errno> {
+    use rustix::path::Arg;
+    if !FCHMODAT2.load(Ordering::Relaxed) {
+        return Err(Errno::NOSYS);
+    }
+    let r = name.into_with_c_str(|name| {
+        #[allow(unsafe_code)]
+        // SAFETY: fchmodat2(2) reads the NUL-terminated name, valid for the call, and takes the
+        // descriptor, the mode and the flags by value; it writes nothing of ours.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_fchmodat2,
+                std::os::fd::AsRawFd::as_raw_fd(&parent),
+                name.as_ptr(),
+                mode as libc::c_uint,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        crate::at::checked(ret)
+    });
+    if r == Err(Errno::NOSYS) {
+        FCHMODAT2.store(false, Ordering::Relaxed);
+    }
+    r
 }

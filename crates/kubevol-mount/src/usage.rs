@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
-use crate::at::io;
+use crate::at::{checked, io};
 use crate::safe::{leaves_filesystem, Dir};
 use crate::walk::{At, Visit};
 use crate::MountError;
@@ -72,17 +72,6 @@ const Q_GETQUOTA: libc::c_int = 0x80_0007;
 /// `QCMD(cmd, PRJQUOTA)`.
 fn project_command(cmd: libc::c_int) -> libc::c_int {
     (cmd << 8) | PRJQUOTA
-}
-
-/// The result of a raw call: its errno when it returned -1.
-fn checked(ret: libc::c_long) -> Result<(), Errno> {
-    if ret == -1 {
-        Err(Errno::from_raw_os_error(
-            std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
-        ))
-    } else {
-        Ok(())
-    }
 }
 
 fn get_xattr(fd: BorrowedFd<'_>) -> Result<FsXattr, Errno> {

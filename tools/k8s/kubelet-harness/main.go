@@ -7,6 +7,11 @@
 // runs the kubelet's SetVolumeOwnership (pkg/volume.NewVolumeOwnership(...).ChangePermissions)
 // on DIR and prints one line: "seconds <s>".
 //
+//	kubelet-harness du DIR
+//
+// runs the kubelet's metrics of an emptyDir volume (pkg/volume.NewMetricsDu(DIR).GetMetrics:
+// fs.DiskUsage, then statfs) and prints one line: "seconds <s> bytes <n> inodes <n>".
+//
 //	kubelet-harness volume-manager --root DIR --pods N --volumes M
 //
 // runs the kubelet's VolumeManager (pkg/kubelet/volumemanager, with the emptyDir plugin and the
@@ -74,6 +79,19 @@ func fsGroup(args []string) {
 	fmt.Printf("seconds %.6f\n", elapsed.Seconds())
 }
 
+func du(args []string) {
+	if len(args) != 1 {
+		fail("usage: du DIR")
+	}
+	start := time.Now()
+	m, err := volume.NewMetricsDu(args[0]).GetMetrics()
+	elapsed := time.Since(start)
+	if err != nil {
+		fail("GetMetrics: %v", err)
+	}
+	fmt.Printf("seconds %.6f bytes %d inodes %d\n", elapsed.Seconds(), m.Used.Value(), m.InodesUsed.Value())
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fail("usage: kubelet-harness fsgroup ...")
@@ -81,6 +99,8 @@ func main() {
 	switch os.Args[1] {
 	case "fsgroup":
 		fsGroup(os.Args[2:])
+	case "du":
+		du(os.Args[2:])
 	case "volume-manager":
 		volumeManager(os.Args[2:])
 	default:

@@ -22,7 +22,7 @@ const PER_DIR: usize = 1000;
 /// The group the benchmark gives (any group; the tree starts with group 0).
 const GID: u32 = 4242;
 
-fn open_dir(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd> {
+pub(super) fn open_dir(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat(
         parent,
         name,
@@ -31,10 +31,15 @@ fn open_dir(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd>
     )
 }
 
-/// Makes `files` entries below `root`: directories of [`PER_DIR`] entries (each directory
-/// counts as one), mode 0755 and 0644, group 0.
+/// Makes `files` entries below `root`, made now: directories of [`PER_DIR`] entries (each
+/// directory counts as one), mode 0755 and 0644, group 0.
 fn make_tree(root: &Path, files: usize) -> anyhow::Result<()> {
     std::fs::create_dir(root)?;
+    fill_tree(root, files)
+}
+
+/// [`make_tree`] in the existing, empty directory `root`.
+pub(super) fn fill_tree(root: &Path, files: usize) -> anyhow::Result<()> {
     let top = open_dir(rustix::fs::CWD, root.as_os_str())?;
     let mut made = 0;
     let mut d = 0;
@@ -62,7 +67,7 @@ fn make_tree(root: &Path, files: usize) -> anyhow::Result<()> {
 /// `dir_mode` and `file_mode` with one stat, one chown and one chmod by name each, relative to
 /// the directory's descriptor, with no check of any kind; with `only_stat`, the stat alone (a
 /// walk that finds everything right).
-fn raw_walk(
+pub(super) fn raw_walk(
     dir: BorrowedFd<'_>,
     gid: u32,
     modes: (u32, u32),

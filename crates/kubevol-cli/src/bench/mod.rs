@@ -85,6 +85,11 @@ pub struct BenchArgs {
     /// then again with every entry right, and with OnRootMismatch.
     #[arg(long, value_name = "FILES", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn"])]
     fs_group: Option<usize>,
+    /// Benchmark volume stats instead: one emptyDir of this many files and directories is
+    /// measured by the kubelet's own MetricsDu, by kubevol's walk, by its project quota where
+    /// the filesystem accounts them, and by a raw stat of every entry.
+    #[arg(long, value_name = "FILES", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn", "fs_group"])]
+    volume_stats: Option<usize>,
     /// Run the default benchmark, then the same workload through the kubelet's own
     /// VolumeManager (built from k8s.io/kubernetes by tools/k8s/build-harness.sh), and print
     /// the ratios.
@@ -450,6 +455,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(files) = args.fs_group {
         return fsgroup::run(args, files);
     }
+    if let Some(files) = args.volume_stats {
+        return stats::run(args, files);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -801,5 +809,6 @@ mod csi;
 mod cluster;
 
 mod fsgroup;
+mod stats;
 
 mod versus;

@@ -179,7 +179,8 @@ mount_test! {
     /// Side by side with the kubelet's own code, built from k8s.io/kubernetes: the
     /// VolumeManager on the same pods (both sets of figures, the ratios, and no mount left by
     /// either), and fsGroup on the same tree (kubevol's, the kubelet's SetVolumeOwnership and
-    /// the raw walk, first time and again, and OnRootMismatch not walking).
+    /// the raw walk, first time and again, and OnRootMismatch not walking), and volume stats on
+    /// one tree (the kubelet's MetricsDu, kubevol's walk, the raw stat; every entry counted).
     fn bench_measures_kubevol_beside_the_kubelets_own_code() {
         require_root();
         let tmp = tempfile::tempdir().unwrap();
@@ -210,6 +211,14 @@ mount_test! {
         for want in ["raw single-threaded walk (floor)", "kubelet SetVolumeOwnership", "kubevol is faster than the kubelet", "OnRootMismatch with the root already right: kubevol"] {
             assert!(fs_group.contains(want), "{want:?} missing:\n{fs_group}");
         }
+
+        // The walks agree (the benchmark fails otherwise) and their figures are printed.
+        let stats = run(&["--volume-stats", "3000"]);
+        for want in ["raw single-threaded stat of every entry", "kubelet MetricsDu", "kubevol walk is faster than the kubelet's"] {
+            assert!(stats.contains(want), "{want:?} missing:\n{stats}");
+        }
+        let walk = stats.lines().find(|l| l.starts_with("kubevol walk ")).unwrap_or_default();
+        assert_eq!(walk.split_whitespace().last(), Some("3001"), "every entry and the root: {stats}");
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing left behind");
     }
 }

@@ -17,15 +17,32 @@ fn loop_root(root: &Path, fs: &str) -> bool {
     let target = root.join("root");
     std::fs::create_dir(&target).unwrap();
     let try_with = |quotas: bool| {
-        std::fs::File::create(&image).unwrap().set_len(512 << 20).unwrap();
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(512 << 20)
+            .unwrap();
         let mkfs = match (fs, quotas) {
-            ("xfs", _) => std::process::Command::new("mkfs.xfs").args(["-q", "-f"]).arg(&image).status(),
-            (_, true) => std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-O", "quota,project"]).arg(&image).status(),
-            (_, false) => std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).status(),
+            ("xfs", _) => std::process::Command::new("mkfs.xfs")
+                .args(["-q", "-f"])
+                .arg(&image)
+                .status(),
+            (_, true) => std::process::Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-O", "quota,project"])
+                .arg(&image)
+                .status(),
+            (_, false) => std::process::Command::new("mkfs.ext4")
+                .args(["-q", "-F"])
+                .arg(&image)
+                .status(),
         };
         assert!(mkfs.unwrap().success(), "mkfs.{fs}");
         let options = if quotas { "loop,prjquota" } else { "loop" };
-        let out = std::process::Command::new("mount").args(["-o", options]).arg(&image).arg(&target).output().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-o", options])
+            .arg(&image)
+            .arg(&target)
+            .output()
+            .unwrap();
         out.status.success()
     };
     if try_with(true) {
@@ -39,9 +56,23 @@ fn loop_root(root: &Path, fs: &str) -> bool {
 /// `du`'s bytes (blocks) and inodes of the tree at `path`, one filesystem.
 fn du(path: &Path) -> (u64, u64) {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new("du").args(args).arg(path).output().unwrap();
-        assert!(out.status.success(), "du: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().parse::<u64>().unwrap()
+        let out = std::process::Command::new("du")
+            .args(args)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "du: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
     };
     (run(&["-s", "-x", "-B1"]), run(&["-s", "-x", "--inodes"]))
 }
@@ -53,7 +84,11 @@ fn fill(dir: &Path, files: usize, tag: &str) {
         std::fs::create_dir_all(&sub).unwrap();
         std::fs::write(sub.join(format!("f{i}")), vec![b'x'; 10_000]).unwrap();
     }
-    std::fs::hard_link(dir.join(format!("{tag}-0/f0")), dir.join(format!("{tag}-link"))).unwrap();
+    std::fs::hard_link(
+        dir.join(format!("{tag}-0/f0")),
+        dir.join(format!("{tag}-link")),
+    )
+    .unwrap();
     rustix::fs::sync();
 }
 
@@ -62,14 +97,20 @@ async fn measured(m: &kubevol::VolumeManager, pod: &str, name: &str, at_least: u
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let summary = m.stats_summary();
-        let found = summary["pods"].as_array().into_iter().flatten()
+        let found = summary["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
             .filter(|p| p["podRef"]["name"] == pod)
             .flat_map(|p| p["volume"].as_array().cloned().unwrap_or_default())
             .find(|v| v["name"] == name && v["usedBytes"].as_u64().unwrap_or(0) >= at_least);
         if let Some(v) = found {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{pod}/{name} not measured with {at_least} bytes: {summary:#}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pod}/{name} not measured with {at_least} bytes: {summary:#}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
