@@ -545,9 +545,17 @@ impl VolumeManager {
         self.parts.host.health.clone()
     }
 
-    /// `/stats/summary`: each mounted emptyDir's usage, as last measured (every
-    /// `volume_stats_period`), in the kubelet's Summary API's shape.
-    pub fn stats_summary(&self) -> serde_json::Value {
+    /// `/stats/summary`: each mounted emptyDir's usage, in the kubelet's Summary API's shape;
+    /// measured now unless the last measure is younger than `volume_stats_period`.
+    pub async fn stats_summary(&self) -> serde_json::Value {
+        let (host, world) = (self.parts.host.clone(), self.parts.world.clone());
+        let max_age = self.parts.config.volume_stats_period;
+        let measured = tokio::task::spawn_blocking(move || {
+            crate::plugins::usage::refresh(&host, &world, max_age)
+        });
+        if let Err(e) = measured.await {
+            tracing::warn!("emptyDir usage: {e}");
+        }
         crate::inspect::summary::summary(&self.status(false), &self.parts.host.usages.all())
     }
 

@@ -176,7 +176,7 @@ async fn describe_node(State(m): State<VolumeManager>) -> impl IntoResponse {
 }
 
 async fn stats_summary(State(m): State<VolumeManager>) -> impl IntoResponse {
-    Json(m.stats_summary())
+    Json(m.stats_summary().await)
 }
 
 /// The query of a container's mounts: `format=json` (kubevol's, the default), `cri` or `oci`.

@@ -1,5 +1,7 @@
-//! What each mounted emptyDir holds, measured every volume-stats period for `describe` and
-//! `/stats/summary` (the kubelet's Summary API, which eviction and metrics-server read).
+//! What each mounted emptyDir holds, for `/stats/summary` (the kubelet's Summary API, which
+//! eviction and metrics-server read) and `describe`: measured when the summary is asked for and
+//! the last measure is older than the volume-stats period, so that a node nobody asks costs
+//! nothing (the kubelet measures every volume every period, asked or not).
 //!
 //! A disk-backed emptyDir made where the filesystem accounts project quotas (XFS `prjquota`,
 //! ext4 `project` + `prjquota`) gets a project of its own when it is made (`Config::
@@ -12,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use kubevol_core::PodUid;
 use kubevol_mount::safe::Dir;
@@ -118,9 +120,36 @@ pub struct Used {
     pub at: Option<SystemTime>,
 }
 
+/// The mounted emptyDir volumes of `world`: pod, volume name, path, and whether it is a
+/// filesystem of its own.
+fn mounted_empty_dirs(world: &crate::world::World) -> Vec<(PodUid, String, PathBuf, bool)> {
+    let asw = world.asw();
+    asw.volumes()
+        .flat_map(|v| v.pods.values())
+        .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
+        .filter_map(|m| {
+            let e = m.spec.volume.empty_dir.as_ref()?;
+            let own = e.medium.as_deref().is_some_and(|m| !m.is_empty());
+            let volume = m.outer_volume_name.to_string();
+            Some((m.pod_ref.uid.clone(), volume, m.path.clone(), own))
+        })
+        .collect()
+}
+
+/// Measures every mounted emptyDir of `world`, unless the last measure is younger than
+/// `max_age` (one measure at a time: a second caller waits and takes the first's).
+pub(crate) fn refresh(host: &PluginHost, world: &crate::world::World, max_age: Duration) {
+    let mut last = crate::sync::lock(&host.usages.measured);
+    if last.is_some_and(|t| t.elapsed() < max_age) {
+        return;
+    }
+    measure_all(host, &mounted_empty_dirs(world));
+    *last = Some(Instant::now());
+}
+
 /// Measures every emptyDir of `mounted` (pod, volume name, path, whether a filesystem of its
 /// own) and keeps the measures in place of the last ones.
-pub(crate) fn measure_all(host: &PluginHost, mounted: &[(PodUid, String, PathBuf, bool)]) {
+fn measure_all(host: &PluginHost, mounted: &[(PodUid, String, PathBuf, bool)]) {
     let mut now = BTreeMap::new();
     for (pod, volume, path, own) in mounted {
         match measure(host, path, *own) {
@@ -182,6 +211,8 @@ pub(crate) fn measure(
 #[derive(Default)]
 pub struct Usages {
     by_volume: Mutex<BTreeMap<(PodUid, String), Used>>,
+    /// When every volume was last measured; held while they are.
+    measured: Mutex<Option<Instant>>,
 }
 
 impl Usages {

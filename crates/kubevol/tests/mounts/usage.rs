@@ -96,7 +96,7 @@ fn fill(dir: &Path, files: usize, tag: &str) {
 async fn measured(m: &kubevol::VolumeManager, pod: &str, name: &str, at_least: u64) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let summary = m.stats_summary();
+        let summary = m.stats_summary().await;
         let found = summary["pods"]
             .as_array()
             .into_iter()

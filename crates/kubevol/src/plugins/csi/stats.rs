@@ -183,24 +183,6 @@ pub(crate) async fn stats_loop(
             }
         }
         metrics.set_volume_stats(&stats);
-        let empty_dirs = {
-            let host = host.clone();
-            let mounted: Vec<_> = mounted
-                .iter()
-                .filter_map(|m| {
-                    let e = m.spec.volume.empty_dir.as_ref()?;
-                    let own = e.medium.as_deref().is_some_and(|m| !m.is_empty());
-                    Some((m.pod.uid.clone(), m.volume.clone(), m.path.clone(), own))
-                })
-                .collect();
-            blocking(move || {
-                crate::plugins::usage::measure_all(&host, &mounted);
-                Ok(())
-            })
-        };
-        if let Err(e) = empty_dirs.await {
-            tracing::debug!("emptyDir usage: {e}");
-        }
         let live: BTreeSet<(&str, &str)> = mounted
             .iter()
             .map(|m| (m.pod.uid.as_str(), m.volume.as_str()))
