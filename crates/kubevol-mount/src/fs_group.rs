@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
 
 use crate::at::io;
 use crate::safe::{leaves_filesystem, Dir, FsGroupPolicy};
-use crate::walk::{At, Visit};
+use crate::walk::{stat_here, At, Visit};
 use crate::MountError;
 
 /// How many entries an ownership walk looks at between two reports of its progress.
@@ -212,17 +212,12 @@ impl Visit for FsGroup<'_, '_> {
     ) -> Result<(), MountError> {
         self.count();
         let what = StatxFlags::TYPE | StatxFlags::MODE | StatxFlags::GID;
-        let st = match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
-            Ok(st) => st,
-            // Removed since it was listed: nothing to change.
-            Err(Errno::NOENT) => return Ok(()),
-            Err(e) => return Err(io("statx", &at.child(name))(e)),
+        // Removed since it was listed, a mount point or another filesystem: nothing to change.
+        let Some(st) = stat_here(parent, name, what, self.shared.dev, at)? else {
+            return Ok(());
         };
-        let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
         let ft = FileType::from_raw_mode(st.stx_mode.into());
-        let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != self.shared.dev;
-        if ft == FileType::Symlink || mount_root || elsewhere {
+        if ft == FileType::Symlink {
             return Ok(());
         }
         let mode = u32::from(st.stx_mode) & 0o7777;

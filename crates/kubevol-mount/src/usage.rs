@@ -17,12 +17,12 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use rustix::fs::{AtFlags, FileType, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, StatxFlags};
 use rustix::io::Errno;
 
 use crate::at::{checked, io};
-use crate::safe::{leaves_filesystem, Dir};
-use crate::walk::{At, Visit};
+use crate::safe::Dir;
+use crate::walk::{stat_here, At, Visit};
 use crate::MountError;
 
 /// The first project ID kubevol gives a volume; lower IDs are left to the administrator.
@@ -170,8 +170,7 @@ pub fn set_project(dir: &Dir, id: u32) -> Result<(), MountError> {
 /// of several links counted once, mount points and other filesystems passed by. An explicit
 /// stack (`crate::walk`), so a tree's depth costs memory, not the thread's stack.
 pub fn walk_usage(dir: &Dir) -> Result<Usage, MountError> {
-    let what = StatxFlags::TYPE | StatxFlags::BLOCKS | StatxFlags::INO | StatxFlags::NLINK;
-    let root = rustix::fs::statx(dir.fd(), "", AtFlags::EMPTY_PATH, what)
+    let root = rustix::fs::statx(dir.fd(), "", AtFlags::EMPTY_PATH, WHAT)
         .map_err(io("statx", dir.path()))?;
     let mut visit = Du {
         dev: (root.stx_dev_major, root.stx_dev_minor),
@@ -193,34 +192,22 @@ struct Du {
 }
 
 impl Du {
-    /// Counts the entry `name` of `parent` (a directory is counted when it is entered).
-    fn count(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        at: &At<'_>,
-    ) -> Result<(), MountError> {
-        let what = StatxFlags::TYPE | StatxFlags::BLOCKS | StatxFlags::INO | StatxFlags::NLINK;
-        let st = match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
-            Ok(st) => st,
-            // Removed since it was listed.
-            Err(Errno::NOENT) => return Ok(()),
-            Err(e) => return Err(io("statx", &at.child(name))(e)),
-        };
-        let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-            && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-        if mount_root || (st.stx_dev_major, st.stx_dev_minor) != self.dev {
-            return Ok(());
-        }
+    /// Counts the entry `st` (a file of several links once).
+    fn count(&mut self, st: &rustix::fs::Statx) {
         let directory = FileType::from_raw_mode(st.stx_mode.into()) == FileType::Directory;
         if !directory && st.stx_nlink > 1 && !self.linked.insert(st.stx_ino) {
-            return Ok(());
+            return;
         }
         self.usage.bytes += st.stx_blocks * 512;
         self.usage.inodes += 1;
-        Ok(())
     }
 }
+
+/// What a walk states of each entry.
+const WHAT: StatxFlags = StatxFlags::TYPE
+    .union(StatxFlags::BLOCKS)
+    .union(StatxFlags::INO)
+    .union(StatxFlags::NLINK);
 
 impl Visit for Du {
     fn other(
@@ -230,24 +217,28 @@ impl Visit for Du {
         _file_type: FileType,
         at: &At<'_>,
     ) -> Result<(), MountError> {
-        self.count(parent, name, at)
+        if let Some(st) = stat_here(parent, name, WHAT, self.dev, at)? {
+            self.count(&st);
+        }
+        Ok(())
     }
 
+    /// A subdirectory on the same filesystem, counted and entered, never through a link.
     fn descend(
         &mut self,
         parent: BorrowedFd<'_>,
         name: &OsStr,
         at: &At<'_>,
     ) -> Result<Option<OwnedFd>, MountError> {
-        if leaves_filesystem(parent, name, self.dev, at)? {
+        let Some(st) = stat_here(parent, name, WHAT, self.dev, at)? else {
             return Ok(None);
-        }
+        };
         let fd = match crate::walk::open_dir(parent, name, at) {
             Err(MountError::Symlink { .. }) => return Ok(None),
             r => r?,
         };
         if fd.is_some() {
-            self.count(parent, name, at)?;
+            self.count(&st);
         }
         Ok(fd)
     }

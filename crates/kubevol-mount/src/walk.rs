@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode};
+use rustix::fs::{AtFlags, FileType, Mode, Statx, StatxAttributes, StatxFlags};
 use rustix::io::Errno;
 
 use crate::at::{io, DIR_FLAGS};
@@ -141,6 +141,27 @@ struct Frame {
 fn identity(fd: BorrowedFd<'_>, path: impl FnOnce() -> PathBuf) -> Result<(u64, u64), MountError> {
     let st = rustix::fs::fstat(fd).map_err(|e| io("stat", &path())(e))?;
     Ok((st.st_dev, st.st_ino))
+}
+
+/// The entry `name` of `parent` stated without following a link (`what`, and its device and
+/// whether it is a mount root); `None` when it is gone since it was listed, is a mount root,
+/// or lies on another device than `dev`: what a walk that stays on one filesystem passes by.
+pub(crate) fn stat_here(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    what: StatxFlags,
+    dev: (u32, u32),
+    at: &At<'_>,
+) -> Result<Option<Statx>, MountError> {
+    let st = match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(io("statx", &at.child(name))(e)),
+    };
+    let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+        && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
+    let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != dev;
+    Ok((!mount_root && !elsewhere).then_some(st))
 }
 
 /// Opens the directory `name` of `parent` with `O_NOFOLLOW`: `None` when it is gone, or no
