@@ -813,3 +813,41 @@ cluster_test! {
         });
     }
 }
+
+cluster_test_with_faults! {
+    /// Twenty pods, each with a Secret of its own, made at once while the authorizer has not
+    /// learnt them (two seconds on the in-process server; the real one's own moment): the
+    /// refused reads wait for the oldest one instead of each trying again on its own, so each
+    /// Secret is listed about twice (the first try, refused, and the one after the wait), not
+    /// once per backoff step.
+    fn reads_refused_in_the_authorizers_lag_wait_for_the_oldest_one(backend) {
+        const PODS: u64 = 20;
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            if let Some(server) = cluster.server() {
+                server.set_relation_delay(Duration::from_secs(2));
+            }
+            for i in 0..PODS {
+                cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("s{i}")}, "stringData": {"k": format!("v{i}")}})).await;
+            }
+            let m = cluster_manager(root.path(), &cluster);
+            let mut pods = Vec::new();
+            for i in 0..PODS {
+                let volumes = json!([{"name": "s", "secret": {"secretName": format!("s{i}")}}]);
+                pods.push(typed(&cluster.create(bound_pod(&format!("p{i}"), &node, volumes)).await));
+            }
+            for p in &pods {
+                m.wait_for_attach_and_mount(p).await.expect("mounted once the authorizer knows the pod");
+            }
+            let requests = storage_only_read_with_get(&cluster);
+            let lists = requests.get("list secrets").copied().unwrap_or(0);
+            // Each on its own: the first try and three or four backoff steps (0.5, 1, 2 s)
+            // before the two seconds pass, and the list that is allowed: about 5 per Secret.
+            assert!((PODS..=2 * PODS + 5).contains(&lists), "{lists} lists of {PODS} Secrets: {requests:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -75,7 +75,23 @@ fn api_refused(e: &kube::Error) -> bool {
 /// read is tried again on the quick schedule (a 30 s step there held pods back by tens of
 /// seconds when 400 objects came at once).
 pub(super) fn object_refused(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code != 403)
+    matches!(e, kube::Error::Api(_)) && !forbidden(e)
+}
+
+/// Whether the server refused the request as forbidden (403).
+pub(super) fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403)
+}
+
+/// [`forbidden`] for a watch's failure.
+pub(super) fn watch_forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => forbidden(e),
+        watcher::Error::WatchError(s) => s.code == 403,
+        watcher::Error::NoResourceVersion => false,
+    }
 }
 
 /// [`object_refused`] for a watch's failure.
@@ -84,8 +100,7 @@ pub(super) fn object_watch_refused(e: &watcher::Error) -> bool {
         watcher::Error::InitialListFailed(e)
         | watcher::Error::WatchStartFailed(e)
         | watcher::Error::WatchFailed(e) => object_refused(e),
-        watcher::Error::WatchError(s) => s.code != 403,
-        watcher::Error::NoResourceVersion => true,
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => !watch_forbidden(e),
     }
 }
 

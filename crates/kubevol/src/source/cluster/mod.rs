@@ -31,6 +31,7 @@ mod credentials;
 mod csinode;
 mod events;
 mod health;
+mod lag;
 mod listings;
 mod node_status;
 mod objects;
@@ -59,7 +60,8 @@ use kubevol_core::state::PodExtensions;
 use tokio::task::JoinHandle;
 
 use crate::source::cluster::backoff::{refused, AbortOnDrop, WatchBackoff};
-use crate::source::cluster::objects::{watch_drivers, watch_one, Referenced};
+use crate::source::cluster::lag::Place;
+use crate::source::cluster::objects::{watch_drivers, watch_one, Keep, Referenced};
 use crate::source::{BoxFuture, PodSource, Sink};
 use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey};
 
@@ -109,11 +111,15 @@ impl PodSource for ClusterSource {
                 key: ObjectKey::Node(self.node_name.clone()),
                 pending: true,
             }]);
+            let keep = Keep {
+                key: ObjectKey::Node(self.node_name.clone()),
+                sink: sink.clone(),
+                place: Place::none(),
+            };
             let node = tokio::spawn(watch_one(
                 Api::<Node>::all(self.client.clone()),
                 self.node_name.clone(),
-                ObjectKey::Node(self.node_name.clone()),
-                sink.clone(),
+                keep,
                 Object::Node,
                 self.listings.clone(),
                 |_| false,

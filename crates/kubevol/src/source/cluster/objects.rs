@@ -16,8 +16,10 @@ use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use crate::source::cluster::backoff::{
-    object_refused, object_watch_refused, refused, AbortOnDrop, WatchBackoff,
+    forbidden, object_refused, object_watch_refused, refused, watch_forbidden, AbortOnDrop,
+    WatchBackoff,
 };
+use crate::source::cluster::lag::{Lag, Place};
 use crate::source::cluster::listings::Listings;
 use crate::store::{
     claim_bound, claim_volume, pod_uid, Change, Object, ObjectKey, Sink, DEFAULT_NAMESPACE,
@@ -82,12 +84,14 @@ pub(super) struct Referenced {
     sink: Sink,
     listings: Listings,
     state: Mutex<RefState>,
+    /// The order the node saw its pods in, and the reads the authorizer's lag holds.
+    lag: Arc<Lag>,
 }
 
 #[derive(Default)]
 struct RefState {
-    /// Each pod's references, by pod UID.
-    pods: BTreeMap<String, BTreeSet<Ref>>,
+    /// Each pod's references and place in the order the node saw the pods, by pod UID.
+    pods: BTreeMap<String, (BTreeSet<Ref>, u64)>,
     /// Each claim's PersistentVolume.
     claims: BTreeMap<Ref, String>,
     /// The watch or reader of each referenced object, how many hold it, and (a reader) what
@@ -110,6 +114,7 @@ impl Referenced {
             sink,
             listings,
             state: Mutex::default(),
+            lag: Arc::default(),
         }
     }
 
@@ -145,22 +150,24 @@ impl Referenced {
 
     fn set(self: &Arc<Self>, uid: &str, refs: BTreeSet<Ref>) {
         let mut st = self.lock();
-        let old = if refs.is_empty() {
-            st.pods.remove(uid).unwrap_or_default()
-        } else {
-            st.pods
-                .insert(uid.to_string(), refs.clone())
-                .unwrap_or_default()
+        let (old, place) = match (refs.is_empty(), st.pods.remove(uid)) {
+            (true, old) => (old.map(|(r, _)| r).unwrap_or_default(), 0),
+            (false, Some((old, place))) => (old, place),
+            (false, None) => (BTreeSet::new(), self.lag.seen()),
         };
+        if !refs.is_empty() {
+            st.pods.insert(uid.to_string(), (refs.clone(), place));
+        }
         for r in refs.difference(&old) {
-            self.hold(&mut st, r.clone());
+            self.hold(&mut st, r.clone(), Place::of(&self.lag, place));
         }
         for r in old.difference(&refs) {
             self.release(&mut st, r);
         }
     }
 
-    fn hold(self: &Arc<Self>, st: &mut RefState, r: Ref) {
+    /// Holds `r` for a pod (at `place` in the authorizer's order) or a claim.
+    fn hold(self: &Arc<Self>, st: &mut RefState, r: Ref, place: Place) {
         if let Some(held) = st.watches.get_mut(&r) {
             held.holders += 1;
             if let Some(reread) = &held.reread {
@@ -173,7 +180,7 @@ impl Referenced {
             key: r.key(),
             pending: true,
         }]);
-        let (task, reread) = self.start_watch(&r);
+        let (task, reread) = self.start_watch(&r, place);
         st.watches.insert(
             r,
             Held {
@@ -219,7 +226,8 @@ impl Referenced {
         match &pv {
             Some(n) => {
                 st.claims.insert(claim.clone(), n.clone());
-                self.hold(&mut st, Ref::Volume(n.clone()));
+                // Related to the node through its claim, not in the pods' order.
+                self.hold(&mut st, Ref::Volume(n.clone()), Place::none());
             }
             None => {
                 st.claims.remove(claim);
@@ -237,29 +245,34 @@ impl Referenced {
     fn start_watch(
         self: &Arc<Self>,
         r: &Ref,
+        place: Place,
     ) -> (JoinHandle<()>, Option<Arc<tokio::sync::Notify>>) {
-        let (client, sink) = (self.client.clone(), self.sink.clone());
+        let client = self.client.clone();
         let listings = self.listings.clone();
         let reread = Arc::new(tokio::sync::Notify::new());
+        let keep = Keep {
+            key: r.key(),
+            sink: self.sink.clone(),
+            place,
+        };
         match r.clone() {
             Ref::ConfigMap(ns, n) => {
                 let api = Api::<ConfigMap>::namespaced(client, &ns);
                 let frozen = |c: &ConfigMap| c.immutable == Some(true);
-                let watch = watch_one(api, n, r.key(), sink, Object::ConfigMap, listings, frozen);
+                let watch = watch_one(api, n, keep, Object::ConfigMap, listings, frozen);
                 (tokio::spawn(watch), None)
             }
             Ref::Secret(ns, n) => {
                 let api = Api::<Secret>::namespaced(client, &ns);
                 let frozen = |s: &Secret| s.immutable == Some(true);
-                let watch = watch_one(api, n, r.key(), sink, Object::Secret, listings, frozen);
+                let watch = watch_one(api, n, keep, Object::Secret, listings, frozen);
                 (tokio::spawn(watch), None)
             }
             Ref::Volume(n) => {
                 let read = read_one(
                     Api::<PersistentVolume>::all(client),
                     n,
-                    r.key(),
-                    sink,
+                    keep,
                     reread.clone(),
                     Object::PersistentVolume,
                     |_| {},
@@ -272,8 +285,7 @@ impl Referenced {
                 let read = read_one(
                     Api::<PersistentVolumeClaim>::namespaced(client, &ns),
                     n,
-                    r.key(),
-                    sink,
+                    keep,
                     reread.clone(),
                     Object::PersistentVolumeClaim,
                     move |c: Option<&PersistentVolumeClaim>| {
@@ -290,6 +302,14 @@ impl Referenced {
     }
 }
 
+/// What keeps the store's copy of one object: its key, the store, and the place of the pod it
+/// was read for first in the authorizer's order.
+pub(super) struct Keep {
+    pub(super) key: ObjectKey,
+    pub(super) sink: Sink,
+    pub(super) place: Place,
+}
+
 /// How often an object read with GET is read again once it is settled (a claim bound, a
 /// PersistentVolume there): a resize or a rebinding is noticed within this, the kubelet's
 /// volume-stats period.
@@ -301,12 +321,10 @@ const REREAD: Duration = Duration::from_secs(60);
 /// yet `settled` (a claim the controller has not bound), every [`REREAD`] once it is, and at
 /// once when `reread` is notified (a new pod needs it). A missing object is marked absent, so
 /// that what needs it says so and is looked at again at each reading.
-#[allow(clippy::too_many_arguments)]
 async fn read_one<K>(
     api: Api<K>,
     name: String,
-    key: ObjectKey,
-    sink: Sink,
+    keep: Keep,
     reread: Arc<tokio::sync::Notify>,
     object: fn(K) -> Object,
     seen: impl Fn(Option<&K>) + Send + 'static,
@@ -314,9 +332,17 @@ async fn read_one<K>(
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    let Keep { key, sink, place } = keep;
     let mut backoff = WatchBackoff::default();
     loop {
-        let wait = match api.get_opt(&name).await {
+        place.turn().await;
+        let read = api.get_opt(&name).await;
+        match &read {
+            Err(e) if forbidden(e) => place.refused(),
+            Err(_) => {}
+            Ok(_) => place.allowed(),
+        }
+        let wait = match read {
             Ok(Some(o)) => {
                 let done = settled(&o);
                 seen(Some(&o));
@@ -370,18 +396,20 @@ async fn read_one<K>(
 pub(super) async fn watch_one<K>(
     api: Api<K>,
     name: String,
-    key: ObjectKey,
-    sink: Sink,
+    keep: Keep,
     object: fn(K) -> Object,
     listings: Listings,
     frozen: fn(&K) -> bool,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    let Keep { key, sink, place } = keep;
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher(api, config).boxed();
     let mut backoff = WatchBackoff::default();
     let (mut listed, mut is_frozen) = (false, false);
+    // (The watcher lists when it is first polled, and again after a failure.)
+    place.turn().await;
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Init) => (listed, is_frozen) = (false, false),
@@ -398,6 +426,7 @@ pub(super) async fn watch_one<K>(
             }
             Ok(Event::InitDone) => {
                 backoff.reset();
+                place.allowed();
                 listings.listed_object();
                 if !listed {
                     sink.apply([Change::ClusterRemove(key.clone())]);
@@ -415,9 +444,13 @@ pub(super) async fn watch_one<K>(
                 sink.apply([Change::ClusterRemove(key.clone())]);
             }
             Err(e) => {
+                if watch_forbidden(&e) {
+                    place.refused();
+                }
                 let delay = backoff.step(object_watch_refused(&e));
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
                 tokio::time::sleep(delay).await;
+                place.turn().await;
             }
         }
     }
