@@ -386,6 +386,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Err(e) => Err(e)
             .with_context(|| format!("cannot use root directory {}", args.root_dir.display()))?,
     };
+    // The daemon gives no pod through the library: a pod an embedder gave before, on this
+    // root, waits for no one.
+    manager.library().synced();
     let mut sources = Vec::new();
     if let Some(client) = cluster_client(&args).await? {
         // Until the API server has listed this node's pods, nothing is torn down; while it

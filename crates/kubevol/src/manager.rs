@@ -286,7 +286,7 @@ impl VolumeManager {
                 .map(crate::store::Object::PersistentVolume),
         );
         let library = Library::default();
-        // The library has no listing to wait for: it is synced as soon as it starts.
+        // Synced once run() knows which pods of the library the record holds.
         drop(Box::new(library.clone()).start(store.sink(Library::NAME)));
         let metrics = Arc::new(Metrics::default());
         let events = Arc::new(EventRecorder::default());
@@ -486,7 +486,8 @@ impl VolumeManager {
         let at_start =
             crate::csi::register_at_start(&p.host.csi, &registry, &p.config.csi_drivers).await;
         let stop = p.shutdown.subscribe();
-        let populator = tokio::spawn(populator.holding(recorded).run(stop.clone()));
+        p.library.awaiting(recorded.library);
+        let populator = tokio::spawn(populator.holding(recorded.files).run(stop.clone()));
         let reconciler = tokio::spawn(crate::reconciler::run(
             p.operations.clone(),
             p.config.resync_period,

@@ -117,13 +117,23 @@ fn name_of(p: &Path) -> String {
 /// volumes are kept as recorded.
 pub(crate) type RecordedFiles = BTreeMap<PodUid, (PodRef, PathBuf)>;
 
+/// The sources of the pods in the record that a source must give again before anything of
+/// theirs is torn down.
+#[derive(Default)]
+pub(crate) struct Recorded {
+    /// Pods from manifest files, and their files.
+    pub(crate) files: RecordedFiles,
+    /// Pods given through the library API.
+    pub(crate) library: BTreeSet<PodUid>,
+}
+
 /// Rebuilds the actual state. Runs once, before the reconciler starts; blocking.
 pub(crate) fn reconstruct(
     asw: &AswWriter,
     host: &PluginHost,
     plugins: &PluginRegistry,
     adopt_foreign: bool,
-) -> (Reconstruction, RecordedFiles) {
+) -> (Reconstruction, Recorded) {
     let mut report = Reconstruction::default();
     let mounts: BTreeSet<PathBuf> = match host.mounter.mount_table() {
         Ok(t) => t.into_iter().map(|m| m.mount_point).collect(),
@@ -144,6 +154,14 @@ pub(crate) fn reconstruct(
             Some((r.pod.uid.clone(), (r.pod.clone(), file)))
         })
         .collect();
+    let api = crate::store::Origin::Api.to_string();
+    let library = loaded
+        .pods
+        .iter()
+        .filter(|r| *r.source == *api)
+        .map(|r| r.pod.uid.clone())
+        .collect();
+    let files = Recorded { files, library };
     let mut asw = asw.write();
 
     // 1. The record: exact specs, paths and traits.
@@ -335,7 +353,7 @@ pub(crate) async fn at_start(
     metrics: &Metrics,
     findings: &Findings,
     adopt_foreign: bool,
-) -> RecordedFiles {
+) -> Recorded {
     let world = asw.clone();
     let started = std::time::Instant::now();
     let (mut report, files) =
@@ -346,7 +364,7 @@ pub(crate) async fn at_start(
                     problems: vec![format!("reconstruction failed: {e}")],
                     ..Default::default()
                 };
-                (report, RecordedFiles::new())
+                (report, Recorded::default())
             });
     report.took_ms = started.elapsed().as_millis() as u64;
     info!(

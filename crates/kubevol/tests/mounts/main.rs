@@ -646,3 +646,62 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A restart of an embedder that gives its pods again after `run()`: the volumes the
+    /// record holds for pods of the library wait for them (the source says which it awaits,
+    /// and nothing is torn down meanwhile), so a disk-backed emptyDir keeps its data; a pod the
+    /// embedder does not give again goes once it says `Library::synced()`.
+    fn pods_of_the_library_are_awaited_after_a_restart_and_their_data_kept() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let keep = pod_with_volumes("keep", json!([{"name": "d", "emptyDir": {}}]));
+            let drop = pod_with_volumes("drop", json!([{"name": "d", "emptyDir": {}}]));
+            for p in [&keep, &drop] {
+                m.add_pod(p.clone());
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+            }
+            let dir = |m: &kubevol::VolumeManager, p| m.mounted_volumes_for_pod(&kubevol::pod_uid(p))["d"].path.clone();
+            let (kept, dropped) = (dir(&m, &keep), dir(&m, &drop));
+            std::fs::write(kept.join("canary"), "kept").unwrap();
+
+            let m = restart(m, root.path(), |_| {}).await;
+            // The manager runs, has read the record, and waits for the two pods.
+            let mut rx = m.subscribe();
+            let awaited = |m: &kubevol::VolumeManager| m.status(false).notes.iter().any(|n| n.contains("2 of the pods the library API gave before the restart"));
+            tokio::time::timeout(Duration::from_secs(20), async {
+                while !awaited(&m) || m.reconciler_passes() == 0 {
+                    let _ = rx.changed().await;
+                }
+            })
+            .await
+            .expect("the library's recorded pods awaited");
+            assert!(!m.reconciler_states_synced(), "nothing may be torn down yet");
+            assert!(kubevol::http::readiness(&m).unwrap_err().contains("have not been given again"));
+            assert_eq!(std::fs::read_to_string(kept.join("canary")).unwrap(), "kept");
+
+            m.add_pod(keep.clone());
+            m.wait_for_attach_and_mount(&keep).await.expect("mounted again");
+            assert!(!awaited(&m) && m.status(false).notes.iter().any(|n| n.contains("1 of the pods the library API")), "{:?}", m.status(false).notes);
+            m.library().synced();
+            until_gone(&dropped).await;
+            assert_eq!(std::fs::read_to_string(kept.join("canary")).unwrap(), "kept", "the pod given again keeps its data");
+            assert_eq!(kubevol::http::readiness(&m), Ok(()));
+            m.shutdown();
+        });
+    }
+}
+
+/// Waits until nothing is at `path` (a volume torn down).
+async fn until_gone(path: &std::path::Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} still there",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
