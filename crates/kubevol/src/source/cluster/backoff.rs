@@ -17,12 +17,25 @@ use crate::error::ApiError;
 /// reset by the `Init` event that comes before every list, so it never grew).
 pub(super) struct WatchBackoff {
     next: Duration,
+    /// The delay after the next 403 of a read for a pod (the Node authorizer's lag).
+    next_lag: Duration,
 }
 
 impl WatchBackoff {
     const FIRST: Duration = Duration::from_millis(500);
     const MAX: Duration = Duration::from_secs(8);
     const MAX_REFUSED: Duration = Duration::from_secs(30);
+    /// The first delay after a 403 of a read for a pod: the authorizer learns a pod in
+    /// moments, and reads for newer pods wait for this one (see `lag`).
+    const FIRST_LAG: Duration = Duration::from_millis(250);
+
+    /// The delay before the next try after a 403 of a read for a pod: 0.1 s, doubling up to
+    /// 8 s, with the same jitter.
+    pub(super) fn step_lag(&mut self) -> Duration {
+        let base = self.next_lag.min(Self::MAX);
+        self.next_lag = (base * 2).min(Self::MAX);
+        jittered(base)
+    }
 
     /// The delay before the next try, after a failure (`refused`: the server answered with
     /// an error, rather than not at all).
@@ -34,22 +47,28 @@ impl WatchBackoff {
         };
         let base = self.next.min(cap);
         self.next = (base * 2).min(cap);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        // A factor in [0.75, 1.25).
-        let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
-        base.mul_f64(factor)
+        jittered(base)
     }
 
     pub(super) fn reset(&mut self) {
-        self.next = Self::FIRST;
+        *self = WatchBackoff::default();
     }
+}
+
+/// `base` times a factor in [0.75, 1.25).
+fn jittered(base: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    base.mul_f64(0.75 + f64::from(nanos % 1000) / 2000.0)
 }
 
 impl Default for WatchBackoff {
     fn default() -> Self {
-        WatchBackoff { next: Self::FIRST }
+        WatchBackoff {
+            next: Self::FIRST,
+            next_lag: Self::FIRST_LAG,
+        }
     }
 }
 

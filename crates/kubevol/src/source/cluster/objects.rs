@@ -374,7 +374,10 @@ async fn read_one<K>(
             // Refused (the authorizer has not learnt that a pod of the node needs it yet) or
             // unreachable: what the store has stays, and the reader tries again.
             Err(e) => {
-                let delay = backoff.step(object_refused(&e));
+                let delay = match forbidden(&e) {
+                    true => backoff.step_lag(),
+                    false => backoff.step(object_refused(&e)),
+                };
                 tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
                 delay
             }
@@ -444,10 +447,13 @@ pub(super) async fn watch_one<K>(
                 sink.apply([Change::ClusterRemove(key.clone())]);
             }
             Err(e) => {
-                if watch_forbidden(&e) {
-                    place.refused();
-                }
-                let delay = backoff.step(object_watch_refused(&e));
+                let delay = match watch_forbidden(&e) {
+                    true => {
+                        place.refused();
+                        backoff.step_lag()
+                    }
+                    false => backoff.step(object_watch_refused(&e)),
+                };
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
                 tokio::time::sleep(delay).await;
                 place.turn().await;
