@@ -12,7 +12,9 @@ use crate::error::ApiError;
 /// server cannot be reached (a node whose API server is back should learn of the pods deleted
 /// meanwhile soon), and up to 30 s while it refuses (a forbidden or failing request is not
 /// made better by asking again soon: client-go's reflectors wait up to 30 s), with ±25 %
-/// jitter so that many nodes do not retry in step against a recovering server. Reset only by a
+/// jitter so that many nodes do not retry in step against a recovering server; a read for a pod
+/// refused by the Node authorizer's lag (403) from 0.25 s, doubling up to 8 s (the reads of
+/// newer pods wait for it: see `lag`). Reset only by a
 /// success: a watch's complete listing, a read, a publication (kube-runtime's own backoff is
 /// reset by the `Init` event that comes before every list, so it never grew).
 pub(super) struct WatchBackoff {
