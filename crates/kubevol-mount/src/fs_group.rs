@@ -71,10 +71,9 @@ impl Dir {
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<bool, MountError> {
         let mask = if read_only { 0o440 } else { 0o660 };
-        let dir_bits = mask | 0o110;
         if policy == FsGroupPolicy::OnRootMismatch {
             let st = rustix::fs::fstat(&self.fd).map_err(io("stat", &self.path))?;
-            if st.st_gid == gid && st.st_mode & dir_bits == dir_bits && st.st_mode & 0o2000 != 0 {
+            if st.st_gid == gid && wanted(st.st_mode, mask, true) == st.st_mode & 0o7777 {
                 return Ok(false);
             }
         }
@@ -169,13 +168,13 @@ impl FsGroup<'_, '_> {
             (self.shared.progress)(seen);
         }
     }
+}
 
-    /// The mode an entry of mode `mode` is to have (directories also get search and
-    /// set-group-ID).
-    fn wanted(&self, mode: u32, dir: bool) -> u32 {
-        let extra = if dir { 0o110 | 0o2000 } else { 0 };
-        (mode & 0o7777) | self.shared.mask | extra
-    }
+/// The mode an entry of mode `mode` is to have with the group bits `mask` (directories also
+/// get search and set-group-ID).
+fn wanted(mode: u32, mask: u32, dir: bool) -> u32 {
+    let extra = if dir { 0o110 | 0o2000 } else { 0 };
+    (mode & 0o7777) | mask | extra
 }
 
 impl Visit for FsGroup<'_, '_> {
@@ -188,7 +187,7 @@ impl Visit for FsGroup<'_, '_> {
             let gid = Some(rustix::fs::Gid::from_raw(self.shared.gid));
             rustix::fs::fchown(dir, None, gid).map_err(|e| io("chown", &at.dir())(e))?;
         }
-        let mode = self.wanted(st.st_mode, true);
+        let mode = wanted(st.st_mode, self.shared.mask, true);
         if mode != st.st_mode & 0o7777 {
             rustix::fs::fchmod(dir, Mode::from_raw_mode(mode))
                 .map_err(|e| io("chmod", &at.dir())(e))?;
@@ -224,7 +223,7 @@ impl Visit for FsGroup<'_, '_> {
         let regular = ft == FileType::RegularFile;
         // Sockets, FIFOs and devices keep their mode: only their group changes.
         let wanted = if regular {
-            self.wanted(mode, false)
+            wanted(mode, self.shared.mask, false)
         } else {
             mode
         };
@@ -277,11 +276,7 @@ impl Visit for FsGroup<'_, '_> {
         if leaves_filesystem(parent, name, self.shared.dev, at)? {
             return Ok(None);
         }
-        let fd = match crate::walk::open_dir(parent, name, at) {
-            Err(MountError::Symlink { .. }) => return Ok(None),
-            r => r?,
-        };
-        match (self.handoff, fd) {
+        match (self.handoff, crate::walk::open_subdir(parent, name, at)?) {
             (Some(tx), Some(fd)) if at.depth() == 0 => {
                 // The receivers live until every sender is gone.
                 let _ = tx.send((fd, at.child(name)));

@@ -601,9 +601,7 @@ pub(crate) fn leaves_filesystem(
         StatxFlags::BASIC_STATS,
     )
     .map_err(|e| io("statx", &at.child(name))(e))?;
-    let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
-        && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-    Ok(mount_root || (st.stx_dev_major, st.stx_dev_minor) != dev)
+    Ok(!crate::walk::on_filesystem(&st, dev))
 }
 
 /// The device of the directory open at `fd`.
@@ -696,8 +694,6 @@ impl Visit for RemoveOneFs {
     }
 }
 
-/// Gives everything below a directory on the device `dev` the group `gid` and the bits `mask`
-/// (see [`Dir::apply_fs_group`]).
 /// Removes the empty directories below a directory with rmdir alone; keeps the first thing
 /// found that is not one (see [`Dir::remove_empty_tree`]).
 struct EmptyTree {

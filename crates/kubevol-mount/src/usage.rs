@@ -233,10 +233,7 @@ impl Visit for Du {
         let Some(st) = stat_here(parent, name, WHAT, self.dev, at)? else {
             return Ok(None);
         };
-        let fd = match crate::walk::open_dir(parent, name, at) {
-            Err(MountError::Symlink { .. }) => return Ok(None),
-            r => r?,
-        };
+        let fd = crate::walk::open_subdir(parent, name, at)?;
         if fd.is_some() {
             self.count(&st);
         }

@@ -153,15 +153,31 @@ pub(crate) fn stat_here(
     dev: (u32, u32),
     at: &At<'_>,
 ) -> Result<Option<Statx>, MountError> {
-    let st = match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
-        Ok(st) => st,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(io("statx", &at.child(name))(e)),
-    };
+    match rustix::fs::statx(parent, name, AtFlags::SYMLINK_NOFOLLOW, what) {
+        Ok(st) => Ok(on_filesystem(&st, dev).then_some(st)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(io("statx", &at.child(name))(e)),
+    }
+}
+
+/// Whether the entry stated as `st` lies on the device `dev` and is not a mount root.
+pub(crate) fn on_filesystem(st: &Statx, dev: (u32, u32)) -> bool {
     let mount_root = st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
         && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT);
-    let elsewhere = (st.stx_dev_major, st.stx_dev_minor) != dev;
-    Ok((!mount_root && !elsewhere).then_some(st))
+    !mount_root && (st.stx_dev_major, st.stx_dev_minor) == dev
+}
+
+/// The subdirectory `name` of `parent`, opened to be walked (see [`open_dir`]); `None` also
+/// when it is a symbolic link now: a walk that changes or counts what it finds passes links by.
+pub(crate) fn open_subdir(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    at: &At<'_>,
+) -> Result<Option<OwnedFd>, MountError> {
+    match open_dir(parent, name, at) {
+        Err(MountError::Symlink { .. }) => Ok(None),
+        r => r,
+    }
 }
 
 /// Opens the directory `name` of `parent` with `O_NOFOLLOW`: `None` when it is gone, or no

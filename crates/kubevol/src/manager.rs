@@ -62,7 +62,7 @@ pub struct Config {
     pub volume_stats_period: Duration,
     /// Whether a disk-backed emptyDir made where the filesystem accounts project quotas gets a
     /// project of its own, so that its usage is one `quotactl` rather than a walk
-    /// (`--project-quotas`; on).
+    /// (on; the daemon's `--no-project-quotas` turns it off).
     pub project_quotas: bool,
     /// How long a volume's fsGroup walk runs before its pod is warned
     /// (`VolumePermissionChangeInProgress`; kubelet: 30 s).

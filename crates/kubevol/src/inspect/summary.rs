@@ -21,21 +21,10 @@ pub fn summary(status: &StatusReport, usages: &BTreeMap<(PodUid, String), Used>)
                 .volumes
                 .iter()
                 .filter_map(|v| {
-                    let u = usages.get(&(uid.clone(), v.name.clone()))?;
-                    let time =
-                        u.at.map(|t| jiff::Timestamp::try_from(t).map(|t| t.to_string()))
-                            .and_then(Result::ok);
-                    Some(json!({
-                        "time": time,
-                        "name": v.name,
-                        "usedBytes": u.used_bytes,
-                        "inodesUsed": u.inodes_used,
-                        "capacityBytes": u.capacity_bytes,
-                        "availableBytes": u.available_bytes,
-                        "inodes": u.inodes,
-                        "inodesFree": u.inodes_free,
-                        "measuredBy": u.by,
-                    }))
+                    let mut used =
+                        serde_json::to_value(usages.get(&(uid.clone(), v.name.clone()))?).ok()?;
+                    used["name"] = json!(v.name);
+                    Some(used)
                 })
                 .collect();
             (!volume.is_empty()).then(|| {

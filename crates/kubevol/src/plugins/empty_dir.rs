@@ -32,6 +32,11 @@ enum Medium {
     HugePages(Option<String>),
 }
 
+/// Whether the emptyDir lives on the node's disk (not a tmpfs or hugetlbfs of its own).
+pub(crate) fn on_disk(spec: &VolumeSpec) -> bool {
+    medium(spec) == Medium::Disk
+}
+
 fn medium(spec: &VolumeSpec) -> Medium {
     let m = spec
         .volume

@@ -74,8 +74,7 @@ impl Projects {
 }
 
 /// How a volume's usage was measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Measure {
     /// The filesystem's project quota: one call.
     ProjectQuota,
@@ -93,6 +92,12 @@ impl Measure {
             Measure::Walk => "walk",
             Measure::OwnFilesystem => "own-filesystem",
         }
+    }
+}
+
+impl serde::Serialize for Measure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -115,9 +120,14 @@ pub struct Used {
     /// How `used_bytes` and `inodes_used` were found.
     #[serde(rename = "measuredBy")]
     pub by: Measure,
-    /// When.
-    #[serde(skip)]
+    /// When (RFC 3339).
+    #[serde(rename = "time", serialize_with = "rfc3339")]
     pub at: Option<SystemTime>,
+}
+
+fn rfc3339<S: serde::Serializer>(at: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    let at = at.and_then(|t| jiff::Timestamp::try_from(t).ok());
+    s.collect_str(&at.map(|t| t.to_string()).unwrap_or_default())
 }
 
 /// The mounted emptyDir volumes of `world`: pod, volume name, path, and whether it is a
@@ -127,11 +137,11 @@ fn mounted_empty_dirs(world: &crate::world::World) -> Vec<(PodUid, String, PathB
     asw.volumes()
         .flat_map(|v| v.pods.values())
         .filter(|m| m.state == kubevol_core::state::PodMountState::Mounted)
-        .filter_map(|m| {
-            let e = m.spec.volume.empty_dir.as_ref()?;
-            let own = e.medium.as_deref().is_some_and(|m| !m.is_empty());
+        .filter(|m| m.spec.volume.empty_dir.is_some())
+        .map(|m| {
+            let own = !super::empty_dir::on_disk(&m.spec);
             let volume = m.outer_volume_name.to_string();
-            Some((m.pod_ref.uid.clone(), volume, m.path.clone(), own))
+            (m.pod_ref.uid.clone(), volume, m.path.clone(), own)
         })
         .collect()
 }

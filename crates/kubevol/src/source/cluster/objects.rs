@@ -337,10 +337,8 @@ async fn read_one<K>(
     loop {
         place.turn().await;
         let read = api.get_opt(&name).await;
-        match &read {
-            Err(e) if forbidden(e) => place.refused(),
-            Err(_) => {}
-            Ok(_) => place.allowed(),
+        if read.is_ok() {
+            place.allowed();
         }
         let wait = match read {
             Ok(Some(o)) => {
@@ -375,7 +373,10 @@ async fn read_one<K>(
             // unreachable: what the store has stays, and the reader tries again.
             Err(e) => {
                 let delay = match forbidden(&e) {
-                    true => backoff.step_lag(),
+                    true => {
+                        place.refused();
+                        backoff.step_lag()
+                    }
                     false => backoff.step(object_refused(&e)),
                 };
                 tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
