@@ -30,8 +30,11 @@ use tokio::sync::watch;
 
 use sha2::Digest;
 
+pub mod audit;
 mod etcd;
 mod relay;
+
+pub use audit::NodeRequest;
 
 use relay::Relay;
 
@@ -106,23 +109,6 @@ struct CreatedPod {
 /// How long after a pod's creation a node may be refused a read of what the pod references:
 /// the Node authorizer learns the pod's references from its own watch, moments later.
 const AUTHORIZER_LAG: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// One request of the node, as the API server's audit log has it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeRequest {
-    /// `get`, `list`, `watch`, `create`, `patch`, ...
-    pub verb: String,
-    /// The resource, with its subresource (`nodes/status`).
-    pub resource: String,
-    /// The namespace and name asked for, `ns/name` (either may be empty).
-    pub object: String,
-    /// The answer's status code.
-    pub code: u16,
-    /// When the server received it.
-    pub at: Option<k8s_openapi::jiff::Timestamp>,
-    /// The name a list or watch selects (`fieldSelector=metadata.name=<name>`).
-    pub selected: Option<String>,
-}
 
 impl TestCluster {
     /// The cluster the environment names ([`Backend::from_env`]), with node `node`.
@@ -570,68 +556,21 @@ impl TestCluster {
         if let Some(server) = &self.server {
             return Some(server.node_requests());
         }
-        let mut counts = BTreeMap::new();
-        for r in self.audited()? {
-            *counts
-                .entry(format!("{} {}", r.verb, r.resource))
-                .or_default() += 1;
-        }
-        Some(counts)
+        Some(audit::count(&self.audited()?))
     }
 
     /// The CPU seconds the project's control plane's kube-apiserver and etcd have used so far
     /// (from `/proc`); `None` on another cluster or the in-process server.
     pub fn server_cpu_seconds(&self) -> Option<f64> {
-        let dir = self.control_plane.as_ref()?;
-        let processes = std::fs::read_to_string(dir.join("processes")).ok()?;
-        let mut total = 0.0;
-        for line in processes.lines() {
-            let Some(("kube-apiserver" | "etcd", pid)) = line.split_once(' ') else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            // utime and stime, the 14th and 15th fields, in USER_HZ (100) ticks.
-            let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-            total += (ticks(11)? + ticks(12)?) / 100.0;
-        }
-        Some(total)
+        audit::server_cpu_seconds(self.control_plane.as_ref()?)
     }
 
     /// Every request of this test's node in the project's control plane's audit log, in
     /// order; `None` without one.
     pub fn audited(&self) -> Option<Vec<NodeRequest>> {
         let dir = self.control_plane.as_ref()?;
-        let user = format!("system:node:{}", self.node_name);
-        let log = std::fs::read_to_string(dir.join("audit.log")).unwrap_or_default();
-        let requests = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["user"]["username"] == json!(user))
-            .map(|e| {
-                let o = &e["objectRef"];
-                let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-                let mut resource = text(&o["resource"]);
-                if let Some(sub) = o["subresource"].as_str() {
-                    resource = format!("{resource}/{sub}");
-                }
-                let uri = text(&e["requestURI"]);
-                let selected = uri
-                    .split_once("fieldSelector=metadata.name%3D")
-                    .map(|(_, rest)| rest.split('&').next().unwrap_or_default().to_string());
-                NodeRequest {
-                    verb: text(&e["verb"]),
-                    resource,
-                    object: format!("{}/{}", text(&o["namespace"]), text(&o["name"])),
-                    code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
-                    at: e["requestReceivedTimestamp"]
-                        .as_str()
-                        .and_then(|t| t.parse().ok()),
-                    selected,
-                }
-            })
-            .collect();
-        Some(requests)
+        let requests = audit::node_requests(dir, |node| node == self.node_name);
+        Some(requests.into_iter().map(|(_, r)| r).collect())
     }
 
     /// Says that this test makes requests a node is refused on purpose, so that

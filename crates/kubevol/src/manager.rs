@@ -60,6 +60,11 @@ pub struct Config {
     pub csi_timeout: Duration,
     /// How often `kubelet_volume_stats_*` are gathered (kubelet: 1 minute).
     pub volume_stats_period: Duration,
+    /// The least time between two rewrites of the volumes that show one ConfigMap or Secret,
+    /// for changes of it ([`crate::populator::CONTENT_EVERY`], 1 s): changes that come sooner
+    /// are one rewrite at the object's next turn. The change that brings an object its volumes
+    /// wait for (its first listing, its creation) is never held back.
+    pub content_pace: Duration,
     /// Whether a disk-backed emptyDir made where the filesystem accounts project quotas gets a
     /// project of its own, so that its usage is one `quotactl` rather than a walk
     /// (on; the daemon's `--no-project-quotas` turns it off).
@@ -139,6 +144,7 @@ impl Config {
             csi_controllers: Vec::new(),
             csi_timeout: crate::csi::DEFAULT_TIMEOUT,
             volume_stats_period: Duration::from_secs(60),
+            content_pace: crate::populator::CONTENT_EVERY,
             project_quotas: true,
             operation_timeout: Duration::from_secs(120),
             fs_group_warning_after: crate::plugins::ownership::WARN_AFTER,
@@ -352,7 +358,8 @@ impl VolumeManager {
             events.clone(),
             executor.clone(),
             refreshes,
-        );
+        )
+        .pacing(config.content_pace);
         Ok(VolumeManager {
             parts: Arc::new(Parts {
                 config,

@@ -479,3 +479,69 @@ async fn an_idle_node_is_not_woken_by_the_resync() {
         .expect("a change after idle is acted on");
     m.shutdown();
 }
+
+/// A Secret whose watch has started (pending) when its pod comes, and which is listed a
+/// moment later: the pod's volume waits for it, and is set up as soon as it is there. Content
+/// rewrites are paced (here to one an hour), but the change that brings the object the volume
+/// waits for is not a rewrite and is never held back, however soon after the watch's start it
+/// comes (it used to wait for the object's next turn, a second later by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_listed_just_after_its_watch_started_is_not_held_back() {
+    use kubevol::store::{Change, Object, ObjectKey};
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let (m, sinks) = start_configured(t.path(), fake, &["cluster"], |c| {
+        c.content_pace = Duration::from_secs(3600);
+    });
+    let cluster = &sinks[0];
+    cluster.synced();
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "reads-a-secret", "namespace": "default"},
+        "spec": {
+            "containers": [{"name": "c", "volumeMounts": [{"name": "creds", "mountPath": "/creds"}]}],
+            "volumes": [{"name": "creds", "secret": {"secretName": "s"}}]
+        }
+    }))
+    .unwrap();
+    m.add_pod(p.clone());
+    let creds = |phase: kubevol::status::VolumePhase| {
+        move |s: &kubevol::status::PodStatus| {
+            s.volumes
+                .iter()
+                .any(|v| v.name == "creds" && v.state == phase)
+        }
+    };
+    // The Secret does not exist yet.
+    wait_for_status(&m, &p, 20, creds(kubevol::status::VolumePhase::Retrying)).await;
+    // Its watch starts: the populator sees it pending.
+    let key = ObjectKey::Secret(("default".into(), "s".into()));
+    cluster.apply([Change::ClusterPending {
+        key: key.clone(),
+        pending: true,
+    }]);
+    wait_for_status(&m, &p, 20, creds(kubevol::status::VolumePhase::Pending)).await;
+    let secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "s", "namespace": "default"},
+        "data": {"password": "c2VjcmV0"}
+    }))
+    .unwrap();
+    cluster.apply([
+        Change::ClusterUpsert(Box::new(Object::Secret(secret))),
+        Change::ClusterPending {
+            key,
+            pending: false,
+        },
+    ]);
+    m.wait_for_attach_and_mount(&p)
+        .await
+        .expect("set up once the Secret is there, not at its next turn an hour later");
+    let path = m
+        .pod_status(&kubevol::pod_uid(&p))
+        .and_then(|s| s.volumes.into_iter().find(|v| v.name == "creds")?.path)
+        .expect("the volume's path");
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&path).join("password")).unwrap(),
+        b"secret"
+    );
+    m.shutdown();
+}

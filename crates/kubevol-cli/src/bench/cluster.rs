@@ -28,205 +28,192 @@ fn pod(i: usize, node: &str) -> serde_json::Value {
                     {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}]}})
 }
 
-/// What one node measured.
-struct NodeRun {
-    node: String,
-    /// Each pod's ready latency, sorted.
-    latencies: Vec<f64>,
-    all_ready: Duration,
-    torn_down: Duration,
-    /// The node's requests while its pods came, by verb and resource.
-    requests: Option<BTreeMap<String, u64>>,
+/// A node of the benchmark, joined to the cluster and synced: its Node, its pods' Secrets and
+/// the ConfigMap they share exist, and its manager on `root` has listed (no pods yet).
+pub(super) struct BenchNode {
+    pub(super) cluster: Arc<TestCluster>,
+    manager: VolumeManager,
+    running: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    n: usize,
 }
 
-/// One node of `cluster`: its Node, its pods' Secrets and a manager on `root` joined to
-/// the cluster; once every node is ready (`go`), its `n` pods are created at once and
-/// waited for; once every node's are ready (`done`), they are deleted and torn down.
-async fn node_run(
-    cluster: Arc<TestCluster>,
-    root: std::path::PathBuf,
-    n: usize,
-    args: &BenchArgs,
-    go: &tokio::sync::Barrier,
-    done: &tokio::sync::Barrier,
-) -> anyhow::Result<NodeRun> {
-    let node = cluster.node_name().to_string();
-    if !cluster.is_real() {
-        cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
-    }
-    if cluster.get("v1", "nodes", &node).await.is_none() {
-        cluster
-            .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
-            .await;
-    }
-    cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-ca"}, "data": {"ca.crt": "CA"}})).await;
-    for i in 0..n {
-        cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("bench-{i}")}, "stringData": {"password": format!("secret {i}")}})).await;
-    }
-    let (manager, running) = start_manager(&root, args, |c| c.node_name = node.clone())?;
-    let client = kubevol::source::cluster::client(cluster.node_config())?;
-    let tasks = kubevol::source::cluster::join(&manager, client);
-    // Started and synced (an empty listing) before the pods come.
-    let mut changes = manager.subscribe();
-    while !manager.store().all_sources_synced() {
-        changes.changed().await?;
-    }
-    go.wait().await;
-    let before = cluster.node_requests();
-    let start = tokio::time::Instant::now();
-    let mut waits = tokio::task::JoinSet::new();
-    let gate = Arc::new(tokio::sync::Semaphore::new(64));
-    for i in 0..n {
-        let (cluster, manager, gate, node) =
-            (cluster.clone(), manager.clone(), gate.clone(), node.clone());
-        waits.spawn(async move {
-            let permit = gate.acquire_owned().await;
-            let made = cluster.create(pod(i, &node)).await;
-            let created = tokio::time::Instant::now();
-            drop(permit);
-            let pod: Pod = serde_json::from_value(made)?;
-            manager.wait_for_attach_and_mount(&pod).await?;
-            anyhow::Ok((created.elapsed().as_secs_f64(), pod))
-        });
-    }
-    let mut latencies = Vec::new();
-    let mut pods = Vec::new();
-    while let Some(r) = waits.join_next().await {
-        let (l, p) = r??;
-        latencies.push(l);
-        pods.push(p);
-    }
-    let all_ready = start.elapsed();
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let after = cluster.node_requests();
-    done.wait().await;
+/// What a node measured while its pods came.
+pub(super) struct Arrival {
+    /// Each pod's ready latency in seconds, sorted.
+    pub(super) latencies: Vec<f64>,
+    pub(super) all_ready: Duration,
+    pub(super) pods: Vec<Pod>,
+}
 
-    let t = tokio::time::Instant::now();
-    for p in &pods {
-        cluster
-            .delete(
-                "v1",
-                "pods",
-                p.metadata.name.as_deref().unwrap_or_default(),
-                Some(0),
-            )
-            .await;
+impl BenchNode {
+    /// Node `cluster.node_name()` with `n` pods to come, its manager on `root`.
+    pub(super) async fn start(
+        cluster: Arc<TestCluster>,
+        root: &Path,
+        n: usize,
+        args: &BenchArgs,
+    ) -> anyhow::Result<BenchNode> {
+        let node = cluster.node_name().to_string();
+        if !cluster.is_real() {
+            cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
+        }
+        if cluster.get("v1", "nodes", &node).await.is_none() {
+            cluster
+                .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+                .await;
+        }
+        cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-ca"}, "data": {"ca.crt": "CA"}})).await;
+        for i in 0..n {
+            cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("bench-{i}")}, "stringData": {"password": format!("secret {i}")}})).await;
+        }
+        let (manager, running) = start_manager(root, args, |c| c.node_name = node.clone())?;
+        let client = kubevol::source::cluster::client(cluster.node_config())?;
+        let tasks = kubevol::source::cluster::join(&manager, client);
+        // Started and synced (an empty listing) before the pods come.
+        let mut changes = manager.subscribe();
+        while !manager.store().all_sources_synced() {
+            changes.changed().await?;
+        }
+        Ok(BenchNode {
+            cluster,
+            manager,
+            running,
+            tasks,
+            n,
+        })
     }
-    manager.wait_for_all_pods_unmount(&pods).await?;
-    let torn_down = t.elapsed();
-    manager.shutdown();
-    let _ = running.await;
-    // The watches and publishers stop now; the event poster once the manager is gone and
-    // what it queued is posted. The server stops after them.
-    let mut tasks = tasks;
-    let poster = tasks.pop();
-    for t in tasks {
-        t.abort();
-        let _ = t.await;
+
+    /// Creates the node's pods at once (64 creations in flight) and waits for each to be
+    /// ready, its latency counted from the server's answer to its creation.
+    pub(super) async fn come(&self) -> anyhow::Result<Arrival> {
+        let start = tokio::time::Instant::now();
+        let mut waits = tokio::task::JoinSet::new();
+        let gate = Arc::new(tokio::sync::Semaphore::new(64));
+        let node = self.cluster.node_name().to_string();
+        for i in 0..self.n {
+            let (cluster, manager, gate, node) = (
+                self.cluster.clone(),
+                self.manager.clone(),
+                gate.clone(),
+                node.clone(),
+            );
+            waits.spawn(async move {
+                let permit = gate.acquire_owned().await;
+                let made = cluster.create(pod(i, &node)).await;
+                let created = tokio::time::Instant::now();
+                drop(permit);
+                let pod: Pod = serde_json::from_value(made)?;
+                manager.wait_for_attach_and_mount(&pod).await?;
+                anyhow::Ok((created.elapsed().as_secs_f64(), pod))
+            });
+        }
+        let mut latencies = Vec::new();
+        let mut pods = Vec::new();
+        while let Some(r) = waits.join_next().await {
+            let (l, p) = r??;
+            latencies.push(l);
+            pods.push(p);
+        }
+        let all_ready = start.elapsed();
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        Ok(Arrival {
+            latencies,
+            all_ready,
+            pods,
+        })
     }
-    drop(manager);
-    if let Some(poster) = poster {
-        let _ = poster.await;
+
+    /// Deletes the pods, waits until they are torn down and stops the manager and its
+    /// watches. Returns how long the tear-down took and the cluster, to clean up.
+    pub(super) async fn leave(
+        self,
+        pods: Vec<Pod>,
+    ) -> anyhow::Result<(Duration, Arc<TestCluster>)> {
+        let t = tokio::time::Instant::now();
+        for p in &pods {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            self.cluster.delete("v1", "pods", name, Some(0)).await;
+        }
+        self.manager.wait_for_all_pods_unmount(&pods).await?;
+        let torn_down = t.elapsed();
+        self.manager.shutdown();
+        let _ = self.running.await;
+        // The watches and publishers stop now; the event poster once the manager is gone and
+        // what it queued is posted. The server stops after them.
+        let mut tasks = self.tasks;
+        let poster = tasks.pop();
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        drop(self.manager);
+        if let Some(poster) = poster {
+            let _ = poster.await;
+        }
+        Ok((torn_down, self.cluster))
     }
-    let requests = before.zip(after).map(|(b, a)| {
-        a.into_iter()
-            .map(|(k, v)| {
-                let was = b.get(&k).copied().unwrap_or(0);
-                (k, v - was)
-            })
-            .filter(|(_, v)| *v > 0)
-            .collect::<BTreeMap<String, u64>>()
-    });
-    Ok(NodeRun {
-        node,
-        latencies,
-        all_ready,
-        torn_down,
-        requests,
-    })
+}
+
+/// The requests counted in `after` and not in `before`.
+fn difference(
+    before: BTreeMap<String, u64>,
+    after: BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .into_iter()
+        .map(|(k, v)| (v - before.get(&k).copied().unwrap_or(0), k))
+        .filter(|(v, _)| *v > 0)
+        .map(|(v, k)| (k, v))
+        .collect()
 }
 
 pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.node_process {
+        return super::nodes::child(args);
+    }
+    if args.nodes > 1 {
+        return super::nodes::run(args);
+    }
     let n = args.pods();
-    let k = args.nodes.max(1);
     let (tmp, floor_dir) = BenchRoot::new(args)?;
     let (floor_a, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let figures = runtime.block_on(async {
-        let mut clusters = Vec::new();
-        for _ in 0..k {
-            clusters.push(Arc::new(TestCluster::start("bench-node").await));
-        }
-        let real = clusters[0].is_real();
-        anyhow::ensure!(
-            real || k == 1,
-            "--nodes {k} needs one real API server for all its nodes: start one with tools/k8s/control-plane.sh up DIR and set KUBEVOL_TEST_CLUSTER=DIR"
-        );
+        let cluster = Arc::new(TestCluster::start("bench-node").await);
+        let real = cluster.is_real();
         println!(
-            "kubevol bench --cluster: {}{n} pods x (Memory emptyDir, secret, projected service account volume) created at once in {}",
-            if k > 1 { format!("{k} nodes x ") } else { String::new() },
+            "kubevol bench --cluster: {n} pods x (Memory emptyDir, secret, projected service account volume) created at once in {}",
             if real { "a real kube-apiserver" } else { "the in-process API server" }
         );
-        let go = tokio::sync::Barrier::new(k + 1);
-        let done = tokio::sync::Barrier::new(k + 1);
-        let runs: Vec<_> = clusters.iter().enumerate().map(|(i, c)| {
-            node_run(c.clone(), tmp.path().join(format!("root-{i}")), n, args, &go, &done)
-        }).collect();
-        let measure = async {
-            go.wait().await;
-            let cpu_start = cpu_seconds();
-            let server_start = clusters[0].server_cpu_seconds();
-            done.wait().await;
-            let cpu = cpu_seconds() - cpu_start;
-            let server_cpu = server_start.zip(clusters[0].server_cpu_seconds()).map(|(a, b)| b - a);
-            (cpu, server_cpu)
-        };
-        let (runs, (cpu, server_cpu)) =
-            tokio::join!(futures_util::future::join_all(runs), measure);
-        // What the test made goes, once nothing else holds the cluster.
-        for cluster in clusters {
-            if let Ok(cluster) = Arc::try_unwrap(cluster) {
-                cluster.clean_up().await;
-            }
+        let node = BenchNode::start(cluster.clone(), &tmp.path().join("root"), n, args).await?;
+        let before = cluster.node_requests();
+        let cpu_start = cpu_seconds();
+        let server_start = cluster.server_cpu_seconds();
+        let arrival = node.come().await?;
+        let cpu = cpu_seconds() - cpu_start;
+        let server_cpu = server_start
+            .zip(cluster.server_cpu_seconds())
+            .map(|(a, b)| b - a);
+        let requests = before
+            .zip(cluster.node_requests())
+            .map(|(b, a)| difference(b, a));
+        drop(cluster);
+        let Arrival {
+            latencies,
+            all_ready,
+            pods,
+        } = arrival;
+        let (torn_down, cluster) = node.leave(pods).await?;
+        // What the run made goes, once nothing else holds the cluster.
+        if let Ok(cluster) = Arc::try_unwrap(cluster) {
+            cluster.clean_up().await;
         }
-        let runs = runs.into_iter().collect::<anyhow::Result<Vec<NodeRun>>>()?;
-        anyhow::Ok((runs, cpu, real, server_cpu))
+        anyhow::Ok((latencies, all_ready, torn_down, cpu, real, server_cpu, requests))
     });
-    let (runs, cpu, real, server_cpu) = figures?;
-    if k > 1 {
-        let ms = |d: f64| d * 1e3;
-        println!();
-        println!(
-            "node                       ready p50    p99      all ready   API requests per pod"
-        );
-        for r in &runs {
-            let total: u64 = r.requests.iter().flat_map(|m| m.values()).sum();
-            println!(
-                "{:<26} {:>7.1} ms {:>7.1} ms {:>9.1} ms   {:.2}",
-                r.node,
-                ms(percentile(&r.latencies, 0.5)),
-                ms(percentile(&r.latencies, 0.99)),
-                ms(r.all_ready.as_secs_f64()),
-                total as f64 / n as f64
-            );
-        }
-        println!("CPU seconds (the {k} nodes): {cpu:.2}");
-        if let Some(server) = server_cpu {
-            println!("CPU seconds of the real kube-apiserver and etcd meanwhile: {server:.2}");
-        }
-        println!("peak RSS: {:.1} MiB", peak_rss_mib());
-        tmp.release()?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let NodeRun {
-        latencies: lat,
-        all_ready,
-        torn_down,
-        requests,
-        ..
-    } = runs.into_iter().next().context("one node")?;
+    let (lat, all_ready, torn_down, cpu, real, server_cpu, requests) = figures?;
     let (floor_b, _) = raw_floor(&floor_dir, n * VOLUMES).context("raw floor")?;
     let floor = (floor_a + floor_b) / 2;
     let ms = |d: f64| d * 1e3;

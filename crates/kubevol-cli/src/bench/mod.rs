@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// grow as nodes are added.
     #[arg(long, default_value_t = 1, requires = "cluster")]
     nodes: usize,
+    /// With --cluster: run as one node of `--nodes K`, started by the benchmark itself, which
+    /// speaks to it on stdin and stdout.
+    #[arg(long, hide = true, requires = "cluster")]
+    node_process: bool,
     /// Benchmark a restart instead: N pods x M Memory emptyDir volumes are mounted, the
     /// manager stops with everything mounted, and a new one starts on the same root; reports
     /// the time to read the record and reconstruct (start to first reconcile) and until every
@@ -807,6 +811,7 @@ mod content;
 mod csi;
 
 mod cluster;
+mod nodes;
 
 mod fsgroup;
 mod stats;

@@ -134,8 +134,9 @@ mount_test! {
 
 mount_test! {
     /// `bench --cluster --nodes 2` against the real control plane (the README's test command starts
-    /// one; without it the benchmark says how to get one, and this fails): two nodes of their own
-    /// against one server, a row each with its latency and its API requests per pod.
+    /// one; without it the benchmark says how to get one, and this fails): two nodes of their own,
+    /// each its own process, against one server, a row each with its latency, the watches it
+    /// opened and its API requests per pod (from the server's audit log), and the server's CPU.
     fn bench_cluster_with_several_nodes_prints_a_row_per_node() {
         require_root();
         let tmp = tempfile::tempdir().unwrap();
@@ -149,9 +150,24 @@ mount_test! {
             .filter(|l| l.starts_with("bench-node-"))
             .collect();
         assert_eq!(rows.len(), 2, "{out}");
+        let mut nodes = std::collections::BTreeSet::new();
         for row in rows {
-            let per_pod: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            nodes.insert(fields[0]);
+            let per_pod: f64 = fields[fields.len() - 1].parse().unwrap();
+            let watches: u64 = fields[fields.len() - 2].parse().unwrap();
             assert!(per_pod > 0.0, "the node's requests are counted: {row}");
+            assert!(watches > 0, "its four Secrets are watched: {row}");
+        }
+        assert_eq!(nodes.len(), 2, "two nodes of their own: {out}");
+        for line in [
+            "all 8 pods: ready p50 ",
+            "API requests per pod of a node: min ",
+            "watches opened by a node while its pods came: ",
+            "CPU seconds of the 2 node processes while their pods came: ",
+            "CPU seconds of the kube-apiserver and etcd meanwhile ",
+        ] {
+            assert!(out.contains(line), "{line}: {out}");
         }
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }

@@ -107,6 +107,12 @@ impl Populator {
         }
     }
 
+    /// Rewrites the volumes of one ConfigMap or Secret at most once per `every`.
+    pub(crate) fn pacing(mut self, every: std::time::Duration) -> Self {
+        self.pace = pace::Pace::every(every);
+        self
+    }
+
     /// Holds the volumes of pods recorded from a manifest file while that file has errors and
     /// the pod has not come back (`files`: what reconstruction found in the record).
     pub(crate) fn holding(mut self, files: crate::reconstruct::RecordedFiles) -> Self {
@@ -251,7 +257,10 @@ impl Populator {
                     ObjectKey::Pod(uid) => {
                         touched.insert(uid);
                     }
-                    other if !self.pace.admit(&other, now) => {}
+                    other
+                        if !self
+                            .pace
+                            .admit(&other, now, self.store.holds_content(&other)) => {}
                     other => {
                         if matches!(other, ObjectKey::PersistentVolume(_)) {
                             touched.extend(self.readers_of(&ANY_PERSISTENT_VOLUME));

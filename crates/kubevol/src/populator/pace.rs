@@ -18,10 +18,17 @@ use crate::store::ObjectKey;
 pub const CONTENT_EVERY: Duration = Duration::from_secs(1);
 
 /// When each content object's readers were last touched, and the changes held back.
-#[derive(Default)]
 pub(super) struct Pace {
+    /// The least time between two rewrites of an object's volumes.
+    every: Duration,
     touched: HashMap<ObjectKey, Instant>,
     held: BTreeMap<ObjectKey, Instant>,
+}
+
+impl Default for Pace {
+    fn default() -> Self {
+        Pace::every(CONTENT_EVERY)
+    }
 }
 
 /// Whether changes of `key` are paced: content that volumes are written from.
@@ -30,9 +37,21 @@ fn paced(key: &ObjectKey) -> bool {
 }
 
 impl Pace {
+    /// A pace of one rewrite per `every`.
+    pub(super) fn every(every: Duration) -> Pace {
+        Pace {
+            every,
+            touched: HashMap::default(),
+            held: BTreeMap::new(),
+        }
+    }
+
     /// Whether a change of `key` touches its readers now; if not, it is held back until its
-    /// object's next turn.
-    pub(super) fn admit(&mut self, key: &ObjectKey, now: Instant) -> bool {
+    /// object's next turn. `shown` is whether the store holds the object now, so that its
+    /// volumes show its content: only such a touch counts as a rewrite. A change while the
+    /// object is not there (its watch started, it does not exist yet) shows nothing, and the
+    /// change that brings the object, which its volumes wait for, is never held back.
+    pub(super) fn admit(&mut self, key: &ObjectKey, now: Instant, shown: bool) -> bool {
         if !paced(key) {
             return true;
         }
@@ -40,12 +59,16 @@ impl Pace {
             return false;
         }
         match self.touched.get(key) {
-            Some(last) if now < *last + CONTENT_EVERY => {
-                self.held.insert(key.clone(), *last + CONTENT_EVERY);
+            Some(last) if now < *last + self.every => {
+                self.held.insert(key.clone(), *last + self.every);
                 false
             }
             _ => {
-                self.touched.insert(key.clone(), now);
+                if shown {
+                    self.touched.insert(key.clone(), now);
+                } else {
+                    self.touched.remove(key);
+                }
                 true
             }
         }
@@ -64,7 +87,7 @@ impl Pace {
             self.held.remove(key);
             self.touched.insert(key.clone(), now);
         }
-        self.touched.retain(|_, last| now < *last + CONTENT_EVERY);
+        self.touched.retain(|_, last| now < *last + self.every);
         due
     }
 
@@ -87,12 +110,15 @@ mod tests {
         let mut pace = Pace::default();
         let (a, b) = (config_map("a"), config_map("b"));
         let start = Instant::now();
-        assert!(pace.admit(&a, start), "a rare change is written at once");
-        assert!(pace.admit(&b, start), "per object");
+        assert!(
+            pace.admit(&a, start, true),
+            "a rare change is written at once"
+        );
+        assert!(pace.admit(&b, start, true), "per object");
         assert_eq!(pace.next(), None);
         for ms in [100, 200, 900] {
             let now = start + Duration::from_millis(ms);
-            assert!(!pace.admit(&a, now), "held back within the second");
+            assert!(!pace.admit(&a, now, true), "held back within the second");
             assert!(pace.due(now).is_empty());
             assert_eq!(
                 pace.next(),
@@ -104,7 +130,7 @@ mod tests {
         assert_eq!(pace.due(turn), std::slice::from_ref(&a));
         assert_eq!(pace.next(), None);
         assert!(
-            !pace.admit(&a, turn + Duration::from_millis(10)),
+            !pace.admit(&a, turn + Duration::from_millis(10), true),
             "the next turn is a second after this one"
         );
         assert_eq!(pace.next(), Some(turn + CONTENT_EVERY));
@@ -116,7 +142,7 @@ mod tests {
             pace.touched.is_empty() && pace.held.is_empty(),
             "nothing kept of quiet objects"
         );
-        assert!(pace.admit(&a, later));
+        assert!(pace.admit(&a, later, true));
     }
 
     #[test]
@@ -127,10 +153,32 @@ mod tests {
             ObjectKey::Pod(kubevol_core::PodUid("u".into())),
             ObjectKey::PersistentVolume("pv".into()),
         ] {
-            assert!(pace.admit(&key, now) && pace.admit(&key, now), "{key:?}");
+            assert!(
+                pace.admit(&key, now, true) && pace.admit(&key, now, true),
+                "{key:?}"
+            );
         }
         let secret = ObjectKey::Secret(("ns".to_string(), "s".to_string()));
-        assert!(pace.admit(&secret, now));
-        assert!(!pace.admit(&secret, now));
+        assert!(pace.admit(&secret, now, true));
+        assert!(!pace.admit(&secret, now, true));
+    }
+
+    /// A change while the object is not there (its watch has started) shows nothing, so the
+    /// change that brings it, which its volumes wait for, is not held back, however soon it
+    /// comes; once content has been shown, the next change waits its turn.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_before_the_content_is_shown_holds_nothing_back() {
+        let mut pace = Pace::default();
+        let a = config_map("a");
+        let start = Instant::now();
+        assert!(pace.admit(&a, start, false), "pending, not there yet");
+        let soon = start + Duration::from_millis(5);
+        assert!(pace.admit(&a, soon, true), "listed: shown at once");
+        assert_eq!(pace.next(), None);
+        assert!(
+            !pace.admit(&a, soon + Duration::from_millis(5), true),
+            "a rewrite of shown content waits its turn"
+        );
+        assert_eq!(pace.next(), Some(soon + CONTENT_EVERY));
     }
 }

@@ -786,6 +786,17 @@ impl ObjectStore {
         self.read().pending.contains(key)
     }
 
+    /// Whether the store holds the ConfigMap or Secret of `key`, whose volumes then show its
+    /// content (`false` for other kinds).
+    pub fn holds_content(&self, key: &ObjectKey) -> bool {
+        let s = self.read();
+        match key {
+            ObjectKey::ConfigMap(k) => s.config_maps.contains_key(k),
+            ObjectKey::Secret(k) => s.secrets.contains_key(k),
+            _ => false,
+        }
+    }
+
     /// Whether the API server said an object read by name does not exist (see
     /// [`Change::ClusterAbsent`]).
     pub fn absent(&self, key: &ObjectKey) -> bool {
