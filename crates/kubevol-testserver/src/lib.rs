@@ -174,6 +174,18 @@ impl TestServer {
         self.store.store().disabled.insert(plural);
     }
 
+    /// How many watches of a resource (`secrets`) are open. A watch whose client has gone ends
+    /// at its next event or bookmark (one a second).
+    pub fn open_watches(&self, plural: &str) -> usize {
+        self.store.store().watchers(plural)
+    }
+
+    /// Serves as a server with the WatchList feature off: a watch asking for the initial
+    /// events (`sendInitialEvents`) is refused (422), and only list and watch remain.
+    pub fn disable_watch_list(&self) {
+        self.store.store().watch_list = false;
+    }
+
     /// How many service account tokens were issued.
     pub fn tokens_issued(&self) -> u64 {
         self.store.store().tokens_issued

@@ -297,6 +297,9 @@ struct WatchRequest {
     namespace: Option<String>,
     selector: Selector,
     resource_version: Option<u64>,
+    /// `sendInitialEvents` (a streaming list): every object as `ADDED` first, then, with
+    /// bookmarks, one marked `k8s.io/initial-events-end`.
+    initial_events: Option<bool>,
     timeout: Duration,
     bookmarks: bool,
 }
@@ -408,8 +411,10 @@ fn serve(
         namespace: t.namespace.clone().unwrap_or_default(),
         name: t.name.clone().unwrap_or_default(),
     };
+    let initial_events = list_options(uri, verb, s.store().watch_list)?;
     match verb {
         Verb::Watch => Ok(Reply::Watch(WatchRequest {
+            initial_events,
             res: t.res,
             namespace: t.namespace,
             selector,
@@ -528,6 +533,68 @@ fn serve(
     }
 }
 
+/// The list options of a list or watch that the API server checks (`ValidateListOptions`):
+/// `sendInitialEvents` only on a watch and only with `resourceVersionMatch=NotOlderThan`,
+/// which a watch takes with it only; a list takes `resourceVersionMatch` only with a
+/// `resourceVersion`. A server with the WatchList feature off refuses `sendInitialEvents`.
+/// Returns `sendInitialEvents`.
+fn list_options(uri: &Uri, verb: Verb, watch_list: bool) -> Result<Option<bool>, ApiError> {
+    if !matches!(verb, Verb::List | Verb::Watch) {
+        return Ok(None);
+    }
+    let initial = query(uri, "sendInitialEvents");
+    let matching = query(uri, "resourceVersionMatch");
+    let version = query(uri, "resourceVersion").filter(|v| !v.is_empty());
+    let mut causes = Vec::new();
+    if verb == Verb::List {
+        if matching.is_some() && version.is_none() {
+            causes.push((
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if initial.is_some() {
+            causes.push((
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for list",
+            ));
+        }
+    } else if initial.is_some() {
+        if !watch_list {
+            causes.push((
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        } else if matching.as_deref() != Some("NotOlderThan") {
+            causes.push((
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+    } else if matching.is_some() {
+        causes.push((
+            "resourceVersionMatch",
+            "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        ));
+    }
+    if !causes.is_empty() {
+        let list: Vec<String> = causes
+            .iter()
+            .map(|(field, why)| format!("{field}: Forbidden: {why}"))
+            .collect();
+        let list = match list.len() {
+            1 => list[0].clone(),
+            _ => format!("[{}]", list.join(", ")),
+        };
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {list}"),
+        ));
+    }
+    Ok(initial.map(|v| v == "true"))
+}
+
 fn event_line(kind: &str, object: &Value) -> String {
     let mut line = json!({"type": kind, "object": object}).to_string();
     line.push('\n');
@@ -535,7 +602,8 @@ fn event_line(kind: &str, object: &Value) -> String {
 }
 
 /// Streams a watch: the changes after its resource version (or every object as `ADDED` when
-/// it has none), then every change as it happens, until its timeout or the server stops.
+/// it has none, or when it asks for the initial events, which then end with a bookmark), then
+/// every change as it happens, until its timeout or the server stops.
 fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
     let (tx, rx) = mpsc::channel::<Result<String, Infallible>>(256);
     let mut stopping = s.stopping.clone();
@@ -549,9 +617,12 @@ fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
             let mut store = s.store();
             let feed = store.subscribe(w.res.plural);
             let now = store.resource_version();
-            let first = match w.resource_version {
-                Some(rv) => store.since(rv),
-                None => Ok(store
+            let first = match (w.initial_events, w.resource_version) {
+                // A watch from now on.
+                (Some(false), None) => Ok(Vec::new()),
+                (None | Some(false), Some(rv)) => store.since(rv),
+                // The state now (not older than any version asked), then the changes.
+                (None | Some(true), _) => Ok(store
                     .list(w.res.plural, w.namespace.as_deref())
                     .into_iter()
                     .map(|o| Change {
@@ -573,6 +644,14 @@ fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
         };
         for c in first.iter().filter(|c| matches(c)) {
             if tx.send(Ok(event_line(c.kind, &c.object))).await.is_err() {
+                return;
+            }
+        }
+        if w.initial_events == Some(true) && w.bookmarks {
+            let end = json!({"kind": w.res.kind, "apiVersion": w.res.group_version, "metadata": {
+                "resourceVersion": last.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}});
+            if tx.send(Ok(event_line("BOOKMARK", &end))).await.is_err() {
                 return;
             }
         }

@@ -149,6 +149,9 @@ pub struct Store {
     pub(crate) tokens_issued: u64,
     /// Resources not served (as a server without a beta API).
     pub(crate) disabled: std::collections::BTreeSet<&'static str>,
+    /// Whether watches may ask for the initial events (the WatchList feature; on, as on the
+    /// project's control plane).
+    pub(crate) watch_list: bool,
     /// The requests nodes made, by verb and resource (`watch configmaps`,
     /// `create serviceaccounts/token`).
     pub(crate) node_requests: BTreeMap<String, u64>,
@@ -173,6 +176,7 @@ impl Default for Store {
             max_token_lifetime: None,
             tokens_issued: 0,
             disabled: Default::default(),
+            watch_list: true,
             node_requests: BTreeMap::new(),
             pods_by_node: BTreeMap::new(),
             referencing: HashMap::new(),
@@ -251,6 +255,11 @@ impl Store {
             .entry(plural)
             .or_insert_with(|| broadcast::channel(HISTORY).0)
             .subscribe()
+    }
+
+    /// How many watches of a resource are open.
+    pub fn watchers(&self, plural: &str) -> usize {
+        self.feeds.get(plural).map_or(0, |f| f.receiver_count())
     }
 
     /// The changes after `rv`, or `410 Gone` when they are no longer kept.

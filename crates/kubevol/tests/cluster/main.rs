@@ -785,10 +785,11 @@ cluster_test! {
     }
 }
 
-cluster_test! {
+cluster_test_with_faults! {
     /// An immutable Secret is read once and never watched (as the kubelet stops watching one):
-    /// the node lists it and opens no watch of secrets, while the pod's mutable ConfigMap is
-    /// watched and its update reaches the volume.
+    /// the node reads it with one streaming list (a watch it closes once the listing has ended)
+    /// and no other request, while the pod's mutable ConfigMap is watched and its update
+    /// reaches the volume.
     fn an_immutable_secret_is_read_once_and_never_watched(backend) {
         let root = TestRoot::new();
         runtime().block_on(async {
@@ -805,8 +806,19 @@ cluster_test! {
             let cfg = volumes["c"].path.clone();
             until(&m, 20, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
             let requests = storage_only_read_with_get(&cluster);
-            assert!(requests.get("list secrets").is_some_and(|n| *n >= 1), "{requests:#?}");
-            assert!(!requests.contains_key("watch secrets"), "the immutable Secret was watched: {requests:#?}");
+            assert!(!requests.contains_key("list secrets"), "read with a streaming list: {requests:#?}");
+            // One, or a few more when the Node authorizer had not related the pod's Secret to
+            // the node yet (on a real server, for a moment after the pod's creation).
+            let reads = requests.get("watch secrets").copied().unwrap_or(0);
+            assert!(reads >= 1, "{requests:#?}");
+            if let Some(server) = cluster.server() {
+                assert_eq!(reads, 1, "read once: {requests:#?}");
+                kubevol_testserver::cluster::eventually("the immutable Secret's watch closed once read", 20, || {
+                    let open = server.open_watches("secrets");
+                    async move { open == 0 }
+                })
+                .await;
+            }
             assert!(requests.get("watch configmaps").is_some_and(|n| *n >= 1), "the mutable ConfigMap is watched: {requests:#?}");
             m.shutdown();
             cluster.clean_up().await;
@@ -842,10 +854,50 @@ cluster_test_with_faults! {
                 m.wait_for_attach_and_mount(p).await.expect("mounted once the authorizer knows the pod");
             }
             let requests = storage_only_read_with_get(&cluster);
-            let lists = requests.get("list secrets").copied().unwrap_or(0);
+            // Each Secret is read with one streaming list (a watch) once allowed.
+            let reads = requests.get("watch secrets").copied().unwrap_or(0);
             // Each on its own: the first try and three or four backoff steps (0.5, 1, 2 s)
-            // before the two seconds pass, and the list that is allowed: about 5 per Secret.
-            assert!((PODS..=2 * PODS + 5).contains(&lists), "{lists} lists of {PODS} Secrets: {requests:#?}");
+            // before the two seconds pass, and the read that is allowed: about 5 per Secret.
+            assert!((PODS..=2 * PODS + 5).contains(&reads), "{reads} reads of {PODS} Secrets: {requests:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+cluster_test_with_faults! {
+    /// A Secret is read with one streaming list (a watch whose first events are the listing,
+    /// the WatchList feature), not a list and then a watch, and its update reaches the volume
+    /// through that same watch. A server without WatchList (turned off, which only the
+    /// in-process server can be on demand) refuses the streaming list as invalid: kubevol then
+    /// lists and watches, and the Secret and its update reach the volume all the same.
+    fn a_secret_is_read_with_one_streaming_list_or_a_list_and_a_watch_without_it(backend) {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            if let Some(server) = cluster.server() {
+                server.disable_watch_list();
+            }
+            let streams = cluster.is_real();
+            cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v1"}})).await;
+            let m = cluster_manager(root.path(), &cluster);
+            let pod = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "s", "secret": {"secretName": "s"}}]))).await);
+            m.wait_for_attach_and_mount(&pod).await.expect("mounted");
+            let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["s"].path.clone();
+            assert_eq!(std::fs::read_to_string(dir.join("k")).unwrap(), "v1");
+            cluster.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v2"}})).await;
+            until(&m, 20, "the Secret's update", || std::fs::read_to_string(dir.join("k")).is_ok_and(|t| t == "v2")).await;
+            let requests = storage_only_read_with_get(&cluster);
+            let lists = requests.get("list secrets").copied().unwrap_or(0);
+            let watches = requests.get("watch secrets").copied().unwrap_or(0);
+            if streams {
+                assert_eq!(lists, 0, "no list beside the streaming one: {requests:#?}");
+                assert!(watches >= 1, "{requests:#?}");
+            } else {
+                // (The first streaming list refused, of the Node's, turns them off for all.)
+                assert!(lists >= 1 && watches >= 1, "listed, then watched: {requests:#?}");
+            }
             m.shutdown();
             cluster.clean_up().await;
         });

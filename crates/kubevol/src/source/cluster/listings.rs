@@ -1,6 +1,6 @@
 //! The count of a cluster source's complete listings.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// How many complete listings a `ClusterSource`'s watches have made: one each at the start,
@@ -13,6 +13,9 @@ pub struct Listings(Arc<ListingCounts>);
 struct ListingCounts {
     pods: AtomicU64,
     objects: AtomicU64,
+    /// The server refused a streaming list (a watch with `sendInitialEvents`): it has no
+    /// WatchList feature, and objects are listed, then watched.
+    no_streaming: AtomicBool,
 }
 
 impl Listings {
@@ -32,5 +35,15 @@ impl Listings {
 
     pub(super) fn listed_object(&self) {
         self.0.objects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether an object watched by name is read with one streaming list (a watch that sends
+    /// the object first), rather than a list and then a watch.
+    pub fn streams(&self) -> bool {
+        !self.0.no_streaming.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn cannot_stream(&self) {
+        self.0.no_streaming.store(true, Ordering::Relaxed);
     }
 }

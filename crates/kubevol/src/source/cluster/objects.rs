@@ -391,8 +391,10 @@ async fn read_one<K>(
 }
 
 /// Lists and watches one object by name (a field selector, all the Node authorizer allows a
-/// node for the ConfigMaps and Secrets its pods reference), keeping the store's copy of it: the
-/// listing marks it present or absent and no longer pending; each event updates it; a refusal
+/// node for the ConfigMaps and Secrets its pods reference), keeping the store's copy of it: one
+/// streaming list (a watch whose first events are the listing) where the server has the
+/// WatchList feature, else a list and a watch; the listing marks it present or absent and no
+/// longer pending; each event updates it; a refusal
 /// (the authorizer has not learnt the relationship yet) or an unreachable server is tried again
 /// after a backoff, and what the store has stays. Once the object is `frozen` (an immutable
 /// ConfigMap or Secret, as the kubelet stops watching one) it is kept as read and no longer
@@ -409,7 +411,13 @@ pub(super) async fn watch_one<K>(
 {
     let Keep { key, sink, place } = keep;
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(api, config).boxed();
+    // One request, where the server streams lists (WatchList, Kubernetes 1.32 on): a watch
+    // that sends the object, marks the end of the listing and goes on.
+    let streaming = listings.streams();
+    let mut events = match streaming {
+        true => watcher(api.clone(), config.clone().streaming_lists()).boxed(),
+        false => watcher(api.clone(), config.clone()).boxed(),
+    };
     let mut backoff = WatchBackoff::default();
     let (mut listed, mut is_frozen) = (false, false);
     // (The watcher lists when it is first polled, and again after a failure.)
@@ -447,6 +455,11 @@ pub(super) async fn watch_one<K>(
             Ok(Event::Delete(_)) => {
                 sink.apply([Change::ClusterRemove(key.clone())]);
             }
+            Err(e) if streaming && streaming_refused(&e) => {
+                tracing::info!(object = ?key, "the API server does not stream lists ({e}): objects are listed, then watched");
+                listings.cannot_stream();
+                events = watcher(api.clone(), config.clone()).boxed();
+            }
             Err(e) => {
                 let delay = match watch_forbidden(&e) {
                     true => {
@@ -461,6 +474,13 @@ pub(super) async fn watch_one<K>(
             }
         }
     }
+}
+
+/// Whether the server refused a streaming list as invalid (422): it has no WatchList feature
+/// (turned off, or older than Kubernetes 1.27, which refuses `resourceVersionMatch` on a
+/// watch).
+fn streaming_refused(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 422)
 }
 
 /// Lists and watches every CSIDriver (the one cluster-scoped kind read whole).
