@@ -108,6 +108,8 @@ pub struct ApiError {
     pub reason: &'static str,
     /// The message.
     pub message: String,
+    /// `details.kind` and `details.name`, where the server names what was not found.
+    pub details: Option<(&'static str, String)>,
 }
 
 impl ApiError {
@@ -116,13 +118,18 @@ impl ApiError {
             code,
             reason,
             message: message.into(),
+            details: None,
         }
     }
 
     /// The `Status` object.
     pub fn status(&self) -> Value {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": self.message, "reason": self.reason, "code": self.code})
+        let mut status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code});
+        if let Some((kind, name)) = &self.details {
+            status["details"] = json!({"name": name, "kind": kind});
+        }
+        status
     }
 }
 
@@ -328,6 +335,14 @@ impl Store {
                 .pod_seen_at
                 .get(pod)
                 .is_some_and(|t| *t <= Instant::now())
+    }
+
+    /// Whether the server's admission (NodeRestriction, from its own informer of pods, which
+    /// lags as the authorizer's does) knows `pod`.
+    pub(crate) fn admission_knows(&self, pod: &Key) -> bool {
+        self.pod_seen_at
+            .get(pod)
+            .is_none_or(|t| *t <= Instant::now())
     }
 
     /// Pods bound to `node` whose references the authorizer has learnt.

@@ -77,6 +77,13 @@ pub(crate) fn issue(
                 namespace: ns.into(),
                 name: pod_name.into(),
             };
+            // NodeRestriction looks a node's TokenRequest's pod up in its own informer, which
+            // learns a new pod moments after it is made: until then the pod is not found.
+            if matches!(user, User::Node(_)) && !store.admission_knows(&key) {
+                let mut e = ApiError::new(404, "NotFound", format!("pod \"{pod_name}\" not found"));
+                e.details = Some(("pod", pod_name.to_string()));
+                return Err(e);
+            }
             let pod = store.get(&key).cloned().ok_or_else(|| {
                 ApiError::new(404, "NotFound", format!("pods \"{pod_name}\" not found"))
             })?;

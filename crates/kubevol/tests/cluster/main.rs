@@ -903,3 +903,44 @@ cluster_test_with_faults! {
         });
     }
 }
+
+cluster_test_with_faults! {
+    /// Ten pods with a service account token made at once while the server's admission has not
+    /// learnt them (its informer of pods lags, two seconds on the in-process server, the real
+    /// one's own moment): its `404 pod not found` is waited for as the authorizer's lag is —
+    /// the oldest pod's TokenRequest is asked again on a short backoff and the newer ones wait
+    /// for it — so no volume fails or says FailedMount, and each pod's token is asked for about
+    /// twice at most, not once per backoff step of a failed set-up.
+    fn token_requests_refused_in_the_admissions_lag_are_waited_for(backend) {
+        const PODS: u64 = 10;
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(backend, NODE).await;
+            let node = cluster.node_name().to_string();
+            if let Some(server) = cluster.server() {
+                server.set_relation_delay(Duration::from_secs(2));
+                cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
+            }
+            let m = manager(root.path(), |c| c.node_name = node.clone());
+            m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(node_client(&cluster))));
+            m.add_source(ClusterSource::new(node_client(&cluster), &node));
+            let token = json!([{"name": "token", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3600, "path": "token"}}]}}]);
+            let mut pods = Vec::new();
+            for i in 0..PODS {
+                pods.push(typed(&cluster.create(bound_pod(&format!("p{i}"), &node, token.clone())).await));
+            }
+            for p in &pods {
+                m.wait_for_attach_and_mount(p).await.expect("mounted once the admission knows the pod");
+                let status = m.pod_status(&kubevol::pod_uid(p)).expect("a status");
+                let failed: Vec<_> = status.events.iter().filter(|e| e.reason == "FailedMount").collect();
+                assert!(failed.is_empty(), "the lag is waited for, not failed: {failed:#?}");
+            }
+            let requests = storage_only_read_with_get(&cluster);
+            let asked = requests.get("create serviceaccounts/token").copied().unwrap_or(0);
+            assert!((PODS..=2 * PODS + 5).contains(&asked), "{asked} TokenRequests for {PODS} pods: {requests:#?}");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}

@@ -1,12 +1,23 @@
 //! Service account tokens for projected volumes, from the API server's TokenRequest.
+//!
+//! The server's admission (NodeRestriction) looks a node's TokenRequest's pod up in its own
+//! informer of pods, which learns a new pod moments after it is made, in the order pods are
+//! made: until then it answers `404 pod "<name>" not found`. Such an answer is waited for, as
+//! a read refused in the authorizer's lag is (see `lag`): the oldest pod's request is tried
+//! again on a short backoff, the requests of newer pods wait for it, and the volume neither
+//! fails nor says so meanwhile, for at most [`MAX_WAIT`] (the pod may truly be gone).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use kubevol_core::collections::HashMap;
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::Api;
 
-use super::backoff::api_error;
+use super::backoff::{api_error, WatchBackoff};
+use super::lag::{Lag, Place, MAX_WAIT};
 use crate::error::ApiError;
 use crate::source::BoxFuture;
 use crate::tokens::{IssuedToken, TokenIssuer, TokenSpec};
@@ -15,19 +26,54 @@ use crate::tokens::{IssuedToken, TokenIssuer, TokenSpec};
 /// UID), with the source's audience and lifetime.
 pub struct ClusterTokens {
     client: kube::Client,
+    order: Arc<Order>,
+}
+
+/// The order pods first asked for a token in, and the requests the admission's lag holds.
+#[derive(Default)]
+struct Order {
+    lag: Arc<Lag>,
+    /// Each pod's place in that order (by UID), while it has not had a token yet.
+    places: Mutex<HashMap<String, u64>>,
 }
 
 impl ClusterTokens {
     /// An issuer asking the API server `client` reaches (with the node's identity: the server
     /// grants tokens only for pods bound to the node, for their own service account).
     pub fn new(client: kube::Client) -> Self {
-        ClusterTokens { client }
+        ClusterTokens {
+            client,
+            order: Arc::default(),
+        }
     }
+}
+
+impl Order {
+    /// The place of the pod `uid` in the order pods asked for tokens.
+    fn place(&self, uid: &str) -> Place {
+        let mut places = crate::sync::lock(&self.places);
+        let place = *places
+            .entry(uid.to_string())
+            .or_insert_with(|| self.lag.seen());
+        Place::of(&self.lag, place)
+    }
+
+    fn forget(&self, uid: &str) {
+        crate::sync::lock(&self.places).remove(uid);
+    }
+}
+
+/// Whether the server's admission did not find the pod in its informer: `404` naming a `pod`
+/// (the informer's answer; the pod's own storage would name `pods`).
+fn pod_not_seen_yet(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404
+        && s.details.as_ref().is_some_and(|d| d.kind == "pod"))
 }
 
 impl TokenIssuer for ClusterTokens {
     fn issue(&self, spec: TokenSpec) -> BoxFuture<Result<IssuedToken, ApiError>> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &spec.namespace);
+        let order = self.order.clone();
         Box::pin(async move {
             let request = TokenRequest {
                 spec: TokenRequestSpec {
@@ -46,16 +92,35 @@ impl TokenIssuer for ClusterTokens {
                 "a token of service account {}/{} for pod {}",
                 spec.namespace, spec.service_account, spec.pod_name
             );
-            let answer = api
-                .create_token_request(&spec.service_account, &Default::default(), &request)
-                .await
-                .map_err(|e| {
-                    api_error(
-                        format_args!("the API server did not issue {what}"),
-                        &e,
-                        ApiError::Waiting,
-                    )
-                })?;
+            let place = order.place(&spec.pod_uid);
+            let (mut backoff, start) = (WatchBackoff::default(), tokio::time::Instant::now());
+            let answer = loop {
+                place.turn().await;
+                let asked = api
+                    .create_token_request(&spec.service_account, &Default::default(), &request)
+                    .await;
+                match asked {
+                    Ok(answer) => {
+                        place.allowed();
+                        break answer;
+                    }
+                    Err(e) if pod_not_seen_yet(&e) && start.elapsed() < MAX_WAIT => {
+                        place.refused();
+                        let delay = backoff.step_lag();
+                        tracing::debug!(pod = %spec.pod_name, "{what}: {e}; asking again in {delay:.1?}");
+                        tokio::time::sleep(delay).await;
+                    }
+                    Err(e) => {
+                        order.forget(&spec.pod_uid);
+                        return Err(api_error(
+                            format_args!("the API server did not issue {what}"),
+                            &e,
+                            ApiError::Waiting,
+                        ));
+                    }
+                }
+            };
+            order.forget(&spec.pod_uid);
             let status = answer.status.ok_or_else(|| {
                 ApiError::Unavailable(format!("the API server's answer for {what} has no status"))
             })?;
