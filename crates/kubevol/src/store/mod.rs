@@ -17,16 +17,18 @@ use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::names::SharedStr;
 use kubevol_core::projection::ObjectKind;
-use kubevol_core::{PodRef, PodUid};
+use kubevol_core::PodUid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 mod bindings;
 mod definitions;
+mod identity;
 
 pub use bindings::{Binding, Bindings, Creating, BINDINGS_FILE};
 pub use definitions::Key as ObjectKey;
 use definitions::{Key, Objects, Shared};
+pub use identity::*;
 
 /// The name the API server's pod source registers under (`ClusterSource::NAME`).
 pub const API_SERVER_SOURCE: &str = "api-server";
@@ -101,118 +103,6 @@ pub enum Object {
     VolumeSnapshot(kubevol_core::snapshot::VolumeSnapshot),
     /// A VolumeSnapshotContent: a snapshot on the storage.
     VolumeSnapshotContent(kubevol_core::snapshot::VolumeSnapshotContent),
-}
-
-/// The namespace name of the kubelet's default namespace.
-pub const DEFAULT_NAMESPACE: &str = "default";
-
-/// The namespace under which pod UIDs are derived (a fixed, random UUID).
-const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
-    0x5c, 0x1e, 0x7a, 0x43, 0x2b, 0x9d, 0x4f, 0x0e, 0x8a, 0x61, 0x3d, 0x77, 0xc2, 0x15, 0xe9, 0x04,
-]);
-
-/// A pod's UID: `metadata.uid` when set, else a UUID derived from its namespace and name, stable
-/// across restarts.
-pub fn pod_uid(pod: &Pod) -> PodUid {
-    if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return PodUid::from(uid);
-    }
-    let ns = pod
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or(DEFAULT_NAMESPACE);
-    let name = pod.metadata.name.as_deref().unwrap_or("");
-    PodUid::from(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
-}
-
-/// A claim's UID: its own, or, for a claim of the manifests that has none, one derived from
-/// its namespace and name (stable: the same claim written again has the same UID).
-pub fn claim_uid(claim: &PersistentVolumeClaim) -> String {
-    if let Some(uid) = claim.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return uid.to_string();
-    }
-    let ns = claim
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or(DEFAULT_NAMESPACE);
-    let name = claim.metadata.name.as_deref().unwrap_or("");
-    derived_claim_uid(ns, name)
-}
-
-/// The UID of a claim of the manifests that sets none.
-pub fn derived_claim_uid(namespace: &str, name: &str) -> String {
-    uuid::Uuid::new_v5(
-        &UID_NAMESPACE,
-        format!("PersistentVolumeClaim/{namespace}/{name}").as_bytes(),
-    )
-    .to_string()
-}
-
-/// The UID of the claim kubevol makes for the generic ephemeral volume `volume` of the pod of
-/// UID `pod`: another for every pod, as the API server gives every claim its own, so that a
-/// claim that merely has the same name later is another claim, not this one's heir.
-pub fn ephemeral_claim_uid(pod: &str, volume: &str) -> String {
-    uuid::Uuid::new_v5(
-        &UID_NAMESPACE,
-        format!("PersistentVolumeClaim/ephemeral/{pod}/{volume}").as_bytes(),
-    )
-    .to_string()
-}
-
-/// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).
-pub fn is_for_node(pod: &Pod, node: &str) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_none_or(|n| n.is_empty() || n == node)
-}
-
-/// Whether a pod has finished or is being deleted: its volumes are torn down.
-pub fn is_terminated(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Succeeded") | Some("Failed")) || pod.metadata.deletion_timestamp.is_some()
-}
-
-/// A pod's reference, for messages and keys.
-pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
-    PodRef {
-        namespace: pod
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE)
-            .into(),
-        name: pod.metadata.name.as_deref().unwrap_or_default().into(),
-        uid: uid.clone(),
-    }
-}
-
-/// The PersistentVolume a claim names in `spec.volumeName`, if it names one.
-pub fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
-    claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .filter(|n| !n.is_empty())
-}
-
-/// Whether a claim's binding is complete, as the kubelet requires of the API server's claims:
-/// the PersistentVolume controller has set `spec.volumeName`, then `status.phase` Bound.
-pub fn claim_bound(claim: &PersistentVolumeClaim) -> bool {
-    claim_volume(claim).is_some()
-        && claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-}
-
-/// Fills in a pod's defaults: the `default` namespace and its UID.
-pub fn normalize_pod(mut pod: Pod) -> Pod {
-    if pod.metadata.namespace.as_deref().unwrap_or("").is_empty() {
-        pod.metadata.namespace = Some(DEFAULT_NAMESPACE.to_string());
-    }
-    let uid = pod_uid(&pod);
-    pod.metadata.uid = Some(uid.0.to_string());
-    pod
 }
 
 /// Why an object given through the library API is invalid (it is kept, and pods that use it
