@@ -7,9 +7,47 @@ use std::time::Duration;
 
 use crate::common::*;
 use crate::{bound_pod, cluster_manager, storage_only_read_with_get, typed, until, NODE};
-use kubevol::source::ClusterSource;
 use kubevol_testserver::TestCluster;
-use serde_json::json;
+use serde_json::{json, Value};
+
+/// `pods` pods, pod `i` with the volumes `volumes(i)`, made at once (while a server told to
+/// lag has not learnt them) for a manager of the cluster's node that gets tokens from it: each
+/// is mounted once the server knows it, with no FailedMount meanwhile (the lag is waited
+/// for, not failed). Returns the node's requests.
+async fn made_in_the_lag(
+    cluster: &TestCluster,
+    root: &std::path::Path,
+    pods: u64,
+    volumes: impl Fn(u64) -> Value,
+) -> std::collections::BTreeMap<String, u64> {
+    let node = cluster.node_name().to_string();
+    let m = cluster_manager(root, cluster);
+    m.set_token_issuer(std::sync::Arc::new(
+        kubevol::source::cluster::ClusterTokens::new(node_client(cluster)),
+    ));
+    let mut made = Vec::new();
+    for i in 0..pods {
+        let pod = bound_pod(&format!("p{i}"), &node, volumes(i));
+        made.push(typed(&cluster.create(pod).await));
+    }
+    for p in &made {
+        m.wait_for_attach_and_mount(p)
+            .await
+            .expect("mounted once the server knows the pod");
+        let status = m.pod_status(&kubevol::pod_uid(p)).expect("a status");
+        let failed: Vec<_> = status
+            .events
+            .iter()
+            .filter(|e| e.reason == "FailedMount")
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "the lag is waited for, not failed: {failed:#?}"
+        );
+    }
+    m.shutdown();
+    storage_only_read_with_get(cluster)
+}
 
 cluster_test_with_faults! {
     /// An immutable Secret is read once and never watched (as the kubelet stops watching one):
@@ -63,29 +101,21 @@ cluster_test_with_faults! {
         let root = TestRoot::new();
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
-            let node = cluster.node_name().to_string();
             if let Some(server) = cluster.server() {
                 server.set_relation_delay(Duration::from_secs(2));
             }
             for i in 0..PODS {
                 cluster.create(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("s{i}")}, "stringData": {"k": format!("v{i}")}})).await;
             }
-            let m = cluster_manager(root.path(), &cluster);
-            let mut pods = Vec::new();
-            for i in 0..PODS {
-                let volumes = json!([{"name": "s", "secret": {"secretName": format!("s{i}")}}]);
-                pods.push(typed(&cluster.create(bound_pod(&format!("p{i}"), &node, volumes)).await));
-            }
-            for p in &pods {
-                m.wait_for_attach_and_mount(p).await.expect("mounted once the authorizer knows the pod");
-            }
-            let requests = storage_only_read_with_get(&cluster);
+            let requests = made_in_the_lag(&cluster, root.path(), PODS, |i| {
+                json!([{"name": "s", "secret": {"secretName": format!("s{i}")}}])
+            })
+            .await;
             // Each Secret is read with one streaming list (a watch) once allowed.
             let reads = requests.get("watch secrets").copied().unwrap_or(0);
             // Each on its own: the first try and three or four backoff steps (0.5, 1, 2 s)
             // before the two seconds pass, and the read that is allowed: about 5 per Secret.
             assert!((PODS..=2 * PODS + 5).contains(&reads), "{reads} reads of {PODS} Secrets: {requests:#?}");
-            m.shutdown();
             cluster.clean_up().await;
         });
     }
@@ -142,30 +172,15 @@ cluster_test_with_faults! {
         let root = TestRoot::new();
         runtime().block_on(async {
             let cluster = TestCluster::start_on(backend, NODE).await;
-            let node = cluster.node_name().to_string();
             if let Some(server) = cluster.server() {
                 server.set_relation_delay(Duration::from_secs(2));
                 cluster.create(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})).await;
             }
-            let m = manager(root.path(), |c| c.node_name = node.clone());
-            m.set_token_issuer(std::sync::Arc::new(kubevol::source::cluster::ClusterTokens::new(node_client(&cluster))));
-            m.add_source(ClusterSource::new(node_client(&cluster), &node));
             let token = json!([{"name": "token", "projected": {"sources": [
                 {"serviceAccountToken": {"expirationSeconds": 3600, "path": "token"}}]}}]);
-            let mut pods = Vec::new();
-            for i in 0..PODS {
-                pods.push(typed(&cluster.create(bound_pod(&format!("p{i}"), &node, token.clone())).await));
-            }
-            for p in &pods {
-                m.wait_for_attach_and_mount(p).await.expect("mounted once the admission knows the pod");
-                let status = m.pod_status(&kubevol::pod_uid(p)).expect("a status");
-                let failed: Vec<_> = status.events.iter().filter(|e| e.reason == "FailedMount").collect();
-                assert!(failed.is_empty(), "the lag is waited for, not failed: {failed:#?}");
-            }
-            let requests = storage_only_read_with_get(&cluster);
+            let requests = made_in_the_lag(&cluster, root.path(), PODS, |_| token.clone()).await;
             let asked = requests.get("create serviceaccounts/token").copied().unwrap_or(0);
             assert!((PODS..=2 * PODS + 5).contains(&asked), "{asked} TokenRequests for {PODS} pods: {requests:#?}");
-            m.shutdown();
             cluster.clean_up().await;
         });
     }
