@@ -4,19 +4,28 @@
 //! own watch delivers them. A read for a new pod that comes in that moment is refused (403).
 //!
 //! Rather than every refused read trying again on its own (hundreds of refused lists when a
-//! thousand pods come at once), one read waits for all: the oldest refused one (by the order
-//! the node saw the pods) is tried again on its backoff, and the reads of newer pods wait;
-//! once it is allowed, the authorizer knows every pod up to it, and every waiting read goes.
-//! A read of a pod older than the oldest refused one is not held (the authorizer may know it),
-//! and no read waits longer than [`MAX_WAIT`] (the refused read's pod may be gone).
+//! thousand pods come at once), one read at a time asks for the pods the authorizer is not
+//! known to know (newer than the newest pod a read was allowed for): the reads of the others
+//! wait for its answer. While nothing is refused, the one that goes is the newest waiting: if
+//! it is allowed, the authorizer knows every pod up to it, and every waiting read goes at
+//! once. Once one is refused, the reads of newer pods wait until it is allowed (it is tried
+//! again on its backoff), and the waiting reads of older pods are asked in the middle first,
+//! a binary search for the newest pod the authorizer knows. A read of a pod older than one
+//! allowed is never held; no read waits longer than [`MAX_WAIT`] (the refused read's pod may
+//! be gone), nor for an answer longer than [`ANSWER_WAIT`] (one lost with the connection).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// The longest a read waits for another's refusal to pass.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest the reads of newer pods wait for the answer to a read in flight.
+pub(super) const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
 /// What the node knows of the authorizer's view of its pods.
 #[derive(Default)]
@@ -33,6 +42,66 @@ struct State {
     learnt: u64,
     /// The oldest pod a read was refused for, newer than `learnt`.
     refused: Option<u64>,
+    /// The read in flight for a pod newer than `learnt`: its place, and when it went.
+    asking: Option<(u64, Instant)>,
+    /// The places of the reads waiting for their turn (how many reads each).
+    waiting: BTreeMap<u64, usize>,
+}
+
+impl State {
+    /// The place of the read in flight whose answer is still awaited.
+    fn asking(&self, now: Instant) -> Option<u64> {
+        self.asking
+            .filter(|(_, at)| now < *at + ANSWER_WAIT)
+            .map(|(place, _)| place)
+    }
+
+    /// Whether a read for the pod `place` waits now.
+    fn holds(&self, place: u64, now: Instant) -> bool {
+        if place <= self.learnt {
+            return false;
+        }
+        if self.refused.is_some_and(|r| place > r) {
+            return true;
+        }
+        match self.asking(now) {
+            Some(asking) => asking != place,
+            None => self.next_to_ask(place) != place,
+        }
+    }
+
+    /// The place whose read goes next when none is in flight, of the waiting ones and
+    /// `place` (which is newer than `learnt` and not newer than `refused`): the newest while
+    /// nothing is refused; else the middle one of those older than the refused; else the
+    /// refused one itself.
+    fn next_to_ask(&self, place: u64) -> u64 {
+        let top = self.refused.unwrap_or(u64::MAX);
+        let mut candidates: Vec<u64> = self
+            .waiting
+            .range(self.learnt + 1..=top)
+            .map(|(p, _)| *p)
+            .collect();
+        if let Err(i) = candidates.binary_search(&place) {
+            candidates.insert(i, place);
+        }
+        let Some(refused) = self.refused else {
+            return candidates[candidates.len() - 1];
+        };
+        let below: Vec<u64> = candidates.into_iter().filter(|p| *p < refused).collect();
+        match below.len() {
+            0 => refused,
+            n => below[n / 2],
+        }
+    }
+
+    fn stop_waiting(&mut self, place: u64) {
+        if let Some(n) = self.waiting.get_mut(&place) {
+            *n -= 1;
+            if *n == 0 {
+                self.waiting.remove(&place);
+            }
+        }
+    }
 }
 
 impl Lag {
@@ -48,26 +117,48 @@ impl Lag {
     }
 
     /// Whether a read for the pod `place` would be held now.
+    #[cfg(test)]
     fn held(&self, place: u64) -> bool {
-        let st = self.lock();
-        st.refused.is_some_and(|r| place > r && place > st.learnt)
+        self.lock().holds(place, Instant::now())
     }
 
-    /// Waits while reads for pods older than the pod `place` are refused (at most
-    /// [`MAX_WAIT`]).
+    /// Waits until a read for the pod `place` may go (see the module's documentation), at
+    /// most [`MAX_WAIT`]; the read that then goes for a pod the authorizer is not known to
+    /// know is the one whose answer the others wait for.
     pub(super) async fn turn(&self, place: u64) {
-        let deadline = tokio::time::Instant::now() + MAX_WAIT;
+        let deadline = Instant::now() + MAX_WAIT;
+        let mut waiting = false;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             // Registered before the check: a change after it wakes this.
             changed.as_mut().enable();
-            if !self.held(place) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return;
-            }
+            let wake = {
+                let mut st = self.lock();
+                let now = Instant::now();
+                let held = st.holds(place, now);
+                if !held || now >= deadline {
+                    if waiting {
+                        st.stop_waiting(place);
+                    }
+                    if place > st.learnt && st.asking(now).is_none() {
+                        st.asking = Some((place, now));
+                    }
+                    drop(st);
+                    if waiting {
+                        // Which read goes next may have been this one's to say.
+                        self.changed.notify_waiters();
+                    }
+                    return;
+                }
+                if !waiting {
+                    *st.waiting.entry(place).or_default() += 1;
+                    waiting = true;
+                }
+                let answer_due = st.asking.map(|(_, at)| at + ANSWER_WAIT);
+                answer_due.map_or(deadline, |due| due.min(deadline))
+            };
+            let _ = tokio::time::timeout_at(wake.max(Instant::now()), changed).await;
         }
     }
 
@@ -77,6 +168,11 @@ impl Lag {
         if place > st.learnt {
             st.refused = Some(st.refused.map_or(place, |r| r.min(place)));
         }
+        if st.asking.is_some_and(|(p, _)| p == place) {
+            st.asking = None;
+        }
+        drop(st);
+        self.changed.notify_waiters();
     }
 
     /// A read for the pod `place` was allowed: the authorizer knows every pod up to it.
@@ -85,6 +181,21 @@ impl Lag {
         st.learnt = st.learnt.max(place);
         if st.refused.is_some_and(|r| r <= st.learnt) {
             st.refused = None;
+        }
+        let learnt = st.learnt;
+        if st.asking.is_some_and(|(p, _)| p <= learnt) {
+            st.asking = None;
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// A read for the pod `place` was answered with something that says nothing of the
+    /// authorizer (the server unreachable, another error): the next read goes.
+    pub(super) fn answered(&self, place: u64) {
+        let mut st = self.lock();
+        if st.asking.is_some_and(|(p, _)| p == place) {
+            st.asking = None;
             drop(st);
             self.changed.notify_waiters();
         }
@@ -125,6 +236,13 @@ impl Place {
     pub(super) fn allowed(&self) {
         if let Some((lag, place)) = &self.0 {
             lag.allowed(*place);
+        }
+    }
+
+    /// See [`Lag::answered`].
+    pub(super) fn answered(&self) {
+        if let Some((lag, place)) = &self.0 {
+            lag.answered(*place);
         }
     }
 }
@@ -184,5 +302,80 @@ mod tests {
             MAX_WAIT,
             "b's pod may be gone: c waits no longer"
         );
+    }
+
+    /// Lets the spawned readers run until each waits or has gone.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn reader(lag: &Arc<Lag>, place: u64) -> tokio::task::JoinHandle<()> {
+        let lag = lag.clone();
+        tokio::spawn(async move { lag.turn(place).await })
+    }
+
+    /// One read at a time asks for pods the authorizer is not known to know; while nothing is
+    /// refused the newest waiting one goes next, and its being allowed lets every older one go.
+    #[tokio::test(start_paused = true)]
+    async fn one_read_asks_at_a_time_and_the_newest_goes_next() {
+        let lag = Arc::new(Lag::default());
+        let [a, b, c, d] = [lag.seen(), lag.seen(), lag.seen(), lag.seen()];
+        lag.turn(a).await;
+        let waiting = [reader(&lag, b), reader(&lag, c), reader(&lag, d)];
+        settle().await;
+        assert!(waiting.iter().all(|w| !w.is_finished()), "a's answer is awaited");
+        lag.allowed(a);
+        settle().await;
+        let done: Vec<bool> = waiting.iter().map(|w| w.is_finished()).collect();
+        assert_eq!(done, [false, false, true], "the newest asks next");
+        lag.allowed(d);
+        settle().await;
+        assert!(waiting.iter().all(|w| w.is_finished()), "d known: so are b and c");
+        assert!(!lag.held(lag.seen()), "nothing in flight, nothing refused");
+    }
+
+    /// Once the newest is refused, the older waiting reads are asked in the middle first: a
+    /// binary search for the newest pod the authorizer knows, not one refusal per pod.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_refusal_the_middle_of_the_older_ones_asks() {
+        let lag = Arc::new(Lag::default());
+        let places: Vec<u64> = (0..7).map(|_| lag.seen()).collect();
+        lag.turn(places[0]).await;
+        let readers: Vec<_> = places[1..].iter().map(|p| reader(&lag, *p)).collect();
+        let gone = |readers: &[tokio::task::JoinHandle<()>]| -> Vec<u64> {
+            readers
+                .iter()
+                .zip(&places[1..])
+                .filter(|(r, _)| r.is_finished())
+                .map(|(_, p)| *p)
+                .collect()
+        };
+        settle().await;
+        lag.answered(places[0]);
+        settle().await;
+        assert_eq!(gone(&readers), [7], "the newest asks");
+        lag.refused(7);
+        settle().await;
+        assert_eq!(gone(&readers), [4, 7], "the middle of 2..=6 asks");
+        lag.allowed(4);
+        settle().await;
+        assert_eq!(gone(&readers), [2, 3, 4, 6, 7], "up to 4 known; of 5 and 6, 6 asks");
+        lag.refused(6);
+        settle().await;
+        assert_eq!(gone(&readers), [2, 3, 4, 5, 6, 7]);
+    }
+
+    /// An answer that never comes (a connection lost with it) holds the others no longer
+    /// than [`ANSWER_WAIT`].
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_answer_holds_the_others_only_so_long() {
+        let lag = Arc::new(Lag::default());
+        let [a, b] = [lag.seen(), lag.seen()];
+        lag.turn(a).await;
+        let start = Instant::now();
+        lag.turn(b).await;
+        assert_eq!(start.elapsed(), ANSWER_WAIT);
     }
 }

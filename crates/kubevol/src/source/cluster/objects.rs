@@ -377,7 +377,10 @@ async fn read_one<K>(
                         place.refused();
                         backoff.step_lag()
                     }
-                    false => backoff.step(object_refused(&e)),
+                    false => {
+                        place.answered();
+                        backoff.step(object_refused(&e))
+                    }
                 };
                 tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
                 delay
@@ -458,6 +461,7 @@ pub(super) async fn watch_one<K>(
             Err(e) if streaming && streaming_refused(&e) => {
                 tracing::info!(object = ?key, "the API server does not stream lists ({e}): objects are listed, then watched");
                 listings.cannot_stream();
+                place.answered();
                 events = watcher(api.clone(), config.clone()).boxed();
             }
             Err(e) => {
@@ -466,7 +470,10 @@ pub(super) async fn watch_one<K>(
                         place.refused();
                         backoff.step_lag()
                     }
-                    false => backoff.step(object_watch_refused(&e)),
+                    false => {
+                        place.answered();
+                        backoff.step(object_watch_refused(&e))
+                    }
                 };
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
                 tokio::time::sleep(delay).await;

@@ -111,6 +111,7 @@ impl TokenIssuer for ClusterTokens {
                         tokio::time::sleep(delay).await;
                     }
                     Err(e) => {
+                        place.answered();
                         order.forget(&spec.pod_uid);
                         return Err(api_error(
                             format_args!("the API server did not issue {what}"),
