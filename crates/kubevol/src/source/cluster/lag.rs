@@ -36,6 +36,9 @@ pub(super) struct Lag {
 
 #[derive(Default)]
 struct State {
+    /// Whether reads for pods the authorizer is not known to know ask one at a time (else
+    /// only a refusal holds the reads of newer pods).
+    one_at_a_time: bool,
     /// The number given to the next pod seen.
     next: u64,
     /// Every pod up to this one is known to the authorizer (a read for it was allowed).
@@ -63,6 +66,9 @@ impl State {
         }
         if self.refused.is_some_and(|r| place > r) {
             return true;
+        }
+        if !self.one_at_a_time {
+            return false;
         }
         match self.asking(now) {
             Some(asking) => asking != place,
@@ -105,6 +111,14 @@ impl State {
 }
 
 impl Lag {
+    /// A lag whose reads for unknown pods ask one at a time (see the module's documentation);
+    /// `Lag::default()` holds reads only behind a refusal.
+    pub(super) fn one_at_a_time() -> Lag {
+        let lag = Lag::default();
+        lag.lock().one_at_a_time = true;
+        lag
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
     }
@@ -320,19 +334,25 @@ mod tests {
     /// refused the newest waiting one goes next, and its being allowed lets every older one go.
     #[tokio::test(start_paused = true)]
     async fn one_read_asks_at_a_time_and_the_newest_goes_next() {
-        let lag = Arc::new(Lag::default());
+        let lag = Arc::new(Lag::one_at_a_time());
         let [a, b, c, d] = [lag.seen(), lag.seen(), lag.seen(), lag.seen()];
         lag.turn(a).await;
         let waiting = [reader(&lag, b), reader(&lag, c), reader(&lag, d)];
         settle().await;
-        assert!(waiting.iter().all(|w| !w.is_finished()), "a's answer is awaited");
+        assert!(
+            waiting.iter().all(|w| !w.is_finished()),
+            "a's answer is awaited"
+        );
         lag.allowed(a);
         settle().await;
         let done: Vec<bool> = waiting.iter().map(|w| w.is_finished()).collect();
         assert_eq!(done, [false, false, true], "the newest asks next");
         lag.allowed(d);
         settle().await;
-        assert!(waiting.iter().all(|w| w.is_finished()), "d known: so are b and c");
+        assert!(
+            waiting.iter().all(|w| w.is_finished()),
+            "d known: so are b and c"
+        );
         assert!(!lag.held(lag.seen()), "nothing in flight, nothing refused");
     }
 
@@ -340,7 +360,7 @@ mod tests {
     /// binary search for the newest pod the authorizer knows, not one refusal per pod.
     #[tokio::test(start_paused = true)]
     async fn after_a_refusal_the_middle_of_the_older_ones_asks() {
-        let lag = Arc::new(Lag::default());
+        let lag = Arc::new(Lag::one_at_a_time());
         let places: Vec<u64> = (0..7).map(|_| lag.seen()).collect();
         lag.turn(places[0]).await;
         let readers: Vec<_> = places[1..].iter().map(|p| reader(&lag, *p)).collect();
@@ -361,7 +381,11 @@ mod tests {
         assert_eq!(gone(&readers), [4, 7], "the middle of 2..=6 asks");
         lag.allowed(4);
         settle().await;
-        assert_eq!(gone(&readers), [2, 3, 4, 6, 7], "up to 4 known; of 5 and 6, 6 asks");
+        assert_eq!(
+            gone(&readers),
+            [2, 3, 4, 6, 7],
+            "up to 4 known; of 5 and 6, 6 asks"
+        );
         lag.refused(6);
         settle().await;
         assert_eq!(gone(&readers), [2, 3, 4, 5, 6, 7]);
@@ -371,7 +395,7 @@ mod tests {
     /// than [`ANSWER_WAIT`].
     #[tokio::test(start_paused = true)]
     async fn a_lost_answer_holds_the_others_only_so_long() {
-        let lag = Arc::new(Lag::default());
+        let lag = Arc::new(Lag::one_at_a_time());
         let [a, b] = [lag.seen(), lag.seen()];
         lag.turn(a).await;
         let start = Instant::now();

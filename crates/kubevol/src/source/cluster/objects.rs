@@ -114,7 +114,7 @@ impl Referenced {
             sink,
             listings,
             state: Mutex::default(),
-            lag: Arc::default(),
+            lag: Arc::new(Lag::one_at_a_time()),
         }
     }
 
@@ -416,7 +416,7 @@ pub(super) async fn watch_one<K>(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     // One request, where the server streams lists (WatchList, Kubernetes 1.32 on): a watch
     // that sends the object, marks the end of the listing and goes on.
-    let streaming = listings.streams();
+    let mut streaming = listings.streams();
     let mut events = match streaming {
         true => watcher(api.clone(), config.clone().streaming_lists()).boxed(),
         false => watcher(api.clone(), config.clone()).boxed(),
@@ -427,7 +427,14 @@ pub(super) async fn watch_one<K>(
     place.turn().await;
     while let Some(event) = events.next().await {
         match event {
-            Ok(Event::Init) => (listed, is_frozen) = (false, false),
+            Ok(Event::Init) => {
+                (listed, is_frozen) = (false, false);
+                // A streaming list's watch has started: the server authorized it (a list
+                // says so only once it is answered, at `InitDone`).
+                if streaming {
+                    place.allowed();
+                }
+            }
             Ok(Event::InitApply(o)) => {
                 (listed, is_frozen) = (true, frozen(&o));
                 sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
@@ -461,6 +468,7 @@ pub(super) async fn watch_one<K>(
             Err(e) if streaming && streaming_refused(&e) => {
                 tracing::info!(object = ?key, "the API server does not stream lists ({e}): objects are listed, then watched");
                 listings.cannot_stream();
+                streaming = false;
                 place.answered();
                 events = watcher(api.clone(), config.clone()).boxed();
             }
