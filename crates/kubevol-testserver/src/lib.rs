@@ -180,6 +180,12 @@ impl TestServer {
         self.store.store().watchers(plural)
     }
 
+    /// Serves streaming lists from a watch cache that has not caught up: their first events
+    /// leave out every object that exists (a GET still finds it, and later changes are sent).
+    pub fn lag_watch_cache(&self) {
+        self.store.store().stale_streams = true;
+    }
+
     /// Serves as a server with the WatchList feature off: a watch asking for the initial
     /// events (`sendInitialEvents`) is refused (422), and only list and watch remain.
     pub fn disable_watch_list(&self) {

@@ -618,8 +618,9 @@ fn watch(s: Arc<Shared>, w: WatchRequest) -> Response {
             let feed = store.subscribe(w.res.plural);
             let now = store.resource_version();
             let first = match (w.initial_events, w.resource_version) {
-                // A watch from now on.
+                // A watch from now on, or a streaming list from a cache that lags behind.
                 (Some(false), None) => Ok(Vec::new()),
+                (Some(true), _) if store.stale_streams => Ok(Vec::new()),
                 (None | Some(false), Some(rv)) => store.since(rv),
                 // The state now (not older than any version asked), then the changes.
                 (None | Some(true), _) => Ok(store

@@ -159,6 +159,9 @@ pub struct Store {
     /// Whether watches may ask for the initial events (the WatchList feature; on, as on the
     /// project's control plane).
     pub(crate) watch_list: bool,
+    /// Whether a streaming list's first events leave out every object, as a watch cache that
+    /// has not caught up with objects made just before (a fault).
+    pub(crate) stale_streams: bool,
     /// The requests nodes made, by verb and resource (`watch configmaps`,
     /// `create serviceaccounts/token`).
     pub(crate) node_requests: BTreeMap<String, u64>,
@@ -184,6 +187,7 @@ impl Default for Store {
             tokens_issued: 0,
             disabled: Default::default(),
             watch_list: true,
+            stale_streams: false,
             node_requests: BTreeMap::new(),
             pods_by_node: BTreeMap::new(),
             referencing: HashMap::new(),

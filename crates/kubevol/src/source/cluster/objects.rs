@@ -451,7 +451,21 @@ pub(super) async fn watch_one<K>(
                 place.allowed();
                 listings.listed_object();
                 if !listed {
-                    sink.apply([Change::ClusterRemove(key.clone())]);
+                    // A streaming list comes from the server's watch cache at whatever version
+                    // it has (kube-runtime asks with resourceVersion 0): an object made an
+                    // instant before may not be in it yet. Its absence is confirmed with a
+                    // GET, which reads the server's store itself.
+                    let confirmed = match streaming {
+                        true => api.get_opt(&name).await.ok().flatten(),
+                        false => None,
+                    };
+                    match confirmed {
+                        Some(o) => {
+                            is_frozen = frozen(&o);
+                            sink.apply([Change::ClusterUpsert(Box::new(object(o)))]);
+                        }
+                        None => sink.apply([Change::ClusterRemove(key.clone())]),
+                    }
                 }
                 sink.apply([Change::ClusterPending {
                     key: key.clone(),
