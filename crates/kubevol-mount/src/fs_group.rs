@@ -14,7 +14,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
 
 use crate::at::io;
-use crate::safe::{leaves_filesystem, Dir, FsGroupPolicy};
+use crate::safe::{Dir, FsGroupPolicy};
 use crate::walk::{stat_here, At, Visit};
 use crate::MountError;
 
@@ -273,7 +273,8 @@ impl Visit for FsGroup<'_, '_> {
         name: &OsStr,
         at: &At<'_>,
     ) -> Result<Option<OwnedFd>, MountError> {
-        if leaves_filesystem(parent, name, self.shared.dev, at)? {
+        // Removed since it was listed, a mount point or another filesystem: not walked.
+        if stat_here(parent, name, StatxFlags::TYPE, self.shared.dev, at)?.is_none() {
             return Ok(None);
         }
         match (self.handoff, crate::walk::open_subdir(parent, name, at)?) {

@@ -162,9 +162,10 @@ fn difference(
 ) -> BTreeMap<String, u64> {
     after
         .into_iter()
-        .map(|(k, v)| (v - before.get(&k).copied().unwrap_or(0), k))
-        .filter(|(v, _)| *v > 0)
-        .map(|(v, k)| (k, v))
+        .filter_map(|(what, n)| {
+            let more = n - before.get(&what).copied().unwrap_or(0);
+            (more > 0).then_some((what, more))
+        })
         .collect()
 }
 

@@ -155,7 +155,8 @@ pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             let secs = p.expect("left").await?;
             let status = p.child.wait().await?;
             anyhow::ensure!(status.success(), "node process {}: {status}", p.name);
-            anyhow::Ok(secs.parse::<f64>().unwrap_or(f64::NAN))
+            secs.parse::<f64>()
+                .with_context(|| format!("node {}: its tear-down time `{secs}`", p.name))
         })
         .await?;
         // Every request each node made while the pods came, read once the nodes are gone

@@ -2,6 +2,7 @@
 //! and the defaults a pod is given.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevol_core::{PodRef, PodUid};
 
 /// The namespace name of the kubelet's default namespace.
@@ -15,51 +16,43 @@ const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
 /// A pod's UID: `metadata.uid` when set, else a UUID derived from its namespace and name, stable
 /// across restarts.
 pub fn pod_uid(pod: &Pod) -> PodUid {
-    if let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return PodUid::from(uid);
-    }
-    let ns = pod
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or(DEFAULT_NAMESPACE);
-    let name = pod.metadata.name.as_deref().unwrap_or("");
-    PodUid::from(uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{ns}/{name}").as_bytes()).to_string())
+    PodUid::from(own_or(&pod.metadata, |ns, name| {
+        derived(&format!("{ns}/{name}"))
+    }))
 }
 
 /// A claim's UID: its own, or, for a claim of the manifests that has none, one derived from
 /// its namespace and name (stable: the same claim written again has the same UID).
 pub fn claim_uid(claim: &PersistentVolumeClaim) -> String {
-    if let Some(uid) = claim.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
-        return uid.to_string();
-    }
-    let ns = claim
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or(DEFAULT_NAMESPACE);
-    let name = claim.metadata.name.as_deref().unwrap_or("");
-    derived_claim_uid(ns, name)
+    own_or(&claim.metadata, derived_claim_uid)
 }
 
 /// The UID of a claim of the manifests that sets none.
 pub fn derived_claim_uid(namespace: &str, name: &str) -> String {
-    uuid::Uuid::new_v5(
-        &UID_NAMESPACE,
-        format!("PersistentVolumeClaim/{namespace}/{name}").as_bytes(),
-    )
-    .to_string()
+    derived(&format!("PersistentVolumeClaim/{namespace}/{name}"))
 }
 
 /// The UID of the claim kubevol makes for the generic ephemeral volume `volume` of the pod of
 /// UID `pod`: another for every pod, as the API server gives every claim its own, so that a
 /// claim that merely has the same name later is another claim, not this one's heir.
 pub fn ephemeral_claim_uid(pod: &str, volume: &str) -> String {
-    uuid::Uuid::new_v5(
-        &UID_NAMESPACE,
-        format!("PersistentVolumeClaim/ephemeral/{pod}/{volume}").as_bytes(),
-    )
-    .to_string()
+    derived(&format!("PersistentVolumeClaim/ephemeral/{pod}/{volume}"))
+}
+
+/// The object's own UID, or `derive(namespace, name)` when it sets none (no namespace is the
+/// default one).
+fn own_or(meta: &ObjectMeta, derive: impl FnOnce(&str, &str) -> String) -> String {
+    if let Some(uid) = meta.uid.as_deref().filter(|u| !u.is_empty()) {
+        return uid.to_string();
+    }
+    let ns = meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+    derive(ns, meta.name.as_deref().unwrap_or(""))
+}
+
+/// The UUID derived from `key` under kubevol's namespace: the same for the same key, on
+/// every node and after every restart.
+fn derived(key: &str) -> String {
+    uuid::Uuid::new_v5(&UID_NAMESPACE, key.as_bytes()).to_string()
 }
 
 /// Whether a pod is assigned to this node (no `spec.nodeName` means this node, as for static pods).

@@ -31,7 +31,7 @@ impl WatchBackoff {
     /// moments, and reads for newer pods wait for this one (see `lag`).
     const FIRST_LAG: Duration = Duration::from_millis(250);
 
-    /// The delay before the next try after a 403 of a read for a pod: 0.1 s, doubling up to
+    /// The delay before the next try after a 403 of a read for a pod: 0.25 s, doubling up to
     /// 8 s, with the same jitter.
     pub(super) fn step_lag(&mut self) -> Duration {
         let base = self.next_lag.min(Self::MAX);

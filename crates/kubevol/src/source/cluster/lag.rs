@@ -21,6 +21,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::backoff::WatchBackoff;
+
 /// The longest a read waits for another's refusal to pass.
 pub(super) const MAX_WAIT: Duration = Duration::from_secs(10);
 
@@ -257,6 +259,25 @@ impl Place {
     pub(super) fn answered(&self) {
         if let Some((lag, place)) = &self.0 {
             lag.answered(*place);
+        }
+    }
+
+    /// Says what a failed read tells of the server's lag and returns when to try it again: a
+    /// refusal in the lag (`lagging`) holds the reads of newer pods and is tried again on
+    /// `backoff`'s short lag steps; any other failure lets the next read go and waits
+    /// `backoff`'s step (`refused`: the server answered, rather than not at all).
+    pub(super) fn retry_after(
+        &self,
+        backoff: &mut WatchBackoff,
+        lagging: bool,
+        refused: bool,
+    ) -> Duration {
+        if lagging {
+            self.refused();
+            backoff.step_lag()
+        } else {
+            self.answered();
+            backoff.step(refused)
         }
     }
 }

@@ -372,16 +372,7 @@ async fn read_one<K>(
             // Refused (the authorizer has not learnt that a pod of the node needs it yet) or
             // unreachable: what the store has stays, and the reader tries again.
             Err(e) => {
-                let delay = match forbidden(&e) {
-                    true => {
-                        place.refused();
-                        backoff.step_lag()
-                    }
-                    false => {
-                        place.answered();
-                        backoff.step(object_refused(&e))
-                    }
-                };
+                let delay = place.retry_after(&mut backoff, forbidden(&e), object_refused(&e));
                 tracing::debug!(object = ?key, "read: {e}; reading again in {delay:.1?}");
                 delay
             }
@@ -456,7 +447,10 @@ pub(super) async fn watch_one<K>(
                     // instant before may not be in it yet. Its absence is confirmed with a
                     // GET, which reads the server's store itself.
                     let confirmed = match streaming {
-                        true => api.get_opt(&name).await.ok().flatten(),
+                        true => api.get_opt(&name).await.unwrap_or_else(|e| {
+                            tracing::debug!(object = ?key, "reading what the listing lacked: {e}; absent");
+                            None
+                        }),
                         false => None,
                     };
                     match confirmed {
@@ -487,16 +481,8 @@ pub(super) async fn watch_one<K>(
                 events = watcher(api.clone(), config.clone()).boxed();
             }
             Err(e) => {
-                let delay = match watch_forbidden(&e) {
-                    true => {
-                        place.refused();
-                        backoff.step_lag()
-                    }
-                    false => {
-                        place.answered();
-                        backoff.step(object_watch_refused(&e))
-                    }
-                };
+                let lagging = watch_forbidden(&e);
+                let delay = place.retry_after(&mut backoff, lagging, object_watch_refused(&e));
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
                 tokio::time::sleep(delay).await;
                 place.turn().await;

@@ -105,8 +105,7 @@ impl TokenIssuer for ClusterTokens {
                         break answer;
                     }
                     Err(e) if pod_not_seen_yet(&e) && start.elapsed() < MAX_WAIT => {
-                        place.refused();
-                        let delay = backoff.step_lag();
+                        let delay = place.retry_after(&mut backoff, true, false);
                         tracing::debug!(pod = %spec.pod_name, "{what}: {e}; asking again in {delay:.1?}");
                         tokio::time::sleep(delay).await;
                     }
