@@ -62,7 +62,7 @@ pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 
 pub use inspect::http;
 pub use inspect::{describe, status};
 pub use report::{events, metrics};
-pub use store::pod_uid;
+pub use store::{pod_uid, PodIdentity};
 pub use waiters::WaitError;
 pub use world::MountedVolume;
 

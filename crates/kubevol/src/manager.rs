@@ -25,8 +25,8 @@ use crate::reconstruct::Findings;
 use crate::report::events::EventRecorder;
 use crate::report::metrics::Metrics;
 use crate::source::{Library, PodSource};
-use crate::store::{pod_uid, ObjectStore};
-use crate::waiters::{Wait, WaitError, Waited};
+use crate::store::{ObjectStore, PodIdentity};
+use crate::waiters::{Wait, WaitError};
 use crate::world::{AswWriter, MountedVolume, World};
 
 /// How the manager is set up.
@@ -600,20 +600,20 @@ impl VolumeManager {
         self.add_pods([pod]).remove(0)
     }
 
-    /// Adds or replaces many pods at once (one wake-up of the populator, as a manifest file with
-    /// many pods is delivered). Returns their UIDs.
+    /// Adds or replaces many pods at once (a wake-up of the populator for each
+    /// [`ADD_BATCH`](crate::source::library::ADD_BATCH) of them). Returns their UIDs.
     pub fn add_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
         self.parts.library.add_pods(pods)
     }
 
     /// Removes many pods at once: their volumes are torn down.
-    pub fn remove_pods(&self, pods: &[Pod]) {
-        let uids: Vec<PodUid> = pods.iter().map(pod_uid).collect();
+    pub fn remove_pods(&self, pods: &[impl PodIdentity]) {
+        let uids: Vec<PodUid> = pods.iter().map(|p| p.pod_ref().uid).collect();
         self.parts.library.remove_pods(&uids);
     }
 
     /// Removes a pod added with [`VolumeManager::add_pod`]: its volumes are torn down.
-    pub fn remove_pod(&self, pod: &Pod) {
+    pub fn remove_pod(&self, pod: &impl PodIdentity) {
         self.remove_pods(std::slice::from_ref(pod));
     }
 
@@ -644,23 +644,26 @@ impl VolumeManager {
     /// Waits until every volume the pod's containers use is mounted. Woken by state changes;
     /// times out after the configured wait (2 min 3 s) with an error that lists the unmounted
     /// and failed-to-process volumes, each with its last error.
-    pub async fn wait_for_attach_and_mount(&self, pod: &Pod) -> Result<(), WaitError> {
-        self.wait().attach_and_mount(Waited::of(pod)).await
+    pub async fn wait_for_attach_and_mount(&self, pod: &impl PodIdentity) -> Result<(), WaitError> {
+        self.wait().attach_and_mount(pod.pod_ref()).await
     }
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
-    pub async fn wait_for_unmount(&self, pod: &Pod) -> Result<(), WaitError> {
-        self.wait().unmount(Waited::of(pod)).await
+    pub async fn wait_for_unmount(&self, pod: &impl PodIdentity) -> Result<(), WaitError> {
+        self.wait().unmount(pod.pod_ref()).await
     }
 
     /// Waits until none of `pods` has anything mounted. The pods share one deadline and are
     /// waited for in turn: a pod whose volumes went while an earlier one was waited for costs
     /// one look, not a task and a timer of its own (a node's teardown storm is thousands).
-    pub async fn wait_for_all_pods_unmount(&self, pods: &[Pod]) -> Result<(), WaitError> {
+    pub async fn wait_for_all_pods_unmount(
+        &self,
+        pods: &[impl PodIdentity],
+    ) -> Result<(), WaitError> {
         let deadline = tokio::time::Instant::now() + self.parts.config.wait_timeout;
         let mut timeouts = Vec::new();
         for p in pods {
-            match self.wait().unmount_by(Waited::of(p), deadline).await {
+            match self.wait().unmount_by(p.pod_ref(), deadline).await {
                 Ok(()) => {}
                 Err(WaitError::Timeout { detail, pod, .. }) => {
                     timeouts.push(format!("{pod}: {detail}"))

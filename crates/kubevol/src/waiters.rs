@@ -4,13 +4,11 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kubevol_core::PodUid;
+use kubevol_core::{PodRef, PodUid};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::inspect::status::{Sources, VolumePhase, VolumeStatus};
-use crate::store::{pod_uid, DEFAULT_NAMESPACE};
 
 /// Why a wait ended without success.
 #[derive(Debug, thiserror::Error)]
@@ -47,30 +45,6 @@ pub(crate) struct Wait<'a> {
     pub(crate) stop: watch::Receiver<bool>,
 }
 
-/// What a waiter keeps of its pod: the UID it waits on and the name its timeout names. Small,
-/// so that a wait for many pods holds no copy of their specs.
-#[derive(Clone, Debug)]
-pub(crate) struct Waited {
-    uid: PodUid,
-    name: String,
-}
-
-impl Waited {
-    pub(crate) fn of(pod: &Pod) -> Waited {
-        Waited {
-            uid: pod_uid(pod),
-            name: format!(
-                "{}/{}",
-                pod.metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or(DEFAULT_NAMESPACE),
-                pod.metadata.name.as_deref().unwrap_or("")
-            ),
-        }
-    }
-}
-
 /// A pod's signal, held by a waiter: when the waiter ends, however it ends (done, a timeout,
 /// dropped), the signal goes from the world's map unless another waiter holds it, so that the
 /// map holds the signals of the pods being waited for, not of every pod ever waited for.
@@ -90,12 +64,12 @@ impl Drop for SignalHeld<'_> {
 impl Wait<'_> {
     async fn until(
         mut self,
-        pod: Waited,
+        pod: PodRef,
         deadline: Instant,
         mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
         describe: impl Fn(&Sources<'_>, &PodUid) -> String,
     ) -> Result<(), WaitError> {
-        let Waited { uid, name } = pod;
+        let uid = pod.uid.clone();
         let held = SignalHeld {
             world: self.sources.world,
             uid: &uid,
@@ -117,7 +91,7 @@ impl Wait<'_> {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(WaitError::Timeout {
-                        pod: name,
+                        pod: pod.to_string(),
                         timeout: self.timeout,
                         detail: describe(&self.sources, &uid),
                     });
@@ -128,7 +102,7 @@ impl Wait<'_> {
     }
 
     /// Waits until every volume the pod's containers use is mounted.
-    pub(crate) async fn attach_and_mount(self, pod: Waited) -> Result<(), WaitError> {
+    pub(crate) async fn attach_and_mount(self, pod: PodRef) -> Result<(), WaitError> {
         let deadline = Instant::now() + self.timeout;
         self.until(
             pod,
@@ -178,13 +152,13 @@ impl Wait<'_> {
     }
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
-    pub(crate) async fn unmount(self, pod: Waited) -> Result<(), WaitError> {
+    pub(crate) async fn unmount(self, pod: PodRef) -> Result<(), WaitError> {
         let deadline = Instant::now() + self.timeout;
         self.unmount_by(pod, deadline).await
     }
 
     /// [`Wait::unmount`] until `deadline`, shared by a wait for many pods.
-    pub(crate) async fn unmount_by(self, pod: Waited, deadline: Instant) -> Result<(), WaitError> {
+    pub(crate) async fn unmount_by(self, pod: PodRef, deadline: Instant) -> Result<(), WaitError> {
         self.until(
             pod,
             deadline,

@@ -545,3 +545,55 @@ async fn a_secret_listed_just_after_its_watch_started_is_not_held_back() {
     );
     m.shutdown();
 }
+
+/// Pods given at once (more than a batch of the library's) are all set up, their UIDs come
+/// back in the order given, and a caller that keeps only who each pod is (a `PodRef`, not the
+/// pod) waits for them, removes them and waits for their teardown; a wait for a pod never
+/// given names it when it times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
+    use kubevol::PodIdentity;
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let m = start_configured(t.path(), fake.clone(), &[], |c| {
+        c.wait_timeout = Duration::from_millis(300)
+    })
+    .0;
+    let n = 2 * kubevol::source::library::ADD_BATCH + 7;
+    let pods: Vec<Pod> = (0..n).map(|i| pod(&format!("p{i}"))).collect();
+    let who: Vec<kubevol_core::PodRef> = pods.iter().map(|p| p.pod_ref()).collect();
+    let uids = m.add_pods(pods);
+    assert_eq!(uids, who.iter().map(|w| w.uid.clone()).collect::<Vec<_>>());
+    for w in &who {
+        assert_eq!(w.to_string(), format!("default/{}", w.name));
+        m.wait_for_attach_and_mount(w).await.expect("mounted");
+    }
+    let mounted = || {
+        uids.iter()
+            .filter(|uid| {
+                fake.is_mounted(
+                    &m.config()
+                        .root_dir
+                        .join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/m")),
+                )
+            })
+            .count()
+    };
+    assert_eq!(mounted(), n);
+
+    let ghost = pod("ghost").pod_ref();
+    let err = m
+        .wait_for_attach_and_mount(&ghost)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("timed out after 300ms waiting for volumes of pod default/ghost"),
+        "{err}"
+    );
+
+    m.remove_pods(&who);
+    m.wait_for_all_pods_unmount(&who).await.expect("torn down");
+    assert_eq!(mounted(), 0);
+    m.shutdown();
+}

@@ -83,6 +83,27 @@ pub fn pod_ref(pod: &Pod, uid: &PodUid) -> PodRef {
     }
 }
 
+/// What the manager's waits and removals take to name a pod: the pod itself, or who it is (a
+/// [`PodRef`], three shared strings, for a caller that keeps thousands of pods waited on and
+/// not their specs).
+pub trait PodIdentity {
+    /// Who the pod is: its namespace, name and UID (the manifest's, or derived as
+    /// [`pod_uid`] derives it).
+    fn pod_ref(&self) -> PodRef;
+}
+
+impl PodIdentity for Pod {
+    fn pod_ref(&self) -> PodRef {
+        pod_ref(self, &pod_uid(self))
+    }
+}
+
+impl PodIdentity for PodRef {
+    fn pod_ref(&self) -> PodRef {
+        self.clone()
+    }
+}
+
 /// The PersistentVolume a claim names in `spec.volumeName`, if it names one.
 pub fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim
