@@ -600,8 +600,8 @@ impl VolumeManager {
         self.add_pods([pod]).remove(0)
     }
 
-    /// Adds or replaces many pods at once (a wake-up of the populator for each
-    /// [`ADD_BATCH`](crate::source::library::ADD_BATCH) of them). Returns their UIDs.
+    /// Adds or replaces many pods at once (one wake-up of the populator, as a manifest file with
+    /// many pods is delivered). Returns their UIDs.
     pub fn add_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
         self.parts.library.add_pods(pods)
     }

@@ -62,9 +62,8 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Option<
         let asw = world.asw();
         plan(&dsw, &asw, teardown_allowed, require_reported, only)
     };
-    // Each slice's operations start before the next slice is planned: the first mounts of a
-    // storm begin sooner, and a teardown of thousands of volumes never holds all their
-    // operations in one vector (1.2 MB at 4,000 volumes, the process's peak memory).
+    // Each slice's operations start before the next slice is planned: a storm's operations are
+    // never all held in one vector besides the executor's queue.
     let mut planned_any = false;
     let mut start = |planned: Vec<kubevol_core::reconcile::Operation>| {
         planned_any |= !planned.is_empty();

@@ -1,7 +1,7 @@
 use super::*;
+use crate::store::pod_uid;
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use kubevol_core::state::{MountedPodVolume, PodMountState, VolumeSpec, VolumeTraits};
-use crate::store::pod_uid;
 
 /// A node that has waited for thousands of pods holds no memory for them once they are
 /// gone: a waiter's signal goes with the waiter, whether it saw its pod ready, saw it

@@ -19,12 +19,6 @@ use kubevol_core::PodUid;
 use super::{BoxFuture, PodSource, Sink};
 use crate::store::{normalize_pod, pod_uid, problem_of, Change, Object};
 
-/// How many of the pods given at once go to the store in one change. The populator takes each
-/// batch while the next is stored: storing a pod takes about 3.6 µs on the project's machine,
-/// so the first of a thousand pods given at once no longer waits 3.6 ms for the other 999
-/// before its volumes are planned.
-pub const ADD_BATCH: usize = 64;
-
 /// The library API's source. Cheap to clone; clones share one source.
 #[derive(Clone, Default)]
 pub struct Library {
@@ -129,25 +123,16 @@ impl Library {
         }
     }
 
-    /// Adds or replaces many pods, [`ADD_BATCH`] to a change (a wake-up of the populator).
-    /// Returns their UIDs.
+    /// Adds or replaces many pods in one change (one wake-up of the populator). Returns their
+    /// UIDs.
     pub fn add_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
-        let mut uids = Vec::new();
-        let mut batch = Vec::with_capacity(ADD_BATCH);
-        for pod in pods {
-            let pod = normalize_pod(pod);
-            uids.push(pod_uid(&pod));
-            batch.push(Change::Upsert(Box::new(Object::Pod(
-                pod,
-                PodExtensions::default(),
-            ))));
-            if batch.len() == ADD_BATCH {
-                self.apply(std::mem::replace(&mut batch, Vec::with_capacity(ADD_BATCH)));
-            }
-        }
-        if !batch.is_empty() {
-            self.apply(batch);
-        }
+        let pods: Vec<Pod> = pods.into_iter().map(normalize_pod).collect();
+        let uids: Vec<PodUid> = pods.iter().map(pod_uid).collect();
+        self.apply(
+            pods.into_iter()
+                .map(|p| Change::Upsert(Box::new(Object::Pod(p, PodExtensions::default()))))
+                .collect(),
+        );
         self.given(&uids);
         uids
     }
