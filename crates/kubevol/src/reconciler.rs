@@ -62,31 +62,29 @@ fn pass(ops: &Arc<Operations>, resync: Duration, memory: &mut Memory) -> Option<
         let asw = world.asw();
         plan(&dsw, &asw, teardown_allowed, require_reported, only)
     };
-    // Each slice's operations start before the next slice is planned: a storm's operations are
-    // never all held in one vector besides the executor's queue.
-    let mut planned_any = false;
-    let mut start = |planned: Vec<kubevol_core::reconcile::Operation>| {
-        planned_any |= !planned.is_empty();
-        for op in planned {
-            let volume = op.volume().clone();
-            match ops.start(op, now) {
-                Ok(()) | Err(NotStarted::Busy) => {}
-                Err(NotStarted::BackingOff(at)) => {
-                    memory.retries.entry(at).or_default().insert(volume);
-                }
-            }
-        }
-    };
-    if full {
-        start(plan_under_locks(None));
+    let planned = if full {
+        plan_under_locks(None)
     } else {
         // A slice at a time: the states' read locks are held briefly, so the populator's
         // writes and the operations' reads queued behind them do not wait for a whole storm.
         // By name: a pod's volumes are planned (and queued) together.
         let mut only: Vec<UniqueVolumeName> = only.into_iter().collect();
         only.sort_unstable();
-        for slice in only.chunks(PLAN_SLICE) {
-            start(plan_under_locks(Some(slice)));
+        only.chunks(PLAN_SLICE)
+            .flat_map(|slice| plan_under_locks(Some(slice)))
+            .collect()
+    };
+    let planned_any = !planned.is_empty();
+    for op in planned {
+        match ops.start(op.clone(), now) {
+            Ok(()) | Err(NotStarted::Busy) => {}
+            Err(NotStarted::BackingOff(at)) => {
+                memory
+                    .retries
+                    .entry(at)
+                    .or_default()
+                    .insert(op.volume().clone());
+            }
         }
     }
     if teardown_allowed && world.mark_states_synced() {
