@@ -269,8 +269,6 @@ fn say(message: std::fmt::Arguments<'_>) {
 }
 
 fn main() -> ExitCode {
-    // Before any thread exists (see the function).
-    kubevol_mount::process::share_malloc_arenas();
     let cli = Cli::parse();
     if let Command::Bench(args) = &cli.command {
         // Before any thread exists: the benchmark mounts only in its own namespace.

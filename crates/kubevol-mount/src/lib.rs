@@ -17,7 +17,6 @@ pub mod holders;
 pub mod mountinfo;
 pub mod ns;
 pub mod pin;
-pub mod process;
 pub mod safe;
 pub mod subpath;
 pub mod usage;
