@@ -608,7 +608,7 @@ impl VolumeManager {
 
     /// Removes many pods at once: their volumes are torn down.
     pub fn remove_pods(&self, pods: &[impl PodIdentity]) {
-        let uids: Vec<PodUid> = pods.iter().map(|p| p.pod_ref().uid).collect();
+        let uids: Vec<PodUid> = pods.iter().map(PodIdentity::uid).collect();
         self.parts.library.remove_pods(&uids);
     }
 

@@ -69,11 +69,11 @@ impl Wait<'_> {
         mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
         describe: impl Fn(&Sources<'_>, &PodUid) -> String,
     ) -> Result<(), WaitError> {
-        let uid = pod.uid.clone();
+        let uid = &pod.uid;
         let held = SignalHeld {
             world: self.sources.world,
-            uid: &uid,
-            signal: Some(self.sources.world.pod_signal(&uid)),
+            uid,
+            signal: Some(self.sources.world.pod_signal(uid)),
         };
         let signal = held.signal.as_ref().expect("held until dropped");
         loop {
@@ -81,7 +81,7 @@ impl Wait<'_> {
             let notified = signal.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if done(&self.sources, &uid)? {
+            if done(&self.sources, uid)? {
                 return Ok(());
             }
             if *self.stop.borrow_and_update() {
@@ -93,7 +93,7 @@ impl Wait<'_> {
                     return Err(WaitError::Timeout {
                         pod: pod.to_string(),
                         timeout: self.timeout,
-                        detail: describe(&self.sources, &uid),
+                        detail: describe(&self.sources, uid),
                     });
                 }
                 _ = self.stop.changed() => return Err(WaitError::Stopped),

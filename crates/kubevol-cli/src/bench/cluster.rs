@@ -124,12 +124,10 @@ impl BenchNode {
         })
     }
 
-    /// Deletes the pods, waits until they are torn down and stops the manager and its
-    /// watches. Returns how long the tear-down took and the cluster, to clean up.
-    pub(super) async fn leave(
-        self,
-        pods: Vec<Pod>,
-    ) -> anyhow::Result<(Duration, Arc<TestCluster>)> {
+    /// Deletes the pods, waits until they are torn down, stops the manager and its watches and
+    /// cleans up what the run made in the cluster (the caller must hold no other reference to
+    /// it). Returns how long the tear-down took.
+    pub(super) async fn leave(self, pods: Vec<Pod>) -> anyhow::Result<Duration> {
         let t = tokio::time::Instant::now();
         for p in &pods {
             let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -151,7 +149,15 @@ impl BenchNode {
         if let Some(poster) = poster {
             let _ = poster.await;
         }
-        Ok((torn_down, self.cluster))
+        // What the run made goes; everything that shared the cluster has stopped.
+        let cluster = Arc::try_unwrap(self.cluster).map_err(|c| {
+            anyhow::anyhow!(
+                "node {}: the cluster is still shared after the tear-down; what the run made is left",
+                c.node_name()
+            )
+        })?;
+        cluster.clean_up().await;
+        Ok(torn_down)
     }
 }
 
@@ -207,11 +213,7 @@ pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             all_ready,
             pods,
         } = arrival;
-        let (torn_down, cluster) = node.leave(pods).await?;
-        // What the run made goes, once nothing else holds the cluster.
-        if let Ok(cluster) = Arc::try_unwrap(cluster) {
-            cluster.clean_up().await;
-        }
+        let torn_down = node.leave(pods).await?;
         anyhow::Ok((latencies, all_ready, torn_down, cpu, real, server_cpu, requests))
     });
     let (lat, all_ready, torn_down, cpu, real, server_cpu, requests) = figures?;

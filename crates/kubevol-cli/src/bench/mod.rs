@@ -255,14 +255,6 @@ fn pod(i: usize, volumes: usize) -> Pod {
     .expect("benchmark pod is valid")
 }
 
-/// What the benchmark keeps of a pod it gave to kubevol: who it is (namespace, name, UID), all
-/// that the waits and the removal need. The pods themselves move into kubevol, as a daemon's
-/// parsed manifests do, so no second copy of their specs is measured as kubevol's (an empty
-/// `Pod` kept as a handle still weighs 2.4 KB: its fields are inline).
-fn handle(pod: &Pod) -> PodRef {
-    pod.pod_ref()
-}
-
 /// The raw floor: the same syscalls kubevol needs per volume, made directly.
 fn raw_floor(dir: &Path, count: usize) -> anyhow::Result<(Duration, Duration)> {
     let m = LinuxMounter;
@@ -406,7 +398,10 @@ fn start_manager(
 
 /// Adds all pods at once and waits for each to be ready. Returns their UIDs and their ready
 /// latencies in seconds, sorted.
-/// Gives `pods` to the manager and waits for each, through its handle (see [`handle`]).
+/// Gives `pods` to the manager and waits for each through its handle: who it is (a `PodRef`),
+/// all that the waits and the removal need. The pods themselves move into kubevol, as a
+/// daemon's parsed manifests do, so no second copy of their specs is measured as kubevol's (an
+/// empty `Pod` kept as a handle would still weigh 2.4 KB: its fields are inline).
 async fn add_and_wait(
     manager: &VolumeManager,
     pods: Vec<Pod>,
@@ -660,7 +655,7 @@ fn measure(
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         let input: Vec<Pod> = (0..n).map(|i| pod(i, args.volumes)).collect();
-        let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(handle).collect());
+        let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(PodIdentity::pod_ref).collect());
         // The baseline is the idle manager beside its parsed input, which then moves into it (a
         // daemon parses its pods and keeps no other copy); the peak is this run's (the kernel
         // resets its high-water mark on this write).
@@ -757,7 +752,7 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let root = tmp.path().join("root");
     let input: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
-    let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(handle).collect());
+    let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(PodIdentity::pod_ref).collect());
     let figures = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         add_and_wait(&manager, input.clone(), &pods).await?;

@@ -312,10 +312,7 @@ pub(super) fn child(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         };
         say(&format!("arrived {}", serde_json::to_string(&arrived)?))?;
         wait_for("done").await?;
-        let (torn_down, cluster) = node.leave(pods).await?;
-        if let Ok(cluster) = Arc::try_unwrap(cluster) {
-            cluster.clean_up().await;
-        }
+        let torn_down = node.leave(pods).await?;
         say(&format!("left {}", torn_down.as_secs_f64()))
     })?;
     tmp.release()?;

@@ -90,17 +90,30 @@ pub trait PodIdentity {
     /// Who the pod is: its namespace, name and UID (the manifest's, or derived as
     /// [`pod_uid`] derives it).
     fn pod_ref(&self) -> PodRef;
+
+    /// The pod's UID alone (what a removal needs).
+    fn uid(&self) -> PodUid {
+        self.pod_ref().uid
+    }
 }
 
 impl PodIdentity for Pod {
     fn pod_ref(&self) -> PodRef {
         pod_ref(self, &pod_uid(self))
     }
+
+    fn uid(&self) -> PodUid {
+        pod_uid(self)
+    }
 }
 
 impl PodIdentity for PodRef {
     fn pod_ref(&self) -> PodRef {
         self.clone()
+    }
+
+    fn uid(&self) -> PodUid {
+        self.uid.clone()
     }
 }
 
