@@ -591,6 +591,7 @@ impl VolumeManager {
     /// Stops [`VolumeManager::run`]. Mounts stay in place (pods keep their volumes).
     pub fn shutdown(&self) {
         self.parts.shutdown.send_replace(true);
+        self.parts.world.notify_all_pods();
         self.parts.world.announce();
         self.parts.world.wake_reconciler();
     }
@@ -637,7 +638,7 @@ impl VolumeManager {
         Wait {
             sources: self.sources(),
             timeout: self.parts.config.wait_timeout,
-            stop: self.parts.shutdown.subscribe(),
+            stop: &self.parts.shutdown,
         }
     }
 

@@ -39,10 +39,16 @@ pub enum WaitError {
 }
 
 /// What a waiter needs: read views of the parts, how long to wait, and the manager's stop.
+///
+/// A node agent waits for every pod it starts, so a waiter's size is paid a thousand times
+/// over: the stop is read from its sender (the manager's stop wakes every pod's signal, see
+/// [`crate::world::World::notify_all_pods`]) instead of being a receiver with a future of its
+/// own, and only [`Wait::until`] is a state machine (the others build its future, so their
+/// arguments are not kept twice).
 pub(crate) struct Wait<'a> {
     pub(crate) sources: Sources<'a>,
     pub(crate) timeout: Duration,
-    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) stop: &'a watch::Sender<bool>,
 }
 
 /// A pod's signal, held by a waiter: when the waiter ends, however it ends (done, a timeout,
@@ -61,48 +67,58 @@ impl Drop for SignalHeld<'_> {
     }
 }
 
-impl Wait<'_> {
-    async fn until(
-        mut self,
+impl<'a> Wait<'a> {
+    /// The one state machine of a wait. A plain function returning an `async move` block, not
+    /// an `async fn`: an `async fn` keeps its arguments twice (as given and as moved into its
+    /// body), a block only once.
+    #[allow(clippy::manual_async_fn)]
+    fn until(
+        self,
         pod: PodRef,
         deadline: Instant,
-        mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError>,
-        describe: impl Fn(&Sources<'_>, &PodUid) -> String,
-    ) -> Result<(), WaitError> {
-        let uid = &pod.uid;
-        let held = SignalHeld {
-            world: self.sources.world,
-            uid,
-            signal: Some(self.sources.world.pod_signal(uid)),
-        };
-        let signal = held.signal.as_ref().expect("held until dropped");
-        loop {
-            // Register for the next signal before checking, so a change in between is not lost.
-            let notified = signal.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if done(&self.sources, uid)? {
-                return Ok(());
-            }
-            if *self.stop.borrow_and_update() {
-                return Err(WaitError::Stopped);
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(WaitError::Timeout {
-                        pod: pod.to_string(),
-                        timeout: self.timeout,
-                        detail: describe(&self.sources, uid),
-                    });
+        mut done: impl FnMut(&Sources<'_>, &PodUid) -> Result<bool, WaitError> + 'a,
+        describe: impl Fn(&Sources<'_>, &PodUid) -> String + 'a,
+    ) -> impl std::future::Future<Output = Result<(), WaitError>> + 'a {
+        async move {
+            let uid = &pod.uid;
+            let held = SignalHeld {
+                world: self.sources.world,
+                uid,
+                signal: Some(self.sources.world.pod_signal(uid)),
+            };
+            let signal = held.signal.as_ref().expect("held until dropped");
+            loop {
+                // Register for the next signal before checking, so a change in between is not
+                // lost.
+                let notified = signal.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if done(&self.sources, uid)? {
+                    return Ok(());
                 }
-                _ = self.stop.changed() => return Err(WaitError::Stopped),
+                // Read after registering: a stop from here on wakes the signal.
+                if *self.stop.borrow() {
+                    return Err(WaitError::Stopped);
+                }
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(WaitError::Timeout {
+                            pod: pod.to_string(),
+                            timeout: self.timeout,
+                            detail: describe(&self.sources, uid),
+                        });
+                    }
+                }
             }
         }
     }
 
     /// Waits until every volume the pod's containers use is mounted.
-    pub(crate) async fn attach_and_mount(self, pod: PodRef) -> Result<(), WaitError> {
+    pub(crate) fn attach_and_mount(
+        self,
+        pod: PodRef,
+    ) -> impl std::future::Future<Output = Result<(), WaitError>> + 'a {
         let deadline = Instant::now() + self.timeout;
         self.until(
             pod,
@@ -148,17 +164,23 @@ impl Wait<'_> {
                 }
             },
         )
-        .await
     }
 
     /// Waits until nothing of the pod's is mounted any more (not even uncertainly).
-    pub(crate) async fn unmount(self, pod: PodRef) -> Result<(), WaitError> {
+    pub(crate) fn unmount(
+        self,
+        pod: PodRef,
+    ) -> impl std::future::Future<Output = Result<(), WaitError>> + 'a {
         let deadline = Instant::now() + self.timeout;
-        self.unmount_by(pod, deadline).await
+        self.unmount_by(pod, deadline)
     }
 
     /// [`Wait::unmount`] until `deadline`, shared by a wait for many pods.
-    pub(crate) async fn unmount_by(self, pod: PodRef, deadline: Instant) -> Result<(), WaitError> {
+    pub(crate) fn unmount_by(
+        self,
+        pod: PodRef,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = Result<(), WaitError>> + 'a {
         self.until(
             pod,
             deadline,
@@ -176,6 +198,5 @@ impl Wait<'_> {
                 format!("still mounted volumes=[{}]", names.join(", "))
             },
         )
-        .await
     }
 }

@@ -234,6 +234,13 @@ impl World {
         }
     }
 
+    /// Wakes every pod's waiters (the manager stopped: each reads the stop when woken).
+    pub fn notify_all_pods(&self) {
+        for s in crate::sync::lock(&self.pod_signals).values() {
+            s.notify_waiters();
+        }
+    }
+
     /// Forgets a pod's signal unless a waiter still holds it (a signal is wanted only while
     /// someone waits: a new waiter makes a new one).
     pub fn forget_pod_signal(&self, uid: &PodUid) {

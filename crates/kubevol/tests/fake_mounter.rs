@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kubevol::{Config, VolumeManager};
+use kubevol::{Config, VolumeManager, WaitError};
 use kubevol_mount::fake::{FakeOp, MountCall};
 use kubevol_mount::FakeMounter;
 
@@ -596,4 +596,38 @@ async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
     m.wait_for_all_pods_unmount(&who).await.expect("torn down");
     assert_eq!(mounted(), 0);
     m.shutdown();
+}
+
+/// The manager's stop ends every wait: those already asleep on their pods' signals (polled
+/// once before the stop; two share a pod) and one begun after it. The clock is paused, so a wait the stop did not
+/// wake runs into its deadline at once and fails as a timeout, not a hang. A wait stays
+/// small: a node agent keeps one for every pod it starts.
+#[tokio::test(start_paused = true)]
+async fn a_stop_ends_every_wait_asleep_or_begun_after() {
+    use kubevol::PodIdentity;
+    use std::future::Future;
+    let t = tempfile::tempdir().unwrap();
+    let mut c = Config::new(t.path(), "n");
+    c.wait_timeout = Duration::from_secs(600);
+    let m = VolumeManager::new(c, Arc::new(FakeMounter::new())).unwrap();
+    let (never, other) = (pod("never-given").pod_ref(), pod("other").pod_ref());
+    let asleep = m.wait_for_attach_and_mount(&never);
+    // A node agent keeps one wait per pod it starts: each is about 450 bytes (it was 944
+    // before the stop was read from its sender and the wait's arguments were kept once).
+    let size = std::mem::size_of_val(&asleep);
+    assert!(size <= 512, "a wait for a pod's volumes takes {size} bytes");
+    let beside = m.wait_for_attach_and_mount(&never);
+    let apart = m.wait_for_attach_and_mount(&other);
+    tokio::pin!(asleep, beside, apart);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(asleep.as_mut().poll(&mut cx).is_pending());
+    assert!(beside.as_mut().poll(&mut cx).is_pending());
+    assert!(apart.as_mut().poll(&mut cx).is_pending());
+
+    m.shutdown();
+    for r in [asleep.await, beside.await, apart.await] {
+        assert!(matches!(r, Err(WaitError::Stopped)), "{r:?}");
+    }
+    let after = m.wait_for_attach_and_mount(&never).await;
+    assert!(matches!(after, Err(WaitError::Stopped)), "{after:?}");
 }

@@ -72,7 +72,9 @@ const PERMANENT: std::time::Duration = std::time::Duration::from_secs(100 * 365 
 
 #[derive(Default)]
 struct State {
-    running: HashSet<OperationKey>,
+    /// Running keys, each with whether its operation tears something down (one table for
+    /// both: a node's teardown storm would otherwise grow a second table of every key).
+    running: HashMap<OperationKey, bool>,
     volume_wide: HashSet<UniqueVolumeName>,
     pod_ops: HashMap<UniqueVolumeName, usize>,
     backoff: HashMap<OperationKey, Backoff>,
@@ -82,8 +84,6 @@ struct State {
     succeeded: HashMap<OperationKey, SystemTime>,
     /// Keys turned away as busy, by volume (every conflict is within one volume).
     turned_away: HashMap<UniqueVolumeName, HashSet<Option<PodUid>>>,
-    /// Running keys whose operation tears something down.
-    teardowns: HashSet<OperationKey>,
 }
 
 /// The bookkeeping.
@@ -113,7 +113,7 @@ impl Executor {
     /// Reserves `key` if nothing conflicting runs and its backoff has expired.
     pub fn try_start(&self, key: &OperationKey, now: Instant) -> Result<(), NotStarted> {
         let mut s = self.lock();
-        let conflict = s.running.contains(key)
+        let conflict = s.running.contains_key(key)
             || s.volume_wide.contains(&key.volume)
             || (key.pod.is_none() && s.pod_ops.get(&key.volume).copied().unwrap_or(0) > 0);
         if conflict {
@@ -129,7 +129,7 @@ impl Executor {
                 return Err(NotStarted::BackingOff(now + wait));
             }
         }
-        s.running.insert(key.clone());
+        s.running.insert(key.clone(), false);
         if key.pod.is_none() {
             s.volume_wide.insert(key.volume.clone());
         } else {
@@ -160,14 +160,14 @@ impl Executor {
     /// a pod that wants the volume again is not ready (see [`Executor::tearing_down`]).
     pub fn mark_teardown(&self, key: &OperationKey) {
         let mut s = self.lock();
-        if s.running.contains(key) {
-            s.teardowns.insert(key.clone());
+        if let Some(teardown) = s.running.get_mut(key) {
+            *teardown = true;
         }
     }
 
     /// Whether a teardown of `key` has been started and has not finished.
     pub fn tearing_down(&self, key: &OperationKey) -> bool {
-        self.lock().teardowns.contains(key)
+        self.lock().running.get(key).copied().unwrap_or(false)
     }
 
     /// Reports that the running operation of `key` has not finished in time (a hung
@@ -265,7 +265,6 @@ impl State {
         now: Instant,
     ) -> bool {
         self.running.remove(key);
-        self.teardowns.remove(key);
         let mut blocked = false;
         if let Some(waiting) = self.turned_away.get_mut(&key.volume) {
             // The same key, or any key of the volume when one of the two is volume-wide.
