@@ -27,6 +27,7 @@ mount_test! {
             "8 pods x 2 Memory emptyDir volumes = 16 tmpfs mounts",
             "times the floor's time for all 16 set-ups",
             "the cost curve",
+            "MiB of the program's file pages)",
         ] {
             assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
         }
