@@ -342,3 +342,39 @@ fn chmod_nofollow(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<(),
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long ownership walk tells its progress once for each [`PROGRESS_EVERY`]
+    /// entries passed, in order, however many walkers count (each adds its entries in batches).
+    #[test]
+    fn an_ownership_walk_tells_its_progress_once_per_block_of_entries() {
+        let t = crate::walk::tests::memory_tempdir();
+        let v = t.path().join("v");
+        for d in 0..4 {
+            std::fs::create_dir_all(v.join(format!("d{d}"))).unwrap();
+            for f in 0..2_500 {
+                std::fs::write(v.join(format!("d{d}/f{f}")), b"").unwrap();
+            }
+        }
+        let entries = 1 + 4 + 4 * 2_500;
+        let told = std::sync::Mutex::new(Vec::new());
+        let gid = rustix::process::getgid().as_raw();
+        let vol = Dir::open(&v).unwrap();
+        vol.apply_fs_group_reporting(gid, false, FsGroupPolicy::Always, &|n| {
+            told.lock().unwrap().push(n)
+        })
+        .unwrap();
+        let told = told.into_inner().unwrap();
+        assert_eq!(told.len() as u64, entries / PROGRESS_EVERY, "{told:?}");
+        for (i, n) in told.iter().enumerate() {
+            let passed = (i as u64 + 1) * PROGRESS_EVERY;
+            assert!(
+                (passed..passed + PROGRESS_EVERY).contains(n) && *n <= entries,
+                "report {i} says {n}: {told:?}"
+            );
+        }
+    }
+}

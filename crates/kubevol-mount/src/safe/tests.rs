@@ -340,38 +340,6 @@ fn a_tree_100000_levels_deep_gets_its_fs_group_and_is_removed_without_recursion(
     assert!(!v.exists());
 }
 
-/// A long ownership walk tells its progress once for each [`crate::fs_group::PROGRESS_EVERY`]
-/// entries passed, in order, however many walkers count (each adds its entries in batches).
-#[test]
-fn an_ownership_walk_tells_its_progress_once_per_block_of_entries() {
-    use crate::fs_group::PROGRESS_EVERY;
-    let t = crate::walk::tests::memory_tempdir();
-    let v = t.path().join("v");
-    for d in 0..4 {
-        std::fs::create_dir_all(v.join(format!("d{d}"))).unwrap();
-        for f in 0..2_500 {
-            std::fs::write(v.join(format!("d{d}/f{f}")), b"").unwrap();
-        }
-    }
-    let entries = 1 + 4 + 4 * 2_500;
-    let told = std::sync::Mutex::new(Vec::new());
-    let gid = rustix::process::getgid().as_raw();
-    let vol = Dir::open(&v).unwrap();
-    vol.apply_fs_group_reporting(gid, false, FsGroupPolicy::Always, &|n| {
-        told.lock().unwrap().push(n)
-    })
-    .unwrap();
-    let told = told.into_inner().unwrap();
-    assert_eq!(told.len() as u64, entries / PROGRESS_EVERY, "{told:?}");
-    for (i, n) in told.iter().enumerate() {
-        let passed = (i as u64 + 1) * PROGRESS_EVERY;
-        assert!(
-            (passed..passed + PROGRESS_EVERY).contains(n) && *n <= entries,
-            "report {i} says {n}: {told:?}"
-        );
-    }
-}
-
 #[test]
 fn a_deep_tree_of_empty_directories_goes_with_rmdir_alone() {
     let _one_at_a_time = crate::walk::tests::deep_trees();
