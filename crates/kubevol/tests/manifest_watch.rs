@@ -121,6 +121,48 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
     watch.abort();
 }
 
+/// A manifest file emptied (truncated and closed: what a listing sees between a writer's
+/// `O_TRUNC` and its writes) keeps its pod, and says why, until it is written again; deleting
+/// the file is what removes the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_file_keeps_its_pod_until_it_is_written_or_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.yaml");
+    std::fs::write(&path, POD).unwrap();
+    let store = Arc::new(ObjectStore::new());
+    let source = ManifestSource::new(dir.path());
+    let watch = source
+        .listen(store.sink(ManifestSource::NAME))
+        .await
+        .unwrap();
+    assert_eq!(store.pods().len(), 1);
+
+    drop(std::fs::File::create(&path).unwrap());
+    let empty = |s: &ObjectStore| {
+        s.file_errors()
+            .iter()
+            .any(|e| e.to_string().contains("a.yaml") && e.to_string().contains("is empty"))
+    };
+    until(&store, |s| {
+        assert_eq!(s.pods().len(), 1, "the emptied file's pod stays");
+        empty(s)
+    })
+    .await;
+
+    std::fs::write(&path, POD.replace("name: c", "name: rewritten")).unwrap();
+    until(&store, |s| {
+        !empty(s)
+            && s.pods().first().is_some_and(|(_, p)| {
+                p.pod.spec.as_ref().unwrap().containers[0].name == "rewritten"
+            })
+    })
+    .await;
+
+    std::fs::remove_file(&path).unwrap();
+    until(&store, |s| s.pods().is_empty()).await;
+    watch.abort();
+}
+
 /// A pod manifest named `name` (no volumes: the store is what is tested here).
 fn pod_yaml(name: &str) -> String {
     POD.replace("name: a", &format!("name: {name}"))

@@ -155,6 +155,15 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     if bytes.len() as u64 > max_size {
         return broken(too_big(bytes.len() as u64));
     }
+    // An empty file is one being written (`O_TRUNC`, then the writes), caught by a listing
+    // between the two: taken as what it says, it would remove every pod it defined, and their
+    // volumes with them. What it delivered before stays until it is written; the writer's
+    // close reads it again. (The kubelet refuses an empty manifest file as well.)
+    if bytes.is_empty() {
+        return broken(
+            "is empty: an empty manifest file is taken as one being written, and the pods it defined stay; to remove them, delete the file".into(),
+        );
+    }
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
