@@ -27,11 +27,33 @@ fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
     }
 }
 
+/// How a file came to be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occasion {
+    /// Its writer is done: it was closed after a write, created, or renamed into place.
+    Written,
+    /// A listing (or a retry) found it changed, whoever may be writing it now.
+    Listed,
+}
+
 /// Reads one manifest file as the store takes it: its objects (and the names of those of kinds
 /// kubevol does not run), its errors, or that it is gone; and whether the read failed for a
 /// reason that passes by itself (too many open files, an I/O error), so that it is tried again.
-pub fn read_file(path: &Path, max_size: u64) -> (Vec<Change>, bool) {
-    let (content, skipped, transient) = read_content(path, max_size);
+///
+/// An empty file that a listing finds is not read at all (no change): it is a file between
+/// its writer's truncation and its writes (`O_TRUNC`, then `write`), and taken as "no objects"
+/// it would take its pods away, and their volumes with them, until the writer's close reads it
+/// again. An empty file its writer closed is read (it defines nothing).
+pub fn read_file(path: &Path, max_size: u64, occasion: Occasion) -> (Vec<Change>, bool) {
+    let (content, skipped, transient) = match read_content(path, max_size) {
+        Some(read) => read,
+        None if occasion == Occasion::Listed => return (Vec::new(), false),
+        None => (
+            FileContent::Objects(Vec::new()),
+            Some(Default::default()),
+            false,
+        ),
+    };
     let mut changes = vec![Change::File {
         path: path.to_path_buf(),
         content,
@@ -100,8 +122,8 @@ fn open_regular(
 
 /// Only a regular file is read (a symbolic link is followed, and the type is checked before
 /// the file is opened for reading, on a descriptor that pins it: see [`open_regular`]), and at
-/// most `max_size` bytes of it.
-fn read_content(path: &Path, max_size: u64) -> Content {
+/// most `max_size` bytes of it. `None` when it is empty.
+fn read_content(path: &Path, max_size: u64) -> Option<Content> {
     let failed = |message: String, transient: bool| {
         let message = if transient {
             format!("{message}; it is read again shortly")
@@ -115,22 +137,25 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     let fd = match open_regular(path) {
         Ok(Ok(fd)) => fd,
         Ok(Err(kind)) => {
-            return broken(format!(
+            return Some(broken(format!(
                 "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
                 file_type_name(kind)
-            ));
+            )));
         }
         Err(rustix::io::Errno::NOENT) => {
-            return (FileContent::Gone, None, false);
+            return Some((FileContent::Gone, None, false));
         }
         Err(e) => {
             let message = format!("cannot open: {}", std::io::Error::from(e));
-            return failed(message, is_transient(e) || e == rustix::io::Errno::AGAIN);
+            return Some(failed(
+                message,
+                is_transient(e) || e == rustix::io::Errno::AGAIN,
+            ));
         }
     };
     let stat = match rustix::fs::fstat(&fd) {
         Ok(st) => st,
-        Err(e) => return broken(format!("cannot stat: {}", std::io::Error::from(e))),
+        Err(e) => return Some(broken(format!("cannot stat: {}", std::io::Error::from(e)))),
     };
     let too_big = |size: u64| {
         format!(
@@ -139,7 +164,7 @@ fn read_content(path: &Path, max_size: u64) -> Content {
     };
     let size = stat.st_size as u64;
     if size > max_size {
-        return broken(too_big(size));
+        return Some(broken(too_big(size)));
     }
     let mut bytes = Vec::with_capacity(size as usize);
     // A file that grows while it is read is still cut at the limit.
@@ -150,42 +175,36 @@ fn read_content(path: &Path, max_size: u64) -> Content {
         let transient = e
             .raw_os_error()
             .is_some_and(|n| is_transient(rustix::io::Errno::from_raw_os_error(n)));
-        return failed(format!("cannot read: {e}"), transient);
+        return Some(failed(format!("cannot read: {e}"), transient));
     }
     if bytes.len() as u64 > max_size {
-        return broken(too_big(bytes.len() as u64));
+        return Some(broken(too_big(bytes.len() as u64)));
     }
-    // An empty file is one being written (`O_TRUNC`, then the writes), caught by a listing
-    // between the two: taken as what it says, it would remove every pod it defined, and their
-    // volumes with them. What it delivered before stays until it is written; the writer's
-    // close reads it again. (The kubelet refuses an empty manifest file as well.)
     if bytes.is_empty() {
-        return broken(
-            "is empty: an empty manifest file is taken as one being written, and the pods it defined stay; to remove them, delete the file".into(),
-        );
+        return None;
     }
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
-            return broken(format!(
+            return Some(broken(format!(
                 "is not UTF-8 text (byte {} is not valid): manifests are YAML or JSON text",
                 e.utf8_error().valid_up_to()
-            ))
+            )))
         }
     };
     let parsed = parse_file(path, &text);
     let (objects, errors) = (parsed.objects, parsed.errors);
     if errors.is_empty() {
         debug!(file = %path.display(), objects = objects.len(), "manifest loaded");
-        (
+        Some((
             FileContent::Objects(objects),
             Some((parsed.skipped, parsed.warnings)),
             false,
-        )
+        ))
     } else {
         // A file with any error is not applied: what it delivered before stays, so a
         // half-written edit never takes a running pod's volumes away.
-        (FileContent::Broken(errors), None, false)
+        Some((FileContent::Broken(errors), None, false))
     }
 }
 
@@ -214,7 +233,7 @@ mod tests {
         let watch =
             inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
         inotify::add_watch(&watch, &fifo, inotify::WatchFlags::OPEN).unwrap();
-        let (changes, transient) = read_file(&manifest, DEFAULT_MAX_FILE_SIZE);
+        let (changes, transient) = read_file(&manifest, DEFAULT_MAX_FILE_SIZE, Occasion::Listed);
         assert!(!transient);
         let Change::File {
             content: FileContent::Broken(errors),
@@ -243,7 +262,7 @@ mod tests {
         .unwrap();
         let link = t.path().join("cm.yaml");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        let (changes, _) = read_file(&link, DEFAULT_MAX_FILE_SIZE);
+        let (changes, _) = read_file(&link, DEFAULT_MAX_FILE_SIZE, Occasion::Listed);
         assert!(matches!(
             &changes[0],
             Change::File { content: FileContent::Objects(o), .. } if o.len() == 1

@@ -5,7 +5,7 @@
 
 use super::parse::manifest_error;
 use super::way::{way_of, Way};
-use super::{is_manifest_file, read_file, DEFAULT_MAX_FILE_SIZE};
+use super::{is_manifest_file, read_file, Occasion, DEFAULT_MAX_FILE_SIZE};
 use crate::source::{BoxFuture, PodSource, Sink};
 use crate::store::{Change, FileContent};
 use notify::Watcher;
@@ -281,7 +281,7 @@ impl ManifestSource {
     /// Reads files into changes for the store, never waiting on one file for long: a file
     /// whose read has not finished after a while (a hung filesystem) is reported as such and
     /// the rest are read on another thread.
-    async fn read_files(&self, paths: Vec<PathBuf>) -> Read {
+    async fn read_files(&self, paths: Vec<PathBuf>, occasion: Occasion) -> Read {
         let mut changes = Vec::with_capacity(paths.len());
         let mut signatures = BTreeMap::new();
         let mut rest = std::collections::VecDeque::from(paths);
@@ -296,7 +296,7 @@ impl ManifestSource {
                     let signature = Signature::of(&path);
                     reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if tx
-                        .send((path.clone(), signature, read_file(&path, max)))
+                        .send((path.clone(), signature, read_file(&path, max, occasion)))
                         .is_err()
                     {
                         return;
@@ -308,7 +308,11 @@ impl ManifestSource {
                     Ok(Some((path, signature, (read, transient)))) => {
                         rest.pop_front();
                         self.note_retry(&path, transient);
-                        signatures.insert(path, signature);
+                        // A file not read (empty, being written) is looked at again by the
+                        // next listing, and read at its writer's close.
+                        if !read.is_empty() {
+                            signatures.insert(path, signature);
+                        }
                         changes.extend(read);
                     }
                     Ok(None) => break,
@@ -393,7 +397,7 @@ impl ManifestSource {
                 .collect();
             (todo, gone)
         };
-        let (mut changes, read) = self.read_files(todo).await;
+        let (mut changes, read) = self.read_files(todo, Occasion::Listed).await;
         changes.extend(gone.into_iter().map(|path| Change::File {
             path,
             content: FileContent::Gone,
@@ -500,7 +504,7 @@ impl ManifestSource {
                 None => {
                     let due = self.due_retries();
                     if !due.is_empty() {
-                        let read = self.read_files(due).await;
+                        let read = self.read_files(due, Occasion::Listed).await;
                         self.deliver(&sink, read);
                     }
                 }
@@ -585,7 +589,9 @@ impl ManifestSource {
         if rescan {
             self.relist(sink, true).await;
         } else if !paths.is_empty() {
-            let read = self.read_files(paths.into_iter().collect()).await;
+            let read = self
+                .read_files(paths.into_iter().collect(), Occasion::Written)
+                .await;
             self.deliver(sink, read);
         }
     }
