@@ -24,13 +24,18 @@ async fn until(store: &ObjectStore, cond: impl Fn(&ObjectStore) -> bool) {
     }
 }
 
-/// A file is read when it is written, and not again while nothing is written: the source's own
-/// reads (and the store's changes they cause) never make it read again. Counted by the source's
-/// reads, over a window longer than the settling of events (1 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn own_reads_do_not_trigger_reloads() {
+/// A directory holding `a.yaml` (one pod), watched into a new store: the directory, the
+/// file, the store, how many files the source has read, and the watch.
+async fn watched_pod_file() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Arc<ObjectStore>,
+    Arc<std::sync::atomic::AtomicU64>,
+    tokio::task::JoinHandle<()>,
+) {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.yaml"), POD).unwrap();
+    let path = dir.path().join("a.yaml");
+    std::fs::write(&path, POD).unwrap();
     let store = Arc::new(ObjectStore::new());
     let source = ManifestSource::new(dir.path());
     let reads = source.reads();
@@ -39,6 +44,15 @@ async fn own_reads_do_not_trigger_reloads() {
         .await
         .unwrap();
     assert_eq!(store.pods().len(), 1);
+    (dir, path, store, reads, watch)
+}
+
+/// A file is read when it is written, and not again while nothing is written: the source's own
+/// reads (and the store's changes they cause) never make it read again. Counted by the source's
+/// reads, over a window longer than the settling of events (1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_reads_do_not_trigger_reloads() {
+    let (dir, _, store, reads, watch) = watched_pod_file().await;
     let at_start = reads.load(Ordering::Relaxed);
     assert!(at_start >= 1, "the first listing read a.yaml");
     // Written whole and renamed in: one event, one read.
@@ -61,16 +75,7 @@ async fn own_reads_do_not_trigger_reloads() {
 /// the rest is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_written_in_steps_never_loses_its_pod() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.yaml");
-    std::fs::write(&path, POD).unwrap();
-    let store = Arc::new(ObjectStore::new());
-    let source = ManifestSource::new(dir.path());
-    let reads = source.reads();
-    let watch = source
-        .listen(store.sink(ManifestSource::NAME))
-        .await
-        .unwrap();
+    let (_dir, path, store, reads, watch) = watched_pod_file().await;
     let lost = Arc::new(AtomicBool::new(false));
     let observer = tokio::spawn({
         let (store, lost) = (store.clone(), lost.clone());
@@ -127,17 +132,7 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
 /// empty (closed) defines nothing: its pod goes.
 #[tokio::test(start_paused = true)]
 async fn a_listing_never_takes_a_pod_away_from_a_file_being_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.yaml");
-    std::fs::write(&path, POD).unwrap();
-    let store = Arc::new(ObjectStore::new());
-    let source = ManifestSource::new(dir.path());
-    let reads = source.reads();
-    let watch = source
-        .listen(store.sink(ManifestSource::NAME))
-        .await
-        .unwrap();
-    assert_eq!(store.pods().len(), 1);
+    let (_dir, path, store, reads, watch) = watched_pod_file().await;
 
     // Truncated, still open for writing: no event says the writer is done.
     let mut writer = std::fs::File::create(&path).unwrap();
