@@ -127,8 +127,7 @@ pub(crate) fn apply(
     };
     std::thread::scope(|s| {
         let helpers: Vec<_> = (1..walkers).map(|_| s.spawn(work)).collect();
-        let root =
-            { crate::walk::walk(dir.fd(), dir.path(), &mut FsGroup::new(&shared, Some(&tx))) };
+        let root = crate::walk::walk(dir.fd(), dir.path(), &mut FsGroup::new(&shared, Some(&tx)));
         if root.is_err() {
             shared.failed.store(true, Ordering::Relaxed);
         }

@@ -36,6 +36,11 @@ fn start_with_sources(
 }
 
 /// [`start_with_sources`], with the test's own settings over the fast backoff.
+/// A manager whose waits time out after `wait`.
+fn start_waiting(root: &std::path::Path, fake: Arc<FakeMounter>, wait: Duration) -> VolumeManager {
+    start_configured(root, fake, &[], |c| c.wait_timeout = wait).0
+}
+
 fn start_configured(
     root: &std::path::Path,
     fake: Arc<FakeMounter>,
@@ -212,10 +217,7 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
 async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start_configured(t.path(), fake.clone(), &[], |c| {
-        c.wait_timeout = Duration::from_millis(1500)
-    })
-    .0;
+    let m = start_waiting(t.path(), fake.clone(), Duration::from_millis(1500));
     let pods: Vec<Pod> = ["first", "stuck", "last"].into_iter().map(pod).collect();
     for p in &pods {
         m.add_pod(p.clone());
@@ -546,19 +548,15 @@ async fn a_secret_listed_just_after_its_watch_started_is_not_held_back() {
     m.shutdown();
 }
 
-/// Many pods given at once are all set up, their UIDs come
-/// back in the order given, and a caller that keeps only who each pod is (a `PodRef`, not the
-/// pod) waits for them, removes them and waits for their teardown; a wait for a pod never
-/// given names it when it times out.
+/// Many pods given at once are all set up, their UIDs come back in the order given, and a
+/// caller that keeps only who each pod is (a `PodRef`, not the pod) waits for them, removes
+/// them and waits for their teardown; a wait for a pod never given names it when it times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
     use kubevol::PodIdentity;
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start_configured(t.path(), fake.clone(), &[], |c| {
-        c.wait_timeout = Duration::from_millis(300)
-    })
-    .0;
+    let m = start_waiting(t.path(), fake.clone(), Duration::from_millis(300));
     let n = 135;
     let pods: Vec<Pod> = (0..n).map(|i| pod(&format!("p{i}"))).collect();
     let who: Vec<kubevol_core::PodRef> = pods.iter().map(|p| p.pod_ref()).collect();
@@ -599,9 +597,9 @@ async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
 }
 
 /// The manager's stop ends every wait: those already asleep on their pods' signals (polled
-/// once before the stop; two share a pod) and one begun after it. The clock is paused, so a wait the stop did not
-/// wake runs into its deadline at once and fails as a timeout, not a hang. A wait stays
-/// small: a node agent keeps one for every pod it starts.
+/// once before the stop; two share a pod) and one begun after it. The clock is paused, so a
+/// wait the stop did not wake runs into its deadline at once and fails as a timeout, not a
+/// hang. A wait stays small: a node agent keeps one for every pod it starts.
 #[tokio::test(start_paused = true)]
 async fn a_stop_ends_every_wait_asleep_or_begun_after() {
     use kubevol::PodIdentity;
@@ -612,8 +610,6 @@ async fn a_stop_ends_every_wait_asleep_or_begun_after() {
     let m = VolumeManager::new(c, Arc::new(FakeMounter::new())).unwrap();
     let (never, other) = (pod("never-given").pod_ref(), pod("other").pod_ref());
     let asleep = m.wait_for_attach_and_mount(&never);
-    // A node agent keeps one wait per pod it starts: each is about 450 bytes (it was 944
-    // before the stop was read from its sender and the wait's arguments were kept once).
     let size = std::mem::size_of_val(&asleep);
     assert!(size <= 512, "a wait for a pod's volumes takes {size} bytes");
     let beside = m.wait_for_attach_and_mount(&never);

@@ -37,7 +37,7 @@ pub fn run(args: &BenchArgs, seconds: u64) -> anyhow::Result<ExitCode> {
         let (mut waves, mut loaded) = (0, 0.0);
         while waves == 0 || start.elapsed() < Duration::from_secs(seconds) {
             let wave = input(waves);
-            let pods: Arc<Vec<PodRef>> = Arc::new(wave.iter().map(PodIdentity::pod_ref).collect());
+            let pods = handles(&wave);
             add_and_wait(&manager, wave, &pods).await?;
             if waves == 0 {
                 loaded = status_mib("VmRSS:");

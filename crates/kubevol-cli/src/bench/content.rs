@@ -212,7 +212,7 @@ pub(super) fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         manager.library().upsert_objects(objects(1));
         let written = tokio::time::Instant::now();
         let input: Vec<Pod> = (0..args.pods()).map(pod).collect();
-        let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(PodIdentity::pod_ref).collect());
+        let pods = handles(&input);
         let start = tokio::time::Instant::now();
         let (uids, latencies) = add_and_wait(&manager, input, &pods).await?;
         let ready_elapsed = start.elapsed();

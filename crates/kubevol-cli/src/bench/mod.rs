@@ -397,12 +397,16 @@ fn start_manager(
     Ok((manager, running))
 }
 
-/// Adds all pods at once and waits for each to be ready. Returns their UIDs and their ready
-/// latencies in seconds, sorted.
-/// Gives `pods` to the manager and waits for each through its handle: who it is (a `PodRef`),
-/// all that the waits and the removal need. The pods themselves move into kubevol, as a
-/// daemon's parsed manifests do, so no second copy of their specs is measured as kubevol's (an
-/// empty `Pod` kept as a handle would still weigh 2.4 KB: its fields are inline).
+/// What the benchmark keeps of the pods it gives to kubevol: who each is (a `PodRef`), all
+/// that the waits and the removal need. The pods themselves move into kubevol, as a daemon's
+/// parsed manifests do, so no second copy of their specs is measured as kubevol's (an empty
+/// `Pod` kept instead would still weigh 2.4 KB: its fields are inline).
+fn handles(pods: &[Pod]) -> Arc<Vec<PodRef>> {
+    Arc::new(pods.iter().map(PodIdentity::pod_ref).collect())
+}
+
+/// Gives all `pods` to the manager at once and waits for each to be ready, through its
+/// handle (see [`handles`]). Returns their UIDs and their ready latencies in seconds, sorted.
 async fn add_and_wait(
     manager: &VolumeManager,
     pods: Vec<Pod>,
@@ -663,7 +667,7 @@ fn measure(
     let result = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         let input: Vec<Pod> = (0..n).map(|i| pod(i, args.volumes)).collect();
-        let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(PodIdentity::pod_ref).collect());
+        let pods = handles(&input);
         // The baseline is the idle manager beside its parsed input, which then moves into it (a
         // daemon parses its pods and keeps no other copy); the peak is this run's (the kernel
         // resets its high-water mark on this write).
@@ -762,7 +766,7 @@ fn restart(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let root = tmp.path().join("root");
     let input: Vec<Pod> = (0..args.pods()).map(|i| pod(i, args.volumes)).collect();
-    let pods: Arc<Vec<PodRef>> = Arc::new(input.iter().map(PodIdentity::pod_ref).collect());
+    let pods = handles(&input);
     let figures = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
         add_and_wait(&manager, input.clone(), &pods).await?;

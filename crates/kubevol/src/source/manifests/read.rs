@@ -45,14 +45,8 @@ pub enum Occasion {
 /// it would take its pods away, and their volumes with them, until the writer's close reads it
 /// again. An empty file its writer closed is read (it defines nothing).
 pub fn read_file(path: &Path, max_size: u64, occasion: Occasion) -> (Vec<Change>, bool) {
-    let (content, skipped, transient) = match read_content(path, max_size) {
-        Some(read) => read,
-        None if occasion == Occasion::Listed => return (Vec::new(), false),
-        None => (
-            FileContent::Objects(Vec::new()),
-            Some(Default::default()),
-            false,
-        ),
+    let Some((content, skipped, transient)) = read_content(path, max_size, occasion) else {
+        return (Vec::new(), false);
     };
     let mut changes = vec![Change::File {
         path: path.to_path_buf(),
@@ -122,8 +116,8 @@ fn open_regular(
 
 /// Only a regular file is read (a symbolic link is followed, and the type is checked before
 /// the file is opened for reading, on a descriptor that pins it: see [`open_regular`]), and at
-/// most `max_size` bytes of it. `None` when it is empty.
-fn read_content(path: &Path, max_size: u64) -> Option<Content> {
+/// most `max_size` bytes of it. `None` when a listing finds it empty (see [`read_file`]).
+fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Content> {
     let failed = |message: String, transient: bool| {
         let message = if transient {
             format!("{message}; it is read again shortly")
@@ -180,7 +174,7 @@ fn read_content(path: &Path, max_size: u64) -> Option<Content> {
     if bytes.len() as u64 > max_size {
         return Some(broken(too_big(bytes.len() as u64)));
     }
-    if bytes.is_empty() {
+    if bytes.is_empty() && occasion == Occasion::Listed {
         return None;
     }
     let text = match String::from_utf8(bytes) {
