@@ -163,8 +163,7 @@ pub fn plan(
     }
     for want in desired {
         let have = asw.volume(&want.name);
-        let node_wide = want.traits.attachable || want.traits.device_mountable;
-        if require_reported && node_wide && !want.reported_in_use {
+        if require_reported && want.traits.node_wide() && !want.reported_in_use {
             continue;
         }
         if want.traits.attachable && !have.is_some_and(|h| h.attached) {
@@ -733,6 +732,57 @@ mod tests {
             "a mark not repeated is cleared"
         );
         assert!(dsw.volume(&vol("v2")).unwrap().reported_in_use);
+    }
+
+    #[test]
+    fn the_node_wide_volumes_are_known_without_a_look_at_every_volume() {
+        let names = |it: &mut dyn Iterator<Item = &UniqueVolumeName>| -> Vec<String> {
+            it.map(|n| n.to_string()).collect()
+        };
+        let mut dsw = DesiredState::default();
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![
+                wish("local", "a", traits(false, false), 0),
+                wish("staged", "a", traits(false, true), 0),
+                wish("attached", "a", traits(true, false), 0),
+            ],
+            BTreeMap::new(),
+        );
+        assert_eq!(names(&mut dsw.node_wide_volumes()), ["attached", "staged"]);
+        // The pod no longer has one of them, and another pod shares the rest.
+        dsw.set_pod(
+            pod_ref("a"),
+            vec![wish("staged", "a", traits(false, true), 0)],
+            BTreeMap::new(),
+        );
+        dsw.set_pod(
+            pod_ref("b"),
+            vec![wish("staged", "b", traits(false, true), 0)],
+            BTreeMap::new(),
+        );
+        assert_eq!(names(&mut dsw.node_wide_volumes()), ["staged"]);
+        dsw.remove_pod(&PodUid("uid-a".into()));
+        assert_eq!(names(&mut dsw.node_wide_volumes()), ["staged"], "b has it");
+        dsw.remove_pod(&PodUid("uid-b".into()));
+        assert_eq!(dsw.node_wide_volumes().count(), 0);
+
+        let mut asw = ActualState::default();
+        let (t, local) = (traits(true, false), traits(false, false));
+        asw.mark_attached(&vol("attached"), &t, BTreeMap::new(), spec("v"));
+        let uid = PodUid("uid-a".into());
+        let m = mounted("a", PodMountState::Mounted, 0);
+        asw.mark_pod_volume(&vol("local"), &local, uid.clone(), m.clone());
+        asw.mark_pod_volume(&vol("attached"), &t, uid.clone(), m);
+        assert_eq!(names(&mut asw.node_wide_volumes()), ["attached"]);
+        asw.mark_pod_unmounted(&vol("attached"), &uid);
+        assert_eq!(
+            names(&mut asw.node_wide_volumes()),
+            ["attached"],
+            "still attached"
+        );
+        asw.mark_detached(&vol("attached"));
+        assert_eq!(asw.node_wide_volumes().count(), 0);
     }
 
     #[test]

@@ -175,6 +175,14 @@ pub struct VolumeTraits {
     pub device_mountable: bool,
 }
 
+impl VolumeTraits {
+    /// Whether the volume is the node's as a whole (attached or staged), so reported in the
+    /// Node's `status.volumesInUse`.
+    pub fn node_wide(&self) -> bool {
+        self.attachable || self.device_mountable
+    }
+}
+
 /// The pods of one volume, by UID, in UID order: a sorted vector. Nearly every volume has
 /// one pod (each per-pod volume, as an emptyDir, is its own), where a B-tree's first node
 /// would reserve room for eleven.
@@ -371,6 +379,9 @@ pub struct DesiredState {
     /// the names share long prefixes (`kubernetes.io/empty-dir/<pod uid>-`) that a sorted
     /// map compares again at every level. Boxed, as the actual state's (see there).
     volumes: crate::collections::HashMap<UniqueVolumeName, Box<DesiredVolume>>,
+    /// The names of the node-wide volumes among them ([`VolumeTraits::node_wide`]): the Node's
+    /// report of volumes in use is read on every change, and must not look at every volume.
+    node_wide: std::collections::BTreeSet<UniqueVolumeName>,
     pods: BTreeMap<PodUid, DesiredPod>,
     /// Pods not wanted whose volumes are nevertheless kept (their definition cannot be read
     /// now), and why.
@@ -436,6 +447,11 @@ impl DesiredState {
                 })
             });
             entry.traits = w.traits;
+            if entry.traits.node_wide() {
+                self.node_wide.insert(w.name.clone());
+            } else {
+                self.node_wide.remove(&w.name);
+            }
             entry.pods.insert(uid.clone(), w.pod_volume);
         }
         self.pods.insert(
@@ -453,6 +469,7 @@ impl DesiredState {
             v.pods.remove(uid);
             if v.pods.is_empty() {
                 self.volumes.remove(name);
+                self.node_wide.remove(name);
             }
         }
     }
@@ -478,6 +495,11 @@ impl DesiredState {
     /// Every desired volume, in no particular order.
     pub fn volumes(&self) -> impl Iterator<Item = &DesiredVolume> {
         self.volumes.values().map(|v| &**v)
+    }
+
+    /// The names of the desired node-wide volumes, in order.
+    pub fn node_wide_volumes(&self) -> impl Iterator<Item = &UniqueVolumeName> {
+        self.node_wide.iter()
     }
 
     /// One desired volume.
@@ -606,6 +628,8 @@ pub struct ActualState {
     /// bucket of the name and a pointer (24 bytes) instead of the name and the volume (144)
     /// saves about a megabyte at 4,000 volumes.
     volumes: crate::collections::HashMap<UniqueVolumeName, Box<ActualVolume>>,
+    /// The names of the node-wide volumes among them, as the desired state's.
+    node_wide: std::collections::BTreeSet<UniqueVolumeName>,
     /// Pod → the volumes it has on the node, so per-pod questions never scan every volume.
     by_pod: BTreeMap<PodUid, std::collections::BTreeSet<UniqueVolumeName>>,
     /// Pod → how many of its volumes are [`PodMountState::Mounted`], so that "is the pod
@@ -615,6 +639,9 @@ pub struct ActualState {
 
 impl ActualState {
     fn entry(&mut self, name: &UniqueVolumeName, traits: &VolumeTraits) -> &mut ActualVolume {
+        if traits.node_wide() && !self.volumes.contains_key(name) {
+            self.node_wide.insert(name.clone());
+        }
         self.volumes.entry(name.clone()).or_insert_with(|| {
             Box::new(ActualVolume {
                 name: name.clone(),
@@ -796,12 +823,18 @@ impl ActualState {
         });
         if gone {
             self.volumes.remove(name);
+            self.node_wide.remove(name);
         }
     }
 
     /// Every volume on the node, in no particular order.
     pub fn volumes(&self) -> impl Iterator<Item = &ActualVolume> {
         self.volumes.values().map(|v| &**v)
+    }
+
+    /// The names of the node-wide volumes on the node, in order.
+    pub fn node_wide_volumes(&self) -> impl Iterator<Item = &UniqueVolumeName> {
+        self.node_wide.iter()
     }
 
     /// One volume on the node.

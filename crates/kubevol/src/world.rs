@@ -348,17 +348,9 @@ impl World {
     pub fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
         let dsw = self.dsw();
         let asw = self.asw();
-        let mut out: BTreeSet<UniqueVolumeName> = dsw
-            .volumes()
-            .filter(|v| v.traits.attachable || v.traits.device_mountable)
-            .map(|v| v.name.clone())
-            .collect();
-        out.extend(
-            asw.volumes()
-                .filter(|v| v.traits.attachable || v.traits.device_mountable)
-                .map(|v| v.name.clone()),
-        );
-        out.into_iter().collect()
+        let mut out: BTreeSet<&UniqueVolumeName> = dsw.node_wide_volumes().collect();
+        out.extend(asw.node_wide_volumes());
+        out.into_iter().cloned().collect()
     }
 
     /// Whether a volume is attached to the node.

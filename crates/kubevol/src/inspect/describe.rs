@@ -201,7 +201,7 @@ impl super::status::Sources<'_> {
                         ),
                     });
                 }
-                if self.world.reported_in_use_required() && (t.attachable || t.device_mountable) {
+                if self.world.reported_in_use_required() && t.node_wide() {
                     let reported = desired.as_ref().is_some_and(|d| d.reported_in_use);
                     steps.push(if reported {
                         step("reported in use", StepState::Done, "listed in this node's status.volumesInUse")

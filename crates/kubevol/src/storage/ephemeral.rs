@@ -69,11 +69,7 @@ pub fn make_claims(store: &ObjectStore, pod: &k8s_openapi::api::core::v1::Pod) {
 /// Removes the claims made for pods the store no longer has (not for those that merely ended:
 /// as the garbage collector deletes them with the pod); their volumes then go by their reclaim
 /// policy.
-pub fn remove_orphans(
-    store: &ObjectStore,
-    pods: &[(kubevol_core::PodUid, crate::store::StoredPod)],
-) {
-    let uids: std::collections::BTreeSet<&str> = pods.iter().map(|(u, _)| u.as_str()).collect();
+pub fn remove_orphans(store: &ObjectStore) {
     let owners: Vec<String> = store
         .persistent_volume_claims()
         .into_iter()
@@ -88,7 +84,7 @@ pub fn remove_orphans(
                 .map(|o| o.uid.clone())
                 .collect::<Vec<_>>()
         })
-        .filter(|uid| !uids.contains(uid.as_str()))
+        .filter(|uid| !store.has_pod(&kubevol_core::PodUid::from(uid.as_str())))
         .collect();
     for uid in owners {
         store.remove_claims_made_for(&uid);

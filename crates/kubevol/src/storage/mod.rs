@@ -113,16 +113,15 @@ fn pass(
     resize_failures: &mut BTreeMap<ClaimKey, String>,
 ) {
     let store = &host.store;
-    let pods = store.pods();
-    let here: Vec<(&kubevol_core::PodUid, &Arc<k8s_openapi::api::core::v1::Pod>)> = pods
-        .iter()
-        .filter(|(_, p)| *p.origin() != Origin::Cluster)
-        .map(|(uid, p)| (uid, &p.pod))
-        .filter(|(_, p)| {
-            crate::store::is_for_node(p, &host.node_name) && !crate::store::is_terminated(p)
-        })
-        .collect();
-    ephemeral::remove_orphans(store, &pods);
+    // A cluster's pods are the cluster's controllers' to serve.
+    let pods = store.pods_where(|p| {
+        *p.origin() != Origin::Cluster
+            && crate::store::is_for_node(&p.pod, &host.node_name)
+            && !crate::store::is_terminated(&p.pod)
+    });
+    let here: Vec<(&kubevol_core::PodUid, &Arc<k8s_openapi::api::core::v1::Pod>)> =
+        pods.iter().map(|(uid, p)| (uid, &p.pod)).collect();
+    ephemeral::remove_orphans(store);
     for (_, pod) in &here {
         ephemeral::make_claims(store, pod);
     }

@@ -528,6 +528,23 @@ impl ObjectStore {
             .collect()
     }
 
+    /// The pods `keep` chooses, looked at in place: only those are copied (a pass over the
+    /// pods of one origin runs on every change of the store, and a copy of every pod on each
+    /// was quadratic in a node's pods as they came).
+    pub fn pods_where(&self, keep: impl Fn(&StoredPod) -> bool) -> Vec<(PodUid, StoredPod)> {
+        self.read()
+            .pods
+            .iter()
+            .filter(|(_, v)| keep(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Whether the store has a pod.
+    pub fn has_pod(&self, uid: &PodUid) -> bool {
+        self.read().pods.contains_key(uid)
+    }
+
     /// One pod.
     pub fn pod(&self, uid: &PodUid) -> Option<StoredPod> {
         self.read().pods.get(uid).cloned()
