@@ -735,7 +735,7 @@ mod tests {
     }
 
     #[test]
-    fn the_node_wide_volumes_are_known_without_a_look_at_every_volume() {
+    fn the_states_keep_the_names_of_their_node_wide_volumes() {
         let names = |it: &mut dyn Iterator<Item = &UniqueVolumeName>| -> Vec<String> {
             it.map(|n| n.to_string()).collect()
         };

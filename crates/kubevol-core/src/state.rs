@@ -639,10 +639,11 @@ pub struct ActualState {
 
 impl ActualState {
     fn entry(&mut self, name: &UniqueVolumeName, traits: &VolumeTraits) -> &mut ActualVolume {
-        if traits.node_wide() && !self.volumes.contains_key(name) {
-            self.node_wide.insert(name.clone());
-        }
+        let node_wide = &mut self.node_wide;
         self.volumes.entry(name.clone()).or_insert_with(|| {
+            if traits.node_wide() {
+                node_wide.insert(name.clone());
+            }
             Box::new(ActualVolume {
                 name: name.clone(),
                 traits: traits.clone(),

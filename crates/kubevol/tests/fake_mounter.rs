@@ -35,12 +35,12 @@ fn start_with_sources(
     start_configured(root, fake, sources, |_| {})
 }
 
-/// [`start_with_sources`], with the test's own settings over the fast backoff.
 /// A manager whose waits time out after `wait`.
 fn start_waiting(root: &std::path::Path, fake: Arc<FakeMounter>, wait: Duration) -> VolumeManager {
     start_configured(root, fake, &[], |c| c.wait_timeout = wait).0
 }
 
+/// [`start_with_sources`], with the test's own settings over the fast backoff.
 fn start_configured(
     root: &std::path::Path,
     fake: Arc<FakeMounter>,

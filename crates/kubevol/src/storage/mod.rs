@@ -114,21 +114,20 @@ fn pass(
 ) {
     let store = &host.store;
     // A cluster's pods are the cluster's controllers' to serve.
-    let pods = store.pods_where(|p| {
+    let here = store.pods_where(|p| {
         *p.origin() != Origin::Cluster
             && crate::store::is_for_node(&p.pod, &host.node_name)
             && !crate::store::is_terminated(&p.pod)
     });
-    let here: Vec<(&kubevol_core::PodUid, &Arc<k8s_openapi::api::core::v1::Pod>)> =
-        pods.iter().map(|(uid, p)| (uid, &p.pod)).collect();
     ephemeral::remove_orphans(store);
-    for (_, pod) in &here {
-        ephemeral::make_claims(store, pod);
+    for (_, stored) in &here {
+        ephemeral::make_claims(store, &stored.pod);
     }
     // The claims pods of this node use (an ephemeral volume's only when it controls it), and
     // the pods that use each.
     let mut used: BTreeMap<ClaimKey, Vec<kubevol_core::PodRef>> = BTreeMap::new();
-    for (uid, pod) in &here {
+    for (uid, stored) in &here {
+        let pod = &stored.pod;
         let pod_ref = crate::store::pod_ref(pod, uid);
         for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
             let Some(name) = kubevol_core::names::claim_name(&pod_ref.name, v) else {

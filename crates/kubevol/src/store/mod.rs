@@ -521,11 +521,7 @@ impl ObjectStore {
 
     /// Every pod.
     pub fn pods(&self) -> Vec<(PodUid, StoredPod)> {
-        self.read()
-            .pods
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
+        self.pods_where(|_| true)
     }
 
     /// The pods `keep` chooses, looked at in place: only those are copied (a pass over the
