@@ -7,19 +7,21 @@ use k8s_openapi::api::core::v1::Pod;
 use kubevol_core::state::{PodExtensions, VolumeExtensions};
 use serde_json::Value;
 
-use super::unknown::{unknown_fields, Part};
+use super::unknown::{Part, Unknown};
 
 /// The highest `emptyDir.mode`: the permission bits and the sticky bit.
 pub const MAX_EMPTY_DIR_MODE: i64 = 0o1777;
 
 /// The extensions of `pod`'s volumes, and the fields it sets that the types do not have, from
-/// `raw` (the pod as its manifest or the API server wrote it). `locate` says where a field is in
-/// its manifest, when there is one. Errors are the API server's validation errors of the
+/// `raw` (the pod as its manifest or the API server wrote it) and `unknown` (what
+/// [`super::unknown`] found in it). `locate` says where a field is in its manifest, when there
+/// is one. Errors are the API server's validation errors of the
 /// fields read here, each with the index of its volume (the field is that volume's
 /// `emptyDir.mode`).
 pub fn pod_extensions(
     raw: &Value,
     pod: &Pod,
+    unknown: Vec<Unknown>,
     locate: &dyn Fn(&[Part]) -> Option<String>,
 ) -> Result<PodExtensions, Vec<(usize, String)>> {
     let mut out = PodExtensions::default();
@@ -56,7 +58,7 @@ pub fn pod_extensions(
             errors.push((i, e))
         });
     }
-    for unknown in unknown_fields::<Pod>(raw) {
+    for unknown in unknown {
         let field = unknown.field(locate(&unknown.path));
         match unknown.path.as_slice() {
             [Part::Key(s), Part::Key(v), Part::Index(i), rest @ ..]
@@ -243,7 +245,9 @@ mod tests {
     fn extensions(volumes: Value) -> Result<PodExtensions, Vec<String>> {
         let raw = json!({"spec": {"containers": [], "volumes": volumes}});
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-        pod_extensions(&raw, &pod, &|_| None).map_err(|e| e.into_iter().map(|(_, m)| m).collect())
+        let unknown = crate::source::unknown::unknown_fields::<Pod>(&raw);
+        pod_extensions(&raw, &pod, unknown, &|_| None)
+            .map_err(|e| e.into_iter().map(|(_, m)| m).collect())
     }
 
     #[test]

@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 
-use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::Deserializer;
 use serde_json::Value;
 
@@ -104,112 +104,165 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// The fields `raw` sets that `T` does not have, at any depth, by path. A
-/// `raw` that does not deserialize into `T` at all gives what was found before the error (the
-/// type error itself is reported by whoever deserializes it for use).
+/// The fields `raw` sets that `T` does not have, at any depth, by path. A `raw` that does not
+/// deserialize into `T` at all gives what was found before the error (the type error itself is
+/// reported by whoever deserializes it for use).
 pub fn unknown_fields<T: de::DeserializeOwned>(raw: &Value) -> Vec<Unknown> {
+    read_tracked::<T>(raw).1
+}
+
+/// `raw` read as a `T` (exactly as `T::deserialize(raw)` reads it), and the fields it sets that
+/// `T` does not have, as [`unknown_fields`] finds them: one pass for both, reading `raw` in
+/// place. A path is built only for a field that is unknown; the way down to the others is a
+/// chain on the stack.
+pub fn read_tracked<'v, T: de::Deserialize<'v>>(
+    raw: &'v Value,
+) -> (Result<T, serde_json::Error>, Vec<Unknown>) {
     let found = RefCell::new(Vec::new());
-    let _ = T::deserialize(Tracked {
-        value: raw.clone(),
-        path: Vec::new(),
+    let read = T::deserialize(Tracked {
+        value: raw,
+        path: None,
         found: &found,
     });
     let mut found = found.into_inner();
     found.sort_by_cached_key(Unknown::display_path);
-    found
+    (read, found)
+}
+
+/// One step down from a parent, kept on the stack while what it leads to is read.
+struct Link<'p> {
+    parent: Option<&'p Link<'p>>,
+    step: Step<'p>,
+}
+
+/// A [`Part`] borrowed from the value being read.
+#[derive(Clone, Copy)]
+enum Step<'p> {
+    Key(&'p str),
+    Index(usize),
+}
+
+/// The owned path from the root to `below` and then `key`.
+fn path_to(below: Option<&Link<'_>>, key: &str) -> Vec<Part> {
+    let mut path = vec![Part::Key(key.to_string())];
+    let mut at = below;
+    while let Some(link) = at {
+        path.push(match link.step {
+            Step::Key(k) => Part::Key(k.to_string()),
+            Step::Index(i) => Part::Index(i),
+        });
+        at = link.parent;
+    }
+    path.reverse();
+    path
 }
 
 /// A value being deserialized, where it is, and where unknown fields are written.
-struct Tracked<'a> {
-    value: Value,
-    path: Vec<Part>,
-    found: &'a RefCell<Vec<Unknown>>,
-}
-
-impl<'a> Tracked<'a> {
-    fn child(&self, part: Part, value: Value) -> Tracked<'a> {
-        let mut path = self.path.clone();
-        path.push(part);
-        Tracked {
-            value,
-            path,
-            found: self.found,
-        }
-    }
+struct Tracked<'v, 'p> {
+    value: &'v Value,
+    path: Option<&'p Link<'p>>,
+    found: &'p RefCell<Vec<Unknown>>,
 }
 
 /// A list's elements, each followed.
-struct Seq<'a> {
-    parent: Tracked<'a>,
-    items: std::iter::Enumerate<std::vec::IntoIter<Value>>,
+struct Seq<'v, 'p> {
+    path: Option<&'p Link<'p>>,
+    found: &'p RefCell<Vec<Unknown>>,
+    items: std::iter::Enumerate<std::slice::Iter<'v, Value>>,
 }
 
-impl<'de> SeqAccess<'de> for Seq<'_> {
+impl<'v> SeqAccess<'v> for Seq<'v, '_> {
     type Error = serde_json::Error;
 
-    fn next_element_seed<S: DeserializeSeed<'de>>(
+    fn next_element_seed<S: DeserializeSeed<'v>>(
         &mut self,
         seed: S,
     ) -> Result<Option<S::Value>, Self::Error> {
-        match self.items.next() {
-            Some((i, v)) => seed
-                .deserialize(self.parent.child(Part::Index(i), v))
-                .map(Some),
-            None => Ok(None),
-        }
+        let Some((i, value)) = self.items.next() else {
+            return Ok(None);
+        };
+        let link = Link {
+            parent: self.path,
+            step: Step::Index(i),
+        };
+        seed.deserialize(Tracked {
+            value,
+            path: Some(&link),
+            found: self.found,
+        })
+        .map(Some)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.items.len())
     }
 }
 
 /// An object's fields, each followed.
-struct Map<'a> {
-    parent: Tracked<'a>,
-    entries: serde_json::map::IntoIter,
-    value: Option<(String, Value)>,
+struct Map<'v, 'p> {
+    path: Option<&'p Link<'p>>,
+    found: &'p RefCell<Vec<Unknown>>,
+    entries: serde_json::map::Iter<'v>,
+    value: Option<(&'v str, &'v Value)>,
 }
 
-impl<'de> MapAccess<'de> for Map<'_> {
+impl<'v> MapAccess<'v> for Map<'v, '_> {
     type Error = serde_json::Error;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(
+    fn next_key_seed<K: DeserializeSeed<'v>>(
         &mut self,
         seed: K,
     ) -> Result<Option<K::Value>, Self::Error> {
         match self.entries.next() {
             Some((k, v)) => {
-                let key = seed.deserialize(k.as_str().into_deserializer())?;
-                self.value = Some((k, v));
+                let key = seed.deserialize(
+                    de::value::BorrowedStrDeserializer::<Self::Error>::new(k.as_str()),
+                )?;
+                self.value = Some((k.as_str(), v));
                 Ok(Some(key))
             }
             None => Ok(None),
         }
     }
 
-    fn next_value_seed<V: DeserializeSeed<'de>>(
+    fn next_value_seed<V: DeserializeSeed<'v>>(
         &mut self,
         seed: V,
     ) -> Result<V::Value, Self::Error> {
-        let (k, v) = self
+        let (key, value) = self
             .value
             .take()
             .ok_or_else(|| de::Error::custom("a value without its key"))?;
-        seed.deserialize(self.parent.child(Part::Key(k), v))
+        let link = Link {
+            parent: self.path,
+            step: Step::Key(key),
+        };
+        seed.deserialize(Tracked {
+            value,
+            path: Some(&link),
+            found: self.found,
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.entries.len())
     }
 }
 
 macro_rules! forward {
     ($($method:ident)*) => {
         $(
-            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+            fn $method<V: Visitor<'v>>(self, visitor: V) -> Result<V::Value, Self::Error> {
                 self.value.$method(visitor)
             }
         )*
     };
 }
 
-impl<'de> Deserializer<'de> for Tracked<'_> {
+impl<'v> Deserializer<'v> for Tracked<'v, '_> {
     type Error = serde_json::Error;
 
-    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_any<V: Visitor<'v>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
             Value::Array(_) => self.deserialize_seq(visitor),
             Value::Object(_) => self.deserialize_map(visitor),
@@ -217,14 +270,14 @@ impl<'de> Deserializer<'de> for Tracked<'_> {
         }
     }
 
-    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_option<V: Visitor<'v>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
             Value::Null => visitor.visit_none(),
             _ => visitor.visit_some(self),
         }
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
+    fn deserialize_newtype_struct<V: Visitor<'v>>(
         self,
         _name: &'static str,
         visitor: V,
@@ -232,64 +285,51 @@ impl<'de> Deserializer<'de> for Tracked<'_> {
         visitor.visit_newtype_struct(self)
     }
 
-    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_seq<V: Visitor<'v>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
-            Value::Array(items) => {
-                let parent = Tracked {
-                    value: Value::Null,
-                    path: self.path,
-                    found: self.found,
-                };
-                visitor.visit_seq(Seq {
-                    parent,
-                    items: items.into_iter().enumerate(),
-                })
-            }
+            Value::Array(items) => visitor.visit_seq(Seq {
+                path: self.path,
+                found: self.found,
+                items: items.iter().enumerate(),
+            }),
             other => other.deserialize_seq(visitor),
         }
     }
 
-    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+    fn deserialize_map<V: Visitor<'v>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
-            Value::Object(entries) => {
-                let parent = Tracked {
-                    value: Value::Null,
-                    path: self.path,
-                    found: self.found,
-                };
-                visitor.visit_map(Map {
-                    parent,
-                    entries: entries.into_iter(),
-                    value: None,
-                })
-            }
+            Value::Object(entries) => visitor.visit_map(Map {
+                path: self.path,
+                found: self.found,
+                entries: entries.iter(),
+                value: None,
+            }),
             other => other.deserialize_map(visitor),
         }
     }
 
-    fn deserialize_struct<V: Visitor<'de>>(
+    fn deserialize_struct<V: Visitor<'v>>(
         self,
-        _name: &'static str,
+        name: &'static str,
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        if let Value::Object(entries) = &self.value {
-            let mut found = self.found.borrow_mut();
-            for (k, v) in entries {
-                if !v.is_null() && !fields.contains(&k.as_str()) {
-                    let mut path = self.path.clone();
-                    path.push(Part::Key(k.clone()));
-                    found.push(Unknown {
-                        path,
-                        known: fields,
-                    });
-                }
+        let Value::Object(entries) = self.value else {
+            // (A list read as a struct, field by field, as serde_json reads it.)
+            return self.value.deserialize_struct(name, fields, visitor);
+        };
+        for (k, v) in entries {
+            if !v.is_null() && !fields.contains(&k.as_str()) {
+                self.found.borrow_mut().push(Unknown {
+                    path: path_to(self.path, k),
+                    known: fields,
+                });
             }
         }
         self.deserialize_map(visitor)
     }
 
-    fn deserialize_tuple<V: Visitor<'de>>(
+    fn deserialize_tuple<V: Visitor<'v>>(
         self,
         _len: usize,
         visitor: V,
@@ -297,7 +337,7 @@ impl<'de> Deserializer<'de> for Tracked<'_> {
         self.deserialize_seq(visitor)
     }
 
-    fn deserialize_tuple_struct<V: Visitor<'de>>(
+    fn deserialize_tuple_struct<V: Visitor<'v>>(
         self,
         _name: &'static str,
         _len: usize,
@@ -306,7 +346,7 @@ impl<'de> Deserializer<'de> for Tracked<'_> {
         self.deserialize_seq(visitor)
     }
 
-    fn deserialize_enum<V: Visitor<'de>>(
+    fn deserialize_enum<V: Visitor<'v>>(
         self,
         name: &'static str,
         variants: &'static [&'static str],
@@ -315,7 +355,7 @@ impl<'de> Deserializer<'de> for Tracked<'_> {
         self.value.deserialize_enum(name, variants, visitor)
     }
 
-    fn deserialize_unit_struct<V: Visitor<'de>>(
+    fn deserialize_unit_struct<V: Visitor<'v>>(
         self,
         name: &'static str,
         visitor: V,
@@ -386,6 +426,103 @@ mod tests {
             described::<PersistentVolume>(pv),
             [r#"unknown field "spec.hostPath.typo" (did you mean "type"?)"#]
         );
+    }
+
+    /// The one-pass reading gives exactly what the type reads from the same value, for any
+    /// pod-like value: the fields of a pod and their misspellings, nested any way, with
+    /// values of every JSON kind in places where they fit and where they do not.
+    #[test]
+    fn reading_while_tracking_reads_what_the_type_reads() {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec![
+            "apiVersion",
+            "kind",
+            "metadata",
+            "name",
+            "namespace",
+            "uid",
+            "labels",
+            "spec",
+            "containers",
+            "image",
+            "volumeMounts",
+            "mountPath",
+            "readOnly",
+            "readonly",
+            "volumes",
+            "emptyDir",
+            "medium",
+            "sizeLimit",
+            "mode",
+            "configMap",
+            "items",
+            "key",
+            "path",
+            "defaultMode",
+            "projected",
+            "sources",
+            "secret",
+            "secretName",
+            "optional",
+            "status",
+            "nodeName",
+            "securityContext",
+            "fsGroup",
+            "resources",
+            "limits",
+            "novel",
+            "",
+        ]);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (0u32..0o2000).prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            prop::sample::select(vec![
+                "",
+                "v",
+                "Memory",
+                "1Gi",
+                "x/y",
+                "2024-01-01T00:00:00Z"
+            ])
+            .prop_map(Value::from),
+        ];
+        let object = |key: BoxedStrategy<&'static str>, inner: BoxedStrategy<Value>| {
+            prop::collection::btree_map(key, inner, 0..6).prop_map(|m| {
+                Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+            })
+        };
+        let key = key.boxed();
+        let (k, o) = (key.clone(), object);
+        let value = leaf.prop_recursive(6, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                o(k.clone(), inner.boxed()),
+            ]
+        });
+        // A pod's shape with anything in its volumes, and anything at all.
+        let volume = object(key, value.clone().boxed());
+        let named = |mut v: Value, name: String| {
+            v.as_object_mut()
+                .unwrap()
+                .insert("name".into(), name.into());
+            v
+        };
+        let pod = (volume.clone(), prop::collection::vec(volume, 0..4)).prop_map(move |(container, volumes)| {
+            let volumes: Vec<Value> = volumes.into_iter().enumerate().map(|(i, v)| named(v, format!("v{i}"))).collect();
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [named(container, "c".into())], "volumes": volumes}})
+        });
+        proptest!(|(raw in prop_oneof![pod, value])| {
+            let (tracked, _) = read_tracked::<Pod>(&raw);
+            match (tracked, <Pod as de::Deserialize>::deserialize(&raw)) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(_), Err(_)) => {}
+                (a, b) => prop_assert!(false, "tracked {a:?} against direct {b:?} for {raw}"),
+            }
+        });
     }
 
     #[test]

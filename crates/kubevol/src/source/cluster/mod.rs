@@ -36,6 +36,7 @@ mod listings;
 mod node_status;
 mod objects;
 mod publish;
+mod raw;
 mod tokens;
 mod trust;
 
@@ -54,7 +55,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::watcher::{self, watcher, Event};
 use kubevol_core::state::PodExtensions;
 use tokio::task::JoinHandle;
@@ -127,8 +128,7 @@ impl PodSource for ClusterSource {
             let _node = AbortOnDrop(node);
             // Read untyped, then typed: fields newer than kubevol's API types (a volume's
             // `emptyDir.mode`) are kept as the pod's extensions, as for a manifest.
-            let pods: Api<DynamicObject> =
-                Api::all_with(self.client.clone(), &ApiResource::erase::<Pod>(&()));
+            let pods: Api<raw::RawPod> = Api::all(self.client.clone());
             let selector = format!("spec.nodeName={}", self.node_name);
             let probe = Probe {
                 api: pods.clone(),
@@ -262,7 +262,7 @@ impl PodSource for ClusterSource {
 #[allow(clippy::large_enum_variant)]
 enum Read {
     Event(
-        Result<Event<DynamicObject>, watcher::Error>,
+        Result<Event<raw::RawPod>, watcher::Error>,
         Option<std::time::Duration>,
     ),
     Answering,
@@ -271,7 +271,7 @@ enum Read {
 /// A list of at most one of the node's pods: whether the server answers the node again.
 #[derive(Clone)]
 struct Probe {
-    api: Api<DynamicObject>,
+    api: Api<raw::RawPod>,
     params: kube::api::ListParams,
 }
 
@@ -335,22 +335,24 @@ fn pod_object((pod, extensions): (Pod, PodExtensions)) -> Object {
 
 /// The typed pod of an untyped one from the API server, with what its volumes say beyond the
 /// types. `None` (logged) if it does not read as a pod.
-fn typed_pod(o: DynamicObject) -> Option<(Pod, PodExtensions)> {
+fn typed_pod(o: raw::RawPod) -> Option<(Pod, PodExtensions)> {
     let name = format!(
         "{}/{}",
         o.metadata.namespace.as_deref().unwrap_or_default(),
         o.metadata.name.as_deref().unwrap_or_default()
     );
-    let raw = serde_json::to_value(&o).ok()?;
-    // Read from the value in place: a copy of every pod's whole JSON cost half of this.
-    let pod: Pod = match serde::Deserialize::deserialize(&raw) {
+    let raw = o.raw;
+    // Read from the value in place (a copy of every pod's whole JSON cost half of this), the
+    // fields newer than the types found in the same pass.
+    let (pod, unknown) = crate::source::unknown::read_tracked::<Pod>(&raw);
+    let pod = match pod {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(pod = %name, "the API server's pod does not read as a v1 Pod: {e}; skipped");
             return None;
         }
     };
-    let extensions = crate::source::extensions::pod_extensions(&raw, &pod, &|_| None)
+    let extensions = crate::source::extensions::pod_extensions(&raw, &pod, unknown, &|_| None)
         .unwrap_or_else(|errors| {
             // The server validated the pod: what it accepted is used as the types read it.
             for (_, e) in errors {

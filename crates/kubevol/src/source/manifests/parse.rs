@@ -332,7 +332,8 @@ fn convert(
                 relocate(steps).map(|(line, column)| format!("line {line}, column {column}"))
             };
             typed::<Pod>(value, &kind, path, document, relocate, &mut found.errors).and_then(|p| {
-                match pod_extensions(&raw, &p, &locate) {
+                let unknown = crate::source::unknown::unknown_fields::<Pod>(&raw);
+                match pod_extensions(&raw, &p, unknown, &locate) {
                     Ok(extensions) => Some(Object::Pod(normalize_pod(p), extensions)),
                     Err(fields) => {
                         for (i, message) in fields {
