@@ -71,9 +71,8 @@ pub fn make_claims(store: &ObjectStore, pod: &k8s_openapi::api::core::v1::Pod) {
 /// policy.
 pub fn remove_orphans(store: &ObjectStore) {
     let owners: Vec<String> = store
-        .persistent_volume_claims()
+        .persistent_volume_claims_where(|c| c.origin == crate::store::Origin::Provisioned)
         .into_iter()
-        .filter(|c| c.origin == crate::store::Origin::Provisioned)
         .flat_map(|c| {
             c.object
                 .metadata

@@ -146,10 +146,8 @@ fn pass(
         }
     }
     let mut failing = BTreeSet::new();
-    for stored in store.persistent_volume_claims() {
-        if stored.origin == Origin::Cluster {
-            continue;
-        }
+    // A cluster's claims are the cluster's controllers' to bind and grow.
+    for stored in store.persistent_volume_claims_where(|c| c.origin != Origin::Cluster) {
         let claim = &stored.object;
         let ns = claim
             .metadata

@@ -671,9 +671,19 @@ impl ObjectStore {
 
     /// Every PersistentVolumeClaim.
     pub fn persistent_volume_claims(&self) -> Vec<Stored<PersistentVolumeClaim>> {
+        self.persistent_volume_claims_where(|_| true)
+    }
+
+    /// The PersistentVolumeClaims `keep` chooses, looked at in place: only those are copied
+    /// (the storage pass, which runs on every change, serves only the claims of some origins).
+    pub fn persistent_volume_claims_where(
+        &self,
+        keep: impl Fn(&Stored<PersistentVolumeClaim>) -> bool,
+    ) -> Vec<Stored<PersistentVolumeClaim>> {
         self.read()
             .persistent_volume_claims
             .values()
+            .filter(|c| keep(c))
             .cloned()
             .collect()
     }
