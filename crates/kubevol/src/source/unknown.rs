@@ -164,6 +164,22 @@ struct Tracked<'v, 'p> {
     found: &'p RefCell<Vec<Unknown>>,
 }
 
+/// Reads `value`, one `step` below `path`, with `seed`.
+fn read_below<'v, S: DeserializeSeed<'v>>(
+    path: Option<&Link<'_>>,
+    step: Step<'_>,
+    value: &'v Value,
+    found: &RefCell<Vec<Unknown>>,
+    seed: S,
+) -> Result<S::Value, serde_json::Error> {
+    let link = Link { parent: path, step };
+    seed.deserialize(Tracked {
+        value,
+        path: Some(&link),
+        found,
+    })
+}
+
 /// A list's elements, each followed.
 struct Seq<'v, 'p> {
     path: Option<&'p Link<'p>>,
@@ -181,16 +197,7 @@ impl<'v> SeqAccess<'v> for Seq<'v, '_> {
         let Some((i, value)) = self.items.next() else {
             return Ok(None);
         };
-        let link = Link {
-            parent: self.path,
-            step: Step::Index(i),
-        };
-        seed.deserialize(Tracked {
-            value,
-            path: Some(&link),
-            found: self.found,
-        })
-        .map(Some)
+        read_below(self.path, Step::Index(i), value, self.found, seed).map(Some)
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -233,15 +240,7 @@ impl<'v> MapAccess<'v> for Map<'v, '_> {
             .value
             .take()
             .ok_or_else(|| de::Error::custom("a value without its key"))?;
-        let link = Link {
-            parent: self.path,
-            step: Step::Key(key),
-        };
-        seed.deserialize(Tracked {
-            value,
-            path: Some(&link),
-            found: self.found,
-        })
+        read_below(self.path, Step::Key(key), value, self.found, seed)
     }
 
     fn size_hint(&self) -> Option<usize> {
