@@ -269,9 +269,7 @@ fn print(
 pub(super) fn child(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let n = args.pods();
     let (tmp, _) = BenchRoot::new(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = super::cluster::bench_runtime()?;
     runtime.block_on(async {
         // The parent's lines, read on a thread of their own (stdin blocks).
         let (lines, mut parent) = tokio::sync::mpsc::unbounded_channel();
@@ -298,7 +296,7 @@ pub(super) fn child(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         drop(cluster);
         say(&format!("ready {}", node.cluster.node_name()))?;
         wait_for("go").await?;
-        let cpu_start = cpu_seconds();
+        let cpu_start = super::cluster::kubevol_cpu_seconds();
         let Arrival {
             latencies,
             all_ready,
@@ -307,7 +305,7 @@ pub(super) fn child(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         let arrived = Arrived {
             latencies,
             all_ready: all_ready.as_secs_f64(),
-            cpu: cpu_seconds() - cpu_start,
+            cpu: super::cluster::kubevol_cpu_seconds() - cpu_start,
             rss_mib: peak_rss_mib(),
         };
         say(&format!("arrived {}", serde_json::to_string(&arrived)?))?;
