@@ -340,7 +340,7 @@ cluster_test_with_faults! {
 
             // A service account that does not exist: the volume says so; no token anywhere.
             let named = |e: &String| e.contains("serviceaccounts \"missing\" not found") && e.contains(&format!("{ns}/missing"));
-            wait_for_status(&m, &lost, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| named(e)))).await;
+            wait_for_status(&m, &lost, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(&named))).await;
             let all = serde_json::to_string(&m.status(true)).unwrap();
             assert!(!all.contains(first.split('.').nth(1).unwrap()), "a token never appears in the status or events");
             m.shutdown();
