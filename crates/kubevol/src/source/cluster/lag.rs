@@ -41,6 +41,9 @@ struct State {
     /// Whether reads for pods the authorizer is not known to know ask one at a time (else
     /// only a refusal holds the reads of newer pods).
     one_at_a_time: bool,
+    /// Whether they ask one at a time until the first is allowed (a node's first pods, which
+    /// come together, would otherwise all go before the first refusal came back).
+    first_alone: bool,
     /// The number given to the next pod seen.
     next: u64,
     /// Every pod up to this one is known to the authorizer (a read for it was allowed).
@@ -69,7 +72,7 @@ impl State {
         if self.refused.is_some_and(|r| place > r) {
             return true;
         }
-        if !self.one_at_a_time {
+        if !self.one_at_a_time && !(self.first_alone && self.learnt == 0) {
             return false;
         }
         match self.asking(now) {
@@ -127,6 +130,14 @@ impl Lag {
     pub(super) fn one_at_a_time() -> Lag {
         let lag = Lag::default();
         lag.lock().one_at_a_time = true;
+        lag
+    }
+
+    /// A lag that holds reads only behind a refusal once one read was allowed, and before
+    /// that asks one at a time.
+    pub(super) fn first_alone() -> Lag {
+        let lag = Lag::default();
+        lag.lock().first_alone = true;
         lag
     }
 
@@ -318,6 +329,33 @@ mod tests {
             !lag.held(c),
             "a refusal of a pod known to the authorizer is not its lag"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_pods_ask_one_at_a_time_until_one_is_allowed_then_only_a_refusal_holds() {
+        let lag = Arc::new(Lag::first_alone());
+        let [a, b, c] = [lag.seen(), lag.seen(), lag.seen()];
+        lag.turn(a).await;
+        assert!(lag.held(b) && lag.held(c), "a's answer is awaited");
+        lag.refused(a);
+        assert!(
+            lag.held(b) && lag.held(c),
+            "a refused: the newer ones wait for it"
+        );
+        lag.turn(a).await;
+        lag.allowed(a);
+        assert!(
+            !lag.held(b) && !lag.held(c),
+            "a allowed: the rest go at once"
+        );
+        let d = lag.seen();
+        lag.turn(b).await;
+        assert!(
+            !lag.held(d),
+            "after the first allowed, a read in flight holds no other"
+        );
+        lag.refused(c);
+        assert!(lag.held(d), "a refusal still holds the newer ones");
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,8 @@
 //! made: until then it answers `404 pod "<name>" not found`. Such an answer is waited for, as
 //! a read refused in the authorizer's lag is (see `lag`): the oldest pod's request is tried
 //! again on a short backoff, the requests of newer pods wait for it, and the volume neither
-//! fails nor says so meanwhile, for at most [`MAX_WAIT`] (the pod may truly be gone).
+//! fails nor says so meanwhile, for at most [`MAX_WAIT`] (the pod may truly be gone). Until
+//! the first request is granted they ask one at a time ([`Lag::first_alone`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +31,6 @@ pub struct ClusterTokens {
 }
 
 /// The order pods first asked for a token in, and the requests the admission's lag holds.
-#[derive(Default)]
 struct Order {
     lag: Arc<Lag>,
     /// Each pod's place in that order (by UID), while it has not had a token yet.
@@ -43,7 +43,13 @@ impl ClusterTokens {
     pub fn new(client: kube::Client) -> Self {
         ClusterTokens {
             client,
-            order: Arc::default(),
+            order: Arc::new(Order {
+                // One at a time only until the first is issued: after that a request waits
+                // only behind a refusal, so that a steady stream of pods is not held a round
+                // trip each.
+                lag: Arc::new(Lag::first_alone()),
+                places: Mutex::default(),
+            }),
         }
     }
 }
