@@ -72,7 +72,8 @@ impl State {
         if self.refused.is_some_and(|r| place > r) {
             return true;
         }
-        if !self.one_at_a_time && !(self.first_alone && self.learnt == 0) {
+        let alone = self.one_at_a_time || (self.first_alone && self.learnt == 0);
+        if !alone {
             return false;
         }
         match self.asking(now) {
