@@ -182,10 +182,17 @@ impl World {
         self.wake.notify_one();
     }
 
-    /// Counts one pass of the reconciler.
+    /// Counts one pass of the reconciler. The first is announced: a pass that changes
+    /// nothing announces nothing else, and whoever waits for the reconciler to have looked
+    /// (after a restart, with every recorded volume awaited) would otherwise wait for an
+    /// unrelated change.
     pub(crate) fn count_pass(&self) {
-        self.passes
+        let before = self
+            .passes
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+        if before == 0 {
+            self.announce();
+        }
     }
 
     /// Records that a look of the storage controllers, begun at store version `version`, is done.
