@@ -36,14 +36,24 @@ pub(super) struct Lag {
     changed: Notify,
 }
 
+/// When reads for pods the authorizer is not known to know ask one at a time; otherwise only
+/// a refusal holds the reads of newer pods.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Alone {
+    /// Never.
+    #[default]
+    Never,
+    /// Until the first read is allowed (a node's first pods, which come together, would
+    /// otherwise all go before the first refusal came back).
+    First,
+    /// Always.
+    Always,
+}
+
 #[derive(Default)]
 struct State {
-    /// Whether reads for pods the authorizer is not known to know ask one at a time (else
-    /// only a refusal holds the reads of newer pods).
-    one_at_a_time: bool,
-    /// Whether they ask one at a time until the first is allowed (a node's first pods, which
-    /// come together, would otherwise all go before the first refusal came back).
-    first_alone: bool,
+    /// When reads for pods the authorizer is not known to know ask one at a time.
+    alone: Alone,
     /// The number given to the next pod seen.
     next: u64,
     /// Every pod up to this one is known to the authorizer (a read for it was allowed).
@@ -72,7 +82,11 @@ impl State {
         if self.refused.is_some_and(|r| place > r) {
             return true;
         }
-        let alone = self.one_at_a_time || (self.first_alone && self.learnt == 0);
+        let alone = match self.alone {
+            Alone::Never => false,
+            Alone::First => self.learnt == 0,
+            Alone::Always => true,
+        };
         if !alone {
             return false;
         }
@@ -130,7 +144,7 @@ impl Lag {
     /// `Lag::default()` holds reads only behind a refusal.
     pub(super) fn one_at_a_time() -> Lag {
         let lag = Lag::default();
-        lag.lock().one_at_a_time = true;
+        lag.lock().alone = Alone::Always;
         lag
     }
 
@@ -138,7 +152,7 @@ impl Lag {
     /// that asks one at a time.
     pub(super) fn first_alone() -> Lag {
         let lag = Lag::default();
-        lag.lock().first_alone = true;
+        lag.lock().alone = Alone::First;
         lag
     }
 
