@@ -24,27 +24,44 @@ async fn until(store: &ObjectStore, cond: impl Fn(&ObjectStore) -> bool) {
     }
 }
 
-/// A directory holding `a.yaml` (one pod), watched into a new store: the directory, the
-/// file, the store, how many files the source has read, and the watch.
-async fn watched_pod_file() -> (
-    tempfile::TempDir,
-    std::path::PathBuf,
-    Arc<ObjectStore>,
-    Arc<std::sync::atomic::AtomicU64>,
-    tokio::task::JoinHandle<()>,
-) {
+/// A directory holding `a.yaml` (one pod), watched into a new store.
+struct Watched {
+    dir: tempfile::TempDir,
+    /// `a.yaml`.
+    path: std::path::PathBuf,
+    store: Arc<ObjectStore>,
+    /// How many files the source has read.
+    reads: Arc<std::sync::atomic::AtomicU64>,
+    /// How many empty files read at their writer's close the source has held back.
+    holds: Arc<std::sync::atomic::AtomicU64>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+async fn watched_pod_file() -> Watched {
+    watched_pod_file_with(|source| source).await
+}
+
+/// [`watched_pod_file`], its source set up by `setup` first.
+async fn watched_pod_file_with(setup: impl FnOnce(ManifestSource) -> ManifestSource) -> Watched {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a.yaml");
     std::fs::write(&path, POD).unwrap();
     let store = Arc::new(ObjectStore::new());
-    let source = ManifestSource::new(dir.path());
-    let reads = source.reads();
+    let source = setup(ManifestSource::new(dir.path()));
+    let (reads, holds) = (source.reads(), source.holds());
     let watch = source
         .listen(store.sink(ManifestSource::NAME))
         .await
         .unwrap();
     assert_eq!(store.pods().len(), 1);
-    (dir, path, store, reads, watch)
+    Watched {
+        dir,
+        path,
+        store,
+        reads,
+        holds,
+        watch,
+    }
 }
 
 /// A file is read when it is written, and not again while nothing is written: the source's own
@@ -52,7 +69,13 @@ async fn watched_pod_file() -> (
 /// reads, over a window longer than the settling of events (1 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_reads_do_not_trigger_reloads() {
-    let (dir, _, store, reads, watch) = watched_pod_file().await;
+    let Watched {
+        dir,
+        store,
+        reads,
+        watch,
+        ..
+    } = watched_pod_file().await;
     let at_start = reads.load(Ordering::Relaxed);
     assert!(at_start >= 1, "the first listing read a.yaml");
     // Written whole and renamed in: one event, one read.
@@ -75,22 +98,15 @@ async fn own_reads_do_not_trigger_reloads() {
 /// the rest is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_written_in_steps_never_loses_its_pod() {
-    let (_dir, path, store, reads, watch) = watched_pod_file().await;
-    let lost = Arc::new(AtomicBool::new(false));
-    let observer = tokio::spawn({
-        let (store, lost) = (store.clone(), lost.clone());
-        async move {
-            let mut rx = store.subscribe();
-            loop {
-                if store.pods().is_empty() {
-                    lost.store(true, Ordering::SeqCst);
-                }
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
+    let Watched {
+        dir: _dir,
+        path,
+        store,
+        reads,
+        watch,
+        ..
+    } = watched_pod_file().await;
+    let (lost, observer) = watch_for_loss(&store);
     for round in 0..20 {
         let text = POD.replace("name: c", &format!("name: c{round}"));
         let (head, tail) = text.split_at(text.len() / 2);
@@ -126,13 +142,110 @@ async fn a_file_written_in_steps_never_loses_its_pod() {
     watch.abort();
 }
 
+/// A file written twice in quick succession never takes its pod away: the first writer's close
+/// event is often read after the second writer has truncated the file, before it writes. Repeated
+/// until that happened three times (the source counts the empty files it held back). The source
+/// holds an empty file for a minute here, so that a loaded machine's delay before the second
+/// write cannot turn into an empty file applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_read_after_the_next_writers_truncation_never_loses_the_pod() {
+    let Watched {
+        dir: _dir,
+        path,
+        store,
+        holds,
+        watch,
+        ..
+    } = watched_pod_file_with(|s| s.with_empty_quiet(Duration::from_secs(60))).await;
+    let (lost, observer) = watch_for_loss(&store);
+    let container = |store: &ObjectStore, want: &str| {
+        store
+            .pods()
+            .first()
+            .is_some_and(|(_, p)| p.pod.spec.as_ref().unwrap().containers[0].name == want)
+    };
+    let mut raced = 0;
+    for round in 0..500 {
+        if raced == 3 {
+            break;
+        }
+        let (first, second) = (format!("first{round}"), format!("second{round}"));
+        let held_before = holds.load(Ordering::SeqCst);
+        std::fs::write(&path, POD.replace("name: c", &format!("name: {first}"))).unwrap();
+        let mut writer = std::fs::File::create(&path).unwrap();
+        // The first writer's close is read before the truncation (its pod is stored) or after
+        // it (the empty file is held).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if holds.load(Ordering::SeqCst) > held_before {
+                raced += 1;
+                break;
+            }
+            if container(&store, &first) {
+                break;
+            }
+            assert!(
+                !lost.load(Ordering::SeqCst),
+                "round {round}: the empty file between the two writers was applied"
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the first writer's close was read"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        writer
+            .write_all(
+                POD.replace("name: c", &format!("name: {second}"))
+                    .as_bytes(),
+            )
+            .unwrap();
+        drop(writer);
+        until(&store, |s| container(s, &second)).await;
+    }
+    assert_eq!(raced, 3, "the close was read after the next truncation");
+    assert!(
+        !lost.load(Ordering::SeqCst),
+        "the pod disappeared while its file was being rewritten"
+    );
+    observer.abort();
+    watch.abort();
+}
+
+/// Sets a flag whenever the store holds no pod, until aborted.
+fn watch_for_loss(store: &Arc<ObjectStore>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
+    let lost = Arc::new(AtomicBool::new(false));
+    let observer = tokio::spawn({
+        let (store, lost) = (store.clone(), lost.clone());
+        async move {
+            let mut rx = store.subscribe();
+            loop {
+                if store.pods().is_empty() {
+                    lost.store(true, Ordering::SeqCst);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (lost, observer)
+}
+
 /// The periodic listing (every 20 s, on a paused clock here) that finds a file between its
 /// writer's truncation and its writes leaves the file's pod alone: an empty file a listing
 /// finds is one being written. The writer's close then reads it, and a file its writer left
 /// empty (closed) defines nothing: its pod goes.
 #[tokio::test(start_paused = true)]
 async fn a_listing_never_takes_a_pod_away_from_a_file_being_written() {
-    let (_dir, path, store, reads, watch) = watched_pod_file().await;
+    let Watched {
+        dir: _dir,
+        path,
+        store,
+        reads,
+        watch,
+        ..
+    } = watched_pod_file().await;
 
     // Truncated, still open for writing: no event says the writer is done.
     let mut writer = std::fs::File::create(&path).unwrap();

@@ -30,20 +30,27 @@ fn file_type_name(mode: rustix::fs::FileType) -> &'static str {
 /// How a file came to be read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Occasion {
-    /// Its writer is done: it was closed after a write, created, or renamed into place.
+    /// Its writer is done: it was closed after a write, created, or renamed into place. By the
+    /// time the event is read, another writer may have truncated it again.
     Written,
     /// A listing (or a retry) found it changed, whoever may be writing it now.
     Listed,
+    /// It was found empty at its writer's close and has stayed the same since, for a while:
+    /// its writer left it empty.
+    Quiet,
 }
 
 /// Reads one manifest file as the store takes it: its objects (and the names of those of kinds
 /// kubevol does not run), its errors, or that it is gone; and whether the read failed for a
 /// reason that passes by itself (too many open files, an I/O error), so that it is tried again.
 ///
-/// An empty file that a listing finds is not read at all (no change): it is a file between
-/// its writer's truncation and its writes (`O_TRUNC`, then `write`), and taken as "no objects"
-/// it would take its pods away, and their volumes with them, until the writer's close reads it
-/// again. An empty file its writer closed is read (it defines nothing).
+/// An empty file is applied (it defines nothing) only on [`Occasion::Quiet`]; on the other
+/// occasions it gives no change. It may be a file between a writer's truncation and its writes
+/// (`O_TRUNC`, then `write`): a listing can find it so, and so can the close event of the
+/// writer before, read after the next writer's `O_TRUNC`. Taken as "no objects" it would take
+/// its pods away, and their volumes with them, until the writer's close reads it again. The
+/// watch reads an empty file its writer closed again once it has stayed unchanged for a while
+/// (`Quiet`).
 pub fn read_file(path: &Path, max_size: u64, occasion: Occasion) -> (Vec<Change>, bool) {
     let Some((content, skipped, transient)) = read_content(path, max_size, occasion) else {
         return (Vec::new(), false);
@@ -116,7 +123,7 @@ fn open_regular(
 
 /// Only a regular file is read (a symbolic link is followed, and the type is checked before
 /// the file is opened for reading, on a descriptor that pins it: see [`open_regular`]), and at
-/// most `max_size` bytes of it. `None` when a listing finds it empty (see [`read_file`]).
+/// most `max_size` bytes of it. `None` when it is empty and not yet applied (see [`read_file`]).
 fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Content> {
     let failed = |message: String, transient: bool| {
         let message = if transient {
@@ -174,7 +181,7 @@ fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Conten
     if bytes.len() as u64 > max_size {
         return Some(broken(too_big(bytes.len() as u64)));
     }
-    if bytes.is_empty() && occasion == Occasion::Listed {
+    if bytes.is_empty() && occasion != Occasion::Quiet {
         return None;
     }
     let text = match String::from_utf8(bytes) {
@@ -206,6 +213,28 @@ fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Conten
 mod tests {
     use super::*;
     use rustix::fs::inotify;
+
+    /// An empty file gives no change when a listing finds it or a close event reads it (a writer
+    /// may be between its truncation and its writes), and defines nothing once it has stayed
+    /// empty (`Quiet`).
+    #[test]
+    fn an_empty_file_is_applied_only_once_quiet() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("pod.yaml");
+        std::fs::write(&path, "").unwrap();
+        for occasion in [Occasion::Listed, Occasion::Written] {
+            let (changes, transient) = read_file(&path, DEFAULT_MAX_FILE_SIZE, occasion);
+            assert!(
+                changes.is_empty() && !transient,
+                "{occasion:?}: {changes:?}"
+            );
+        }
+        let (changes, _) = read_file(&path, DEFAULT_MAX_FILE_SIZE, Occasion::Quiet);
+        assert!(matches!(
+            &changes[0],
+            Change::File { content: FileContent::Objects(o), .. } if o.is_empty()
+        ));
+    }
 
     /// A manifest that is a link to a FIFO (or a device, whose open may act: rewind a tape,
     /// start a watchdog) is refused without ever being opened: its type is read through an

@@ -18,16 +18,20 @@ use tracing::{info, warn};
 
 /// Whether an inotify event leaves a file in a state worth reading: the writer closed it, or it
 /// appeared, moved or went away. A plain modification is not: `write(2)` after `O_TRUNC` shows
-/// an empty or half-written file, and reading it then would take its pods away.
+/// an empty or half-written file, and reading it then would take its pods away. Nor is the
+/// event that pairs a rename's two names (`Both`): it comes after the new name's own event,
+/// sometimes in the next batch, and would read the file again for nothing.
 pub fn settles_file(kind: &notify::EventKind) -> bool {
-    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
-    matches!(
-        kind,
-        EventKind::Access(AccessKind::Close(AccessMode::Write))
-            | EventKind::Create(_)
-            | EventKind::Remove(_)
-            | EventKind::Modify(ModifyKind::Name(_))
-    )
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind, RenameMode};
+    match kind {
+        EventKind::Modify(ModifyKind::Name(mode)) => *mode != RenameMode::Both,
+        _ => matches!(
+            kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Remove(_)
+        ),
+    }
 }
 
 /// How long reading one file may take before the file is reported and the others are read
@@ -68,6 +72,11 @@ const SWITCH_QUIET: Duration = Duration::from_secs(1);
 
 /// The longest a switch waits for its new directory to be quiet.
 const SWITCH_QUIET_MAX: Duration = Duration::from_secs(10);
+
+/// How long a file found empty at its writer's close must stay unchanged before it is applied
+/// (and its pods go): the close event may be read after the next writer's `O_TRUNC`, and that
+/// writer's own close brings the next read well within it.
+const EMPTY_QUIET: Duration = Duration::from_secs(1);
 
 /// A file as `stat` sees it (through links): when none of it changed, neither did the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +130,10 @@ impl Resolved {
     }
 }
 
+/// A file found empty at its writer's close: what `stat` said of it just before, and when it is
+/// read again.
+type Held = (Option<Signature>, tokio::time::Instant);
+
 /// Changes read from files, and what `stat` said of each file just before it was read.
 type Read = (Vec<Change>, BTreeMap<PathBuf, Option<Signature>>);
 
@@ -144,8 +157,15 @@ pub struct ManifestSource {
     /// Files found gone and not yet taken away, with when: a removal is applied once the
     /// directory shows it is still there (see [`ManifestSource::deliver`]).
     removals: Arc<Mutex<BTreeMap<PathBuf, tokio::time::Instant>>>,
+    /// Files found empty at their writer's close, not applied yet: what `stat` said of each
+    /// just before it was read, and when it is read again (see [`EMPTY_QUIET`]).
+    held: Arc<Mutex<BTreeMap<PathBuf, Held>>>,
+    /// How long a file found empty at its writer's close is held.
+    empty_quiet: Duration,
     /// How many times a file was read, since the source was made.
     reads: Arc<std::sync::atomic::AtomicU64>,
+    /// How many times a file found empty at its writer's close was held back.
+    holds: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How long after a file is found gone the directory must still be there for its removal to be
@@ -168,7 +188,10 @@ impl ManifestSource {
             resolving: Arc::default(),
             retries: Arc::default(),
             removals: Arc::default(),
+            held: Arc::default(),
+            empty_quiet: EMPTY_QUIET,
             reads: Arc::default(),
+            holds: Arc::default(),
         }
     }
 
@@ -176,6 +199,22 @@ impl ManifestSource {
     /// writes to is not read again (a `stat` per file at each listing tells what changed).
     pub fn reads(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.reads.clone()
+    }
+
+    /// How many times a file found empty at its writer's close was held back rather than
+    /// applied (see [`ManifestSource::with_empty_quiet`]).
+    pub fn holds(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.holds.clone()
+    }
+
+    /// Sets how long a file found empty at its writer's close must stay unchanged before it is
+    /// applied (1 s by default). The close event of one writer can be read after the next
+    /// writer has truncated the file and before it writes: applied at once, the empty file
+    /// would take its pods away until that writer's close. Held instead, it is read again at
+    /// the next writer's close, or applied once it has stayed unchanged this long.
+    pub fn with_empty_quiet(mut self, quiet: Duration) -> Self {
+        self.empty_quiet = quiet;
+        self
     }
 
     /// Sets the largest file read (bigger files are reported, not read).
@@ -289,25 +328,35 @@ impl ManifestSource {
             let (tx, mut rx) = mpsc::unbounded_channel();
             let todo: Vec<PathBuf> = rest.iter().cloned().collect();
             let max = self.max_file_size;
-            let reads = self.reads.clone();
+            let (reads, held) = (self.reads.clone(), self.held.clone());
             tokio::task::spawn_blocking(move || {
                 for path in todo {
                     // Before the read: a change after it shows as a change at the next look.
                     let signature = Signature::of(&path);
+                    // A held file that changed since is read as at a close: held again if
+                    // it is still empty (another writer truncated it meanwhile).
+                    let occasion = match occasion {
+                        Occasion::Quiet
+                            if crate::sync::lock(&held).get(&path).map(|h| h.0)
+                                != Some(signature) =>
+                        {
+                            Occasion::Written
+                        }
+                        occasion => occasion,
+                    };
                     reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if tx
-                        .send((path.clone(), signature, read_file(&path, max, occasion)))
-                        .is_err()
-                    {
+                    let read = read_file(&path, max, occasion);
+                    if tx.send((path.clone(), signature, occasion, read)).is_err() {
                         return;
                     }
                 }
             });
             loop {
                 match tokio::time::timeout(READ_STALL, rx.recv()).await {
-                    Ok(Some((path, signature, (read, transient)))) => {
+                    Ok(Some((path, signature, occasion, (read, transient)))) => {
                         rest.pop_front();
                         self.note_retry(&path, transient);
+                        self.note_held(&path, signature, occasion, read.is_empty());
                         // A file not read (empty, being written) is looked at again by the
                         // next listing, and read at its writer's close.
                         if !read.is_empty() {
@@ -348,6 +397,36 @@ impl ManifestSource {
         } else {
             retries.remove(path);
         }
+    }
+
+    /// Holds `path` back for [`ManifestSource::with_empty_quiet`] when a read at its writer's
+    /// close found it empty (`unread`), and forgets it once a read delivered it.
+    fn note_held(
+        &self,
+        path: &Path,
+        signature: Option<Signature>,
+        occasion: Occasion,
+        unread: bool,
+    ) {
+        let mut held = crate::sync::lock(&self.held);
+        if unread && occasion == Occasion::Written {
+            let due = tokio::time::Instant::now() + self.empty_quiet;
+            held.insert(path.to_path_buf(), (signature, due));
+            self.holds
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else if !unread {
+            held.remove(path);
+        }
+    }
+
+    /// The files held empty long enough to be read again now.
+    fn due_held(&self) -> Vec<PathBuf> {
+        let now = tokio::time::Instant::now();
+        crate::sync::lock(&self.held)
+            .iter()
+            .filter(|(_, (_, due))| *due <= now)
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// The files due to be read again now.
@@ -432,7 +511,8 @@ impl ManifestSource {
     }
 
     /// When the loop has something to do without an event: the next listing, the first held
-    /// back removal to confirm, or the first file to read again.
+    /// back removal to confirm, the first file to read again, or the first empty file held
+    /// long enough.
     fn next_due(&self, next_relist: tokio::time::Instant) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
         let removal = crate::sync::lock(&self.removals)
@@ -444,9 +524,10 @@ impl ManifestSource {
             .map(|b| b.ready_at())
             .min()
             .map(|at| now + at.saturating_duration_since(std::time::Instant::now()));
+        let held = crate::sync::lock(&self.held).values().map(|h| h.1).min();
         // A resolution still running when one was due is tried again shortly, not at once.
         let soonest = now + Duration::from_millis(50);
-        [removal, retry]
+        [removal, retry, held]
             .into_iter()
             .flatten()
             .map(|due| due.max(soonest))
@@ -488,6 +569,7 @@ impl ManifestSource {
             if !same {
                 // The files of a directory that went or was replaced are not removals.
                 crate::sync::lock(&self.removals).clear();
+                crate::sync::lock(&self.held).clear();
                 watch = self.switch(&sink, now, watch.take()).await;
                 next_relist = tokio::time::Instant::now() + RELIST_PERIOD;
                 continue;
@@ -505,6 +587,11 @@ impl ManifestSource {
                     let due = self.due_retries();
                     if !due.is_empty() {
                         let read = self.read_files(due, Occasion::Listed).await;
+                        self.deliver(&sink, read);
+                    }
+                    let quiet = self.due_held();
+                    if !quiet.is_empty() {
+                        let read = self.read_files(quiet, Occasion::Quiet).await;
                         self.deliver(&sink, read);
                     }
                 }
@@ -757,6 +844,13 @@ mod tests {
         assert!(settles_file(&EventKind::Modify(ModifyKind::Name(
             RenameMode::To
         ))));
+        assert!(settles_file(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::From
+        ))));
+        assert!(
+            !settles_file(&EventKind::Modify(ModifyKind::Name(RenameMode::Both))),
+            "the pairing of a rename's halves, each reported on its own"
+        );
         assert!(
             !settles_file(&EventKind::Modify(ModifyKind::Data(DataChange::Any))),
             "a write in progress"
