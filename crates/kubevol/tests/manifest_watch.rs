@@ -238,17 +238,13 @@ fn watch_for_loss(store: &Arc<ObjectStore>) -> (Arc<AtomicBool>, tokio::task::Jo
 /// empty (closed) defines nothing: its pod goes.
 #[tokio::test(start_paused = true)]
 async fn a_listing_never_takes_a_pod_away_from_a_file_being_written() {
+    let w = watched_pod_file().await;
     let Watched {
-        dir: _dir,
-        path,
-        store,
-        reads,
-        watch,
-        ..
-    } = watched_pod_file().await;
+        path, store, reads, ..
+    } = &w;
 
     // Truncated, still open for writing: no event says the writer is done.
-    let mut writer = std::fs::File::create(&path).unwrap();
+    let mut writer = std::fs::File::create(path).unwrap();
     let before = reads.load(Ordering::Relaxed);
     for _ in 0..1_000 {
         if reads.load(Ordering::Relaxed) > before {
@@ -271,16 +267,16 @@ async fn a_listing_never_takes_a_pod_away_from_a_file_being_written() {
         .write_all(POD.replace("name: c", "name: rewritten").as_bytes())
         .unwrap();
     drop(writer);
-    until(&store, |s| {
+    until(store, |s| {
         s.pods()
             .first()
             .is_some_and(|(_, p)| p.pod.spec.as_ref().unwrap().containers[0].name == "rewritten")
     })
     .await;
 
-    drop(std::fs::File::create(&path).unwrap());
-    until(&store, |s| s.pods().is_empty()).await;
-    watch.abort();
+    drop(std::fs::File::create(path).unwrap());
+    until(store, |s| s.pods().is_empty()).await;
+    w.watch.abort();
 }
 
 /// A pod manifest named `name` (no volumes: the store is what is tested here).

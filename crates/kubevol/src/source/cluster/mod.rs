@@ -225,14 +225,17 @@ impl PodSource for ClusterSource {
                             sink.problem(None);
                         }
                         Ok(Event::Delete(o)) => {
-                            if let Some((pod, _)) = typed_pod(o) {
-                                // The pod goes before what it read: applied now, so that it
-                                // never lacks an object it still names.
-                                let uid = pod_uid(&pod);
-                                changes.push(Change::ClusterRemove(ObjectKey::Pod(uid)));
-                                sink.apply(std::mem::take(&mut changes));
-                                refs.remove_pod(&pod);
-                            }
+                            // Its identity is all that is used: the rest is not read.
+                            let pod = Pod {
+                                metadata: o.metadata,
+                                ..Pod::default()
+                            };
+                            // The pod goes before what it read: applied now, so that it never
+                            // lacks an object it still names.
+                            let uid = pod_uid(&pod);
+                            changes.push(Change::ClusterRemove(ObjectKey::Pod(uid)));
+                            sink.apply(std::mem::take(&mut changes));
+                            refs.remove_pod(&pod);
                             sink.problem(None);
                         }
                         Err(e) => {
