@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Whether an inotify event leaves a file in a state worth reading: the writer closed it, or it
 /// appeared, moved or went away. A plain modification is not: `write(2)` after `O_TRUNC` shows
@@ -410,6 +410,7 @@ impl ManifestSource {
     ) {
         let mut held = crate::sync::lock(&self.held);
         if unread && occasion == Occasion::Written {
+            debug!(file = %path.display(), quiet = ?self.empty_quiet, "manifest empty at its writer's close: held until its next writer's close, or applied once unchanged this long");
             let due = tokio::time::Instant::now() + self.empty_quiet;
             held.insert(path.to_path_buf(), (signature, due));
             self.holds
