@@ -22,11 +22,21 @@ die() {
   exit 1
 }
 
-# A TCP port on 127.0.0.1 that nothing listens on now.
+# A TCP port on 127.0.0.1 that nothing listens on now, outside the kernel's range of ephemeral
+# ports (net.ipv4.ip_local_port_range): a port in it can be given to any outgoing connection
+# (the API server's own to etcd among them) between this pick and the listener's bind.
 free_port() {
-  local p
+  local p low=32768 high=60999 lo hi
+  read -r low high </proc/sys/net/ipv4/ip_local_port_range || true
+  if [ "$low" -gt 11024 ]; then
+    lo=10000 hi=$((low - 1))
+  elif [ "$high" -lt 64511 ]; then
+    lo=$((high + 1)) hi=65535
+  else
+    lo=1024 hi=65535
+  fi
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo + 1)))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"
       return
