@@ -72,6 +72,9 @@ mount_test! {
                 s.volumes.iter().filter(|v| v.name == "scratch" || v.name == "here").all(|v| v.state == kubevol::status::VolumePhase::Mounted)
             })
             .await;
+            // The binder has looked at the unbound claim (and found no volume for it): until it
+            // has, the claim's step is waiting for that look.
+            storage_decided(&m).await;
             // A set-up's success is noted as its operation is concluded, a moment after the
             // volume shows mounted: looked at until it is.
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
