@@ -16,9 +16,12 @@ const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
 /// A pod's UID: `metadata.uid` when set, else a UUID derived from its namespace and name, stable
 /// across restarts.
 pub fn pod_uid(pod: &Pod) -> PodUid {
-    PodUid::from(own_or(&pod.metadata, |ns, name| {
-        derived(&format!("{ns}/{name}"))
-    }))
+    pod_uid_of(&pod.metadata)
+}
+
+/// [`pod_uid`] from the pod's metadata alone.
+pub fn pod_uid_of(meta: &ObjectMeta) -> PodUid {
+    PodUid::from(own_or(meta, |ns, name| derived(&format!("{ns}/{name}"))))
 }
 
 /// A claim's UID: its own, or, for a claim of the manifests that has none, one derived from

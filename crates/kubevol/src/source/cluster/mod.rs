@@ -64,7 +64,7 @@ use crate::source::cluster::backoff::{refused, AbortOnDrop, WatchBackoff};
 use crate::source::cluster::lag::Place;
 use crate::source::cluster::objects::{watch_drivers, watch_one, Keep, Referenced};
 use crate::source::{BoxFuture, PodSource, Sink};
-use crate::store::{normalize_pod, pod_uid, Change, Object, ObjectKey};
+use crate::store::{normalize_pod, pod_uid_of, Change, Object, ObjectKey};
 
 /// Pods and their objects from the API server.
 pub struct ClusterSource {
@@ -225,17 +225,13 @@ impl PodSource for ClusterSource {
                             sink.problem(None);
                         }
                         Ok(Event::Delete(o)) => {
-                            // Its identity is all that is used: the rest is not read.
-                            let pod = Pod {
-                                metadata: o.metadata,
-                                ..Pod::default()
-                            };
-                            // The pod goes before what it read: applied now, so that it never
-                            // lacks an object it still names.
-                            let uid = pod_uid(&pod);
-                            changes.push(Change::ClusterRemove(ObjectKey::Pod(uid)));
+                            // Its identity is all that is used: the rest is not read. The pod
+                            // goes before what it read: applied now, so that it never lacks an
+                            // object it still names.
+                            let uid = pod_uid_of(&o.metadata);
+                            changes.push(Change::ClusterRemove(ObjectKey::Pod(uid.clone())));
                             sink.apply(std::mem::take(&mut changes));
-                            refs.remove_pod(&pod);
+                            refs.remove_pod(&uid);
                             sink.problem(None);
                         }
                         Err(e) => {

@@ -12,6 +12,7 @@ use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::Api;
 use kube::runtime::watcher::{self, watcher, Event};
 use kubevol_core::projection::{referenced_objects, ObjectKind};
+use kubevol_core::PodUid;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
@@ -144,8 +145,8 @@ impl Referenced {
         self.set(pod_uid(pod).as_str(), refs_of(pod));
     }
 
-    pub(super) fn remove_pod(self: &Arc<Self>, pod: &Pod) {
-        self.set(pod_uid(pod).as_str(), BTreeSet::new());
+    pub(super) fn remove_pod(self: &Arc<Self>, uid: &PodUid) {
+        self.set(uid.as_str(), BTreeSet::new());
     }
 
     fn set(self: &Arc<Self>, uid: &str, refs: BTreeSet<Ref>) {
