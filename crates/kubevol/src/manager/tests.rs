@@ -47,6 +47,66 @@ async fn waiters_leave_nothing_behind_for_pods_that_are_gone() {
     m.shutdown();
 }
 
+/// A waiter that looks before its pod comes hears when the pod is desired and ready already
+/// (no volumes to set up), when it is rejected, and when its volumes are mounted: the
+/// populator wakes a pod's waiters only for what they decide on, and no waiter is left
+/// waiting for its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_came_first_hears_when_its_pod_is_ready_or_rejected() {
+    use std::future::Future;
+    use std::task::Poll;
+    let t = tempfile::tempdir().unwrap();
+    let mut config = Config::new(t.path(), "n");
+    config.wait_timeout = std::time::Duration::from_secs(600);
+    let m = VolumeManager::new(config, Arc::new(kubevol_mount::FakeMounter::new())).unwrap();
+    let run = m.clone();
+    tokio::spawn(async move { run.run().await });
+    let pod = |name: &str, container: &str, volumes: bool| -> Pod {
+        let (mounts, vols) = if volumes {
+            (
+                serde_json::json!([{"name": "m", "mountPath": "/m"}]),
+                serde_json::json!([{"name": "m", "emptyDir": {}}]),
+            )
+        } else {
+            (serde_json::json!([]), serde_json::json!([]))
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": container, "image": "i", "volumeMounts": mounts}],
+                     "volumes": vols}
+        }))
+        .unwrap()
+    };
+    let pods = [
+        pod("plain", "c", false),
+        pod("invalid", "Not_A_Name", false),
+        pod("mounted", "c", true),
+    ];
+    let mut waits: Vec<_> = pods
+        .iter()
+        .map(|p| Box::pin(m.wait_for_attach_and_mount(p)))
+        .collect();
+    // Each waiter looks once, finds its pod unknown, and waits.
+    for w in &mut waits {
+        let first = std::future::poll_fn(|cx| Poll::Ready(w.as_mut().poll(cx))).await;
+        assert!(first.is_pending(), "the pod is not known yet");
+    }
+    m.add_pods(pods.clone());
+    let mut outcomes = Vec::new();
+    for w in waits {
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(60), w).await;
+        outcomes.push(heard.expect("the waiter was woken"));
+    }
+    assert!(outcomes[0].is_ok(), "plain: {:?}", outcomes[0]);
+    assert!(
+        matches!(outcomes[1], Err(WaitError::Rejected { .. })),
+        "invalid: {:?}",
+        outcomes[1]
+    );
+    assert!(outcomes[2].is_ok(), "mounted: {:?}", outcomes[2]);
+    m.shutdown();
+}
+
 #[test]
 fn extra_supplemental_groups_come_from_mounted_persistent_volumes() {
     let t = tempfile::tempdir().unwrap();

@@ -367,7 +367,14 @@ impl Populator {
             },
         );
         self.process_pod(uid, stored, &pending);
-        self.dsw.world().notify_pod(uid);
+        // A pod's waiters decide on its readiness and its rejection: a pod whose volumes are
+        // still to be set up has neither, and a thousand pods coming at once would wake a
+        // thousand waiters for nothing, ahead of the operations that make them ready.
+        let world = self.dsw.world();
+        let rejected = world.rejected().contains_key(uid);
+        if rejected || world.pod_ready(uid, |k| self.executor.tearing_down(k)) {
+            world.notify_pod(uid);
+        }
         true
     }
 

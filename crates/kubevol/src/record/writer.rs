@@ -144,6 +144,11 @@ pub struct Committed {
 }
 
 impl Committed {
+    /// Whether the record has answered: [`Committed::wait`] would not block.
+    pub fn answered(&self) -> bool {
+        crate::sync::lock(&self.answers.results).is_some()
+    }
+
     /// Blocks until the change is on disk, or says why it is not. Not on the async runtime.
     pub fn wait(self) -> std::io::Result<()> {
         let mut results = crate::sync::lock(&self.answers.results);

@@ -19,6 +19,9 @@ use kubevol_core::PodUid;
 use super::{BoxFuture, PodSource, Sink};
 use crate::store::{normalize_pod, pod_uid, problem_of, Change, Object};
 
+/// How many pods [`Library::add_pods`] stores in one change.
+const ADD_SLICE: usize = 64;
+
 /// The library API's source. Cheap to clone; clones share one source.
 #[derive(Clone, Default)]
 pub struct Library {
@@ -123,16 +126,26 @@ impl Library {
         }
     }
 
-    /// Adds or replaces many pods in one change (one wake-up of the populator). Returns their
-    /// UIDs.
+    /// Adds or replaces many pods, [`ADD_SLICE`] to a change: the populator starts on the
+    /// first while the rest are stored, so a thousand pods given at once do not wait for
+    /// the last to be stored before the first is set up. Returns their UIDs.
     pub fn add_pods(&self, pods: impl IntoIterator<Item = Pod>) -> Vec<PodUid> {
-        let pods: Vec<Pod> = pods.into_iter().map(normalize_pod).collect();
-        let uids: Vec<PodUid> = pods.iter().map(pod_uid).collect();
-        self.apply(
-            pods.into_iter()
-                .map(|p| Change::Upsert(Box::new(Object::Pod(p, PodExtensions::default()))))
-                .collect(),
-        );
+        let mut uids = Vec::new();
+        let mut slice = Vec::with_capacity(ADD_SLICE);
+        for pod in pods {
+            let pod = normalize_pod(pod);
+            uids.push(pod_uid(&pod));
+            slice.push(Change::Upsert(Box::new(Object::Pod(
+                pod,
+                PodExtensions::default(),
+            ))));
+            if slice.len() == ADD_SLICE {
+                self.apply(std::mem::replace(&mut slice, Vec::with_capacity(ADD_SLICE)));
+            }
+        }
+        if !slice.is_empty() {
+            self.apply(slice);
+        }
         self.given(&uids);
         uids
     }
