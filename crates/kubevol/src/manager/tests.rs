@@ -3,17 +3,24 @@ use crate::store::pod_uid;
 use k8s_openapi::api::core::v1::{PersistentVolume, Volume};
 use kubevol_core::state::{MountedPodVolume, PodMountState, VolumeSpec, VolumeTraits};
 
+/// A manager on a fake mounter, running, whose waits time out after `wait_timeout`; with its
+/// root, removed when dropped.
+fn running_manager(wait_timeout: std::time::Duration) -> (tempfile::TempDir, VolumeManager) {
+    let t = tempfile::tempdir().unwrap();
+    let mut config = Config::new(t.path(), "n");
+    config.wait_timeout = wait_timeout;
+    let m = VolumeManager::new(config, Arc::new(kubevol_mount::FakeMounter::new())).unwrap();
+    let run = m.clone();
+    tokio::spawn(async move { run.run().await });
+    (t, m)
+}
+
 /// A node that has waited for thousands of pods holds no memory for them once they are
 /// gone: a waiter's signal goes with the waiter, whether it saw its pod ready, saw it
 /// gone, or timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_leave_nothing_behind_for_pods_that_are_gone() {
-    let t = tempfile::tempdir().unwrap();
-    let mut config = Config::new(t.path(), "n");
-    config.wait_timeout = std::time::Duration::from_millis(200);
-    let m = VolumeManager::new(config, Arc::new(kubevol_mount::FakeMounter::new())).unwrap();
-    let run = m.clone();
-    tokio::spawn(async move { run.run().await });
+    let (_t, m) = running_manager(std::time::Duration::from_millis(200));
     let pods: Vec<Pod> = (0..200)
         .map(|i| {
             serde_json::from_value(serde_json::json!({
@@ -55,12 +62,7 @@ async fn waiters_leave_nothing_behind_for_pods_that_are_gone() {
 async fn a_waiter_that_came_first_hears_when_its_pod_is_ready_or_rejected() {
     use std::future::Future;
     use std::task::Poll;
-    let t = tempfile::tempdir().unwrap();
-    let mut config = Config::new(t.path(), "n");
-    config.wait_timeout = std::time::Duration::from_secs(600);
-    let m = VolumeManager::new(config, Arc::new(kubevol_mount::FakeMounter::new())).unwrap();
-    let run = m.clone();
-    tokio::spawn(async move { run.run().await });
+    let (_t, m) = running_manager(std::time::Duration::from_secs(600));
     let pod = |name: &str, container: &str, volumes: bool| -> Pod {
         let (mounts, vols) = if volumes {
             (
