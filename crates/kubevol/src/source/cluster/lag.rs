@@ -29,6 +29,11 @@ pub(super) const MAX_WAIT: Duration = Duration::from_secs(10);
 /// The longest the reads of newer pods wait for the answer to a read in flight.
 pub(super) const ANSWER_WAIT: Duration = Duration::from_secs(2);
 
+/// With [`Lag::first_alone`], how long after the last read allowed the next pods ask one at a
+/// time again, as a node's first pods do: a burst of pods after a quiet spell is a first
+/// burst again (its reads would otherwise all go before the first refusal came back).
+pub(super) const QUIET: Duration = Duration::from_secs(30);
+
 /// What the node knows of the authorizer's view of its pods.
 #[derive(Default)]
 pub(super) struct Lag {
@@ -44,7 +49,8 @@ enum Alone {
     #[default]
     Never,
     /// Until the first read is allowed (a node's first pods, which come together, would
-    /// otherwise all go before the first refusal came back).
+    /// otherwise all go before the first refusal came back), and again once no read was
+    /// allowed for [`QUIET`].
     First,
     /// Always.
     Always,
@@ -58,6 +64,8 @@ struct State {
     next: u64,
     /// Every pod up to this one is known to the authorizer (a read for it was allowed).
     learnt: u64,
+    /// When a read for a pod newer than the ones known before was last allowed.
+    learnt_at: Option<Instant>,
     /// The oldest pod a read was refused for, newer than `learnt`.
     refused: Option<u64>,
     /// The read in flight for a pod newer than `learnt`: its place, and when it went.
@@ -84,7 +92,7 @@ impl State {
         }
         let alone = match self.alone {
             Alone::Never => false,
-            Alone::First => self.learnt == 0,
+            Alone::First => self.learnt_at.is_none_or(|at| now >= at + QUIET),
             Alone::Always => true,
         };
         if !alone {
@@ -148,8 +156,8 @@ impl Lag {
         lag
     }
 
-    /// A lag that holds reads only behind a refusal once one read was allowed, and before
-    /// that asks one at a time.
+    /// A lag that asks one at a time until a read is allowed and again after [`QUIET`]
+    /// without one, and otherwise holds reads only behind a refusal.
     pub(super) fn first_alone() -> Lag {
         let lag = Lag::default();
         lag.lock().alone = Alone::First;
@@ -229,7 +237,10 @@ impl Lag {
     /// A read for the pod `place` was allowed: the authorizer knows every pod up to it.
     pub(super) fn allowed(&self, place: u64) {
         let mut st = self.lock();
-        st.learnt = st.learnt.max(place);
+        if place > st.learnt {
+            st.learnt = place;
+            st.learnt_at = Some(Instant::now());
+        }
         if st.refused.is_some_and(|r| r <= st.learnt) {
             st.refused = None;
         }
@@ -371,6 +382,32 @@ mod tests {
         );
         lag.refused(c);
         assert!(lag.held(d), "a refusal still holds the newer ones");
+    }
+
+    /// A burst of pods after a quiet spell asks one at a time again, as the node's first
+    /// pods did; pods that come while reads are being allowed do not.
+    #[tokio::test(start_paused = true)]
+    async fn pods_after_a_quiet_spell_ask_one_at_a_time_again() {
+        let lag = Arc::new(Lag::first_alone());
+        let a = lag.seen();
+        lag.turn(a).await;
+        lag.allowed(a);
+        tokio::time::advance(QUIET - Duration::from_secs(1)).await;
+        let [b, c] = [lag.seen(), lag.seen()];
+        lag.turn(c).await;
+        assert!(
+            !lag.held(b),
+            "a read was allowed moments ago: b goes beside c"
+        );
+        lag.allowed(c);
+        tokio::time::advance(QUIET).await;
+        let [d, e] = [lag.seen(), lag.seen()];
+        lag.turn(e).await;
+        assert!(lag.held(d), "after a quiet spell, e's answer is awaited");
+        lag.allowed(e);
+        assert!(!lag.held(d), "e allowed: d goes");
+        let f = lag.seen();
+        assert!(!lag.held(f), "a read was allowed just now");
     }
 
     #[tokio::test(start_paused = true)]

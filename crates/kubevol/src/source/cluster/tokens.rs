@@ -6,7 +6,8 @@
 //! a read refused in the authorizer's lag is (see `lag`): the oldest pod's request is tried
 //! again on a short backoff, the requests of newer pods wait for it, and the volume neither
 //! fails nor says so meanwhile, for at most [`MAX_WAIT`] (the pod may truly be gone). Until
-//! the first request is granted they ask one at a time ([`Lag::first_alone`]).
+//! the first request is granted, and again after 30 s without a grant, they ask one at a time
+//! ([`Lag::first_alone`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
