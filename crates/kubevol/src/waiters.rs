@@ -124,18 +124,14 @@ impl<'a> Wait<'a> {
             pod,
             deadline,
             |s, uid| {
-                if s.world.pod_ready(uid, |k| s.executor.tearing_down(k)) {
-                    return Ok(true);
-                }
                 // Rejected, and no earlier valid version is desired: it will never be ready.
-                match s.world.rejected().get(uid) {
-                    Some(r) if s.world.dsw().pod(uid).is_none() => Err(WaitError::Rejected {
+                s.world
+                    .mounts_decided(uid, |k| s.executor.tearing_down(k))
+                    .map_err(|r| WaitError::Rejected {
                         pod: r.pod_ref.to_string(),
                         origin: r.origin.to_string(),
-                        errors: r.errors.clone(),
-                    }),
-                    _ => Ok(false),
-                }
+                        errors: r.errors,
+                    })
             },
             |s, uid| match s.pod(uid, false) {
                 None => "the pod is not known to the volume manager: add it to a pod source, and check its spec.nodeName".into(),

@@ -319,6 +319,25 @@ impl World {
                 })
         })
     }
+
+    /// What a wait for the pod's mounts decides now: ready (`Ok(true)`), never (`Err`: it was
+    /// rejected and no earlier valid version of it is desired), or not yet (`Ok(false)`). The
+    /// waiters ask it on each wake; the populator asks it to wake them only when it says
+    /// something.
+    pub fn mounts_decided(
+        &self,
+        uid: &PodUid,
+        tearing_down: impl Fn(&OperationKey) -> bool,
+    ) -> Result<bool, Rejected> {
+        if self.pod_ready(uid, tearing_down) {
+            return Ok(true);
+        }
+        let rejected = self.rejected().get(uid).cloned();
+        match rejected {
+            Some(r) if self.dsw().pod(uid).is_none() => Err(r),
+            _ => Ok(false),
+        }
+    }
 }
 
 /// What the world answers a node agent: read-only questions about one pod or the node.

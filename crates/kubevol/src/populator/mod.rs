@@ -367,12 +367,12 @@ impl Populator {
             },
         );
         self.process_pod(uid, stored, &pending);
-        // A pod's waiters decide on its readiness and its rejection: a pod whose volumes are
-        // still to be set up has neither, and a thousand pods coming at once would wake a
+        // Its waiters are woken only when they have something to decide: a pod whose volumes
+        // are still to be set up has nothing, and a thousand pods coming at once would wake a
         // thousand waiters for nothing, ahead of the operations that make them ready.
         let world = self.dsw.world();
-        let rejected = world.rejected().contains_key(uid);
-        if rejected || world.pod_ready(uid, |k| self.executor.tearing_down(k)) {
+        let decided = world.mounts_decided(uid, |k| self.executor.tearing_down(k));
+        if !matches!(decided, Ok(false)) {
             world.notify_pod(uid);
         }
         true
