@@ -554,17 +554,20 @@ impl VolumeManager {
     }
 
     /// `/stats/summary`: each mounted emptyDir's usage, in the kubelet's Summary API's shape;
-    /// measured now unless the last measure is younger than `volume_stats_period`.
+    /// measured now unless the last measure is younger than `volume_stats_period`, each volume
+    /// by one of kubevol's own measuring threads at a time (never the runtime's blocking pool).
+    /// Waits at most [`crate::plugins::usage::STATS_WAIT`] for the measurements; a volume
+    /// still being measured then has its last measure, whose `time` says how old it is.
     pub async fn stats_summary(&self) -> serde_json::Value {
-        let (host, world) = (self.parts.host.clone(), self.parts.world.clone());
         let max_age = self.parts.config.volume_stats_period;
-        let measured = tokio::task::spawn_blocking(move || {
-            crate::plugins::usage::refresh(&host, &world, max_age)
-        });
-        if let Err(e) = measured.await {
-            tracing::warn!("emptyDir usage: {e}");
-        }
+        crate::plugins::usage::refresh(&self.parts.host, &self.parts.world, max_age).await;
         crate::inspect::summary::summary(&self.status(false), &self.parts.host.usages.all())
+    }
+
+    /// How many emptyDir volumes are being measured for `/stats/summary` (or wait for a
+    /// thread), and how many threads measure them.
+    pub fn usage_measurements(&self) -> (usize, usize) {
+        self.parts.host.usages.measuring()
     }
 
     /// Whether a pod came from the API server (holding only the store).

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use kubevol_core::PodUid;
 use kubevol_mount::safe::Dir;
@@ -146,30 +146,55 @@ fn mounted_empty_dirs(world: &crate::world::World) -> Vec<(PodUid, String, PathB
         .collect()
 }
 
-/// Measures every mounted emptyDir of `world`, unless the last measure is younger than
-/// `max_age` (one measure at a time: a second caller waits and takes the first's).
-pub(crate) fn refresh(host: &PluginHost, world: &crate::world::World, max_age: Duration) {
-    let mut last = crate::sync::lock(&host.usages.measured);
-    if last.is_some_and(|t| t.elapsed() < max_age) {
-        return;
-    }
-    measure_all(host, &mounted_empty_dirs(world));
-    *last = Some(Instant::now());
-}
+/// How long a `/stats/summary` request waits for the measurements it started or found under
+/// way; a volume still being measured then is reported with its last measure (its `time`
+/// says how old), or not at all.
+pub const STATS_WAIT: Duration = Duration::from_secs(5);
 
-/// Measures every emptyDir of `mounted` (pod, volume name, path, whether a filesystem of its
-/// own) and keeps the measures in place of the last ones.
-fn measure_all(host: &PluginHost, mounted: &[(PodUid, String, PathBuf, bool)]) {
-    let mut now = BTreeMap::new();
-    for (pod, volume, path, own) in mounted {
-        match measure(host, path, *own) {
-            Ok(used) => {
-                now.insert((pod.clone(), volume.clone()), used);
-            }
-            Err(e) => tracing::debug!(pod = %pod, volume = %volume, "emptyDir usage: {e}"),
+/// The most threads that measure volumes at once. They are kubevol's own, apart from the
+/// runtime's blocking pool that set-ups and teardowns use, so that a slow measurement (a tree a
+/// pod made deep) never takes a thread that mounting needs.
+const MEASURERS: usize = 4;
+
+/// Measures every mounted emptyDir of `world` whose last measure is older than `max_age` and
+/// is not being measured already, and waits (at most [`STATS_WAIT`]) for the measurements under
+/// way. Each volume is measured by one thread at a time, whoever asks and however often;
+/// a caller that stops waiting (a request cancelled) stops nothing but its wait.
+pub(crate) async fn refresh(
+    host: &std::sync::Arc<PluginHost>,
+    world: &crate::world::World,
+    max_age: Duration,
+) {
+    let mounted = mounted_empty_dirs(world);
+    let mut changed = host.usages.changed.subscribe();
+    let awaited = host.usages.ask(host, mounted, max_age);
+    let deadline = tokio::time::Instant::now() + STATS_WAIT;
+    while host.usages.any_measuring(&awaited) {
+        if tokio::time::timeout_at(deadline, changed.changed())
+            .await
+            .is_err()
+        {
+            return;
         }
     }
-    host.usages.set_all(now);
+}
+
+/// One volume's measures.
+struct Slot {
+    path: PathBuf,
+    own_filesystem: bool,
+    last: Option<Used>,
+    /// Being measured (or waiting for a thread to measure it).
+    measuring: bool,
+}
+
+/// The volumes' measures and the measurements to make.
+#[derive(Default)]
+struct Meter {
+    by_volume: BTreeMap<(PodUid, String), Slot>,
+    queue: std::collections::VecDeque<(PodUid, String)>,
+    /// Threads measuring now.
+    threads: usize,
 }
 
 /// Measures the emptyDir at `path` (a path below the root directory, reached beneath it), a
@@ -217,29 +242,157 @@ pub(crate) fn measure(
     })
 }
 
-/// The last measure of every mounted emptyDir, by pod and volume name.
+/// The last measure of every mounted emptyDir, by pod and volume name, and the measurements
+/// under way.
 #[derive(Default)]
 pub struct Usages {
-    by_volume: Mutex<BTreeMap<(PodUid, String), Used>>,
-    /// When every volume was last measured; held while they are.
-    measured: Mutex<Option<Instant>>,
+    meter: Mutex<Meter>,
+    /// Bumped when a measurement ends.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Usages {
-    /// Replaces every measure with `now` (volumes not in it are gone).
-    pub(crate) fn set_all(&self, now: BTreeMap<(PodUid, String), Used>) {
-        *crate::sync::lock(&self.by_volume) = now;
+    /// Queues a measurement of each of `mounted` (pod, volume name, path, whether a filesystem
+    /// of its own) whose last measure is older than `max_age`, unless one is under way, and
+    /// starts threads for them; forgets the volumes no longer mounted. Returns the volumes
+    /// being measured.
+    fn ask(
+        &self,
+        host: &std::sync::Arc<PluginHost>,
+        mounted: Vec<(PodUid, String, PathBuf, bool)>,
+        max_age: Duration,
+    ) -> Vec<(PodUid, String)> {
+        let mut meter = crate::sync::lock(&self.meter);
+        let mut now = BTreeMap::new();
+        let mut awaited = Vec::new();
+        for (pod, volume, path, own_filesystem) in mounted {
+            let key = (pod, volume);
+            let mut slot = meter.by_volume.remove(&key).unwrap_or(Slot {
+                path: path.clone(),
+                own_filesystem,
+                last: None,
+                measuring: false,
+            });
+            let fresh = slot.last.as_ref().is_some_and(|u| {
+                u.at.and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age < max_age)
+            });
+            if !slot.measuring && !fresh {
+                slot.measuring = true;
+                slot.path = path;
+                slot.own_filesystem = own_filesystem;
+                meter.queue.push_back(key.clone());
+            }
+            if slot.measuring {
+                awaited.push(key.clone());
+            }
+            now.insert(key, slot);
+        }
+        // A volume no longer mounted whose measurement is under way is forgotten too: its
+        // thread finds no slot for what it measured.
+        meter
+            .queue
+            .retain(|k| now.get(k).is_some_and(|s: &Slot| s.measuring));
+        meter.by_volume = now;
+        // Every thread is busy with one volume (or about to take the next queued): one more
+        // for each queued volume, up to the limit.
+        let mut started_now = 0;
+        while meter.threads < MEASURERS && started_now < meter.queue.len() {
+            let host = host.clone();
+            let started = std::thread::Builder::new()
+                .name("kubevol-usage".into())
+                .spawn(move || measure_queued(&host));
+            match started {
+                Ok(_) => {
+                    meter.threads += 1;
+                    started_now += 1;
+                }
+                Err(e) => {
+                    tracing::warn!("cannot start a thread to measure emptyDir usage: {e}");
+                    break;
+                }
+            }
+        }
+        if meter.threads == 0 {
+            // No thread: nothing will be measured now (the next request tries again).
+            for key in std::mem::take(&mut meter.queue) {
+                if let Some(s) = meter.by_volume.get_mut(&key) {
+                    s.measuring = false;
+                }
+            }
+            return Vec::new();
+        }
+        awaited
+    }
+
+    /// Whether any of `keys` is still being measured.
+    fn any_measuring(&self, keys: &[(PodUid, String)]) -> bool {
+        let meter = crate::sync::lock(&self.meter);
+        keys.iter()
+            .any(|k| meter.by_volume.get(k).is_some_and(|s| s.measuring))
+    }
+
+    /// How many volumes are being measured or wait for a thread, and how many threads measure.
+    pub fn measuring(&self) -> (usize, usize) {
+        let meter = crate::sync::lock(&self.meter);
+        let volumes = meter.by_volume.values().filter(|s| s.measuring).count();
+        (volumes, meter.threads)
     }
 
     /// The last measure of `volume` of `pod`.
     pub fn get(&self, pod: &PodUid, volume: &str) -> Option<Used> {
-        crate::sync::lock(&self.by_volume)
+        crate::sync::lock(&self.meter)
+            .by_volume
             .get(&(pod.clone(), volume.to_string()))
-            .cloned()
+            .and_then(|s| s.last.clone())
     }
 
     /// Every measure.
     pub fn all(&self) -> BTreeMap<(PodUid, String), Used> {
-        crate::sync::lock(&self.by_volume).clone()
+        crate::sync::lock(&self.meter)
+            .by_volume
+            .iter()
+            .filter_map(|(k, s)| Some((k.clone(), s.last.clone()?)))
+            .collect()
+    }
+}
+
+/// A measuring thread: measures the queued volumes one after another, and ends when none is
+/// left.
+fn measure_queued(host: &PluginHost) {
+    let usages = &host.usages;
+    loop {
+        let (key, path, own) = {
+            let mut meter = crate::sync::lock(&usages.meter);
+            let next = loop {
+                let Some(key) = meter.queue.pop_front() else {
+                    break None;
+                };
+                if let Some(s) = meter.by_volume.get(&key) {
+                    break Some((s.path.clone(), s.own_filesystem, key));
+                }
+            };
+            match next {
+                Some((path, own, key)) => (key, path, own),
+                None => {
+                    meter.threads -= 1;
+                    return;
+                }
+            }
+        };
+        let result = measure(host, &path, own);
+        {
+            let mut meter = crate::sync::lock(&usages.meter);
+            if let Some(slot) = meter.by_volume.get_mut(&key) {
+                slot.measuring = false;
+                match result {
+                    Ok(used) => slot.last = Some(used),
+                    Err(e) => {
+                        tracing::debug!(pod = %key.0, volume = %key.1, "emptyDir usage: {e}")
+                    }
+                }
+            }
+        }
+        usages.changed.send_modify(|n| *n += 1);
     }
 }

@@ -201,3 +201,72 @@ mount_test! {
         assert_eq!(kubevol_mount::usage::project(&child).unwrap(), Some(1_048_600), "a new entry takes it");
     }
 }
+
+mount_test! {
+    /// A volume whose measurement hangs (a FUSE mount inside it that never answers) is measured
+    /// by one thread, however many `/stats/summary` requests come: each request answers within
+    /// its wait, without that volume's usage, and a new pod (a configMap and an fsGroup
+    /// emptyDir, set-ups that take blocking threads) is set up meanwhile. When the filesystem
+    /// dies the measurement ends and its thread with it.
+    fn a_hung_measurement_is_made_once_and_stalls_neither_requests_nor_set_ups() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let fast = |c: &mut kubevol::Config| c.volume_stats_period = Duration::from_millis(100);
+            let m = manager(root.path(), fast);
+            let p = pod_with_volumes("hung", json!([{"name": "scratch", "emptyDir": {}}]));
+            let uid = m.add_pod(p.clone());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted");
+            let scratch = m.mounted_volumes_for_pod(&uid)["scratch"].path.clone();
+            std::fs::create_dir(scratch.join("stuck")).unwrap();
+            let fuse = hung_fuse_mount(&scratch.join("stuck"));
+
+            let ask = |n: usize| {
+                let m = m.clone();
+                async move {
+                    let requests: Vec<_> = (0..n).map(|_| tokio::spawn({
+                        let m = m.clone();
+                        async move { m.stats_summary().await }
+                    })).collect();
+                    let mut answers = Vec::new();
+                    for r in requests {
+                        let answer = tokio::time::timeout(Duration::from_secs(120), r).await;
+                        answers.push(answer.expect("a request answers within its wait").unwrap());
+                    }
+                    answers
+                }
+            };
+            for summary in ask(20).await {
+                assert!(!summary.to_string().contains("\"scratch\""), "the hung volume has no measure yet: {summary}");
+            }
+            assert_eq!(m.usage_measurements(), (1, 1), "one measurement of the hung volume, on one thread");
+
+            m.library().upsert_objects(vec![kubevol::store::Object::ConfigMap(serde_json::from_value(json!({
+                "metadata": {"name": "cfg", "namespace": "default"}, "data": {"k": "v"}})).unwrap())]);
+            let mut fresh = pod_with_volumes("fresh", json!([{"name": "cfg", "configMap": {"name": "cfg"}}, {"name": "data", "emptyDir": {}}]));
+            fresh.spec.as_mut().unwrap().security_context = Some(serde_json::from_value(json!({"fsGroup": 2000})).unwrap());
+            m.add_pod(fresh.clone());
+            m.wait_for_attach_and_mount(&fresh).await.expect("a new pod is set up while the measurement hangs");
+            let summaries = ask(20).await;
+            assert_eq!(m.usage_measurements(), (1, 1), "still the one measurement");
+            assert!(summaries.iter().any(|s| s.to_string().contains("\"fresh\"")), "the new pod's emptyDir is measured: {:?}", summaries.last());
+
+            // The filesystem dies: the walk fails, its thread ends, and the next request
+            // measures the volume again (the dead mount is passed by).
+            drop(fuse);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+            while m.usage_measurements() != (0, 0) {
+                assert!(tokio::time::Instant::now() < deadline, "the measurement ended: {:?}", m.usage_measurements());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            {
+                use kubevol_mount::Mounter;
+                kubevol_mount::LinuxMounter.unmount(&scratch.join("stuck")).unwrap();
+            }
+            measured(&m, "hung", "scratch", 1).await;
+
+            m.remove_pods(&[p.clone(), fresh.clone()]);
+            m.wait_for_all_pods_unmount(&[p, fresh]).await.expect("torn down");
+            m.shutdown();
+        });
+    }
+}
