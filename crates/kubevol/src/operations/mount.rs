@@ -275,7 +275,7 @@ pub(super) fn finish(
                     ),
                 );
             }
-            observe_pod_ready(ops, pod);
+            observe_pod_ready(ops, pod, pref);
             // Nothing follows a set-up; a wish that changed while it ran was turned away by
             // the executor, which asks for the new plan when this key is released.
             (traits.plugin, Ok(()), false)
@@ -310,9 +310,12 @@ pub(super) fn finish(
     }
 }
 
-/// Observes the pod's volume-ready latency the first time all its volumes are mounted.
-fn observe_pod_ready(ops: &Operations, pod: &PodUid) {
+/// Observes the pod's volume-ready latency the first time all its volumes are mounted, and
+/// says so in the log (the one line of the pod's set-up at `info`; each volume's is at debug).
+fn observe_pod_ready(ops: &Operations, pod: &PodUid, pref: &PodRef) {
     if let Some(waited) = ops.asw.first_ready(pod, |k| ops.executor.tearing_down(k)) {
         ops.metrics.observe_pod_ready(waited.as_secs_f64());
+        let volumes = ops.world().mounted_volumes(pod).len();
+        tracing::info!(pod = %pref, volumes, waited = ?waited, "every volume of the pod is mounted");
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kubevol_core::state::{ActualState, MountedPodVolume, PodMountState, VolumeTraits};
 use kubevol_core::{PodUid, UniqueVolumeName};
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::{effected, intend, Operations, Outcome};
 use super::{settle_all, settle_pod_record};
@@ -204,8 +204,11 @@ pub(super) fn finish(
     let pref = &t.mounted.pod_ref;
     match torn {
         Ok(()) => {
-            info!(pod = %pref, volume = %outer, "UnmountVolume.TearDown succeeded");
+            debug!(pod = %pref, volume = %outer, "UnmountVolume.TearDown succeeded");
             ops.asw.write().mark_pod_unmounted(volume, pod);
+            if !ops.world().has_possibly_mounted_volumes(pod) {
+                info!(pod = %pref, "every volume of the pod is torn down");
+            }
             // Nothing of this pod's use of the volume is left (the executor keeps every
             // other operation of this key away until the line is queued).
             records.push(record::Change::RemovePodVolume {

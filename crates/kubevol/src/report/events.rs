@@ -99,10 +99,16 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Logs an event: a warning as a warning, a normal event as information.
+/// Logs an event: a warning as a warning, a normal event as information, but a volume's
+/// successful set-up or teardown at debug: a node sets up thousands of volumes a second in a
+/// storm, and the pod's own line says when all of its volumes are mounted or torn down.
 fn log(pod: &PodRef, warning: bool, reason: &str, message: &str) {
     if warning {
         tracing::warn!(pod = %pod, reason, "{message}");
+    } else if reason == self::reason::SUCCESSFUL_MOUNT_VOLUME
+        || reason == self::reason::SUCCESSFUL_UNMOUNT_VOLUME
+    {
+        tracing::debug!(pod = %pod, reason, "{message}");
     } else {
         tracing::info!(pod = %pod, reason, "{message}");
     }

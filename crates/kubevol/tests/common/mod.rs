@@ -620,7 +620,13 @@ impl LogCapture {
 
     /// Whether a line so far holds `text`.
     pub fn contains(&self, text: &str) -> bool {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).contains(text)
+        self.text().contains(text)
+    }
+
+    /// Every line so far.
+    #[allow(dead_code)]
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
 

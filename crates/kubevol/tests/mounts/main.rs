@@ -705,3 +705,32 @@ async fn until_gone(path: &std::path::Path) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+mount_test! {
+    /// A storm of volumes is not a storm of log lines: each volume's set-up and teardown is
+    /// logged at debug, and at info one line says when all of a pod's volumes are mounted and
+    /// one when all are torn down.
+    fn a_pods_volumes_are_logged_at_info_once_when_mounted_and_once_when_torn_down() {
+        let log = LogCapture::install();
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let volumes: Vec<_> = (0..4).map(|i| json!({"name": format!("v{i}"), "emptyDir": {"medium": "Memory"}})).collect();
+            let pods: Vec<_> = (0..3).map(|i| pod_with_volumes(&format!("p{i}"), json!(volumes))).collect();
+            m.add_pods(pods.clone());
+            for p in &pods {
+                m.wait_for_attach_and_mount(p).await.expect("mounted");
+            }
+            m.remove_pods(&pods);
+            m.wait_for_all_pods_unmount(&pods).await.expect("torn down");
+            m.shutdown();
+        });
+        let text = log.text();
+        for i in 0..3 {
+            let lines = |what: &str| text.lines().filter(|l| l.contains(&format!("default/p{i}")) && l.contains(what)).count();
+            assert_eq!(lines("every volume of the pod is mounted"), 1, "{text}");
+            assert_eq!(lines("every volume of the pod is torn down"), 1, "{text}");
+        }
+        assert!(!text.contains("SetUp succeeded") && !text.contains("TearDown succeeded"), "no line per volume at info: {text}");
+    }
+}

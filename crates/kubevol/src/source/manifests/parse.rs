@@ -12,6 +12,7 @@ use serde::Deserialize;
 use tracing::debug;
 
 use super::locate::{line_column, locate, quoted_modes, steps, Step};
+use super::shape::Layout;
 use crate::source::extensions::pod_extensions;
 use crate::source::unknown::unknown_fields;
 use crate::store::{
@@ -543,21 +544,100 @@ pub struct Parsed {
     pub warnings: Vec<ManifestError>,
 }
 
-/// Parses a manifest file's text, keeping the names of the objects it skips too.
+/// How many times one file may be parsed again to locate its fields, when the event parser
+/// behind [`super::shape::check`] could not read it (and so gave no layout): each walk parses
+/// the file again, and a file with thousands of errors must not cost thousands of parses.
+const FALLBACK_WALKS: usize = 16;
+
+/// Finds the line and column of a field of a file's text: in the layout that the shape check's
+/// one pass made, or, where it made none, by walking the document again with the deserializer
+/// (at most [`FALLBACK_WALKS`] times a file; later fields go unlocated).
+struct Finder<'t> {
+    text: &'t str,
+    json: bool,
+    layout: Layout,
+    walks: std::cell::Cell<usize>,
+}
+
+impl Finder<'_> {
+    /// Whether the file may be walked once more.
+    fn may_walk(&self) -> bool {
+        #[cfg(test)]
+        tests::WALKS.with(|w| w.set(w.get() + 1));
+        let n = self.walks.get();
+        self.walks.set(n + 1);
+        n < FALLBACK_WALKS
+    }
+
+    /// The line and column of the node `steps` lead to in document `i` (0-based), whose value
+    /// was read as `value`.
+    fn find(&self, i: usize, value_is_map: bool, steps: &[Step]) -> Option<(usize, usize)> {
+        if self.layout.is_map(i) == value_is_map && self.layout.has(i) {
+            return self.layout.find(i, steps);
+        }
+        if !self.may_walk() {
+            return None;
+        }
+        if self.json {
+            let e = locate(&mut serde_json::Deserializer::from_str(self.text), steps).err()?;
+            return Some((e.line(), e.column()));
+        }
+        let doc = serde_yaml_ng::Deserializer::from_str(self.text).nth(i)?;
+        let e = locate(doc, steps).err()?;
+        e.location().map(|l| (l.line(), l.column()))
+    }
+
+    /// The quoted mode fields of document `i`: path, value, line and column.
+    fn quoted_modes(&self, i: usize) -> Vec<(String, String, (usize, usize))> {
+        if self.layout.has(i) {
+            return self.layout.quoted_modes(i);
+        }
+        if !self.may_walk() {
+            return Vec::new();
+        }
+        let doc = serde_yaml_ng::Deserializer::from_str(self.text).nth(i);
+        doc.map(|d| quoted_modes(self.text, d).unwrap_or_default())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|q| {
+                let at = line_column(self.text, q.offset);
+                (q.path, q.value, at)
+            })
+            .collect()
+    }
+}
+
+/// Parses a manifest file's text, keeping the names of the objects it skips too. The text is
+/// parsed once by the event parser of the shape check (which also says where every node is)
+/// and once by the deserializer, whatever the file holds: its errors, warnings and quoted
+/// modes are located in the first pass's layout.
 pub fn parse_file(path: &Path, text: &str) -> Parsed {
     let mut found = Parsed::default();
-    if let Err(e) = super::shape::check(text) {
-        let at = Some((e.line, e.column));
-        found.errors.push(manifest_error(path, None, at, e.message));
-        return found;
-    }
-    if path.extension().and_then(|e| e.to_str()) == Some("json") {
+    let json = path.extension().and_then(|e| e.to_str()) == Some("json");
+    let text = match json {
+        true => std::borrow::Cow::Borrowed(text),
+        false => go_yaml_escapes(text),
+    };
+    let text = &*text;
+    let layout = match super::shape::check(text) {
+        Ok(layout) => layout,
+        Err(e) => {
+            let at = Some((e.line, e.column));
+            found.errors.push(manifest_error(path, None, at, e.message));
+            return found;
+        }
+    };
+    let finder = Finder {
+        text,
+        json,
+        layout,
+        walks: std::cell::Cell::new(0),
+    };
+    if json {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(v) => {
-                let relocate = |steps: &[Step]| {
-                    let e = locate(&mut serde_json::Deserializer::from_str(text), steps).err()?;
-                    Some((e.line(), e.column()))
-                };
+                let is_map = v.is_object();
+                let relocate = |steps: &[Step]| finder.find(0, is_map, steps);
                 convert(v, path, 1, &relocate, &mut found);
             }
             Err(e) => {
@@ -571,7 +651,6 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
         }
         return found;
     }
-    let text = &*go_yaml_escapes(text);
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
         let mut value = match document_to_json(doc) {
@@ -587,23 +666,19 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
         };
         if yaml11_octal_modes(&mut value) {
             // Only a plain 0644 is octal: a quoted one is a string, which the API refuses.
-            let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i);
-            let quoted = doc.map(|d| quoted_modes(text, d).unwrap_or_default());
-            if let Some(quoted) = quoted.filter(|q| !q.is_empty()) {
+            let quoted = finder.quoted_modes(i);
+            if !quoted.is_empty() {
                 let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
-                for q in quoted {
+                for (field, mode, at) in quoted {
                     found.errors.push(ManifestError {
                         object: object_name(kind, &value),
                         ..manifest_error(
                             path,
                             Some(document),
-                            Some(line_column(text, q.offset)),
+                            Some(at),
                             format!(
-                                "invalid {kind}: {}: Invalid value: {:?}: a mode is an integer, not a string: remove the quotes ({} is then read as an octal number, as Kubernetes reads YAML) or write the decimal {}",
-                                q.path,
-                                q.value,
-                                q.value,
-                                i64::from_str_radix(&q.value, 8).unwrap_or_default()
+                                "invalid {kind}: {field}: Invalid value: {mode:?}: a mode is an integer, not a string: remove the quotes ({mode} is then read as an octal number, as Kubernetes reads YAML) or write the decimal {}",
+                                i64::from_str_radix(&mode, 8).unwrap_or_default()
                             ),
                         )
                     });
@@ -611,11 +686,8 @@ pub fn parse_file(path: &Path, text: &str) -> Parsed {
                 continue;
             }
         }
-        let relocate = |steps: &[Step]| {
-            let doc = serde_yaml_ng::Deserializer::from_str(text).nth(i)?;
-            let e = locate(doc, steps).err()?;
-            e.location().map(|l| (l.line(), l.column()))
-        };
+        let is_map = value.is_object();
+        let relocate = |steps: &[Step]| finder.find(i, is_map, steps);
         convert(value, path, document, &relocate, &mut found);
     }
     found

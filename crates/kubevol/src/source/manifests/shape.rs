@@ -1,5 +1,7 @@
 //! What a manifest file may cost to read, checked before it is parsed: how deep it nests and
-//! how many nodes it has.
+//! how many nodes it has; and, from the same pass, where each node is ([`Layout`]), so that
+//! every error, warning and quoted mode of the file is located without parsing it again (a
+//! file of 4,000 warnings cost 4,000 parses when each was located by a parse of its own).
 //!
 //! The YAML parser behind the manifests (libyaml) is quadratic in the depth of flow
 //! collections (`x: [[[[…`: 20,000 levels take half a second, 200,000 minutes) and refuses what
@@ -51,34 +53,215 @@ fn too_many(line: usize, column: usize) -> TooCostly {
     }
 }
 
+/// Where the nodes of a file's documents are (1-based line and column of each node's start),
+/// and the text of its map keys and quoted scalars; `None` documents where the event parser
+/// could not read the file.
+#[derive(Debug, Default)]
+pub(crate) struct Layout {
+    documents: Option<Vec<Node>>,
+}
+
+/// One node of a document.
+#[derive(Debug)]
+enum Node {
+    /// A scalar: its text if it is a map's key or quoted, and whether it is quoted.
+    Scalar {
+        at: (u32, u32),
+        text: Option<Box<str>>,
+        quoted: bool,
+    },
+    Seq {
+        at: (u32, u32),
+        items: Vec<Node>,
+    },
+    /// A map: its keys and values, in order (a key that is not a scalar has no text).
+    Map {
+        at: (u32, u32),
+        entries: Vec<(Option<Box<str>>, Node)>,
+    },
+    /// An alias: what it stands for is not followed.
+    Alias {
+        at: (u32, u32),
+    },
+}
+
+impl Node {
+    fn at(&self) -> (usize, usize) {
+        let (Node::Scalar { at, .. }
+        | Node::Seq { at, .. }
+        | Node::Map { at, .. }
+        | Node::Alias { at }) = self;
+        (at.0 as usize, at.1 as usize)
+    }
+}
+
+/// A collection being read.
+enum Open {
+    Seq((u32, u32), Vec<Node>),
+    /// Its entries, and the key read whose value comes next.
+    Map(
+        (u32, u32),
+        Vec<(Option<Box<str>>, Node)>,
+        Option<Option<Box<str>>>,
+    ),
+}
+
+impl Layout {
+    /// The line and column of the node that `steps` lead to in document `document` (0-based);
+    /// `None` when they lead nowhere in the text (through a merge key or an alias, say).
+    pub(crate) fn find(
+        &self,
+        document: usize,
+        steps: &[super::locate::Step],
+    ) -> Option<(usize, usize)> {
+        use super::locate::Step;
+        let mut node = self.documents.as_ref()?.get(document)?;
+        for step in steps {
+            node = match (node, step) {
+                (Node::Map { entries, .. }, Step::Key(k)) => {
+                    &entries
+                        .iter()
+                        .find(|(key, _)| key.as_deref() == Some(k.as_str()))?
+                        .1
+                }
+                (Node::Seq { items, .. }, Step::Index(i)) => items.get(*i)?,
+                _ => return None,
+            };
+        }
+        Some(node.at())
+    }
+
+    /// Whether the layout has document `document` (0-based).
+    pub(crate) fn has(&self, document: usize) -> bool {
+        self.documents.as_ref().is_some_and(|d| document < d.len())
+    }
+
+    /// Whether the layout has document `document`, read as a map (a Kubernetes object).
+    pub(crate) fn is_map(&self, document: usize) -> bool {
+        self.documents
+            .as_ref()
+            .and_then(|d| d.get(document))
+            .is_some_and(|n| matches!(n, Node::Map { .. }))
+    }
+
+    /// The mode fields (`defaultMode`, `mode`) of document `document` whose value is a quoted
+    /// string: path (`spec.volumes[0].secret.defaultMode`), value, line and column of the
+    /// quote. The API's modes are integers: only a plain `0644` is the YAML 1.1 octal number
+    /// Kubernetes reads; a quoted one is a string it refuses.
+    pub(crate) fn quoted_modes(&self, document: usize) -> Vec<(String, String, (usize, usize))> {
+        let mut found = Vec::new();
+        let Some(root) = self.documents.as_ref().and_then(|d| d.get(document)) else {
+            return found;
+        };
+        // An explicit stack (the depth is bounded by the check, but a file chooses it).
+        let mut stack = vec![(String::new(), root, false)];
+        while let Some((path, node, is_mode)) = stack.pop() {
+            match node {
+                Node::Scalar {
+                    text: Some(text),
+                    quoted: true,
+                    ..
+                } if is_mode => found.push((path, text.to_string(), node.at())),
+                Node::Map { entries, .. } => {
+                    for (key, value) in entries.iter().rev() {
+                        let key = key.as_deref().unwrap_or_default();
+                        let path = match path.is_empty() {
+                            true => key.to_string(),
+                            false => format!("{path}.{key}"),
+                        };
+                        stack.push((path, value, key == "defaultMode" || key == "mode"));
+                    }
+                }
+                Node::Seq { items, .. } => {
+                    for (i, item) in items.iter().enumerate().rev() {
+                        stack.push((format!("{path}[{i}]"), item, false));
+                    }
+                }
+                _ => {}
+            }
+        }
+        found
+    }
+}
+
+/// Adds a finished node to the collection being read, or as a document.
+fn attach(open: &mut [Open], documents: &mut Vec<Node>, node: Node) {
+    match open.last_mut() {
+        None => documents.push(node),
+        Some(Open::Seq(_, items)) => items.push(node),
+        Some(Open::Map(_, entries, key)) => match key.take() {
+            Some(k) => entries.push((k, node)),
+            None => {
+                *key = Some(match node {
+                    Node::Scalar { text, .. } => text,
+                    _ => None,
+                })
+            }
+        },
+    }
+}
+
 /// Checks that `text` nests at most [`MAX_NESTING`] levels and has at most [`MAX_NODES`]
-/// nodes. Time and memory are linear in the length of `text`.
-pub fn check(text: &str) -> Result<(), TooCostly> {
+/// nodes, and returns where its nodes are. Time and memory are linear in the length of `text`.
+pub(crate) fn check(text: &str) -> Result<Layout, TooCostly> {
     let options = granit_parser::options! {
         flow_nesting_limit: MAX_NESTING,
         block_nesting_limit: MAX_NESTING,
     };
     let mut nodes = 0usize;
+    let mut documents = Vec::new();
+    let mut open: Vec<Open> = Vec::new();
     for next in Parser::new_from_str_with_options(text, options) {
-        match next {
-            Ok((event, span)) => {
-                let node = matches!(
-                    event,
-                    Event::Scalar(..)
-                        | Event::SequenceStart(..)
-                        | Event::MappingStart(..)
-                        | Event::Alias(..)
-                        | Event::UnresolvedAlias(..)
+        let (event, span) = match next {
+            Ok(e) => e,
+            Err(e) => return check_unparsed(text, &e).map(|()| Layout::default()),
+        };
+        let at = (
+            u32::try_from(span.start.line()).unwrap_or(u32::MAX),
+            u32::try_from(span.start.col() + 1).unwrap_or(u32::MAX),
+        );
+        let node = matches!(
+            event,
+            Event::Scalar(..)
+                | Event::SequenceStart(..)
+                | Event::MappingStart(..)
+                | Event::Alias(..)
+                | Event::UnresolvedAlias(..)
+        );
+        nodes += usize::from(node);
+        if nodes > MAX_NODES {
+            return Err(too_many(span.start.line(), span.start.col() + 1));
+        }
+        match event {
+            Event::Scalar(value, style, ..) => {
+                let quoted = matches!(
+                    style,
+                    granit_parser::ScalarStyle::SingleQuoted
+                        | granit_parser::ScalarStyle::DoubleQuoted
                 );
-                nodes += usize::from(node);
-                if nodes > MAX_NODES {
-                    return Err(too_many(span.start.line(), span.start.col() + 1));
-                }
+                let is_key = matches!(open.last(), Some(Open::Map(_, _, None)));
+                let text = (is_key || quoted).then(|| Box::from(&*value));
+                attach(&mut open, &mut documents, Node::Scalar { at, text, quoted });
             }
-            Err(e) => return check_unparsed(text, &e),
+            Event::Alias(..) | Event::UnresolvedAlias(..) => {
+                attach(&mut open, &mut documents, Node::Alias { at });
+            }
+            Event::SequenceStart(..) => open.push(Open::Seq(at, Vec::new())),
+            Event::MappingStart(..) => open.push(Open::Map(at, Vec::new(), None)),
+            Event::SequenceEnd | Event::MappingEnd => {
+                let node = match open.pop() {
+                    Some(Open::Seq(at, items)) => Node::Seq { at, items },
+                    Some(Open::Map(at, entries, _)) => Node::Map { at, entries },
+                    None => continue,
+                };
+                attach(&mut open, &mut documents, node);
+            }
+            _ => {}
         }
     }
-    Ok(())
+    Ok(Layout {
+        documents: Some(documents),
+    })
 }
 
 /// The check for a file the event parser could not read: `e` ends its pass.
@@ -129,10 +312,10 @@ mod tests {
             "a: |\n  [[[[[[[[\n---\nb: '{{{{'\n",
             "",
         ] {
-            assert_eq!(check(text), Ok(()), "{text}");
+            assert!(check(text).is_ok(), "{text}");
         }
         let deep_enough = format!("x: {}{}", "[".repeat(100), "]".repeat(100));
-        assert_eq!(check(&deep_enough), Ok(()));
+        assert!(check(&deep_enough).is_ok());
     }
 
     #[test]
