@@ -22,7 +22,8 @@ mount_test! {
     /// made starts with the files as they were at the snapshot, not as they are now. Refused,
     /// each with what to change and nothing made: a clone smaller than its source, a data
     /// source of another kind (a volume populator), a VolumeSnapshot that asks for a new
-    /// snapshot (kubevol takes none), a VolumeSnapshot that is not defined.
+    /// snapshot (kubevol takes none), a VolumeSnapshot that is not defined, and a clone of
+    /// another namespace's volume through a claim that names it in its spec.volumeName.
     fn a_claim_starts_from_a_clone_or_a_snapshot_and_what_cannot_be_honoured_is_refused() {
         let t = TestRoot::new();
         let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
@@ -49,6 +50,11 @@ mount_test! {
             std::fs::write(&canary, "after the snapshot").unwrap();
             rustix::fs::sync();
 
+            let data_volume = m.store().persistent_volumes().into_iter().find(|v| v.object.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.name.as_deref()) == Some("data")).unwrap().object.metadata.name.clone().unwrap();
+            let in_namespace = |mut o: serde_json::Value| {
+                o["metadata"]["namespace"] = json!("team-b");
+                o
+            };
             let clone_of = |name: &str| json!({"kind": "PersistentVolumeClaim", "name": name});
             let snap_of = |name: &str| json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": name});
             let content = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent", "metadata": {"name": "snap-1-content"},
@@ -66,6 +72,12 @@ mount_test! {
                 claim("populated", "32Mi", json!({"apiGroup": "example.com", "kind": "Hello", "name": "h"})), pod_of("populated"),
                 claim("taken", "32Mi", snap_of("take")), pod_of("taken"),
                 claim("missing", "32Mi", snap_of("nowhere")), pod_of("missing"),
+                // Another namespace's claim names data's volume in its spec.volumeName (anyone
+                // who writes a claim can), and a clone of it asks for the volume's content.
+                in_namespace(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "src"},
+                    "spec": {"storageClassName": "loop", "volumeName": data_volume, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "32Mi"}}}})),
+                in_namespace(claim("steal", "32Mi", clone_of("src"))),
+                in_namespace(pod_of("steal")),
             ]).to_string());
             let copy = claim_pod("copy", "copy");
             m.wait_for_attach_and_mount(&copy).await.expect("the clone");
@@ -86,6 +98,17 @@ mount_test! {
                 wait_for_status(&m, &p, 30, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains(why)))).await;
                 let error = m.pod_status(&kubevol::pod_uid(&p)).unwrap().volumes[0].retry.last_error.clone().unwrap();
                 assert!(error.contains(&format!("PersistentVolumeClaim default/{pod}")), "names the claim: {error}");
+            }
+            let steal = kubevol::pod_uid(&serde_json::from_value(in_namespace(pod_of("steal"))).unwrap());
+            let why = format!("PersistentVolumeClaim team-b/src names PersistentVolume {data_volume} in spec.volumeName, but that volume is not bound to it");
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let error = m.pod_status(&steal).and_then(|s| s.volumes.first()?.retry.last_error.clone()).unwrap_or_default();
+                if error.contains(&why) {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "the clone of another namespace's volume is refused: {error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             assert_eq!(driver.requests("CreateVolume").len(), 3, "nothing made for what is refused");
             m.shutdown();

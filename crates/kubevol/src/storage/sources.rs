@@ -135,17 +135,24 @@ fn clone_source(t: &Target<'_>, source: &str) -> Result<String, StorageError> {
     if source_block != t.block {
         return refuse("has another volumeMode: a clone must have its source's".into());
     }
-    let bindings = host.store.bindings();
-    let volume = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.clone())
-        .filter(|v| !v.is_empty())
-        .or_else(|| bindings.volume_of(namespace, source, &crate::store::claim_uid(&claim)));
-    let Some(pv) = volume.and_then(|v| host.store.persistent_volume(&v)) else {
-        return refuse("is not bound to a volume yet: the clone waits for it".into());
+    // Bound both ways, as the PersistentVolume controller binds: the volume kubevol bound the
+    // claim to, or one whose claimRef names the claim. A claim's own spec.volumeName alone is
+    // a wish that anyone who writes a claim can make, naming any volume of any namespace.
+    let uid = crate::store::claim_uid(&claim);
+    let bound = host.store.bindings().volume_of(namespace, source, &uid);
+    let pv = match bound.and_then(|v| host.store.persistent_volume(&v)) {
+        Some(pv) => Some(pv.object),
+        None => crate::populator::claims::bound_volume(&host.store, namespace, &claim)
+            .filter(|pv| kubevol_core::binding::claim_ref_names(pv, namespace, source, Some(&uid))),
     };
-    let pv = pv.object;
+    let Some(pv) = pv else {
+        return refuse(match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+            Some(v) if !v.is_empty() => format!(
+                "names PersistentVolume {v} in spec.volumeName, but that volume is not bound to it (its claimRef does not name {namespace}/{source}): a clone starts only from a claim bound to its volume both ways"
+            ),
+            _ => "is not bound to a volume yet: the clone waits for it".into(),
+        });
+    };
     let Some(csi) = pv.spec.as_ref().and_then(|s| s.csi.as_ref()) else {
         return refuse("is not a CSI volume: only a CSI volume can be cloned".into());
     };
