@@ -489,6 +489,18 @@ impl VolumeManager {
             p.config.adopt_foreign_pods,
         )
         .await;
+        // The pods whose volumes are mounted keep their UIDs, whatever a source gave first.
+        let held: Vec<_> = {
+            let asw = p.world.asw();
+            asw.volumes()
+                .flat_map(|v| v.pods.values())
+                .map(|m| {
+                    let r = &m.pod_ref;
+                    (r.uid.clone(), (r.namespace.to_string(), r.name.to_string()))
+                })
+                .collect()
+        };
+        p.store.hold_pod_uids(held);
         let registry = p.host.root.join(crate::csi::registration::REGISTRY_DIR);
         let at_start =
             crate::csi::register_at_start(&p.host.csi, &registry, &p.config.csi_drivers).await;

@@ -598,3 +598,75 @@ mount_test! {
         });
     }
 }
+
+/// A pod manifest of `namespace/name` with `uid` (none if empty) and one emptyDir `volume`.
+fn pod_with_uid(namespace: &str, name: &str, uid: &str, volume: &str) -> String {
+    let uid = if uid.is_empty() {
+        String::new()
+    } else {
+        format!(", uid: {uid}")
+    };
+    format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}{uid}}}\nspec:\n  containers: [{{name: c, image: i, volumeMounts: [{{name: {volume}, mountPath: /d}}]}}]\n  volumes: [{{name: {volume}, emptyDir: {{}}}}]\n")
+}
+
+mount_test! {
+    /// A manifest writer gives a pod of its namespace the UID of another namespace's running
+    /// pod, in a file that sorts first: the newcomer is refused (its file's error and an event
+    /// on the running pod name both), the running pod keeps its volume and its data, whether
+    /// the newcomer's volume has the same name or another, live and across a restart (where
+    /// both files are listed at once).
+    fn a_pod_that_takes_another_pods_uid_is_refused_and_the_first_keeps_it() {
+        let root = TestRoot::new();
+        let manifests = root.manifests();
+        let web = pod_named("web");
+        let web = {
+            let mut p = web;
+            p.metadata.namespace = Some("team-a".into());
+            p
+        };
+        let uid = kubevol::pod_uid(&web);
+        write_manifest(&manifests, "web.yaml", &pod_with_uid("team-a", "web", "", "data"));
+        runtime().block_on(async {
+            let m = manager(root.path(), |_| {});
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            m.wait_for_attach_and_mount(&web).await.expect("web mounted");
+            let data = m.mounted_volumes_for_pod(&uid)["data"].path.clone();
+            std::fs::write(data.join("victim"), "VICTIM-DATA").unwrap();
+
+            for volume in ["data", "other"] {
+                write_manifest(&manifests, "000-evil.yaml", &pod_with_uid("team-b", "evil", uid.as_str(), volume));
+                let refused = format!("pod team-b/evil is refused: its metadata.uid {uid} is already the UID of pod team-a/web");
+                let deadline = std::time::Instant::now() + Duration::from_secs(120);
+                loop {
+                    let (errors, events) = (m.store().file_errors(), m.events());
+                    let in_file = errors.iter().any(|e| e.message.contains(&refused) && e.path.ends_with("000-evil.yaml"));
+                    let event = events.iter().any(|e| e.reason == "UIDConflict" && e.message.contains("team-b/evil") && e.message.contains("team-a/web"));
+                    if in_file && event {
+                        break;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "{volume}: the newcomer refused: {errors:#?} {events:#?}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // The populator has looked at the UID since the newcomer came (the event above);
+                // a probe pod mounted after that proves the reconciler planned since.
+                let probe = pod_with_volumes(&format!("probe-{volume}"), json!([{"name": "p", "emptyDir": {}}]));
+                m.add_pod(probe.clone());
+                m.wait_for_attach_and_mount(&probe).await.expect("the probe pod mounted");
+                let status = m.pod_status(&uid).expect("web's status");
+                assert_eq!((status.namespace.as_str(), status.name.as_str(), status.phase), ("team-a", "web", PodPhase::Ready));
+                assert_eq!(std::fs::read_to_string(data.join("victim")).unwrap(), "VICTIM-DATA", "{volume}: web keeps its data");
+                assert!(!m.mounted_volumes_for_pod(&uid).contains_key("other"), "nothing of evil's is mounted");
+            }
+
+            // After a restart both files are listed at once; the record says whose the UID is.
+            let m = restart(m, root.path(), |_| {}).await;
+            let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
+            m.wait_for_attach_and_mount(&web).await.expect("web mounted again");
+            let status = m.pod_status(&uid).expect("web's status");
+            assert_eq!((status.namespace.as_str(), status.name.as_str()), ("team-a", "web"));
+            assert_eq!(std::fs::read_to_string(data.join("victim")).unwrap(), "VICTIM-DATA");
+            assert!(m.store().file_errors().iter().any(|e| e.path.ends_with("000-evil.yaml") && e.message.contains("is refused")));
+            m.shutdown();
+        });
+    }
+}

@@ -316,6 +316,20 @@ impl Populator {
             return true;
         };
         let pod = &stored.pod;
+        // (Looked at whenever the UID is touched: a refused newcomer changes nothing of the pod
+        // in effect. The same event again is folded.)
+        let pref = pod_ref(pod, uid);
+        for (origin, (namespace, name)) in self.store.pod_uid_conflicts(uid) {
+            self.events.record(
+                &pref,
+                true,
+                reason::UID_CONFLICT,
+                format!(
+                    "pod {namespace}/{name} of {origin} gives itself this pod's UID {uid}: it is refused, and the UID, its directory and its volumes stay with pod {pref} ({})",
+                    stored.origin()
+                ),
+            );
+        }
         let versions = object_versions(&self.store, &self.node_name, pod, uid);
         let (objects, pending) = (versions.objects, versions.pending);
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {

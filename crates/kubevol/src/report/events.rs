@@ -26,6 +26,8 @@ pub mod reason {
     pub const SUCCESSFUL_UNMOUNT_VOLUME: &str = "SuccessfulUnMountVolume";
     /// The pod was rejected before anything was done.
     pub const FAILED_VALIDATION: &str = "FailedValidation";
+    /// Another pod gave itself this pod's UID: it is refused.
+    pub const UID_CONFLICT: &str = "UIDConflict";
     /// A field of a volume that kubevol's API types do not have: ignored.
     pub const UNKNOWN_FIELD: &str = "UnknownField";
     /// A volume was expanded on the node.

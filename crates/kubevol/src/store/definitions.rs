@@ -86,6 +86,27 @@ impl std::fmt::Display for Key {
     }
 }
 
+/// The namespace and name of a pod's definition.
+fn pod_name(def: &Shared) -> Option<NsName> {
+    match def {
+        Shared::Pod(p, _) => Some((
+            p.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
+            p.metadata.name.clone().unwrap_or_default(),
+        )),
+        _ => None,
+    }
+}
+
+fn key_uid(key: &Key) -> &str {
+    match key {
+        Key::Pod(uid) => uid.as_str(),
+        _ => "",
+    }
+}
+
 /// One definition of an object, shared with the store's view when it is the one in effect (so
 /// that readers comparing by identity see no change when only its origin changes).
 #[derive(Clone, Debug)]
@@ -195,6 +216,11 @@ pub(super) struct Objects {
     /// Every definition of every object, by origin: when the one in effect goes, the next one
     /// takes its place without any file being read again.
     defs: HashMap<Key, BTreeMap<Origin, Shared>>,
+    /// Which pod (namespace and name) holds each pod UID: the first put in effect with it, or
+    /// the one whose volumes the record found mounted at start. A definition of another pod
+    /// with that UID is refused while any definition of the UID is left: a pod's UID names its
+    /// directory, and with it its volumes' data.
+    pub(super) uid_holders: BTreeMap<PodUid, NsName>,
     pub(super) files: BTreeMap<PathBuf, FileEntry>,
     /// Objects the API server is asked for and has not listed yet.
     pub(super) pending: BTreeSet<Key>,
@@ -250,13 +276,36 @@ impl Objects {
     /// Puts the first definition of `key` in effect, or removes the object when none is left.
     /// Returns whether what readers see changed.
     pub(super) fn promote(&mut self, key: &Key) -> bool {
+        let holder = match key {
+            Key::Pod(uid) => self.holder_of(uid),
+            _ => None,
+        };
         let first = self
             .defs
             .get(key)
-            .and_then(|m| m.iter().next())
+            .and_then(|m| {
+                m.iter().find(|(_, d)| {
+                    holder
+                        .as_ref()
+                        .is_none_or(|h| pod_name(d).as_ref() == Some(h))
+                })
+            })
             .map(|(o, d)| (o.clone(), d.clone()));
+        if let (Key::Pod(uid), Some((_, def))) = (key, &first) {
+            if holder.is_none() {
+                if let Some(name) = pod_name(def) {
+                    self.uid_holders.insert(uid.clone(), name);
+                }
+            }
+        }
         let Some((origin, def)) = first else {
-            self.defs.remove(key);
+            // (A UID held before any definition of it came, from the record, stays held.)
+            if self.defs.get(key).is_some_and(|m| m.is_empty()) {
+                self.defs.remove(key);
+                if let Key::Pod(uid) = key {
+                    self.uid_holders.remove(uid);
+                }
+            }
             return match key {
                 Key::Pod(k) => self.pods.remove(k).is_some(),
                 Key::ConfigMap(k) => self.config_maps.remove(k).is_some(),
@@ -322,6 +371,46 @@ impl Objects {
         }
     }
 
+    /// The pod that holds `uid`, if one does and a definition of it is left.
+    fn holder_of(&self, uid: &PodUid) -> Option<NsName> {
+        let holder = self.uid_holders.get(uid)?;
+        let key = Key::Pod(uid.clone());
+        let defs = self.defs.get(&key)?;
+        defs.values()
+            .any(|d| pod_name(d).as_ref() == Some(holder))
+            .then(|| holder.clone())
+            // Its own definitions are all gone while another pod's are left: the UID stays
+            // with it until every definition of the UID is gone.
+            .or_else(|| (!defs.is_empty()).then(|| holder.clone()))
+    }
+
+    /// The definitions of pod UID `uid` that are another pod's than the one holding it: their
+    /// origin and namespace and name.
+    pub(super) fn uid_conflicts(&self, uid: &PodUid) -> Vec<(Origin, NsName)> {
+        let Some(holder) = self.uid_holders.get(uid) else {
+            return Vec::new();
+        };
+        self.defs
+            .get(&Key::Pod(uid.clone()))
+            .into_iter()
+            .flatten()
+            .filter_map(|(o, d)| {
+                let name = pod_name(d)?;
+                (name != *holder).then(|| (o.clone(), name))
+            })
+            .collect()
+    }
+
+    /// Gives `uid` to the pod `holder`, whose volumes the record found mounted, whoever was
+    /// given it since this store began; returns whether the pod in effect changed.
+    pub(super) fn hold_uid(&mut self, uid: PodUid, holder: NsName) -> bool {
+        if self.uid_holders.get(&uid) == Some(&holder) {
+            return false;
+        }
+        self.uid_holders.insert(uid.clone(), holder);
+        self.promote(&Key::Pod(uid))
+    }
+
     /// Adds one definition; returns its key.
     /// Defines `obj` from `origin` unless that origin's definition is the same. Returns whether
     /// anything changed.
@@ -347,10 +436,20 @@ impl Objects {
 
     fn define(&mut self, origin: Origin, obj: Object) -> Key {
         let key = Key::of(&obj);
-        self.defs
-            .entry(key.clone())
-            .or_default()
-            .insert(origin, obj.into());
+        let def = Shared::from(obj);
+        let defs = self.defs.entry(key.clone()).or_default();
+        // A pod's own origin may rename it (an edit of its file): the UID goes with it, as long
+        // as no other definition of the old name is left.
+        if let (Key::Pod(uid), Some(old), Some(new)) = (&key, defs.get(&origin), pod_name(&def)) {
+            let old = pod_name(old);
+            let renamed = old.as_ref().is_some_and(|o| *o != new);
+            let held = old.is_some() && self.uid_holders.get(uid) == old.as_ref();
+            let others = defs.iter().any(|(o, d)| *o != origin && pod_name(d) == old);
+            if renamed && held && !others {
+                self.uid_holders.insert(uid.clone(), new);
+            }
+        }
+        defs.insert(origin, def);
         key
     }
 
@@ -569,7 +668,29 @@ impl Objects {
                 message,
                 object: None,
             };
-            match defs.iter().next() {
+            let holder = match key {
+                Key::Pod(uid) => self.uid_holders.get(uid),
+                _ => None,
+            };
+            let mine = defs.get(&here).and_then(pod_name);
+            if let (Some(holder), Some(mine)) = (holder, &mine) {
+                if holder != mine {
+                    let held_by = defs
+                        .iter()
+                        .find(|(_, d)| pod_name(d).as_ref() == Some(holder))
+                        .map(|(o, _)| format!(" ({o})"))
+                        .unwrap_or_default();
+                    out.push(report(format!(
+                        "pod {}/{} is refused: its metadata.uid {} is already the UID of pod {}/{}{held_by}, which keeps it (a pod's UID names its directory and its volumes on this node); give this pod a UID of its own, or no metadata.uid (kubevol then derives one from its namespace and name)",
+                        mine.0, mine.1, key_uid(key), holder.0, holder.1
+                    )));
+                    continue;
+                }
+            }
+            let in_effect = defs
+                .iter()
+                .find(|(_, d)| holder.is_none_or(|h| pod_name(d).as_ref() == Some(h)));
+            match in_effect {
                 Some((winner, _)) if *winner != here => {
                     let what = match (key, defs.get(&here)) {
                         (Key::Pod(uid), Some(Shared::Pod(p, _))) => format!(

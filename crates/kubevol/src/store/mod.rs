@@ -490,6 +490,34 @@ impl ObjectStore {
         }
     }
 
+    /// Gives each pod UID of `held` to its pod (namespace, name), whose volumes the record found
+    /// mounted at start: a definition of another pod with that UID is refused, whichever came
+    /// first since this store began (a file that sorts first cannot take the UID of a running
+    /// pod across a restart).
+    pub fn hold_pod_uids(&self, held: impl IntoIterator<Item = (PodUid, NsName)>) {
+        let changed = {
+            let mut o = self.write();
+            let mut changed = false;
+            for (uid, holder) in held {
+                if o.hold_uid(uid.clone(), holder) {
+                    o.journal.keys.insert(definitions::Key::Pod(uid));
+                    changed = true;
+                }
+            }
+            changed
+        };
+        if changed {
+            self.bump();
+            self.log_file_errors();
+        }
+    }
+
+    /// The definitions of another pod than the one holding pod UID `uid`: their origin and the
+    /// namespace and name they give.
+    pub fn pod_uid_conflicts(&self, uid: &PodUid) -> Vec<(Origin, NsName)> {
+        self.read().uid_conflicts(uid)
+    }
+
     /// Logs the manifest errors (duplicate definitions among them) that appeared since the last
     /// look, and those that cleared.
     fn log_file_errors(&self) {
