@@ -116,3 +116,56 @@ mount_test! {
         drop(driver);
     }
 }
+
+mount_test! {
+    /// Another namespace's manifest writer names the handle of a provisioned ReadWriteOncePod
+    /// volume in a PersistentVolume of its own, ReadWriteMany, with a claim and a pod: the
+    /// volume that names the handle second is refused (bound or not), and the first keeps its
+    /// pod and its data.
+    fn a_persistent_volume_naming_another_volumes_handle_is_refused() {
+        let t = TestRoot::new();
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        let manifests = t.manifests();
+        let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "loop"},
+            "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer"});
+        let mut data = claim("data", "32Mi", json!(null));
+        data["spec"]["accessModes"] = json!(["ReadWriteOncePod"]);
+        write_manifest(&manifests, "objects.json", &list(vec![csi_driver(true), class, data, pod_of("data")]).to_string());
+        runtime().block_on(async {
+            let m = csi_manager(t.path(), &t.path().join("driver"), Duration::from_secs(60));
+            let _watch = kubevol::source::ManifestSource::new(&manifests).listen(m.store().sink(kubevol::source::ManifestSource::NAME)).await.unwrap();
+            let data = claim_pod("data", "data");
+            m.wait_for_attach_and_mount(&data).await.expect("the provisioned volume");
+            std::fs::write(mount_path(&m, &data, "data").join("secret"), "TEAM-A-SECRET-DATA").unwrap();
+            let pv = m.store().persistent_volumes().into_iter().find(|v| v.object.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|r| r.name.as_deref()) == Some("data")).unwrap().object;
+            let handle = pv.spec.as_ref().unwrap().csi.as_ref().unwrap().volume_handle.clone();
+
+            let steal_pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "steal-pv"},
+                "spec": {"capacity": {"storage": "32Mi"}, "accessModes": ["ReadWriteMany"], "persistentVolumeReclaimPolicy": "Retain",
+                         "csi": {"driver": DRIVER, "volumeHandle": handle, "fsType": "ext4"},
+                         "claimRef": {"namespace": "team-b", "name": "steal"}}});
+            let steal = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "steal", "namespace": "team-b"},
+                "spec": {"storageClassName": "", "volumeName": "steal-pv", "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "32Mi"}}}});
+            let mut thief = pod_of("steal");
+            thief["metadata"]["namespace"] = json!("team-b");
+            // A name that sorts first: the origin order alone would give it the handle.
+            write_manifest(&manifests, "000-steal.json", &list(vec![steal_pv, steal, thief.clone()]).to_string());
+            let thief = kubevol::pod_uid(&serde_json::from_value(thief).unwrap());
+            let why = format!("PersistentVolume steal-pv names volume {handle:?} of CSI driver {DRIVER}, which PersistentVolume {} ", pv.metadata.name.as_deref().unwrap());
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            loop {
+                let error = m.pod_status(&thief).and_then(|s| s.volumes.first()?.retry.last_error.clone()).unwrap_or_default();
+                if error.contains(&why) {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "the volume that names another's handle is refused: {error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(m.pod_status(&kubevol::pod_uid(&data)).unwrap().phase, kubevol::status::PodPhase::Ready);
+            assert_eq!(std::fs::read_to_string(mount_path(&m, &data, "data").join("secret")).unwrap(), "TEAM-A-SECRET-DATA");
+            assert_eq!(driver.requests("NodePublishVolume").len(), 1, "published for team-a's pod only");
+            m.shutdown();
+        });
+        drop(driver);
+    }
+}

@@ -337,7 +337,86 @@ pub fn resolve(
     if let Some(csi) = &pv_spec.csi {
         lifecycle_allows(store, &csi.driver, "Persistent")?;
     }
+    sole_volume_of_its_handle(store, &pv)?;
     Ok(pv)
+}
+
+/// The CSI volume (driver, handle) a PersistentVolume of the manifests or the library names.
+fn held_handle(s: &crate::store::Stored<PersistentVolume>) -> Option<(String, String)> {
+    if matches!(s.origin, crate::store::Origin::Cluster) {
+        return None;
+    }
+    let csi = s.object.spec.as_ref()?.csi.as_ref()?;
+    Some((csi.driver.clone(), csi.volume_handle.clone()))
+}
+
+/// Of PersistentVolumes that name one CSI volume, the one that keeps it: the one a claim is
+/// bound to, then kubevol's provisioned one, then by origin (the library API, then the file that
+/// sorts first), then by name.
+fn first_of_handle<'a>(
+    store: &ObjectStore,
+    same: impl Iterator<Item = &'a crate::store::Stored<PersistentVolume>>,
+) -> Option<&'a crate::store::Stored<PersistentVolume>> {
+    same.min_by_key(|s| {
+        let n = s.object.metadata.name.as_deref().unwrap_or_default();
+        let bound = store.bindings().claim_of(n).is_some();
+        let provisioned = matches!(s.origin, crate::store::Origin::Provisioned);
+        (!bound, !provisioned, s.origin.clone(), n.to_string())
+    })
+}
+
+/// Refuses a PersistentVolume of the manifests or the library that names the CSI volume (driver
+/// and handle) another one names first ([`first_of_handle`]): whoever writes a PersistentVolume
+/// could otherwise name another tenant's volume and mount it, around its claim and its access
+/// modes. The API server's PersistentVolumes are not held to it: only a cluster's
+/// administrators make them, and two for one share (an NFS export given to two namespaces) are
+/// theirs to make.
+pub fn sole_volume_of_its_handle(store: &ObjectStore, pv: &PersistentVolume) -> Result<(), String> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let all = store.persistent_volumes();
+    let Some(this) = all.iter().find(|s| s.object.metadata.name.as_deref() == Some(name)) else {
+        return Ok(());
+    };
+    let Some(handle) = held_handle(this) else {
+        return Ok(());
+    };
+    let same = all.iter().filter(|s| held_handle(s).as_ref() == Some(&handle));
+    let first = first_of_handle(store, same).expect("this one at least");
+    let first_name = first.object.metadata.name.as_deref().unwrap_or_default();
+    if first_name == name {
+        return Ok(());
+    }
+    Err(format!(
+        "PersistentVolume {name} names volume {:?} of CSI driver {}, which PersistentVolume {first_name} ({}) names first: one volume of the storage is one PersistentVolume, whose claim and access modes decide who mounts it; remove {name}, or give it the handle of a volume of its own",
+        handle.1, handle.0, first.origin
+    ))
+}
+
+/// The names of the PersistentVolumes of `all` that another one's CSI volume keeps out
+/// ([`sole_volume_of_its_handle`]), found in one pass.
+pub fn handles_named_first_elsewhere(
+    store: &ObjectStore,
+    all: &[crate::store::Stored<PersistentVolume>],
+) -> std::collections::HashSet<String> {
+    type Group<'a> = Vec<&'a crate::store::Stored<PersistentVolume>>;
+    let mut by_handle: std::collections::BTreeMap<(String, String), Group<'_>> =
+        std::collections::BTreeMap::new();
+    for s in all {
+        if let Some(h) = held_handle(s) {
+            by_handle.entry(h).or_default().push(s);
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    for group in by_handle.values().filter(|g| g.len() > 1) {
+        let first = first_of_handle(store, group.iter().copied()).expect("two or more");
+        out.extend(
+            group
+                .iter()
+                .filter(|s| !std::ptr::eq(**s, first))
+                .filter_map(|s| s.object.metadata.name.clone()),
+        );
+    }
+    out
 }
 
 /// The API server's checks of a PersistentVolume (a volume from a manifest file never met

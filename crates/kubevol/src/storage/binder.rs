@@ -38,10 +38,12 @@ pub fn bind_claim(
     {
         return Ok(None);
     }
-    let volumes: Vec<Arc<PersistentVolume>> = store
-        .persistent_volumes()
+    let all = store.persistent_volumes();
+    let kept_out = crate::populator::claims::handles_named_first_elsewhere(store, &all);
+    let volumes: Vec<Arc<PersistentVolume>> = all
         .into_iter()
         .filter(|s| s.invalid.is_none())
+        .filter(|s| !s.object.metadata.name.as_ref().is_some_and(|n| kept_out.contains(n)))
         .map(|s| s.object)
         .collect();
     let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();
