@@ -161,6 +161,12 @@ struct RunArgs {
     /// reported as an error of that file and not read.
     #[arg(long, default_value = "8Mi", value_parser = parse_size)]
     max_manifest_size: u64,
+    /// Follow the manifest files' symbolic links wherever they lead. Without it a link is
+    /// followed only while it stays beneath the manifest directory (kubevol reads as root: a
+    /// link written by one of the directory's writers must not read what that writer may not);
+    /// give it only if every writer of the directory may read whatever its links lead to.
+    #[arg(long)]
+    manifests_follow_links: bool,
 }
 
 #[derive(clap::Args)]
@@ -403,7 +409,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         sources.extend(kubevol::source::cluster::join(&manager, client));
     }
     if let Some(dir) = &args.manifests {
-        let source = ManifestSource::new(dir).with_max_file_size(args.max_manifest_size);
+        let source = ManifestSource::new(dir)
+            .with_max_file_size(args.max_manifest_size)
+            .with_links_followed(args.manifests_follow_links);
         sources.push(if args.once {
             // Once: a directory that cannot be read is an error now.
             let sink = manager.store().sink(ManifestSource::NAME);

@@ -18,7 +18,7 @@ mod watch;
 mod way;
 
 pub use parse::{humanize, parse_manifest};
-pub use read::{read_file, Occasion, DEFAULT_MAX_FILE_SIZE};
+pub use read::{read_file, Occasion, ReadLimits, DEFAULT_MAX_FILE_SIZE};
 #[cfg(feature = "manifests")]
 pub use watch::ManifestSource;
 

@@ -51,8 +51,8 @@ pub enum Occasion {
 /// its pods away, and their volumes with them, until the writer's close reads it again. The
 /// watch reads an empty file its writer closed again once it has stayed unchanged for a while
 /// (`Quiet`).
-pub fn read_file(path: &Path, max_size: u64, occasion: Occasion) -> (Vec<Change>, bool) {
-    let Some((content, skipped, transient)) = read_content(path, max_size, occasion) else {
+pub fn read_file(path: &Path, limits: ReadLimits, occasion: Occasion) -> (Vec<Change>, bool) {
+    let Some((content, skipped, transient)) = read_content(path, limits, occasion) else {
         return (Vec::new(), false);
     };
     let mut changes = vec![Change::File {
@@ -89,21 +89,89 @@ type Content = (
     bool,
 );
 
+/// How files are read.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimits {
+    /// The largest file read (bigger ones are reported, not read).
+    pub max_size: u64,
+    /// Follow symbolic links wherever they lead. Off, a link is followed only while it stays
+    /// beneath the manifest directory (a relative link to a file in it or below it, as a
+    /// ConfigMap's volume links `x.yaml` to `..data/x.yaml`): kubevol reads as root, and a link
+    /// written by one of the directory's writers must not read a file that writer may not.
+    pub follow_links: bool,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        ReadLimits {
+            max_size: DEFAULT_MAX_FILE_SIZE,
+            follow_links: false,
+        }
+    }
+}
+
+/// Why a file was not opened.
+enum Unopened {
+    /// Not a regular file (after following links).
+    Kind(rustix::fs::FileType),
+    /// A link out of the manifest directory, not followed.
+    LeadsOut,
+}
+
+/// Opens `path` (a file of the manifest directory) with `O_PATH`: links followed wherever they
+/// lead with `follow_links`, else only beneath the directory (`RESOLVE_BENEATH`: a link that
+/// leaves it, an absolute link among them, is refused by the kernel, with no window between a
+/// check and the open). Where the kernel has no openat2, a link is not followed at all.
+fn open_path(
+    path: &Path,
+    follow_links: bool,
+) -> Result<Result<std::os::fd::OwnedFd, Unopened>, rustix::io::Errno> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let flags = OFlags::PATH | OFlags::CLOEXEC;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return rustix::fs::open(path, flags, Mode::empty()).map(Ok);
+    };
+    if follow_links {
+        return rustix::fs::open(path, flags, Mode::empty()).map(Ok);
+    }
+    let dir = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&dir, name, flags, Mode::empty(), beneath) {
+        Ok(fd) => Ok(Ok(fd)),
+        Err(rustix::io::Errno::XDEV) => Ok(Err(Unopened::LeadsOut)),
+        Err(rustix::io::Errno::NOSYS) => {
+            match rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty()) {
+                Ok(fd) if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
+                    == rustix::fs::FileType::Symlink =>
+                {
+                    Ok(Err(Unopened::LeadsOut))
+                }
+                r => r.map(Ok),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Opens `path` for reading only once it is known to be a regular file: it is first opened
-/// with `O_PATH` (links followed; an `O_PATH` open has no side effect on a device, a FIFO or a
+/// with `O_PATH` ([`open_path`]; an `O_PATH` open has no side effect on a device, a FIFO or a
 /// socket), its type read from that descriptor, and only a regular file is opened again, for
 /// reading, through that very descriptor (`/proc/self/fd`), so nothing can be swapped in
 /// between. Where `/proc` is not mounted, the path is opened non-blocking and checked to be
 /// the same file.
 fn open_regular(
     path: &Path,
-) -> Result<Result<std::os::fd::OwnedFd, rustix::fs::FileType>, rustix::io::Errno> {
+    follow_links: bool,
+) -> Result<Result<std::os::fd::OwnedFd, Unopened>, rustix::io::Errno> {
     use rustix::fs::{FileType, Mode, OFlags};
-    let pinned = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())?;
+    let pinned = match open_path(path, follow_links)? {
+        Ok(fd) => fd,
+        Err(why) => return Ok(Err(why)),
+    };
     let st = rustix::fs::fstat(&pinned)?;
     let kind = FileType::from_raw_mode(st.st_mode);
     if kind != FileType::RegularFile {
-        return Ok(Err(kind));
+        return Ok(Err(Unopened::Kind(kind)));
     }
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     let through = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));
@@ -124,7 +192,8 @@ fn open_regular(
 /// Only a regular file is read (a symbolic link is followed, and the type is checked before
 /// the file is opened for reading, on a descriptor that pins it: see [`open_regular`]), and at
 /// most `max_size` bytes of it. `None` when it is empty and not yet applied (see [`read_file`]).
-fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Content> {
+fn read_content(path: &Path, limits: ReadLimits, occasion: Occasion) -> Option<Content> {
+    let max_size = limits.max_size;
     let failed = |message: String, transient: bool| {
         let message = if transient {
             format!("{message}; it is read again shortly")
@@ -135,13 +204,18 @@ fn read_content(path: &Path, max_size: u64, occasion: Occasion) -> Option<Conten
         (FileContent::Broken(vec![err]), None, transient)
     };
     let broken = |message: String| failed(message, false);
-    let fd = match open_regular(path) {
+    let fd = match open_regular(path, limits.follow_links) {
         Ok(Ok(fd)) => fd,
-        Ok(Err(kind)) => {
+        Ok(Err(Unopened::Kind(kind))) => {
             return Some(broken(format!(
                 "is {} (after following links), not a regular file: only regular files are read as manifests; remove it or give it another extension",
                 file_type_name(kind)
             )));
+        }
+        Ok(Err(Unopened::LeadsOut)) => {
+            return Some(broken(
+                "is a symbolic link that leads out of the manifest directory (or an absolute one), which kubevol does not follow: kubevol reads as root, and a link must not read what its writer may not; copy the file into the directory, link it relatively from within it, or start kubevol with --manifests-follow-links if every writer of the directory may read whatever its links lead to".into(),
+            ));
         }
         Err(rustix::io::Errno::NOENT) => {
             return Some((FileContent::Gone, None, false));
@@ -223,13 +297,13 @@ mod tests {
         let path = t.path().join("pod.yaml");
         std::fs::write(&path, "").unwrap();
         for occasion in [Occasion::Listed, Occasion::Written] {
-            let (changes, transient) = read_file(&path, DEFAULT_MAX_FILE_SIZE, occasion);
+            let (changes, transient) = read_file(&path, ReadLimits::default(), occasion);
             assert!(
                 changes.is_empty() && !transient,
                 "{occasion:?}: {changes:?}"
             );
         }
-        let (changes, _) = read_file(&path, DEFAULT_MAX_FILE_SIZE, Occasion::Quiet);
+        let (changes, _) = read_file(&path, ReadLimits::default(), Occasion::Quiet);
         assert!(matches!(
             &changes[0],
             Change::File { content: FileContent::Objects(o), .. } if o.is_empty()
@@ -252,11 +326,11 @@ mod tests {
         )
         .unwrap();
         let manifest = t.path().join("pod.yaml");
-        std::os::unix::fs::symlink(&fifo, &manifest).unwrap();
+        std::os::unix::fs::symlink("fifo", &manifest).unwrap();
         let watch =
             inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
         inotify::add_watch(&watch, &fifo, inotify::WatchFlags::OPEN).unwrap();
-        let (changes, transient) = read_file(&manifest, DEFAULT_MAX_FILE_SIZE, Occasion::Listed);
+        let (changes, transient) = read_file(&manifest, ReadLimits::default(), Occasion::Listed);
         assert!(!transient);
         let Change::File {
             content: FileContent::Broken(errors),
@@ -284,11 +358,47 @@ mod tests {
         )
         .unwrap();
         let link = t.path().join("cm.yaml");
-        std::os::unix::fs::symlink(&real, &link).unwrap();
-        let (changes, _) = read_file(&link, DEFAULT_MAX_FILE_SIZE, Occasion::Listed);
+        std::os::unix::fs::symlink("real", &link).unwrap();
+        let (changes, _) = read_file(&link, ReadLimits::default(), Occasion::Listed);
         assert!(matches!(
             &changes[0],
             Change::File { content: FileContent::Objects(o), .. } if o.len() == 1
         ));
+    }
+
+    /// A link that leads out of the manifest directory (to a file its writer may not read, say)
+    /// is not followed, nor an absolute one, unless links are followed wherever they lead; one
+    /// that stays beneath it is, through a subdirectory as a ConfigMap's volume links its keys.
+    #[test]
+    fn a_link_out_of_the_manifest_directory_is_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let (dir, elsewhere) = (t.path().join("manifests"), t.path().join("private"));
+        std::fs::create_dir_all(dir.join("..2026/sub")).unwrap();
+        std::fs::create_dir(&elsewhere).unwrap();
+        let cm = |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\n");
+        std::fs::write(elsewhere.join("secret.yaml"), cm("secret")).unwrap();
+        std::fs::write(dir.join("..2026/sub/inside.yaml"), cm("inside")).unwrap();
+        std::os::unix::fs::symlink("..2026", dir.join("..data")).unwrap();
+        let link = |name: &str, to: &Path| {
+            std::os::unix::fs::symlink(to, dir.join(name)).unwrap();
+            dir.join(name)
+        };
+        let out_relative = link("out.yaml", Path::new("../private/secret.yaml"));
+        let out_absolute = link("abs.yaml", &elsewhere.join("secret.yaml"));
+        let inside = link("inside.yaml", Path::new("..data/sub/inside.yaml"));
+        let objects = |path: &Path, follow_links: bool| {
+            let limits = ReadLimits { follow_links, ..ReadLimits::default() };
+            match read_file(path, limits, Occasion::Listed).0.remove(0) {
+                Change::File { content: FileContent::Objects(o), .. } => Ok(o.len()),
+                Change::File { content: FileContent::Broken(e), .. } => Err(e[0].message.clone()),
+                other => panic!("{other:?}"),
+            }
+        };
+        for path in [&out_relative, &out_absolute] {
+            let e = objects(path, false).unwrap_err();
+            assert!(e.contains("leads out of the manifest directory") && e.contains("--manifests-follow-links"), "{e}");
+            assert_eq!(objects(path, true), Ok(1));
+        }
+        assert_eq!(objects(&inside, false), Ok(1));
     }
 }

@@ -5,7 +5,7 @@
 
 use super::parse::manifest_error;
 use super::way::{way_of, Way};
-use super::{is_manifest_file, read_file, Occasion, DEFAULT_MAX_FILE_SIZE};
+use super::{is_manifest_file, read_file, Occasion, ReadLimits};
 use crate::source::{BoxFuture, PodSource, Sink};
 use crate::store::{Change, FileContent};
 use notify::Watcher;
@@ -144,7 +144,7 @@ pub struct ManifestSource {
     given: PathBuf,
     /// Where it led when last resolved: files are read and named below it.
     dir: PathBuf,
-    max_file_size: u64,
+    limits: ReadLimits,
     /// The files this source has delivered (objects or errors), with what `stat` said of each
     /// just before it was read, so that a re-listing can tell the store which are gone and
     /// read only those that changed.
@@ -183,7 +183,7 @@ impl ManifestSource {
         ManifestSource {
             given: dir.clone(),
             dir,
-            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            limits: ReadLimits::default(),
             delivered: Arc::default(),
             resolving: Arc::default(),
             retries: Arc::default(),
@@ -219,7 +219,14 @@ impl ManifestSource {
 
     /// Sets the largest file read (bigger files are reported, not read).
     pub fn with_max_file_size(mut self, bytes: u64) -> Self {
-        self.max_file_size = bytes;
+        self.limits.max_size = bytes;
+        self
+    }
+
+    /// Follows the files' symbolic links wherever they lead (by default a link is followed only
+    /// while it stays beneath the directory: see [`ReadLimits::follow_links`]).
+    pub fn with_links_followed(mut self, follow: bool) -> Self {
+        self.limits.follow_links = follow;
         self
     }
 
@@ -327,7 +334,7 @@ impl ManifestSource {
         while !rest.is_empty() {
             let (tx, mut rx) = mpsc::unbounded_channel();
             let todo: Vec<PathBuf> = rest.iter().cloned().collect();
-            let max = self.max_file_size;
+            let limits = self.limits;
             let (reads, held) = (self.reads.clone(), self.held.clone());
             tokio::task::spawn_blocking(move || {
                 for path in todo {
@@ -345,7 +352,7 @@ impl ManifestSource {
                         occasion => occasion,
                     };
                     reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let read = read_file(&path, max, occasion);
+                    let read = read_file(&path, limits, occasion);
                     if tx.send((path.clone(), signature, occasion, read)).is_err() {
                         return;
                     }
