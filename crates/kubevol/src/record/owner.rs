@@ -110,6 +110,14 @@ impl DirLock {
                 path.display()
             )));
         }
+        // A hard link to another file would have that file truncated and given the PID.
+        if st.st_nlink > 1 {
+            return Err(std::io::Error::other(format!(
+                "cannot lock {}: it has {} links (a hard link to another file, whose content kubevol would replace); remove it",
+                path.display(),
+                st.st_nlink
+            )));
+        }
         let mut file = File::from(fd);
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
@@ -193,7 +201,8 @@ mod tests {
         }
     }
 
-    /// A link planted where the lock file goes is never followed: its target keeps its bytes.
+    /// A link planted where the lock file goes is never followed, a hard link is refused: the
+    /// file behind either keeps its bytes.
     #[test]
     fn a_link_in_place_of_the_lock_file_is_refused_and_its_target_untouched() {
         let root = tempfile::tempdir().unwrap();
@@ -214,5 +223,12 @@ mod tests {
         .unwrap();
         let e = RootLock::take(fifo.path()).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+        let linked = tempfile::tempdir().unwrap();
+        let other = linked.path().join("other");
+        std::fs::write(&other, b"keep me too").unwrap();
+        std::fs::hard_link(&other, linked.path().join(LOCK_FILE)).unwrap();
+        let e = RootLock::take(linked.path()).unwrap_err();
+        assert!(e.to_string().contains("has 2 links"), "{e}");
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep me too");
     }
 }
