@@ -249,6 +249,17 @@ mount_test! {
         let rt = Runtime::new(&root.path().join("runtime"));
         runtime().block_on(async {
             let (m, pod) = ready(&root, &manifests, "follower").await;
+            // The set-up made the emptyDir's own mount shared; reading the container's mounts
+            // changes no mount.
+            let table = || {
+                use kubevol_mount::Mounter;
+                kubevol_mount::LinuxMounter.mount_table().unwrap().into_iter().map(|m| (m.mount_point.clone(), m.is_shared())).collect::<Vec<_>>()
+            };
+            let memory = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["memory"].path.clone();
+            let before = table();
+            assert!(before.contains(&(memory.clone(), true)), "the emptyDir's mount is shared after its set-up: {before:?}");
+            m.container_mounts(&pod, "follow").expect("the container's mounts");
+            assert_eq!(table(), before, "a read changed a mount");
             let container = rt.start(&m, &pod, "follow");
             let scratch = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["scratch"].path.clone();
             let begun = Instant::now();

@@ -430,11 +430,12 @@ impl Resolver<'_> {
     }
 }
 
-/// Makes sure mounts propagate as `propagation` needs from the mount that holds `path`:
-/// a mount of the volume manager's own there (a pinned hostPath, a tmpfs, a CSI volume,
-/// a subPath) is made shared, recursively, as the kubelet makes its root directory shared;
-/// a plain directory must lie on a mount that is shared already (or, for
-/// `HostToContainer`, a slave of one), as systemd makes every mount.
+/// Whether mounts propagate as `propagation` needs from the mount that holds `path`: a mount of
+/// the volume manager's own there (a pinned hostPath, a tmpfs, a CSI volume, a subPath) was
+/// made shared at its set-up ([`crate::operations`]), as the kubelet makes its root directory
+/// shared; a plain directory must lie on a mount that is shared already (or, for
+/// `HostToContainer`, a slave of one), as systemd makes every mount. Only reads the mount
+/// table: a read of a container's mounts never changes the node.
 pub(crate) fn propagating(
     mounter: &dyn Mounter,
     path: &Path,
@@ -449,12 +450,6 @@ pub(crate) fn propagating(
         .filter(|m| path.starts_with(&m.mount_point))
         .max_by_key(|m| m.mount_point.as_os_str().len());
     match holder {
-        Some(m) if m.mount_point == path => {
-            if !m.is_shared() {
-                mounter.make_shared(path).map_err(|e| format!("cannot make {} shared for {propagation:?} propagation: {e}", path.display()))?;
-            }
-            Ok(())
-        }
         Some(m) if m.is_shared() => Ok(()),
         Some(m) if m.receives_propagation() && propagation == Propagation::HostToContainer => Ok(()),
         Some(m) => Err(format!(

@@ -422,26 +422,27 @@ fn the_cri_and_oci_forms_say_what_the_runtimes_read() {
     assert!(dev.to_oci().unwrap_err().contains("is not a device"));
 }
 
+/// The check of a container's mounts reads the mount table and changes nothing: a volume's
+/// own mount that is not shared (the set-up makes it so) is reported, not made shared; a plain
+/// directory needs a shared mount (or, for HostToContainer, a slave) and says what to do.
 #[test]
-fn propagation_makes_the_volumes_own_mount_shared_and_needs_a_shared_mount_under_a_directory() {
+fn propagation_is_checked_without_changing_a_mount() {
     use kubevol_mount::{FakeMounter, MountOptions};
     let fake = FakeMounter::new();
-    fake.mount(
-        "tmpfs",
-        Path::new("/r/pods/u/volumes/t"),
-        "tmpfs",
-        &MountOptions::default(),
-    )
-    .unwrap();
-    propagating(
-        &fake,
-        Path::new("/r/pods/u/volumes/t"),
-        Propagation::HostToContainer,
-    )
-    .unwrap();
-    let table = fake.mount_table().unwrap();
-    assert!(table[0].is_shared(), "{table:?}");
-    // A plain directory on a private mount cannot propagate: said, with what to do.
+    let t = Path::new("/r/pods/u/volumes/t");
+    fake.mount("tmpfs", t, "tmpfs", &MountOptions::default())
+        .unwrap();
+    let e = propagating(&fake, t, Propagation::HostToContainer).unwrap_err();
+    assert!(
+        e.contains("to be shared or a slave, and it is private"),
+        "{e}"
+    );
+    assert!(
+        !fake.mount_table().unwrap()[0].is_shared(),
+        "a read made it shared"
+    );
+    fake.make_shared(t).unwrap();
+    propagating(&fake, t, Propagation::HostToContainer).unwrap();
     let e = propagating(
         &fake,
         Path::new("/r/pods/u/volumes/t/sub/dir"),

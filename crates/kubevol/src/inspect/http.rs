@@ -207,7 +207,7 @@ async fn container_mounts(
         let why = format!("no pod {namespace}/{name} on this node\n");
         return (StatusCode::NOT_FOUND, why).into_response();
     };
-    // It may make a volume's mount shared (a mount call): off the runtime's threads.
+    // It may read the mount table (a volume that propagates mounts): off the runtime's threads.
     let resolved = tokio::task::spawn_blocking(move || {
         let mounts = m.container_mounts(&stored.pod, &container)?;
         Ok::<_, E>(match format.as_str() {

@@ -162,7 +162,14 @@ impl SetUp {
             .set_up(ops.host.clone(), self.req.clone())
             .await
             .map_err(|e| (e, None))?;
-        match super::subpath::bind_all(ops.host.clone(), &self.want, &done.path).await {
+        let shared = |subs: Vec<_>| {
+            super::subpath::share_for_propagation(&ops.host, &self.want, &done.path, &subs)
+                .map(|()| subs)
+        };
+        match super::subpath::bind_all(ops.host.clone(), &self.want, &done.path)
+            .await
+            .and_then(shared)
+        {
             Ok(subs) => Ok((done, subs)),
             Err(e) => Err((e, Some(done.path))),
         }
@@ -182,7 +189,12 @@ impl SetUp {
         let done = quick
             .set_up_now(&ops.host, self.req.clone())
             .map_err(|e| (e, None))?;
-        match super::subpath::bind_all_now(&ops.host, &self.want, &done.path) {
+        let subs =
+            super::subpath::bind_all_now(&ops.host, &self.want, &done.path).and_then(|subs| {
+                super::subpath::share_for_propagation(&ops.host, &self.want, &done.path, &subs)
+                    .map(|()| subs)
+            });
+        match subs {
             Ok(subs) => Ok((done, subs)),
             Err(e) => Err((e, Some(done.path))),
         }

@@ -200,3 +200,35 @@ pub(crate) fn unmount_all_now(
     subpath::unmount_sub_paths(&|p| host.unmount_all(p), &dir, volume_name)?;
     Ok(())
 }
+
+/// Makes shared the mounts of kubevol's own (below the root directory) that the pod's
+/// containers mount with `mountPropagation` HostToContainer or Bidirectional: the volume's own
+/// mount, or a subPath's bind mount of it, as the kubelet makes its root directory shared. Done
+/// at set-up, so that a read of a container's mounts never has to change the node. A plain
+/// directory is left as it is (it must lie on a shared mount, which the read checks).
+pub(crate) fn share_for_propagation(
+    host: &PluginHost,
+    want: &DesiredPodVolume,
+    volume_path: &Path,
+    subs: &[SubPathMount],
+) -> Result<(), VolumeError> {
+    for (_, c) in all_containers(&want.pod) {
+        for (index, m) in c.volume_mounts.iter().flatten().enumerate() {
+            let propagates = matches!(
+                m.mount_propagation.as_deref(),
+                Some("HostToContainer" | "Bidirectional")
+            );
+            if want.outer_volume_name != m.name.as_str() || !propagates {
+                continue;
+            }
+            let path = subs
+                .iter()
+                .find(|s| s.container == c.name && s.index == index)
+                .map_or(volume_path, |s| s.path.as_path());
+            if path.starts_with(&host.root) && host.mounter.is_mount_point(path)? {
+                host.mounter.make_shared(path)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -374,13 +374,18 @@ fn first_of_handle<'a>(
 pub fn sole_volume_of_its_handle(store: &ObjectStore, pv: &PersistentVolume) -> Result<(), String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     let all = store.persistent_volumes();
-    let Some(this) = all.iter().find(|s| s.object.metadata.name.as_deref() == Some(name)) else {
+    let Some(this) = all
+        .iter()
+        .find(|s| s.object.metadata.name.as_deref() == Some(name))
+    else {
         return Ok(());
     };
     let Some(handle) = held_handle(this) else {
         return Ok(());
     };
-    let same = all.iter().filter(|s| held_handle(s).as_ref() == Some(&handle));
+    let same = all
+        .iter()
+        .filter(|s| held_handle(s).as_ref() == Some(&handle));
     let first = first_of_handle(store, same).expect("this one at least");
     let first_name = first.object.metadata.name.as_deref().unwrap_or_default();
     if first_name == name {

@@ -43,7 +43,13 @@ pub fn bind_claim(
     let volumes: Vec<Arc<PersistentVolume>> = all
         .into_iter()
         .filter(|s| s.invalid.is_none())
-        .filter(|s| !s.object.metadata.name.as_ref().is_some_and(|n| kept_out.contains(n)))
+        .filter(|s| {
+            !s.object
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| kept_out.contains(n))
+        })
         .map(|s| s.object)
         .collect();
     let refs: Vec<&PersistentVolume> = volumes.iter().map(Arc::as_ref).collect();

@@ -134,15 +134,20 @@ fn open_path(
     if follow_links {
         return rustix::fs::open(path, flags, Mode::empty()).map(Ok);
     }
-    let dir = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let dir = rustix::fs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     let beneath = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     match rustix::fs::openat2(&dir, name, flags, Mode::empty(), beneath) {
         Ok(fd) => Ok(Ok(fd)),
         Err(rustix::io::Errno::XDEV) => Ok(Err(Unopened::LeadsOut)),
         Err(rustix::io::Errno::NOSYS) => {
             match rustix::fs::openat(&dir, name, flags | OFlags::NOFOLLOW, Mode::empty()) {
-                Ok(fd) if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
-                    == rustix::fs::FileType::Symlink =>
+                Ok(fd)
+                    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
+                        == rustix::fs::FileType::Symlink =>
                 {
                     Ok(Err(Unopened::LeadsOut))
                 }
@@ -375,7 +380,8 @@ mod tests {
         let (dir, elsewhere) = (t.path().join("manifests"), t.path().join("private"));
         std::fs::create_dir_all(dir.join("..2026/sub")).unwrap();
         std::fs::create_dir(&elsewhere).unwrap();
-        let cm = |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\n");
+        let cm =
+            |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\n");
         std::fs::write(elsewhere.join("secret.yaml"), cm("secret")).unwrap();
         std::fs::write(dir.join("..2026/sub/inside.yaml"), cm("inside")).unwrap();
         std::os::unix::fs::symlink("..2026", dir.join("..data")).unwrap();
@@ -387,16 +393,29 @@ mod tests {
         let out_absolute = link("abs.yaml", &elsewhere.join("secret.yaml"));
         let inside = link("inside.yaml", Path::new("..data/sub/inside.yaml"));
         let objects = |path: &Path, follow_links: bool| {
-            let limits = ReadLimits { follow_links, ..ReadLimits::default() };
+            let limits = ReadLimits {
+                follow_links,
+                ..ReadLimits::default()
+            };
             match read_file(path, limits, Occasion::Listed).0.remove(0) {
-                Change::File { content: FileContent::Objects(o), .. } => Ok(o.len()),
-                Change::File { content: FileContent::Broken(e), .. } => Err(e[0].message.clone()),
+                Change::File {
+                    content: FileContent::Objects(o),
+                    ..
+                } => Ok(o.len()),
+                Change::File {
+                    content: FileContent::Broken(e),
+                    ..
+                } => Err(e[0].message.clone()),
                 other => panic!("{other:?}"),
             }
         };
         for path in [&out_relative, &out_absolute] {
             let e = objects(path, false).unwrap_err();
-            assert!(e.contains("leads out of the manifest directory") && e.contains("--manifests-follow-links"), "{e}");
+            assert!(
+                e.contains("leads out of the manifest directory")
+                    && e.contains("--manifests-follow-links"),
+                "{e}"
+            );
             assert_eq!(objects(path, true), Ok(1));
         }
         assert_eq!(objects(&inside, false), Ok(1));
