@@ -89,8 +89,11 @@ pub fn pod_limit(pod: &Pod, resource: &str) -> Option<i64> {
     }
 }
 
-/// The tmpfs size: the smaller of sizeLimit and the pod's memory limit, when either is set.
-pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec) -> Option<i64> {
+/// The tmpfs size, as the kubelet sizes a memory-backed emptyDir: the pod's memory limit, or
+/// without one the node's allocatable memory (`node_memory`), and the sizeLimit if it is
+/// smaller. Never unlimited: a tmpfs without a size may take half the node's memory, and one of
+/// `size=0` all of it. `None` only where the node's memory is not known (0) and nothing limits it.
+pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec, node_memory: i64) -> Option<i64> {
     let size_limit = spec
         .volume
         .empty_dir
@@ -99,7 +102,10 @@ pub fn tmpfs_size(pod: &Pod, spec: &VolumeSpec) -> Option<i64> {
         .and_then(|q| Quantity::parse(&q.0).ok())
         .map(|q| q.value())
         .filter(|v| *v > 0);
-    match (size_limit, pod_memory_limit(pod).filter(|v| *v > 0)) {
+    let base = pod_memory_limit(pod)
+        .filter(|v| *v > 0)
+        .or((node_memory > 0).then_some(node_memory));
+    match (size_limit, base) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
@@ -119,8 +125,8 @@ fn resize_tmpfs(
         return Ok(());
     };
     let (now, used) = (usage.size, usage.used);
-    // tmpfs counts whole pages; no size is no limit (`size=0`).
-    let want = tmpfs_size(&req.pod, &req.spec)
+    // tmpfs counts whole pages.
+    let want = tmpfs_size(&req.pod, &req.spec, host.node_allocatable.memory)
         .map(|s| (s.max(0) as u64).div_ceil(usage.block) * usage.block);
     match want {
         Some(w) if w == now => return Ok(()),
@@ -138,11 +144,12 @@ fn resize_tmpfs(
             );
             return Ok(());
         }
-        None if now == 0 => return Ok(()),
-        _ => {}
+        // Nothing known to size it by: it keeps the size it has.
+        None => return Ok(()),
+        Some(_) => {}
     }
-    let size = want.unwrap_or(0);
-    tracing::info!(pod = %req.pod_ref, volume = %req.outer_volume_name, from = now, to = size, "resizing a memory-backed emptyDir's tmpfs (0: no limit)");
+    let size = want.unwrap_or_default();
+    tracing::info!(pod = %req.pod_ref, volume = %req.outer_volume_name, from = now, to = size, "resizing a memory-backed emptyDir's tmpfs");
     host.resize_tmpfs(path, size)
 }
 
@@ -249,7 +256,8 @@ impl VolumePlugin for EmptyDirPlugin {
     /// limit, by a pod resize or an edit of the pod): its tmpfs is resized in place
     /// (Kubernetes 1.37, `InPlacePodVerticalScalingMemoryBackedVolumes`).
     fn set_up_again(&self, old_pod: &Pod, old: &VolumeSpec, pod: &Pod, spec: &VolumeSpec) -> bool {
-        medium(spec) == Medium::Memory && tmpfs_size(old_pod, old) != tmpfs_size(pod, spec)
+        // (The node's memory is the same for both: 0 stands for it.)
+        medium(spec) == Medium::Memory && tmpfs_size(old_pod, old, 0) != tmpfs_size(pod, spec, 0)
     }
 
     fn set_up(
@@ -298,7 +306,7 @@ impl QuickPlugin for EmptyDirPlugin {
         let fs = match medium(&req.spec) {
             Medium::Disk => None,
             Medium::Memory => {
-                let data = tmpfs_size(&req.pod, &req.spec)
+                let data = tmpfs_size(&req.pod, &req.spec, host.node_allocatable.memory)
                     .map(|s| vec![format!("size={s}")])
                     .unwrap_or_default();
                 Some(Filesystem {
@@ -399,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn tmpfs_size_is_smaller_of_size_limit_and_pod_limit() {
+    fn tmpfs_size_is_the_pods_limit_or_the_nodes_memory_and_the_size_limit_if_smaller() {
         let limited = pod(
             json!([{"name": "a", "resources": {"limits": {"memory": "32Mi"}}}, {"name": "b", "resources": {"limits": {"memory": "16Mi"}}}]),
         );
@@ -432,7 +440,18 @@ mod tests {
                 json!({"medium": "Memory", "sizeLimit": "64Mi"}),
                 Some(64 << 20),
             ),
-            ("neither", &unlimited, json!({"medium": "Memory"}), None),
+            (
+                "neither: the node's allocatable memory",
+                &unlimited,
+                json!({"medium": "Memory"}),
+                Some(1 << 30),
+            ),
+            (
+                "a size limit above the node's memory",
+                &unlimited,
+                json!({"medium": "Memory", "sizeLimit": "2Gi"}),
+                Some(1 << 30),
+            ),
             (
                 "a zero sizeLimit is no limit",
                 &limited,
@@ -447,7 +466,7 @@ mod tests {
             ),
         ];
         for (name, p, ed, want) in rows {
-            assert_eq!(tmpfs_size(p, &spec(ed)), want, "row {name}");
+            assert_eq!(tmpfs_size(p, &spec(ed), 1 << 30), want, "row {name}");
         }
     }
 
