@@ -13,10 +13,12 @@ use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use crate::quantity::Quantity;
 
 mod content;
+mod image;
 mod snapshot;
 mod static_pod;
 mod volume;
 
+pub use image::{image_reference_error, PULL_POLICIES};
 pub use snapshot::{validate_volume_snapshot, validate_volume_snapshot_content};
 pub use static_pod::static_pod_api_reference;
 
@@ -573,6 +575,10 @@ fn validate_volume_source(v: &Volume, path: &dyn fmt::Display, errs: &mut Vec<Fi
                 },
             ));
         }
+    }
+    if let Some(image) = &v.image {
+        let p = FieldPath::child(path, "image", None);
+        image::validate_image_source(image, &p.to_string(), errs);
     }
     if let Some(csi) = &v.csi {
         let p = FieldPath::child(path, "csi", None);

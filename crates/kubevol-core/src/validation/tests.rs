@@ -248,3 +248,36 @@ fn subdomain_rules() {
     assert!(dns1123_subdomain_error("web..x").is_some());
     assert!(dns1123_subdomain_error(&"a".repeat(254)).is_some());
 }
+
+/// An image volume's reference is read in the registries' grammar and its pull policy is one
+/// of the three: a newline (an option after it), a 10,000-character reference, no reference,
+/// an unknown policy are each refused by their field; a plain reference passes.
+#[test]
+fn an_image_volume_is_refused_unless_its_reference_and_pull_policy_are_real() {
+    let pod = |image: serde_json::Value| {
+        let p = json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {
+            "containers": [{"name": "c", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+            "volumes": [{"name": "v", "image": image}]}});
+        validate_pod(&serde_json::from_value(p).unwrap())
+    };
+    assert!(pod(json!({"reference": "quay.io/x/y:1", "pullPolicy": "IfNotPresent"})).is_empty());
+    let long = format!("quay.io/{}", "a".repeat(10_000));
+    for (image, field) in [
+        (
+            json!({"reference": "quay.io/x/y:1\n--privileged"}),
+            "spec.volumes[0].image.reference",
+        ),
+        (
+            json!({"reference": long}),
+            "spec.volumes[0].image.reference",
+        ),
+        (json!({}), "spec.volumes[0].image.reference"),
+        (
+            json!({"reference": "busybox", "pullPolicy": "Sometimes"}),
+            "spec.volumes[0].image.pullPolicy",
+        ),
+    ] {
+        let errs = pod(image.clone());
+        assert!(errs.iter().any(|e| e.field == field), "{image}: {errs:?}");
+    }
+}
