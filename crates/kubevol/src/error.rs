@@ -31,7 +31,7 @@ pub enum VolumeError {
         detail: String,
     },
     /// A content volume would take a pod's content volumes past its budget.
-    #[error("its content takes {} KiB and the pod's other content volumes {} KiB: past the pod's budget of {} KiB for the content of its ConfigMap, Secret, projected and downwardAPI volumes ({of}); use fewer or smaller objects, or raise the pod's ephemeral-storage limit", need / 1024, used / 1024, budget / 1024)]
+    #[error("its content takes {} KiB and the pod's other content volumes {} KiB: past the pod's budget of {} KiB for the content of its ConfigMap, Secret, projected and downwardAPI volumes ({of})", need / 1024, used / 1024, budget / 1024)]
     ContentBudget {
         /// What this volume's content takes (its files in whole pages).
         need: u64,
@@ -39,8 +39,8 @@ pub enum VolumeError {
         used: u64,
         /// The budget.
         budget: u64,
-        /// Where the budget comes from.
-        of: &'static str,
+        /// Where the budget comes from (the cap that applied), and what to do.
+        of: String,
     },
     /// A hostPath is outside the operator's allow-list.
     #[error("host path {} resolves to {} which is outside the allowed host paths [{allowed}]; ask the node operator to allow it (--host-path-allow) or use another volume type", path.display(), resolved.display())]

@@ -882,3 +882,45 @@ mount_test! {
         });
     }
 }
+
+mount_test! {
+    /// A pod that gives itself an ephemeral-storage limit of 100Ti does not get 100Ti: its
+    /// content volumes are capped by what the node has, the Secrets (in memory) by the node's
+    /// allocatable memory less the kubelet's eviction threshold, the ConfigMaps (on disk) by its
+    /// allocatable ephemeral storage less 10 %, and the refusal says which cap applied.
+    fn a_pods_own_limit_does_not_lift_its_content_budget_past_what_the_node_has() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let m = manager(root.path(), |c| {
+                c.node_allocatable = Some(kubevol_core::projection::NodeAllocatable {
+                    cpu_milli: 2000,
+                    memory: (100 << 20) + (600 << 10),
+                    ephemeral_storage: 800 << 10,
+                });
+            });
+            // 100 keys: 100 pages, 400 KiB, whatever their values.
+            let data: serde_json::Map<String, serde_json::Value> = (0..100).map(|i| (format!("k{i}"), json!("dg=="))).collect();
+            m.library().upsert_objects([
+                kubevol::store::Object::Secret(serde_json::from_value(json!({"metadata": {"name": "many", "namespace": "default"}, "data": data})).unwrap()),
+                kubevol::store::Object::ConfigMap(serde_json::from_value(json!({"metadata": {"name": "many", "namespace": "default"}, "data": data})).unwrap()),
+            ]);
+            for (kind, source, cap) in [
+                ("secret", json!({"secretName": "many"}), "the node's allocatable memory of 105472000 bytes less the kubelet's eviction threshold of 100 MiB"),
+                ("configMap", json!({"name": "many"}), "the node's allocatable ephemeral storage of 819200 bytes less the kubelet's eviction threshold of 10 %"),
+            ] {
+                let volumes: Vec<_> = (0..3).map(|i| json!({"name": format!("c{i}"), kind: source})).collect();
+                let mut p = pod_with_volumes(&format!("greedy-{}", kind.to_lowercase()), serde_json::Value::Array(volumes));
+                p.spec.as_mut().unwrap().containers[0].resources = Some(serde_json::from_value(json!({"limits": {"ephemeral-storage": "100Ti"}})).unwrap());
+                m.add_pod(p.clone());
+                let s = wait_for_status(&m, &p, 120, |s| s.volumes.iter().filter(|v| v.state == kubevol::status::VolumePhase::Mounted).count() == 1
+                    && s.volumes.iter().filter(|v| v.retry.last_error.is_some()).count() == 2).await;
+                let e = s.volumes.iter().find_map(|v| v.retry.last_error.clone()).unwrap();
+                assert!(e.contains("past the pod's budget") && e.contains(cap) && e.contains("which is below its ephemeral-storage limit of 109951162777600 bytes"), "{kind}: {e}");
+                assert!(m.events().iter().any(|ev| ev.reason == "FailedMount" && ev.message.contains(cap)), "{kind}: told as an event");
+                m.remove_pod(&p);
+                m.wait_for_unmount(&p).await.expect("torn down");
+            }
+            m.shutdown();
+        });
+    }
+}

@@ -12,6 +12,61 @@ use std::sync::Mutex;
 /// A pod's budget when it sets no ephemeral-storage limit.
 pub const DEFAULT_BUDGET: u64 = 256 << 20;
 
+/// The kubelet's default hard eviction threshold of memory (`memory.available<100Mi`): a node
+/// with less free is short of memory, and its pods are evicted.
+pub const EVICTION_MEMORY: u64 = 100 << 20;
+
+/// The kubelet's default hard eviction threshold of the node's filesystem, in percent of it
+/// (`nodefs.available<10%`).
+pub const EVICTION_NODEFS_PERCENT: u64 = 10;
+
+/// A pod's budget for its content volumes, and in words which cap applied and what to do: its
+/// `ephemeral-storage` limit (else [`DEFAULT_BUDGET`]), but never more than the node has for it
+/// (its allocatable memory for content kept in memory, its allocatable ephemeral storage for
+/// the rest, less the kubelet's eviction threshold): a pod that gave itself a limit of 100Ti
+/// would be evicted by the kubelet long before it got that, and must not get it here.
+pub(crate) fn budget_of(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    in_memory: bool,
+    node: &kubevol_core::projection::NodeAllocatable,
+) -> (u64, String) {
+    let limit = super::empty_dir::pod_limit(pod, "ephemeral-storage")
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0);
+    let (own, own_why) = match limit {
+        Some(l) => (l, format!("its ephemeral-storage limit of {l} bytes")),
+        None => (
+            DEFAULT_BUDGET,
+            "256 MiB without an ephemeral-storage limit".to_string(),
+        ),
+    };
+    let (cap, cap_why) = if in_memory {
+        let memory = u64::try_from(node.memory).unwrap_or(0);
+        (
+            memory.saturating_sub(EVICTION_MEMORY),
+            format!("the node's allocatable memory of {memory} bytes less the kubelet's eviction threshold of 100 MiB, as the volume's files are in memory"),
+        )
+    } else {
+        let storage = u64::try_from(node.ephemeral_storage).unwrap_or(0);
+        (
+            storage / 100 * (100 - EVICTION_NODEFS_PERCENT),
+            format!("the node's allocatable ephemeral storage of {storage} bytes less the kubelet's eviction threshold of 10 %"),
+        )
+    };
+    if cap > 0 && cap < own {
+        return (
+            cap,
+            format!("{cap_why}, which is below {own_why}: the kubelet would evict the pod before its volumes got more; use fewer or smaller objects"),
+        );
+    }
+    (
+        own,
+        format!(
+            "{own_why}; use fewer or smaller objects, or raise the pod's ephemeral-storage limit"
+        ),
+    )
+}
+
 /// What each content volume of each pod takes, by pod: a set-up looks at its own pod's
 /// volumes only.
 #[derive(Default)]

@@ -245,16 +245,7 @@ fn write_content(
         .values()
         .map(|f| super::budget::pages(f.data.len()))
         .sum();
-    let (budget, of) = match empty_dir::pod_limit(&req.pod, "ephemeral-storage")
-        .and_then(|l| u64::try_from(l).ok())
-        .filter(|l| *l > 0)
-    {
-        Some(limit) => (limit, "its ephemeral-storage limit"),
-        None => (
-            super::budget::DEFAULT_BUDGET,
-            "256 MiB without an ephemeral-storage limit",
-        ),
-    };
+    let (budget, of) = super::budget::budget_of(&req.pod, kind.in_memory(), &host.node_allocatable);
     host.content_usage
         .take(&req.pod_ref.uid, &req.outer_volume_name, need, budget)
         .map_err(|used| VolumeError::ContentBudget {
