@@ -32,7 +32,7 @@ async fn ready(root: &TestRoot, manifests: &Path, name: &str) -> (VolumeManager,
     let key = pod(
         serde_json::json!({"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": []}}),
     );
-    let status = wait_for_status(&m, &key, 30, |s| s.phase == PodPhase::Ready).await;
+    let status = wait_for_status(&m, &key, 120, |s| s.phase == PodPhase::Ready).await;
     assert_eq!(status.phase, PodPhase::Ready, "{status:#?}");
     let uid = kubevol::pod_uid(&key);
     let stored = m.store().pod(&uid).expect("the pod is stored");
@@ -438,7 +438,7 @@ mount_test! {
             let owner = || fs::metadata(keys.join("mine")).map(|m| m.uid()).unwrap_or(0);
             let begun = Instant::now();
             while owner() != 3000 {
-                assert!(begun.elapsed() < Duration::from_secs(30), "the new defaultUser never took");
+                assert!(begun.elapsed() < Duration::from_secs(120), "the new defaultUser never took");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             assert_eq!(fs::metadata(keys.join("theirs")).unwrap().uid(), 2000);

@@ -68,7 +68,7 @@ mount_test! {
                 claim("unbound", false),
             ]);
             let uid = m.add_pod(p.clone());
-            wait_for_status(&m, &p, 30, |s| {
+            wait_for_status(&m, &p, 120, |s| {
                 s.volumes.iter().filter(|v| v.name == "scratch" || v.name == "here").all(|v| v.state == kubevol::status::VolumePhase::Mounted)
             })
             .await;
@@ -77,7 +77,7 @@ mount_test! {
             storage_decided(&m).await;
             // A set-up's success is noted as its operation is concluded, a moment after the
             // volume shows mounted: looked at until it is.
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
             let d = loop {
                 let d = m.describe_pod(&uid).expect("described");
                 let noted = d.chains.iter().any(|c| c.volume == "scratch" && c.steps[0].detail.contains("(set up or written "));
@@ -125,7 +125,7 @@ mount_test! {
             m.library().upsert_objects([object(json!({
                 "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "default"},
                 "data": {"a": "b"}}))]);
-            wait_for_status(&m, &p, 30, |s| s.volumes.iter().any(|v| v.name == "config" && v.state == kubevol::status::VolumePhase::Mounted)).await;
+            wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|v| v.name == "config" && v.state == kubevol::status::VolumePhase::Mounted)).await;
             let d = m.describe_pod(&uid).unwrap();
             let config = d.chains.iter().find(|c| c.volume == "config").unwrap();
             assert!(config.ready && config.steps[0].state == StepState::Done, "{config:?}");

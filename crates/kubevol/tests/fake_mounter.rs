@@ -50,7 +50,7 @@ fn start_configured(
     let mut c = Config::new(root, "n");
     c.backoff.initial = Duration::from_millis(5);
     c.backoff.max = Duration::from_millis(20);
-    c.wait_timeout = Duration::from_secs(20);
+    c.wait_timeout = Duration::from_secs(120);
     tweak(&mut c);
     let m = VolumeManager::new(c, fake).unwrap();
     let sinks = sources.iter().map(|s| m.store().sink(s)).collect();
@@ -105,7 +105,7 @@ async fn mount_failures_are_retried_until_success_then_torn_down() {
     // The unmount's duration is observed as its batch concludes, a moment after the volume is
     // marked unmounted; the announcement that follows wakes this.
     let unmounted = r#"operation_name="volume_unmount",status="success""#;
-    until_announced(&m, 20, "the unmount's metric", || {
+    until_announced(&m, 120, "the unmount's metric", || {
         m.metrics_text().contains(unmounted)
     })
     .await;
@@ -148,7 +148,7 @@ async fn a_plugin_directory_made_again_behind_kubevols_back_is_the_one_used() {
         u32::MAX,
     );
     m.add_pod(p.clone());
-    until_announced(&m, 30, "m set up", || fake.is_mounted(&dir.join("m"))).await;
+    until_announced(&m, 120, "m set up", || fake.is_mounted(&dir.join("m"))).await;
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::create_dir(&dir).unwrap();
     fake.clear_failures();
@@ -199,7 +199,7 @@ async fn a_pods_directory_removed_behind_kubevols_back_is_made_again() {
         m.wait_for_unmount(&p).await.unwrap();
         let dir = pods.join(uid.as_str());
         let what = format!("pods directory {how}: the pod's directory removed");
-        until_announced(&m, 30, &what, || !dir.exists()).await;
+        until_announced(&m, 120, &what, || !dir.exists()).await;
         if i < 2 {
             std::fs::remove_dir(&pods).unwrap();
         }
@@ -237,7 +237,7 @@ async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
     );
     m.remove_pods(&pods);
     // The wait below is given the state it is about: the stuck one failed, the others gone.
-    wait_for_status(&m, &pods[1], 30, |s| {
+    wait_for_status(&m, &pods[1], 120, |s| {
         s.volumes.iter().any(|v| {
             v.retry
                 .last_error
@@ -246,7 +246,7 @@ async fn a_wait_for_many_pods_unmount_names_each_pod_still_mounted() {
         })
     })
     .await;
-    until_announced(&m, 30, "the other pods torn down", || {
+    until_announced(&m, 120, "the other pods torn down", || {
         !fake.is_mounted(&target(&pods[0])) && !fake.is_mounted(&target(&pods[2]))
     })
     .await;
@@ -292,14 +292,14 @@ async fn unmount_waits_until_sources_synced() {
     // Proof that the removal was planned: the pod left the desired state (it is Terminating),
     // and the reconciler made a pass after that.
     let mut passes = 0;
-    until_announced(&m, 20, "the pod left the desired state", || {
+    until_announced(&m, 120, "the pod left the desired state", || {
         passes = m.reconciler_passes();
         m.pod_status(&uid)
             .is_some_and(|s| s.phase == kubevol::status::PodPhase::Terminating)
     })
     .await;
     // A pass that begins after that has planned the removal (at the latest, the resync's).
-    kubevol_testserver::cluster::eventually("a pass planned the removal", 30, || {
+    kubevol_testserver::cluster::eventually("a pass planned the removal", 120, || {
         let after = m.reconciler_passes() > passes;
         async move { after }
     })
@@ -422,7 +422,7 @@ async fn unsupported_volumes_say_what_they_are_and_what_is_supported() {
     .unwrap();
     let uid = m.add_pod(p.clone());
     let mut errors: Vec<String> = Vec::new();
-    until_announced(&m, 20, "both volumes refused", || {
+    until_announced(&m, 120, "both volumes refused", || {
         errors = m
             .pod_status(&uid)
             .iter()
@@ -463,7 +463,7 @@ async fn an_idle_node_is_not_woken_by_the_resync() {
         m.wait_for_attach_and_mount(p).await.unwrap();
     }
     // Quiet: no pass over 25 resync periods. With a pass every period this never holds.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let before = m.reconciler_passes();
         tokio::time::sleep(resync * 25).await;
@@ -514,14 +514,14 @@ async fn a_secret_listed_just_after_its_watch_started_is_not_held_back() {
         }
     };
     // The Secret does not exist yet.
-    wait_for_status(&m, &p, 20, creds(kubevol::status::VolumePhase::Retrying)).await;
+    wait_for_status(&m, &p, 120, creds(kubevol::status::VolumePhase::Retrying)).await;
     // Its watch starts: the populator sees it pending.
     let key = ObjectKey::Secret(("default".into(), "s".into()));
     cluster.apply([Change::ClusterPending {
         key: key.clone(),
         pending: true,
     }]);
-    wait_for_status(&m, &p, 20, creds(kubevol::status::VolumePhase::Pending)).await;
+    wait_for_status(&m, &p, 120, creds(kubevol::status::VolumePhase::Pending)).await;
     let secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "s", "namespace": "default"},
         "data": {"password": "c2VjcmV0"}
@@ -556,7 +556,9 @@ async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
     use kubevol::PodIdentity;
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::new());
-    let m = start_waiting(t.path(), fake.clone(), Duration::from_millis(300));
+    // Waits for what comes are given all the time a loaded machine needs; the wait for a pod
+    // that never comes runs out, on a manager of its own with a short wait.
+    let m = start_waiting(t.path(), fake.clone(), Duration::from_secs(600));
     let n = 135;
     let pods: Vec<Pod> = (0..n).map(|i| pod(&format!("p{i}"))).collect();
     let who: Vec<kubevol_core::PodRef> = pods.iter().map(|p| p.pod_ref()).collect();
@@ -580,11 +582,18 @@ async fn pods_given_at_once_are_waited_for_and_removed_by_who_they_are() {
     assert_eq!(mounted(), n);
 
     let ghost = pod("ghost").pod_ref();
-    let err = m
+    let elsewhere = tempfile::tempdir().unwrap();
+    let short = start_waiting(
+        elsewhere.path(),
+        Arc::new(FakeMounter::new()),
+        Duration::from_millis(300),
+    );
+    let err = short
         .wait_for_attach_and_mount(&ghost)
         .await
         .unwrap_err()
         .to_string();
+    short.shutdown();
     assert!(
         err.starts_with("timed out after 300ms waiting for volumes of pod default/ghost"),
         "{err}"

@@ -140,7 +140,7 @@ mount_test! {
             m.wait_for_unmount(&p).await.expect("unmounted on the retry");
             assert!(mount_ids(&m.config().root_dir).is_empty());
             // The outcome's line is queued, not waited for: it is written soon after.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
             loop {
                 let records = kubevol::record::Record::read(&m.config().root_dir).unwrap().pods;
                 if records.is_empty() {

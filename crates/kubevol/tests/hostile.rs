@@ -171,7 +171,7 @@ mount_test! {
             for (row, meta, field) in escapes {
                 let text = claim("c").replace("metadata: {name: c}", meta) + "---\n" + &claim_pod(row, "c", "");
                 write_manifest(&manifests, &format!("{row}.yaml"), &text);
-                let s = wait_for_status(&m, &pod_named(row), 20, |s| !error_of(s).is_empty()).await;
+                let s = wait_for_status(&m, &pod_named(row), 120, |s| !error_of(s).is_empty()).await;
                 let e = error_of(&s);
                 assert!(e.contains("PersistentVolumeClaim default/c is invalid") && e.contains(field) && e.contains(&format!("{row}.yaml")), "{row}: {e}");
                 std::fs::remove_file(manifests.join(format!("{row}.yaml"))).unwrap();
@@ -179,7 +179,7 @@ mount_test! {
             // A name with a separator is no name a claim can have: the pod's reference to it is
             // refused, and the claim's own file says why.
             write_manifest(&manifests, "slash.yaml", &claim("c").replace("name: c", "name: \"../../outside\""));
-            until_announced(&m, 20, "the claim's file refused", || m.status(false).manifest_errors.iter().any(|e| e.contains("slash.yaml") && e.contains("metadata.name"))).await;
+            until_announced(&m, 120, "the claim's file refused", || m.status(false).manifest_errors.iter().any(|e| e.contains("slash.yaml") && e.contains("metadata.name"))).await;
             write_manifest(&manifests, "fine.yaml", &(claim("fine") + "---\n" + &claim_pod("fine", "fine", "")));
             m.wait_for_attach_and_mount(&pod_named("fine")).await.expect("a pod beside them is served");
             let local = root.path().join("root/local-path");
@@ -207,7 +207,7 @@ mount_test! {
             }
             write_manifest(&manifests, "web.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n  containers: [{name: c, volumeMounts: [{name: m, mountPath: /m}]}]\n  volumes: [{name: m, emptyDir: {medium: Memory}}]\n");
             m.wait_for_attach_and_mount(&pod_named("web")).await.expect("served beside the bombs");
-            until_announced(&m, 20, "every bomb refused", || m.status(false).manifest_errors.iter().filter(|e| e.contains("nests more than 128 levels")).count() == 8).await;
+            until_announced(&m, 120, "every bomb refused", || m.status(false).manifest_errors.iter().filter(|e| e.contains("nests more than 128 levels")).count() == 8).await;
             let errors = m.status(false).manifest_errors;
             let e = errors.iter().find(|e| e.contains("bomb0.yaml")).unwrap();
             assert!(e.contains("line 1") && e.contains("column"), "{e}");
@@ -231,7 +231,7 @@ mount_test! {
             ];
             for (name, security, field) in rows {
                 write_manifest(&manifests, &format!("{name}.yaml"), &format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n{security}  containers: [{{name: c, volumeMounts: [{{name: m, mountPath: /m}}]}}]\n  volumes: [{{name: m, emptyDir: {{}}}}]\n"));
-                let s = wait_for_status(&m, &pod_named(name), 20, |s| s.phase == PodPhase::Rejected).await;
+                let s = wait_for_status(&m, &pod_named(name), 120, |s| s.phase == PodPhase::Rejected).await;
                 assert!(error_of(&s).contains(field) && error_of(&s).contains("SELinux"), "{name}: {s:#?}");
                 assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod_named(name))).is_empty());
             }
@@ -287,7 +287,7 @@ mount_test! {
             let bindings = m.status(false).bindings;
             let new_volume = &bindings.iter().find(|b| b.claim == "default/p-v" && b.phase == "Bound").unwrap().volume;
             assert_ne!(new_volume, &old_volume);
-            until_announced(&m, 30, "the ephemeral volume deleted", || m.store().persistent_volume(&old_volume).is_none()).await;
+            until_announced(&m, 120, "the ephemeral volume deleted", || m.store().persistent_volume(&old_volume).is_none()).await;
             let local = root.path().join("root/local-path");
             let left: Vec<String> = std::fs::read_dir(&local).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| !n.starts_with('.')).collect();
             assert!(left.len() == 1 && left[0].starts_with(new_volume.as_str()), "{left:?}");
@@ -374,7 +374,7 @@ mount_test! {
             // A pod set up after the swap: the path now resolves outside.
             let q = pod_with_volumes("late", volume(&allowed.join("swap")));
             m.add_pod(q.clone());
-            let s = wait_for_status(&m, &q, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let s = wait_for_status(&m, &q, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("outside the allowed host paths"), "{e}");
 
@@ -468,14 +468,14 @@ mount_test! {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             };
-            let e = tokio::time::timeout(Duration::from_secs(30), full).await.expect("a set-up refused on the full disk");
+            let e = tokio::time::timeout(Duration::from_secs(120), full).await.expect("a set-up refused on the full disk");
             assert!(e.contains("No space left on device") || e.contains("os error 28"), "{e}");
 
             // Teardowns go on while the disk is full (their lines go into the record's
             // reserve: without it the journal's last page holds a few lines at most).
             m.remove_pods(&gone);
             for p in &gone {
-                tokio::time::timeout(Duration::from_secs(30), m.wait_for_unmount(p)).await.expect("torn down on the full disk").unwrap();
+                tokio::time::timeout(Duration::from_secs(120), m.wait_for_unmount(p)).await.expect("torn down on the full disk").unwrap();
             }
             assert!(node_root.join("filler").exists());
 
@@ -487,7 +487,7 @@ mount_test! {
             }
             let record = node_root.join("volume-record");
             assert!(!record.join("journal.corrupt").exists(), "the journal reads whole");
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
             let found = loop {
                 let found = m.status(false).reconstruction;
                 if found.pod_volumes >= before.len() || std::time::Instant::now() > deadline {

@@ -51,21 +51,21 @@ cluster_test! {
                 let cluster = &cluster;
                 move || async move { condition(cluster, pod).await.is_some_and(|c| c["status"] == json!(want)) }
             };
-            eventually("the ready pod's condition", 30, status_is("ready", "True")).await;
+            eventually("the ready pod's condition", 120, status_is("ready", "True")).await;
             assert_eq!(condition(&cluster, "ready").await.unwrap()["reason"], json!("VolumesMounted"));
-            eventually("the blocked pod's condition", 30, status_is("blocked", "False")).await;
+            eventually("the blocked pod's condition", 120, status_is("blocked", "False")).await;
             let c = condition(&cluster, "blocked").await.unwrap();
             assert_eq!(c["reason"], json!("VolumesNotReady"));
             assert!(c["message"].as_str().unwrap().contains("later"), "{c}");
 
             // The missing ConfigMap appears: the agent's next wait succeeds.
             cluster.create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "later"}, "data": {"k": "v"}})).await;
-            eventually("the blocked pod ready", 30, status_is("blocked", "True")).await;
+            eventually("the blocked pod ready", 120, status_is("blocked", "True")).await;
 
             // Deleted: torn down, then deleted for good by the agent.
             let uid = cluster.get("v1", "pods", "ready").await.unwrap()["metadata"]["uid"].as_str().unwrap().to_string();
             cluster.delete("v1", "pods", "ready", None).await;
-            eventually("the pod deleted for good", 30, || async { cluster.get("v1", "pods", "ready").await.is_none() }).await;
+            eventually("the pod deleted for good", 120, || async { cluster.get("v1", "pods", "ready").await.is_none() }).await;
             let dir = root.path().join("root/pods").join(&uid);
             assert!(!dir.join("volumes").exists() || mounts_under(&dir).is_empty(), "torn down before it was deleted");
             running.abort();

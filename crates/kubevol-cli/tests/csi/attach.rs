@@ -40,7 +40,7 @@ mount_test! {
             assert_eq!(first, Some(2), "one end-to-end time per volume's first set-up: {metrics}");
             m.remove_pods(&[p.clone(), q.clone()]);
             m.wait_for_all_pods_unmount(&[p, q]).await.unwrap();
-            wait_until("both volumes unstaged", 20, || driver.count("NodeUnstageVolume", "Ok") == 2).await;
+            wait_until("both volumes unstaged", 120, || driver.count("NodeUnstageVolume", "Ok") == 2).await;
             let controller_calls: Vec<_> = driver.calls().into_iter().filter(|c| c.0.starts_with("ControllerPublish") || c.0.starts_with("ControllerUnpublish")).collect();
             assert_eq!(controller_calls, vec![], "no publish call reached the driver");
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
@@ -73,14 +73,14 @@ mount_test! {
             m.library().upsert_objects(objects_of());
             m.add_pod(p.clone());
             m.wait_for_attach_and_mount(&p).await.unwrap();
-            wait_until("staged again", 20, || driver.count("NodeStageVolume", "Ok") == 2).await;
+            wait_until("staged again", 120, || driver.count("NodeStageVolume", "Ok") == 2).await;
             assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "attached once, before the restart");
             let staged = driver.requests("NodeStageVolume");
             assert_eq!(staged[1]["publish_context"], staged[0]["publish_context"], "the recorded publish context");
             assert_eq!(std::fs::read_to_string(mount_path(&m, &p, "data").join("f")).unwrap(), "kept");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.unwrap();
-            wait_until("detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            wait_until("detached", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
             m.shutdown();
         });
     }

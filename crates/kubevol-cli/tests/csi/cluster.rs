@@ -244,12 +244,12 @@ cluster_test! {
 
             // No Node object yet: nothing can be reported, so nothing is staged.
             let uid = kubevol::pod_uid(&pod);
-            wait_for_status(&m, &pod, 20, |s| s.uid == uid.as_str()).await;
-            wait_until("driver registration", 20, || m.csi_drivers().iter().any(|d| d.name == DRIVER)).await;
+            wait_for_status(&m, &pod, 120, |s| s.uid == uid.as_str()).await;
+            wait_until("driver registration", 120, || m.csi_drivers().iter().any(|d| d.name == DRIVER)).await;
             // A pass of the reconciler begun after the registration has planned the volume with
             // its driver there: what it did not stage, it decided not to stage.
             let passes = m.reconciler_passes();
-            wait_until("a pass after the registration", 30, || m.reconciler_passes() > passes).await;
+            wait_until("a pass after the registration", 120, || m.reconciler_passes() > passes).await;
             assert_eq!(driver.requests("NodeStageVolume").len(), 0, "staged before it was reported in use");
             cluster.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}}})).await;
             // The node's other status fields (set here as the node's owner would).
@@ -288,7 +288,7 @@ cluster_test! {
                 json!(kubevol_core::migration::migrated_plugins())
             );
             let node_meta = || async { cluster.get("v1", "nodes", &name).await.unwrap()["metadata"].clone() };
-            eventually("the Node's CSI annotation", 30, || async { node_meta().await["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string() }).await;
+            eventually("the Node's CSI annotation", 120, || async { node_meta().await["annotations"]["csi.volume.kubernetes.io/nodeid"].is_string() }).await;
             let meta = node_meta().await;
             let ids: serde_json::Value = serde_json::from_str(meta["annotations"]["csi.volume.kubernetes.io/nodeid"].as_str().unwrap()).unwrap();
             assert_eq!(ids, json!({DRIVER: node_id}));
@@ -296,14 +296,14 @@ cluster_test! {
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
             let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
-            eventually("volumesInUse emptied", 30, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
+            eventually("volumesInUse emptied", 120, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "dropped from volumesInUse only after the unstage");
 
             // The driver goes: its entry, annotation and label go with it.
             let mut driver = driver;
             driver.stop();
-            eventually("the CSINode entry removed", 30, || async { csinode().await.is_some_and(|c| c["spec"]["drivers"].as_array().is_none_or(Vec::is_empty)) }).await;
-            eventually("the Node's CSI annotation and label removed", 30, || async {
+            eventually("the CSINode entry removed", 120, || async { csinode().await.is_some_and(|c| c["spec"]["drivers"].as_array().is_none_or(Vec::is_empty)) }).await;
+            eventually("the Node's CSI annotation and label removed", 120, || async {
                 let meta = node_meta().await;
                 meta["annotations"].get("csi.volume.kubernetes.io/nodeid").is_none() && meta["labels"] == json!({"zone": "a"})
             })
@@ -333,7 +333,7 @@ cluster_test! {
             let m = cluster_manager(t.path(), &cluster);
 
             let unique = format!("kubernetes.io/csi/{DRIVER}^att");
-            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
+            let s = wait_for_status(&m, &pod, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains(&format!("waiting for the attach/detach controller: volume {unique} is not in Node {name}'s status.volumesAttached yet")), "{e}");
             let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
@@ -361,7 +361,7 @@ cluster_test! {
             assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 1, "only the controller's own call");
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
-            eventually("volumesInUse emptied", 30, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
+            eventually("volumesInUse emptied", 120, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1);
             assert_eq!(driver.count("ControllerUnpublishVolume", "Ok"), 0, "kubevol leaves the detach to the controller");
             controller
@@ -416,7 +416,7 @@ cluster_test! {
             // longer has them.
             cluster.apply(token_driver(&audience, true)).await;
             let publishes = driver.requests("NodePublishVolume").len();
-            eventually("a republish with the tokens in the secrets", 30, || {
+            eventually("a republish with the tokens in the secrets", 120, || {
                 let all = driver.requests("NodePublishVolume");
                 let done = all.len() > publishes && all.last().is_some_and(|p| !p["secret_tokens"].is_null());
                 async move { done }
@@ -464,12 +464,12 @@ cluster_test! {
             let count = || async {
                 cluster.get("storage.k8s.io/v1", "csinodes", &name).await.and_then(|c| c["spec"]["drivers"][0]["allocatable"]["count"].as_i64())
             };
-            eventually("CSINode's count from registration", 30, || async { count().await == Some(5) }).await;
+            eventually("CSINode's count from registration", 120, || async { count().await == Some(5) }).await;
             let infos = driver.count("NodeGetInfo", "Ok");
 
             // Periodically: the driver's share shrinks, CSINode follows within the period.
             std::fs::write(&max, "3").unwrap();
-            eventually("CSINode's count read again on the period", 40, || async { count().await == Some(3) }).await;
+            eventually("CSINode's count read again on the period", 120, || async { count().await == Some(3) }).await;
             assert!(driver.count("NodeGetInfo", "Ok") > infos, "NodeGetInfo was called again");
 
             // An hour's period: only the failed attach makes the count be read again now. (The
@@ -485,11 +485,11 @@ cluster_test! {
             made.status = Some(serde_json::from_value(json!({"attached": false, "attachError": {"message": "no free loop devices", "errorCode": 8, "time": "2026-01-01T00:00:00Z"}})).unwrap());
             attachments.replace_status(&attachment, &Default::default(), &made).await.unwrap();
             let pod = create_claim_pod_with(&cluster, "full", with_period).await;
-            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("ResourceExhausted"))).await;
+            let s = wait_for_status(&m, &pod, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("ResourceExhausted"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains(&format!("failed with ResourceExhausted (VolumeAttachment {attachment}: no free loop devices): this node has no room for more volumes of CSI driver {DRIVER}")), "{e}");
             assert!(e.contains("read again from NodeGetInfo: 1"), "{e}");
-            eventually("CSINode's count after the failed attach", 30, || async { count().await == Some(1) }).await;
+            eventually("CSINode's count after the failed attach", 120, || async { count().await == Some(1) }).await;
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
             m.wait_for_unmount(&pod).await.unwrap();
@@ -638,7 +638,7 @@ cluster_test! {
             assert_eq!(stage[0]["volume_id"], json!(handle), "{stage:?}");
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
-            eventually("volumesInUse emptied", 30, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
+            eventually("volumesInUse emptied", 120, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
             m.shutdown();
             cluster.clean_up().await;
         });
@@ -662,7 +662,7 @@ cluster_test! {
             let (pv_name, pod) = migrated_claim_pod(&cluster, EBS, true, source).await;
             let m = cluster_manager(t.path(), &cluster);
             let unique = format!("kubernetes.io/csi/{EBS}^{HANDLE}");
-            let s = wait_for_status(&m, &pod, 30, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
+            let s = wait_for_status(&m, &pod, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("volumesAttached"))).await;
             assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains(&unique), "{s:#?}");
 
             let node_id = m.csi_drivers()[0].node_id.clone();
@@ -719,11 +719,11 @@ cluster_test! {
             let away = image.with_extension("away");
             std::fs::rename(&image, &away).unwrap();
             let uid = kubevol::pod_uid(&pod);
-            wait_until("kubevol sees the volume inaccessible", 30, || {
+            wait_until("kubevol sees the volume inaccessible", 120, || {
                 m.pod_status(&uid).unwrap().volumes[0].health.as_ref().is_some_and(|h| !h.conditions.is_empty())
             }).await;
             if served {
-                eventually("the pod's status.volumeHealth", 30, || async {
+                eventually("the pod's status.volumeHealth", 120, || async {
                     let h = volume_health().await;
                     h[0]["name"] == "data"
                         && h[0]["healthConditions"][0]["status"] == "Inaccessible"
@@ -735,7 +735,7 @@ cluster_test! {
             }
             std::fs::rename(&away, &image).unwrap();
             if served {
-                eventually("the pod's volume recovered", 30, || async {
+                eventually("the pod's volume recovered", 120, || async {
                     let h = volume_health().await;
                     h[0]["name"] == "data" && h[0]["healthConditions"].as_array().is_none_or(|c| c.is_empty())
                 }).await;
@@ -744,11 +744,11 @@ cluster_test! {
             let volumes = image.parent().unwrap().to_path_buf();
             let volumes_away = volumes.with_extension("away");
             std::fs::rename(&volumes, &volumes_away).unwrap();
-            wait_until("kubevol sees the storage unreachable", 30, || {
+            wait_until("kubevol sees the storage unreachable", 120, || {
                 m.csi_drivers().iter().any(|d| !d.storage_health.is_empty())
             }).await;
             if served {
-                eventually("the CSINode's status.storageHealth", 30, || async {
+                eventually("the CSINode's status.storageHealth", 120, || async {
                     let s = storage_health().await;
                     s[0]["name"] == DRIVER
                         && s[0]["healthConditions"][0]["status"] == "StorageUnreachable"
@@ -756,11 +756,11 @@ cluster_test! {
                 }).await;
             }
             std::fs::rename(&volumes_away, &volumes).unwrap();
-            wait_until("kubevol sees the storage back", 30, || {
+            wait_until("kubevol sees the storage back", 120, || {
                 m.csi_drivers().iter().all(|d| d.storage_health.is_empty())
             }).await;
             if served {
-                eventually("the CSINode's storage health cleared", 30, || async {
+                eventually("the CSINode's storage health cleared", 120, || async {
                     let s = storage_health().await;
                     s.as_array().is_none_or(|s| s.is_empty())
                 }).await;

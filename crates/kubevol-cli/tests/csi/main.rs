@@ -160,7 +160,7 @@ mount_test! {
             let size = |p: &Path| rustix::fs::statvfs(p).map(|s| s.f_blocks * s.f_frsize).unwrap();
             let before = size(&mount_path(&m, &app, "data"));
             write_manifest(&manifests, "claim.json", &claim.to_string().replace("300Mi", "600Mi"));
-            wait_until("expanded on the node", 30, || driver.count("NodeExpandVolume", "Ok") == 1).await;
+            wait_until("expanded on the node", 120, || driver.count("NodeExpandVolume", "Ok") == 1).await;
             assert_eq!(driver.count("ControllerExpandVolume", "Ok"), 1);
             assert_eq!(m.store().persistent_volume(&volume).unwrap().object.spec.clone().unwrap().capacity.unwrap()["storage"].0, "600Mi");
             let after = size(&mount_path(&m, &app, "data"));
@@ -169,9 +169,9 @@ mount_test! {
 
             std::fs::remove_file(manifests.join("claim.json")).unwrap();
             m.wait_for_unmount(&app).await.expect("torn down");
-            wait_until("DeleteVolume", 30, || driver.count("DeleteVolume", "Ok") == 1).await;
+            wait_until("DeleteVolume", 120, || driver.count("DeleteVolume", "Ok") == 1).await;
             assert_eq!(driver.count("ControllerUnpublishVolume", "Ok"), 1, "detached first");
-            wait_until("forgotten", 10, || m.store().persistent_volume(&volume).is_none() && m.status(false).bindings.is_empty()).await;
+            wait_until("forgotten", 120, || m.store().persistent_volume(&volume).is_none() && m.status(false).bindings.is_empty()).await;
             m.shutdown();
         });
         drop(driver);
@@ -212,7 +212,7 @@ mount_test! {
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 0, "b still uses the volume");
             m.remove_pod(&b);
             m.wait_for_unmount(&b).await.unwrap();
-            wait_until("unstage and detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            wait_until("unstage and detach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1);
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
 
@@ -223,14 +223,14 @@ mount_test! {
             assert_eq!(std::fs::read(mount_path(&m, &c, "data").join("canary")).unwrap(), b"still here");
             let metrics = m.metrics_text();
             assert!(metrics.contains(r#"csi_operations_seconds_count{driver_name="loop.csi.kubevol.io",method_name="/csi.v1.Node/NodeStageVolume",grpc_status_code="OK",migrated="false"} 2"#), "{metrics}");
-            wait_until("volume stats", 20, || m.metrics_text().contains(r#"kubelet_volume_stats_capacity_bytes{namespace="default",persistentvolumeclaim="data"}"#)).await;
+            wait_until("volume stats", 120, || m.metrics_text().contains(r#"kubelet_volume_stats_capacity_bytes{namespace="default",persistentvolumeclaim="data"}"#)).await;
             let drivers = m.csi_drivers();
             assert_eq!(drivers.len(), 1);
             assert_eq!(drivers[0].node_id, "test-node");
             assert!(drivers[0].capabilities.stage_unstage_volume && drivers[0].capabilities.expand_volume);
             m.remove_pod(&c);
             m.wait_for_unmount(&c).await.unwrap();
-            wait_until("second detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
+            wait_until("second detach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
             m.shutdown();
         });
     }
@@ -281,7 +281,7 @@ mount_test! {
             let size = |p: &Path| { let s = rustix::fs::statvfs(p).unwrap(); s.f_blocks * s.f_frsize };
             let before = size(&gp);
             m.library().upsert_objects(objects(json!([pv_fs("grow", "600Mi", "Filesystem", "xfs")])));
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
             while driver.count("NodeExpandVolume", "Ok") != 1 {
                 assert!(
                     tokio::time::Instant::now() < deadline,
@@ -294,7 +294,7 @@ mount_test! {
             assert!(size(&gp) > before + (200 << 20), "{} -> {}", before, size(&gp));
             m.remove_pod(&g);
             m.wait_for_unmount(&g).await.unwrap();
-            wait_until("detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
+            wait_until("detach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
             m.shutdown();
         });
@@ -318,9 +318,9 @@ mount_test! {
             let p = claim_pod("p", "slow");
             m.add_pod(p.clone());
             // First the final stage error: reported, and nothing to unstage.
-            wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("InvalidArgument"))).await;
+            wait_for_status(&m, &p, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("InvalidArgument"))).await;
             // Then the stage succeeds and the publish times out: uncertain.
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("DeadlineExceeded") && e.contains("NodePublishVolume"), "the publish is the call that timed out: {e}");
             assert_eq!(driver.count("NodeStageVolume", "Ok"), 1, "the stage had answered");
@@ -328,7 +328,7 @@ mount_test! {
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 0, "a final stage error is not unstaged");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.unwrap();
-            wait_until("unstage of the deleted pod's volume", 20, || driver.count("NodeUnstageVolume", "Ok") == 1).await;
+            wait_until("unstage of the deleted pod's volume", 120, || driver.count("NodeUnstageVolume", "Ok") == 1).await;
             assert!(driver.count("NodeUnpublishVolume", "Ok") >= 1);
             assert_eq!(driver.count("ControllerPublishVolume", "Ok"), 0, "attachRequired: false");
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
@@ -354,10 +354,10 @@ mount_test! {
             let p = claim_pod("p", "k");
             m.add_pod(p.clone());
             let staged = || mounts_under(t.path()).into_iter().filter(|(path, _, _)| path.ends_with("globalmount")).count();
-            wait_until("the stage begun and mounted, not answered", 20, || driver.requests("NodeStageVolume").len() == 1 && staged() == 1).await;
+            wait_until("the stage begun and mounted, not answered", 120, || driver.requests("NodeStageVolume").len() == 1 && staged() == 1).await;
             assert_eq!(driver.count("NodeStageVolume", "Ok"), 0, "killed before it answered");
             driver.kill();
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].retry.last_error.is_some()).await;
             assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("Unavailable") || s.volumes[0].retry.last_error.as_deref().unwrap().contains("Unknown"), "{s:#?}");
             driver.args.retain(|a| a != "--delay" && a != "NodeStageVolume:3000");
             driver.restart();
@@ -365,7 +365,7 @@ mount_test! {
             assert_eq!(staged(), 1, "one staging mount after the retry");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.unwrap();
-            wait_until("detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            wait_until("detach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
             assert_eq!(staged(), 0, "no staging mount after the teardown");
             m.shutdown();
         });
@@ -383,36 +383,36 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(t.path(), |_| {});
             let old = Driver::start(&t.path().join("old"), Some(&reg), &["--driver-name", "old.csi.example.com", "--registration-versions", "0.3.0"]);
-            wait_until("refusal notified", 20, || old.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
+            wait_until("refusal notified", 120, || old.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
             let refusal = old.calls().into_iter().find(|c| c.0 == "NotifyRegistrationStatus").unwrap().2;
             assert!(refusal.contains("0.3.0") && refusal.contains("is supported"), "{refusal}");
             assert!(m.csi_drivers().is_empty());
 
             let mut good = Driver::start(&t.path().join("good"), Some(&reg), &[]);
-            wait_until("registration", 20, || m.csi_drivers().len() == 1).await;
+            wait_until("registration", 120, || m.csi_drivers().len() == 1).await;
             // The plugin is told after kubevol has taken the driver: wait for that too.
-            wait_until("the plugin told", 20, || good.count("NotifyRegistrationStatus", "Ok") == 1).await;
+            wait_until("the plugin told", 120, || good.count("NotifyRegistrationStatus", "Ok") == 1).await;
             assert_eq!(m.csi_drivers()[0].name, DRIVER);
             // The same name at another endpoint: refused at the same CSI version, as the
             // kubelet does, and taken at a higher one; both shown to the operator.
             let same = Driver::start(&t.path().join("same"), Some(&reg), &["--registration-socket", "same-reg.sock"]);
-            wait_until("the same version refused", 20, || same.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
+            wait_until("the same version refused", 120, || same.count("NotifyRegistrationStatus", "FailedPrecondition") == 1).await;
             let refusal = same.calls().into_iter().find(|c| c.0 == "NotifyRegistrationStatus").unwrap().2;
             assert!(refusal.contains("already registered at") && refusal.contains("higher or equal supported version: \"1.0.0\""), "{refusal}");
             let d = &m.csi_drivers()[0];
             assert!(d.endpoint.contains("/good/"), "the registered driver is kept: {d:?}");
             assert!(d.warnings.iter().any(|w| w.contains("/same/") && w.contains("was refused")), "{d:?}");
             let mut newer = Driver::start(&t.path().join("newer"), Some(&reg), &["--registration-socket", "newer-reg.sock", "--registration-versions", "1.0.0,1.1.0"]);
-            wait_until("a higher version replaces it", 20, || m.csi_drivers().first().is_some_and(|d| d.endpoint.contains("/newer/"))).await;
+            wait_until("a higher version replaces it", 120, || m.csi_drivers().first().is_some_and(|d| d.endpoint.contains("/newer/"))).await;
             let d = &m.csi_drivers()[0];
             assert!(d.warnings.iter().any(|w| w.contains("/good/") && w.contains("/newer/") && w.contains("was replaced")), "{d:?}");
             newer.stop();
-            wait_until("deregistration of the newer", 20, || m.csi_drivers().is_empty()).await;
+            wait_until("deregistration of the newer", 120, || m.csi_drivers().is_empty()).await;
             drop(same);
             good.stop();
-            wait_until("deregistration", 20, || m.csi_drivers().is_empty()).await;
+            wait_until("deregistration", 120, || m.csi_drivers().is_empty()).await;
             good.restart();
-            wait_until("registration again", 20, || m.csi_drivers().len() == 1).await;
+            wait_until("registration again", 120, || m.csi_drivers().len() == 1).await;
             m.shutdown();
         });
     }
@@ -444,7 +444,7 @@ mount_test! {
             m.add_pod(p.clone());
             // The Secret is missing: the error names it and says what to do (before the driver
             // registers, the error says that instead).
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("Secret default/creds"))).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("Secret default/creds"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("Secret default/creds") && e.contains("add it to the manifests") && e.contains("PersistentVolume sec"), "{e}");
             m.library().upsert_objects(objects(json!([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "default"}, "data": {"password": "VE9QU0VDUkVULVZBTFVF"}}])));
@@ -499,9 +499,9 @@ mount_test! {
                 m.remove_pod(q);
                 m.wait_for_unmount(q).await.unwrap();
                 let dir = t.path().join("root/pods").join(kubevol::pod_uid(q).as_str());
-                wait_until("pod directory removal (vol_data.json gone)", 20, || !dir.exists()).await;
+                wait_until("pod directory removal (vol_data.json gone)", 120, || !dir.exists()).await;
             }
-            wait_until("detach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            wait_until("detach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
             assert!(!stage_dir.exists(), "the staging vol_data.json and its directory go after unstage");
             m.shutdown();
         });
@@ -526,7 +526,7 @@ mount_test! {
             m.add_pod(other.clone());
             m.wait_for_attach_and_mount(&other).await.unwrap();
             // Until the driver registers, the error says so; then it names what to configure.
-            let s = wait_for_status(&m, &p, 20, |s| {
+            let s = wait_for_status(&m, &p, 120, |s| {
                 s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("--csi-controller")))
                     && s.volumes.iter().any(|v| v.state == kubevol::status::VolumePhase::Mounted)
             })
@@ -625,12 +625,12 @@ mount_test! {
                 m.library().upsert_objects(objects(json!([csi_driver(true), pv("v", "16Mi", "Filesystem"), pvc("v", "Filesystem")])));
                 let p = claim_pod("p", "v");
                 m.add_pod(p.clone());
-                let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
+                let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].state == kubevol::status::VolumePhase::Uncertain).await;
                 let e = s.volumes[0].retry.last_error.clone().unwrap_or_default();
                 assert!(e.contains(shown), "{code}: {e}");
                 m.remove_pod(&p);
                 m.wait_for_unmount(&p).await.unwrap();
-                wait_until("detach after the uncertain publish", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+                wait_until("detach after the uncertain publish", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
                 assert!(driver.count("NodeUnpublishVolume", "Ok") >= 1, "{code}");
                 assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "{code}");
                 assert!(mounts_under(&base).is_empty(), "{code}: {:?}", mounts_under(&base));
@@ -655,12 +655,12 @@ mount_test! {
             m.library().upsert_objects(objects(json!([csi_driver(true), pv("u", "16Mi", "Filesystem"), pvc("u", "Filesystem")])));
             let p = claim_pod("p", "u");
             m.add_pod(p.clone());
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("DeadlineExceeded"))).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].retry.last_error.as_deref().is_some_and(|e| e.contains("DeadlineExceeded"))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("DeadlineExceeded") && e.contains("pod default/p"), "{e}");
             m.remove_pod(&p);
             m.wait_for_unmount(&p).await.unwrap();
-            wait_until("detach of the uncertain attach", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+            wait_until("detach of the uncertain attach", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
             assert_eq!(driver.count("NodeStageVolume", "Ok"), 0);
             m.shutdown();
         });
@@ -690,7 +690,7 @@ mount_test! {
             m.wait_for_attach_and_mount(&p).await.expect("mounted");
             m.remove_pod(&p);
             let e = loop {
-                let w = tokio::time::timeout(Duration::from_secs(20), warned.recv()).await.expect("a warning within 20 s").expect("the sink is open");
+                let w = tokio::time::timeout(Duration::from_secs(120), warned.recv()).await.expect("a warning within 120 s").expect("the sink is open");
                 if w.reason == "FailedUnMount" {
                     break w.message;
                 }
@@ -701,7 +701,7 @@ mount_test! {
             );
             m.wait_for_unmount(&p).await.expect("the retry unpublishes");
             assert_eq!(driver.count("NodeUnpublishVolume", "Ok"), 2, "the claimed one and the real one");
-            wait_until("unstage", 20, || driver.count("NodeUnstageVolume", "Ok") == 1).await;
+            wait_until("unstage", 120, || driver.count("NodeUnstageVolume", "Ok") == 1).await;
             assert!(mounts_under(t.path()).is_empty(), "{:?}", mounts_under(t.path()));
             m.shutdown();
         });
@@ -767,7 +767,7 @@ mount_test! {
             m.library().upsert_objects(objects(json!([token_driver("vault", false)])));
             let p = inline_pod("app");
             m.add_pod(p.clone());
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes[0].retry.permanent).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes[0].retry.permanent).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains(&format!("CSIDriver {DRIVER} asks for service account tokens (spec.tokenRequests), which only a Kubernetes API server issues")), "{e}");
             assert!(driver.requests("NodePublishVolume").is_empty(), "nothing published");
@@ -787,7 +787,7 @@ mount_test! {
             m.library().upsert_objects(objects(json!([csi_driver(true), pv("stuck", "16Mi", "Filesystem"), pvc("stuck", "Filesystem")])));
             let p = claim_pod("p", "stuck");
             m.add_pod(p.clone());
-            wait_for_status(&m, &p, 30, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("NodeStageVolume")))).await;
+            wait_for_status(&m, &p, 120, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("NodeStageVolume")))).await;
             let d = m.describe_pod(&kubevol::pod_uid(&p)).unwrap();
             use kubevol::describe::StepState::{Done, Failed, Waiting};
             let states: Vec<(String, kubevol::describe::StepState)> = d.chains[0].steps.iter().map(|s| (s.step.clone(), s.state)).collect();

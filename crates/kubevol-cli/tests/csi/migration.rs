@@ -87,7 +87,7 @@ mount_test! {
                 m.remove_pod(q);
                 m.wait_for_unmount(q).await.unwrap();
             }
-            wait_until("both detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
+            wait_until("both detached", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 2).await;
             m.shutdown();
         });
     }
@@ -147,7 +147,7 @@ mount_test! {
 
                 m.remove_pod(&p);
                 m.wait_for_unmount(&p).await.unwrap();
-                wait_until("detached", 20, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
+                wait_until("detached", 120, || driver.count("ControllerUnpublishVolume", "Ok") == 1).await;
                 m.shutdown();
             });
         }

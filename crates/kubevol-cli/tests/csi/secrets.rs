@@ -71,7 +71,7 @@ mount_test! {
 
             std::fs::remove_file(manifests.join("claim.json")).unwrap();
             m.wait_for_unmount(&app).await.expect("torn down");
-            wait_until("DeleteVolume", 30, || driver.count("DeleteVolume", "Ok") == 1).await;
+            wait_until("DeleteVolume", 120, || driver.count("DeleteVolume", "Ok") == 1).await;
             assert_eq!(keys("DeleteVolume"), json!(["provision-key"]));
             m.shutdown();
         });

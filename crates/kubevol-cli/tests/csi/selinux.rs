@@ -55,13 +55,13 @@ mount_test! {
             // Another label on the same volume: refused, and counted.
             let b = selinux_pod("b", "shared", &["s0:c3"]);
             m.add_pod(b.clone());
-            let s = wait_for_status(&m, &b, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let s = wait_for_status(&m, &b, 120, |s| s.volumes[0].retry.last_error.is_some()).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains(&format!("conflicting SELinux labels of volume kubernetes.io/csi/{DRIVER}^shared: \"{label}\" (pod default/a) and \"system_u:object_r:container_file_t:s0:c3\" (this pod)")), "{e}");
             // Containers that disagree: refused.
             let c = selinux_pod("c", "shared", &["s0:c1,c2", "s0:c4"]);
             m.add_pod(c.clone());
-            let s = wait_for_status(&m, &c, 20, |s| s.volumes[0].retry.last_error.is_some()).await;
+            let s = wait_for_status(&m, &c, 120, |s| s.volumes[0].retry.last_error.is_some()).await;
             assert!(s.volumes[0].retry.last_error.as_deref().unwrap().contains("the containers that use the volume have different SELinux labels"), "{s:#?}");
             // The same label: shared.
             let same = selinux_pod("same", "shared", &["s0:c1,c2"]);

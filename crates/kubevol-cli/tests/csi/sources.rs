@@ -95,7 +95,7 @@ mount_test! {
                 ("missing", "VolumeSnapshot default/nowhere is not defined"),
             ] {
                 let p = claim_pod(pod, pod);
-                wait_for_status(&m, &p, 30, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains(why)))).await;
+                wait_for_status(&m, &p, 120, |s| s.volumes.first().is_some_and(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains(why)))).await;
                 let error = m.pod_status(&kubevol::pod_uid(&p)).unwrap().volumes[0].retry.last_error.clone().unwrap();
                 assert!(error.contains(&format!("PersistentVolumeClaim default/{pod}")), "names the claim: {error}");
             }

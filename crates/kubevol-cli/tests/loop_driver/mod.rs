@@ -74,7 +74,7 @@ impl Driver {
         );
         // Ready once it accepts a connection: its socket file appears at bind(), a moment
         // before it listens, and a loaded machine can stretch that moment.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while std::time::Instant::now() < deadline {
             if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
                 return;

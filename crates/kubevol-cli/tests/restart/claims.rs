@@ -142,7 +142,7 @@ mount_test! {
 /// Runs a daemon armed with fail point `point` until it dies there.
 fn die_at(env: &Env, point: &str) {
     let mut d = Daemon::start(env, Some(point), &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while !d.exited() {
         assert!(
             Instant::now() < deadline,
@@ -236,7 +236,7 @@ mount_test! {
         die_at(&env, "reclaim:after");
         let d = Daemon::start(&env, None, &[]);
         until_status(&d, "both deleted", |s| s["pods"].as_array().is_some_and(|p| p.is_empty()) && s.get("bindings").is_none_or(|b| b.as_array().is_some_and(|b| b.is_empty())));
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(120);
         while dirs() != ["not-a-volume"] || provisioned() != 0 {
             assert!(Instant::now() < deadline, "{:?} {}\n{}", dirs(), provisioned(), d.log_tail());
             std::thread::sleep(Duration::from_millis(50));

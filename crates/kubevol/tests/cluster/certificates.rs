@@ -69,7 +69,7 @@ cluster_test_with_faults! {
             // (Waits for the error that names the missing API: a retried error of another
             // kind may come first.)
             let unserved = "the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1)";
-            wait_for_status(&m, &q, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
+            wait_for_status(&m, &q, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
             m.shutdown();
             cluster.clean_up().await;
         });
@@ -263,7 +263,7 @@ cluster_test_with_faults! {
                 // Until the node's watch has brought the Node object, the volume waits for its
                 // UID (a retried error of its own); then it says the API is missing.
                 let unserved = "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1)";
-                let s = wait_for_status(&m, &p, 30, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
+                let s = wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
                 assert!(!s.volumes[0].retry.permanent, "the API may be turned on: retried");
                 m.shutdown();
                 cluster.clean_up().await;

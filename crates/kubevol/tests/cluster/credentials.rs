@@ -95,7 +95,7 @@ mount_test! {
             // Renewed in place, as a certificate manager does.
             std::fs::copy(plane.join(format!("nodes/{node}.crt")), &cert).unwrap();
             m.wait_for_attach_and_mount(&p).await.expect("mounted with the renewed certificate");
-            until(&m, 30, "ready", || kubevol::http::readiness(&m).is_ok()).await;
+            until(&m, 120, "ready", || kubevol::http::readiness(&m).is_ok()).await;
             m.shutdown();
             cluster.clean_up().await;
         });

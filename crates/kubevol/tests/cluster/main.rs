@@ -113,7 +113,7 @@ cluster_test! {
 
             // A ConfigMap update reaches the volume.
             cluster.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"level": "debug"}})).await;
-            until(&m, 10, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
+            until(&m, 120, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
 
             // Deleted gracefully: the deletionTimestamp tears the volumes down; the node then
             // deletes the pod for good.
@@ -122,7 +122,7 @@ cluster_test! {
             assert!(cluster.get("v1", "pods", "web").await.is_some(), "the server keeps it until its node deletes it");
             cluster.delete("v1", "pods", "web", Some(0)).await;
             let pod_dir = m.config().root_dir.join(format!("pods/{uid}"));
-            until(&m, 10, "the pod forgotten and its directory removed", || m.pod_status(&uid).is_none() && !pod_dir.exists()).await;
+            until(&m, 120, "the pod forgotten and its directory removed", || m.pod_status(&uid).is_none() && !pod_dir.exists()).await;
             m.shutdown();
             cluster.clean_up().await;
         });
@@ -157,7 +157,7 @@ cluster_test_with_faults! {
             // Until the Secret's watch has listed it, the volume waits: Pending, saying for
             // what, and no failure event.
             if let Some(server) = cluster.server() {
-                let s = wait_for_status(&m, &pod, 20, |s| !s.volumes.is_empty()).await;
+                let s = wait_for_status(&m, &pod, 120, |s| !s.volumes.is_empty()).await;
                 let v = &s.volumes[0];
                 assert_eq!(v.state, kubevol::status::VolumePhase::Pending, "{s:#?}");
                 assert_eq!(s.phase, kubevol::status::PodPhase::Pending, "not ready while a volume waits: {s:#?}");
@@ -273,7 +273,7 @@ cluster_test! {
                 cluster.cut().await;
                 until(&m, 60, "the source reporting the failure", || kubevol::http::readiness(&m).is_err_and(|e| e.contains("cannot be watched"))).await;
                 cluster.restore();
-                until(&m, 30, "ready again with no pod changed", || kubevol::http::readiness(&m).is_ok()).await;
+                until(&m, 120, "ready again with no pod changed", || kubevol::http::readiness(&m).is_ok()).await;
             }
             m.shutdown();
             cluster.clean_up().await;
@@ -340,7 +340,7 @@ cluster_test_with_faults! {
 
             // A service account that does not exist: the volume says so; no token anywhere.
             let named = |e: &String| e.contains("serviceaccounts \"missing\" not found") && e.contains(&format!("{ns}/missing"));
-            wait_for_status(&m, &lost, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(&named))).await;
+            wait_for_status(&m, &lost, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(&named))).await;
             let all = serde_json::to_string(&m.status(true)).unwrap();
             assert!(!all.contains(first.split('.').nth(1).unwrap()), "a token never appears in the status or events");
             m.shutdown();
@@ -371,7 +371,7 @@ cluster_test! {
                     .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
                     .collect::<Vec<_>>()
             };
-            wait_for_status(&m, &p, 20, |s| s.events.iter().any(|e| e.reason == "SuccessfulMountVolume")).await;
+            wait_for_status(&m, &p, 120, |s| s.events.iter().any(|e| e.reason == "SuccessfulMountVolume")).await;
             // The failing volume is retried every 200 ms at most: its FailedMount event is one
             // Event whose count grows, until the pod's budget (a burst of 25) is spent.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -433,7 +433,7 @@ cluster_test! {
             cluster.bind_claim("data", &pv).await;
             let m = cluster_manager(root.path(), &cluster);
             let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]))).await);
-            let s = wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("is on other nodes")))).await;
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_deref().is_some_and(|e| e.contains("is on other nodes")))).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("kubevol.io/test-zone in (a)") && e.contains(&format!("node {node}")), "{e}");
 
@@ -603,7 +603,7 @@ cluster_test! {
             let m = cluster_manager(root.path(), &cluster);
             let p = typed(&cluster.create(bound_pod("app", &node, json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]))).await);
             let error = |s: &kubevol::status::PodStatus| s.volumes.first().and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
-            let s = wait_for_status(&m, &p, 30, |s| error(s).contains("does not exist in the API server")).await;
+            let s = wait_for_status(&m, &p, 120, |s| error(s).contains("does not exist in the API server")).await;
             assert!(error(&s).contains(&format!("PersistentVolumeClaim {ns}/data does not exist in the API server: create it")), "{s:#?}");
             // Waiting for the cluster (a claim is made and bound by others), not failed.
             assert_eq!(s.volumes[0].state, kubevol::status::VolumePhase::Pending, "{s:#?}");
@@ -616,7 +616,7 @@ cluster_test! {
             cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "",
                          "selector": {"matchLabels": {"kubevol.io/test-volume": pv}}}})).await;
-            let s = wait_for_status(&m, &p, 30, |s| error(s).contains("is not bound yet")).await;
+            let s = wait_for_status(&m, &p, 120, |s| error(s).contains("is not bound yet")).await;
             assert!(error(&s).contains("waiting for the PersistentVolume controller to bind it"), "{s:#?}");
             assert_eq!(s.volumes[0].state, kubevol::status::VolumePhase::Pending, "{s:#?}");
 
@@ -736,7 +736,7 @@ spec:
             let plain = static_pod("plain");
             m.wait_for_attach_and_mount(&plain).await.unwrap();
             for (name, what) in [("uses-secret", "secrets"), ("uses-config-map", "configmaps")] {
-                let s = wait_for_status(&m, &static_pod(name), 20, |s| s.phase == kubevol::status::PodPhase::Rejected).await;
+                let s = wait_for_status(&m, &static_pod(name), 120, |s| s.phase == kubevol::status::PodPhase::Rejected).await;
                 let errors = s.errors.join("\n");
                 assert!(errors.contains(&format!("static pods may not reference {what}:")), "{name}: {errors}");
             }
@@ -777,7 +777,7 @@ cluster_test! {
             pods.patch_subresource("resize", "sized", &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(&resize))
                 .await
                 .expect("the resize is accepted");
-            until(&m, 30, "the tmpfs resized to 48Mi", || size() == 48 << 20).await;
+            until(&m, 120, "the tmpfs resized to 48Mi", || size() == 48 << 20).await;
             assert_eq!(std::fs::read_to_string(path.join("kept")).unwrap(), "yes");
             m.shutdown();
             cluster.clean_up().await;

@@ -68,7 +68,7 @@ cluster_test_with_faults! {
             assert_eq!(std::fs::read_to_string(volumes["s"].path.join("key")).unwrap(), "v1");
             cluster.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "live"}, "data": {"level": "debug"}})).await;
             let cfg = volumes["c"].path.clone();
-            until(&m, 20, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
+            until(&m, 120, "the ConfigMap update", || std::fs::read_to_string(cfg.join("level")).is_ok_and(|t| t == "debug")).await;
             let requests = storage_only_read_with_get(&cluster);
             assert!(!requests.contains_key("list secrets"), "read with a streaming list: {requests:#?}");
             // One, or a few more when the Node authorizer had not related the pod's Secret to
@@ -77,7 +77,7 @@ cluster_test_with_faults! {
             assert!(reads >= 1, "{requests:#?}");
             if let Some(server) = cluster.server() {
                 assert_eq!(reads, 1, "read once: {requests:#?}");
-                kubevol_testserver::cluster::eventually("the immutable Secret's watch closed once read", 20, || {
+                kubevol_testserver::cluster::eventually("the immutable Secret's watch closed once read", 120, || {
                     let open = server.open_watches("secrets");
                     async move { open == 0 }
                 })
@@ -145,7 +145,7 @@ cluster_test_with_faults! {
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod))["s"].path.clone();
             assert_eq!(std::fs::read_to_string(dir.join("k")).unwrap(), "v1");
             cluster.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v2"}})).await;
-            until(&m, 20, "the Secret's update", || std::fs::read_to_string(dir.join("k")).is_ok_and(|t| t == "v2")).await;
+            until(&m, 120, "the Secret's update", || std::fs::read_to_string(dir.join("k")).is_ok_and(|t| t == "v2")).await;
             let requests = storage_only_read_with_get(&cluster);
             let lists = requests.get("list secrets").copied().unwrap_or(0);
             let watches = requests.get("watch secrets").copied().unwrap_or(0);

@@ -156,7 +156,7 @@ async fn node_rights(backend: Backend) -> Vec<(String, u16, u16)> {
     ];
     kubevol_testserver::cluster::eventually(
         "the authorizer relating the pod's objects to the node",
-        30,
+        120,
         || {
             let (client, learnt) = (client.clone(), learnt.clone());
             async move {

@@ -137,7 +137,7 @@ mount_test! {
             assert_eq!(std::fs::read_to_string(handed.join("canary")).unwrap(), "checked", "the directory checked, not /etc");
             assert!(!handed.join("passwd").exists());
             let q = pods_api.create(&Default::default(), &pod("second")).await.expect("the tenant's pod");
-            wait_for_status(&m, &q, 30, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains("outside the allowed host paths")))).await;
+            wait_for_status(&m, &q, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains("outside the allowed host paths")))).await;
             m.shutdown();
             cluster.clean_up().await;
         });
@@ -179,7 +179,7 @@ mount_test! {
             let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
             let m = cluster_manager(root.path(), &cluster);
             let p = kube::Api::<k8s_openapi::api::core::v1::Pod>::default_namespaced(tenant).create(&Default::default(), &pod).await.expect("the tenant's pod");
-            let s = wait_for_status(&m, &p, 30, |s| s.volumes.iter().filter(|v| v.state == kubevol::status::VolumePhase::Mounted).count() == 2
+            let s = wait_for_status(&m, &p, 120, |s| s.volumes.iter().filter(|v| v.state == kubevol::status::VolumePhase::Mounted).count() == 2
                 && s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
             let e = s.volumes.iter().find_map(|v| v.retry.last_error.clone()).unwrap();
             assert!(e.contains("past the pod's budget of 1024 KiB") && e.contains("its ephemeral-storage limit"), "{e}");
@@ -210,16 +210,16 @@ mount_test! {
             let tries = |m: &kubevol::VolumeManager| -> u32 {
                 m.events().iter().filter(|e| e.reason == "FailedMount" && e.message.contains("volume \"stuck\"")).map(|e| e.count).sum()
             };
-            wait_for_status(&m, &p, 30, |_| tries(&m) >= 1).await;
+            wait_for_status(&m, &p, 120, |_| tries(&m) >= 1).await;
             let start = Instant::now();
             let before = tries(&m);
             for i in 0..10 {
                 config_maps.create(&Default::default(), &cm(&format!("cm-{i}"))).await.expect("a sibling's ConfigMap");
                 // Each its own news: the node has seen it before the next comes.
                 let v = format!("v{i}");
-                wait_for_status(&m, &p, 30, |s| s.volumes.iter().any(|x| x.name == v && x.state == kubevol::status::VolumePhase::Mounted)).await;
+                wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|x| x.name == v && x.state == kubevol::status::VolumePhase::Mounted)).await;
             }
-            wait_for_status(&m, &p, 30, |s| s.volumes.iter().filter(|v| v.name != "stuck").all(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
+            wait_for_status(&m, &p, 120, |s| s.volumes.iter().filter(|v| v.name != "stuck").all(|v| v.state == kubevol::status::VolumePhase::Mounted)).await;
             let allowed = 2 + start.elapsed().as_secs() as u32 / 2;
             let seen = tries(&m) - before;
             assert!(seen <= allowed, "{seen} more tries of the failing volume, {allowed} allowed");

@@ -79,10 +79,10 @@ pub fn in_private_mount_ns(test: &str, body: impl FnOnce()) {
 }
 
 /// Panics, naming `what` and the devices, unless every loop device bound to a file below `dir`
-/// is freed within 20 s (one detached lazily goes at its last close, a moment after its
+/// is freed within 120 s (one detached lazily goes at its last close, a moment after its
 /// detach; the kernel announces it only to a netlink listener, so sysfs is looked at again).
 pub fn no_loop_devices_left(dir: &Path, what: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let bound = loop_devices_below(dir);
         if bound.is_empty() {
@@ -281,7 +281,7 @@ pub fn manager(root: &Path, tweak: impl FnOnce(&mut Config)) -> VolumeManager {
     let mut config = Config::new(root.join("root"), "test-node");
     config.backoff.initial = Duration::from_millis(20);
     config.backoff.max = Duration::from_millis(200);
-    config.wait_timeout = Duration::from_secs(20);
+    config.wait_timeout = Duration::from_secs(120);
     tweak(&mut config);
     let m = VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)).expect("manager");
     let run = m.clone();
@@ -308,12 +308,12 @@ pub async fn restart_with<T>(
 ) -> (VolumeManager, T) {
     m.shutdown();
     drop(m);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let mut config = Config::new(root.join("root"), "test-node");
         config.backoff.initial = Duration::from_millis(20);
         config.backoff.max = Duration::from_millis(200);
-        config.wait_timeout = Duration::from_secs(20);
+        config.wait_timeout = Duration::from_secs(120);
         tweak(&mut config);
         match VolumeManager::new(config, Arc::new(kubevol_mount::LinuxMounter)) {
             Ok(m) => {
@@ -645,11 +645,11 @@ impl std::io::Write for LogCapture {
 /// (a positive sign that a claim was looked at, before a test asserts what was not done).
 pub async fn storage_decided(m: &VolumeManager) {
     let version = *m.store().subscribe().borrow();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while m.storage_seen() < version {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the storage controllers did not look at store version {version} within 30 s (they saw {})",
+            "the storage controllers did not look at store version {version} within 120 s (they saw {})",
             m.storage_seen()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -53,7 +53,7 @@ mount_test! {
             c.volume_mounts = None;
             c.volume_devices = Some(vec![serde_json::from_value(json!({"name": "raw", "devicePath": "/dev/raw"})).unwrap()]);
             let buid = m.add_pod(block.clone());
-            let s = wait_for_status(&m, &block, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let s = wait_for_status(&m, &block, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("PersistentVolume block-pv is a hostPath volume, which cannot be used as a raw block device"), "{e}");
             assert!(m.mounted_volumes_for_pod(&buid).is_empty());
@@ -181,7 +181,7 @@ mount_test! {
             m.add_pod(p.clone());
             let error = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().find(|v| v.name == name).and_then(|v| v.retry.last_error.clone()).unwrap_or_default();
             let mounted = |s: &kubevol::status::PodStatus, name: &str| s.volumes.iter().any(|v| v.name == name && v.state == VolumePhase::Mounted);
-            let s = wait_for_status(&m, &p, 20, |s| !error(s, "other").is_empty() && mounted(s, "later") && mounted(s, "scratch")).await;
+            let s = wait_for_status(&m, &p, 120, |s| !error(s, "other").is_empty() && mounted(s, "later") && mounted(s, "scratch")).await;
             assert!(error(&s, "other").contains("PVC default/app-other was not created for pod default/app (pod is not owner)"), "{s:#?}");
             let made = m.store().persistent_volume_claim("default", "app-later").expect("the claim made from the template");
             assert_eq!(made.origin, kubevol::store::Origin::Provisioned);
@@ -197,14 +197,14 @@ mount_test! {
             // The pod's own claim, naming its owner by kind and name (a pod of the manifests
             // has no UID the author knows): mounted.
             assert!(m.library().upsert_objects(vec![claim("app-other", "pv-theirs", json!([{"apiVersion": "v1", "kind": "Pod", "name": "app", "controller": true}]))]).is_empty());
-            wait_for_status(&m, &p, 20, |s| s.volumes.iter().any(|v| v.name == "other" && v.state == VolumePhase::Mounted)).await;
+            wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|v| v.name == "other" && v.state == VolumePhase::Mounted)).await;
             assert_eq!(m.mounted_volumes_for_pod(&uid)["other"].path, theirs);
 
             m.remove_pods(std::slice::from_ref(&p));
             m.wait_for_all_pods_unmount(&[p]).await.expect("torn down");
             // The claim made for it goes with it, and its volume by the class's policy; the
             // claims of the library stay.
-            until_announced(&m, 20, "the made claim and its volume gone", || m.store().persistent_volume_claim("default", "app-later").is_none() && !later_dir.exists()).await;
+            until_announced(&m, 120, "the made claim and its volume gone", || m.store().persistent_volume_claim("default", "app-later").is_none() && !later_dir.exists()).await;
             assert!(m.store().persistent_volume_claim("default", "app-scratch").is_some());
             assert!(mine.exists());
             m.shutdown();
@@ -309,7 +309,7 @@ mount_test! {
                 m.add_pod(bad.last().unwrap().clone());
             }
             for ((name, _, want), p) in rows.iter().zip(&bad) {
-                let s = wait_for_status(&m, p, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+                let s = wait_for_status(&m, p, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
                 let e = s.volumes[0].retry.last_error.clone().unwrap();
                 assert!(e.contains(want), "row {name}: {e}");
                 assert!(matches!(s.volumes[0].state, VolumePhase::Failed | VolumePhase::Retrying), "row {name}: an error of the volume, not an unsupported type: {:?}", s.volumes[0].state);
@@ -398,7 +398,7 @@ mount_test! {
 
             let dir = device_pod("wrong", "dir-claim");
             m.add_pod(dir.clone());
-            let s = wait_for_status(&m, &dir, 20, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
+            let s = wait_for_status(&m, &dir, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.is_some())).await;
             let e = s.volumes[0].retry.last_error.clone().unwrap();
             assert!(e.contains("is a directory, not a block device (volumeMode Block needs one)"), "{e}");
 
@@ -481,7 +481,7 @@ mount_test! {
             m.wait_for_attach_and_mount(&pod_named("other")).await.expect("bound and mounted");
             assert_eq!(bindings(&m), ["default/data -> small", "default/other -> tiny"]);
             write_manifest(&manifests, "huge.yaml", &claim_and_pod("huge", "50Gi"));
-            let s = wait_for_status(&m, &pod_named("huge"), 20, |s| error_of(s).contains("no PersistentVolume fits")).await;
+            let s = wait_for_status(&m, &pod_named("huge"), 120, |s| error_of(s).contains("no PersistentVolume fits")).await;
             let e = error_of(&s);
             assert!(e.contains("huge.yaml (document 2): volume \"data\" of pod default/huge: PersistentVolumeClaim default/huge is not bound: no PersistentVolume fits it (big: its capacity 10Gi is less than the claim's request 50Gi; small: it is bound to claim default/data, its capacity 2Gi is less"), "{e}");
             assert!(e.ends_with("; 1 more), and no StorageClass manual is defined, so none is provisioned for it: add a PersistentVolume that fits, or a StorageClass manual of provisioner kubevol.io/local-path"), "{e}");
@@ -491,7 +491,7 @@ mount_test! {
             std::fs::remove_file(manifests.join("data.yaml")).unwrap();
             m.wait_for_unmount(&data).await.expect("torn down");
             let released = "default/data -> small (Released: the claim is gone; the volume keeps its data and is kept for a claim of that name)".to_string();
-            until_announced(&m, 20, "the volume released", || bindings(&m).contains(&released)).await;
+            until_announced(&m, 120, "the volume released", || bindings(&m).contains(&released)).await;
             write_manifest(&manifests, "intruder.yaml", &claim_and_pod("intruder", "1Gi"));
             m.wait_for_attach_and_mount(&pod_named("intruder")).await.expect("bound to what is free");
             assert!(bindings(&m).contains(&"default/intruder -> big".to_string()), "{:?}", bindings(&m));
@@ -499,7 +499,7 @@ mount_test! {
             // Not even a claim that names it gets it.
             let named = claim_and_pod("named", "1Gi").replace("resources:", "volumeName: small\n  resources:");
             write_manifest(&manifests, "named.yaml", &named);
-            let s = wait_for_status(&m, &pod_named("named"), 20, |s| error_of(s).contains("never given to two claims")).await;
+            let s = wait_for_status(&m, &pod_named("named"), 120, |s| error_of(s).contains("never given to two claims")).await;
             assert!(error_of(&s).contains("PersistentVolume small was bound by kubevol to claim default/data"), "{s:#?}");
             std::fs::remove_file(manifests.join("named.yaml")).unwrap();
             write_manifest(&manifests, "data.yaml", &claim_and_pod("data", "1Gi"));
@@ -568,7 +568,7 @@ mount_test! {
             // A claim that asks for more than its class lets it have: the volume stays as it
             // is, mounted, and the pod is told.
             write_manifest(&manifests, "db.yaml", &claim("db", "").replace("storage: 1Gi", "storage: 2Gi"));
-            until_announced(&m, 20, "the resize refused", || m.events().iter().any(|e| e.reason == "VolumeResizeFailed" && e.message.contains("StorageClass kept does not allow volume expansion"))).await;
+            until_announced(&m, 120, "the resize refused", || m.events().iter().any(|e| e.reason == "VolumeResizeFailed" && e.message.contains("StorageClass kept does not allow volume expansion"))).await;
             assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&pod_named("db"))).contains_key("data"));
             assert_eq!(m.store().persistent_volume(&volume_of(&m, "db")).unwrap().object.spec.clone().unwrap().capacity.unwrap()["storage"].0, "1Gi");
 
@@ -581,19 +581,19 @@ mount_test! {
             ] {
                 write_manifest(&manifests, &format!("{name}.yaml"), &claim(name, spec));
                 // The binder's word on the claim, once it has looked at it.
-                wait_for_status(&m, &pod_named(name), 20, |s| error_of(s).contains(why)).await;
+                wait_for_status(&m, &pod_named(name), 120, |s| error_of(s).contains(why)).await;
             }
 
             // A manifest that no longer parses deletes nothing.
             let dir = root.path().join("root/local-path").join(format!("{volume}_default_web"));
             write_manifest(&manifests, "web.yaml", "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: web\n");
-            until_announced(&m, 20, "the manifest error", || !m.status(false).manifest_errors.is_empty()).await;
+            until_announced(&m, 120, "the manifest error", || !m.status(false).manifest_errors.is_empty()).await;
             assert!(m.mounted_volumes_for_pod(&kubevol::pod_uid(&web)).contains_key("data"));
             assert_eq!(std::fs::read_to_string(dir.join("kept")).unwrap(), "yes");
             // The claim removed while its pod still names it: nothing is deleted while the pod
             // is there.
             write_manifest(&manifests, "web.yaml", claim("web", "").split("---\n").nth(1).unwrap());
-            until_announced(&m, 20, "the claim gone", || m.store().persistent_volume_claim("default", "web").is_none()).await;
+            until_announced(&m, 120, "the claim gone", || m.store().persistent_volume_claim("default", "web").is_none()).await;
             // The storage controllers have looked at the claim's removal: what they did not do,
             // they decided not to do.
             storage_decided(&m).await;
@@ -603,14 +603,14 @@ mount_test! {
             // unmounted; Retain keeps it, Released.
             std::fs::remove_file(manifests.join("web.yaml")).unwrap();
             m.wait_for_unmount(&web).await.expect("torn down");
-            until_announced(&m, 20, "the volume deleted", || !dir.exists() && m.store().persistent_volume(&volume).is_none()).await;
+            until_announced(&m, 120, "the volume deleted", || !dir.exists() && m.store().persistent_volume(&volume).is_none()).await;
             assert!(!m.status(false).bindings.iter().any(|b| b.claim == "default/web"));
             let db_volume = volume_of(&m, "db");
             let db_dir = root.path().join("root/local-path").join(format!("{db_volume}_default_db"));
             std::fs::write(db_dir.join("kept"), "yes").unwrap();
             std::fs::remove_file(manifests.join("db.yaml")).unwrap();
             m.wait_for_unmount(&pod_named("db")).await.expect("torn down");
-            until_announced(&m, 20, "the volume released", || m.status(false).bindings.iter().any(|b| b.claim == "default/db" && b.phase == "Released")).await;
+            until_announced(&m, 120, "the volume released", || m.status(false).bindings.iter().any(|b| b.claim == "default/db" && b.phase == "Released")).await;
             assert_eq!(std::fs::read_to_string(db_dir.join("kept")).unwrap(), "yes", "Retain keeps the data");
             // The claim written again: Delete made a new volume; Retain gives the old one back.
             write_manifest(&manifests, "web.yaml", &claim("web", ""));
@@ -758,7 +758,7 @@ mount_test! {
         runtime().block_on(async {
             let m = manager(root.path(), |_| {});
             let _watch = ManifestSource::new(&manifests).listen(m.store().sink(ManifestSource::NAME)).await.unwrap();
-            until_announced(&m, 20, "both bound", || m.status(false).bindings.len() == 2).await;
+            until_announced(&m, 120, "both bound", || m.status(false).bindings.len() == 2).await;
             storage_decided(&m).await;
             let bindings = bindings(&m);
             assert_eq!(bindings[0], "default/bound -> static");

@@ -94,7 +94,7 @@ fn fill(dir: &Path, files: usize, tag: &str) {
 
 /// The volume `name` of `pod` in the summary, once measured after `after` bytes were in it.
 async fn measured(m: &kubevol::VolumeManager, pod: &str, name: &str, at_least: u64) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let summary = m.stats_summary().await;
         let found = summary["pods"]
