@@ -169,14 +169,22 @@ EOF
     --initial-cluster "kubevol-test=http://127.0.0.1:$peer_port" \
     --unsafe-no-fsync --log-level warn
 
-  # 1.37's alpha gates of what kubevol reads and writes (a server without them drops those
-  # fields), each turned on where the server has it: its --help lists the gates it knows (a
-  # binary built from the module proxy reports no release in --version).
-  local gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true
+  # The release's defaults, as a cluster of it is run: in 1.37 ClusterTrustBundles and
+  # PodCertificateRequests are GA and served at certificates.k8s.io/v1 with no flag (kubevol
+  # finds the version by discovery). 1.36 has them in beta, off by default: its plane turns
+  # them on, and their v1beta1 API, as a 1.36 cluster that uses them must.
+  local gates="" runtime_config=""
+  if [ "${KUBEVOL_K8S_RELEASE:-1.37}" = 1.36 ]; then
+    gates=ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true
+    runtime_config=certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true
+  fi
+  # The alpha gates of the features the cluster tests are about (a server without them drops
+  # those fields), each turned on where the server has it: its --help lists the gates it knows
+  # (a binary built from the module proxy reports no release in --version).
   local known gate
   known=$("$bin/kube-apiserver" --help 2>&1)
   for gate in EmptyDirVolumeMode AtomicWriteVolumeUserFields InPlacePodVerticalScalingMemoryBackedVolumes CSIVolumeHealth; do
-    case $known in *"$gate=true|false"*) gates=$gates,$gate=true ;; esac
+    case $known in *"$gate=true|false"*) gates=${gates:+$gates,}$gate=true ;; esac
   done
   start "$dir" kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
@@ -189,8 +197,8 @@ EOF
     --service-account-key-file "$dir/service-account.pub" \
     --service-account-signing-key-file "$dir/service-account.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --feature-gates "$gates" \
-    --runtime-config certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true \
+    ${gates:+--feature-gates "$gates"} \
+    ${runtime_config:+--runtime-config "$runtime_config"} \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-mode blocking \
     --watch-cache-sizes configmaps#0 \

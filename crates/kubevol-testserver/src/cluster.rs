@@ -300,7 +300,8 @@ impl TestCluster {
     }
 
     /// Whether this is the project's control plane (`KUBEVOL_TEST_CLUSTER`), whose features
-    /// and APIs are known: ClusterTrustBundles and PodCertificateRequests are served there.
+    /// and APIs are known: ClusterTrustBundles and PodCertificateRequests are served there (at
+    /// `certificates.k8s.io/v1` as a default 1.37 server serves them; at `v1beta1` on 1.36).
     pub fn is_project_plane(&self) -> bool {
         self.control_plane.is_some()
     }
@@ -531,7 +532,22 @@ impl TestCluster {
         serde_json::to_value(claim).expect("JSON")
     }
 
-    /// Whether the server serves a resource (`certificates.k8s.io/v1beta1`,
+    /// The version of `certificates.k8s.io` that serves `plural` (`clustertrustbundles`,
+    /// `podcertificaterequests`): `v1` on a default 1.37 server, `v1beta1` on a 1.36 one that
+    /// turned it on; `None` where neither does.
+    pub async fn certificates_version(&self, plural: &str) -> Option<&'static str> {
+        for version in ["v1", "v1beta1"] {
+            if self
+                .serves(&format!("certificates.k8s.io/{version}"), plural)
+                .await
+            {
+                return Some(version);
+            }
+        }
+        None
+    }
+
+    /// Whether the server serves a resource (`certificates.k8s.io/v1`,
     /// `clustertrustbundles`).
     pub async fn serves(&self, group_version: &str, plural: &str) -> bool {
         let path = match group_version.split_once('/') {

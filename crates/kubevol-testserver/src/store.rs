@@ -46,9 +46,10 @@ pub const RESOURCES: &[Resource] = &[
         "VolumeAttachment",
         false,
     ),
+    // As a default 1.37 server serves them: at v1 only (v1beta1 answers 404).
     res(
         "clustertrustbundles",
-        "certificates.k8s.io/v1beta1",
+        "certificates.k8s.io/v1",
         "ClusterTrustBundle",
         false,
     ),

@@ -649,10 +649,7 @@ impl kubevol::certificates::CertificateRequests for QuickSigner {
         namespace: String,
         name: String,
     ) -> kubevol::BoxFuture<
-        Result<
-            Option<k8s_openapi::api::certificates::v1beta1::PodCertificateRequest>,
-            kubevol::error::ApiError,
-        >,
+        Result<Option<kubevol::certificates::PodCertificateRequest>, kubevol::error::ApiError>,
     > {
         let at = |secs: i64| {
             jiff::Timestamp::now()

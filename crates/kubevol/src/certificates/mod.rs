@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use k8s_openapi::api::certificates::v1beta1::{PodCertificateRequest, PodCertificateRequestStatus};
+use k8s_openapi::api::certificates::v1beta1::PodCertificateRequestStatus;
 use k8s_openapi::api::core::v1::{Pod, PodCertificateProjection};
 use kubevol_core::projection::{Credentials, CredentialsError};
 use kubevol_core::PodRef;
@@ -25,11 +25,43 @@ use tokio::time::Instant;
 
 use crate::report::events::EventRecorder;
 
+/// A PodCertificateRequest as the node reads it, at whichever version the API serves it
+/// (`certificates.k8s.io/v1`, or `v1beta1` on 1.36: the node's fields and the signer's answer
+/// are the same in both; k8s-openapi's types are bound to one version's `apiVersion`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct PodCertificateRequest {
+    /// Its metadata.
+    #[serde(default)]
+    pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    /// What the node asked for.
+    #[serde(default)]
+    pub spec: RequestSpec,
+    /// The signer's answer.
+    #[serde(default)]
+    pub status: Option<PodCertificateRequestStatus>,
+}
+
+/// The fields of a request's spec that the node reads back.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestSpec {
+    /// The pod it is for.
+    #[serde(default, rename = "podUID")]
+    pub pod_uid: String,
+    /// The signer asked.
+    #[serde(default)]
+    pub signer_name: String,
+    /// The node that asked.
+    #[serde(default)]
+    pub node_name: String,
+}
+
 /// Where PodCertificateRequests are made and read (the API server in cluster mode).
 pub trait CertificateRequests: Send + Sync + 'static {
-    /// Creates `request` (a `certificates.k8s.io/v1beta1` PodCertificateRequest, named by
-    /// `generateName`, in `namespace`); returns its name. JSON, because the stub PKCS#10
-    /// request is newer than kubevol's API types.
+    /// Creates `request` (a PodCertificateRequest without its `apiVersion`, which the
+    /// implementation sets to the version its server serves; named by `generateName`, in
+    /// `namespace`); returns its name. JSON, because the stub PKCS#10 request is newer than
+    /// kubevol's API types.
     fn create(
         &self,
         namespace: String,
@@ -542,7 +574,6 @@ async fn make_request(
         spec["unverifiedUserAnnotations"] = serde_json::json!(a);
     }
     let request = serde_json::json!({
-        "apiVersion": "certificates.k8s.io/v1beta1",
         "kind": "PodCertificateRequest",
         "metadata": {
             "namespace": namespace,

@@ -31,15 +31,17 @@ cluster_test_with_faults! {
                 {"clusterTrustBundle": {"name": "kubevol-test-plain", "path": "plain.pem"}},
                 {"clusterTrustBundle": {"signerName": "kubevol.io/test-signer", "labelSelector": {"matchLabels": {"trust": "yes"}}, "path": "signer.pem"}},
                 {"clusterTrustBundle": {"name": "kubevol-test-absent", "path": "absent.pem", "optional": true}}]}}]);
-            let served = cluster.serves("certificates.k8s.io/v1beta1", "clustertrustbundles").await;
+            let version = cluster.certificates_version("clustertrustbundles").await;
+            let served = version.is_some();
             assert!(served || !cluster.is_project_plane(), "the project's control plane serves ClusterTrustBundles: this test must project them there");
-            if served {
+            assert_default_release_serves(&cluster, "clustertrustbundles", version).await;
+            if let Some(version) = version {
                 for (name, signer, pem) in [
                     ("kubevol.io:test-signer:a", Some("kubevol.io/test-signer"), format!("{a}{b}")),
                     ("kubevol.io:test-signer:b", Some("kubevol.io/test-signer"), format!("{b}{c}")),
                     ("kubevol-test-plain", None, d.to_string()),
                 ] {
-                    let mut bundle = json!({"apiVersion": "certificates.k8s.io/v1beta1", "kind": "ClusterTrustBundle",
+                    let mut bundle = json!({"apiVersion": format!("certificates.k8s.io/{version}"), "kind": "ClusterTrustBundle",
                                             "metadata": {"name": name, "labels": {"trust": "yes"}}, "spec": {"trustBundle": pem}});
                     if let Some(s) = signer {
                         bundle["spec"]["signerName"] = json!(s);
@@ -68,12 +70,42 @@ cluster_test_with_faults! {
             let q = typed(&cluster.create(bound_pod("later", &node, sources)).await);
             // (Waits for the error that names the missing API: a retried error of another
             // kind may come first.)
-            let unserved = "the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1)";
+            let unserved = "the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1 or v1beta1)";
             wait_for_status(&m, &q, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
             m.shutdown();
             cluster.clean_up().await;
         });
     }
+}
+
+/// On the project's plane of the default release (1.37), `plural` is served at `v1` and not at
+/// `v1beta1`: the plane runs as a default 1.37 cluster runs, without `--runtime-config`.
+async fn assert_default_release_serves(cluster: &TestCluster, plural: &str, version: Option<&str>) {
+    let release = std::env::var("KUBEVOL_K8S_RELEASE").unwrap_or_else(|_| "1.37".into());
+    if cluster.is_project_plane() && release == "1.37" {
+        assert_eq!(
+            version,
+            Some("v1"),
+            "{plural} at certificates.k8s.io/v1 on a default 1.37 server"
+        );
+        assert!(
+            !cluster.serves("certificates.k8s.io/v1beta1", plural).await,
+            "a default 1.37 server does not serve {plural} at v1beta1"
+        );
+    }
+}
+
+/// The PodCertificateRequests of the test's namespace, at `version`, as an administrator reads
+/// them.
+fn requests_api(cluster: &TestCluster, version: &str) -> kube::Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource {
+        group: "certificates.k8s.io".into(),
+        version: version.into(),
+        api_version: format!("certificates.k8s.io/{version}"),
+        kind: "PodCertificateRequest".into(),
+        plural: "podcertificaterequests".into(),
+    };
+    kube::Api::namespaced_with(cluster.admin_client(), cluster.namespace(), &resource)
 }
 
 /// A signer of the test's own, as a cluster's signer controller is: it answers the
@@ -102,7 +134,7 @@ pub(crate) fn openssl(dir: &std::path::Path, args: &[&str]) -> String {
 }
 
 impl TestSigner {
-    fn start(cluster: &TestCluster) -> Self {
+    fn start(cluster: &TestCluster, version: &str) -> Self {
         use base64::Engine as _;
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
@@ -126,11 +158,7 @@ impl TestSigner {
                 "/CN=kubevol-test-signer",
             ],
         );
-        let resource = kube::api::ApiResource::erase::<
-            k8s_openapi::api::certificates::v1beta1::PodCertificateRequest,
-        >(&());
-        let api: kube::Api<kube::api::DynamicObject> =
-            kube::Api::namespaced_with(cluster.admin_client(), cluster.namespace(), &resource);
+        let api = requests_api(cluster, version);
         let task = tokio::spawn(async move {
             let mut answered = std::collections::HashSet::new();
             loop {
@@ -256,20 +284,21 @@ cluster_test_with_faults! {
             let sources = |signer: &str| json!([{"name": "certs", "projected": {"sources": [
                 {"podCertificate": {"signerName": signer, "keyType": "ED25519", "credentialBundlePath": "bundle.pem", "userAnnotations": {"kubevol.io/purpose": "test"}}},
                 {"podCertificate": {"signerName": signer, "keyType": "ECDSAP384", "keyPath": "tls.key", "certificateChainPath": "tls.crt", "maxExpirationSeconds": 86400}}]}}]);
-            let served = cluster.serves("certificates.k8s.io/v1beta1", "podcertificaterequests").await;
-            assert!(served || !cluster.is_project_plane(), "the project's control plane serves PodCertificateRequests: this test must issue them there");
-            if !served {
+            let version = cluster.certificates_version("podcertificaterequests").await;
+            assert!(version.is_some() || !cluster.is_project_plane(), "the project's control plane serves PodCertificateRequests: this test must issue them there");
+            assert_default_release_serves(&cluster, "podcertificaterequests", version).await;
+            let Some(version) = version else {
                 let p = typed(&cluster.create(bound_pod("app", &node, sources("kubevol.io/test-signer"))).await);
                 // Until the node's watch has brought the Node object, the volume waits for its
                 // UID (a retried error of its own); then it says the API is missing.
-                let unserved = "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1)";
+                let unserved = "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1 or v1beta1)";
                 let s = wait_for_status(&m, &p, 120, |s| s.volumes.iter().any(|v| v.retry.last_error.as_ref().is_some_and(|e| e.contains(unserved)))).await;
                 assert!(!s.volumes[0].retry.permanent, "the API may be turned on: retried");
                 m.shutdown();
                 cluster.clean_up().await;
                 return;
-            }
-            let signer = TestSigner::start(&cluster);
+            };
+            let signer = TestSigner::start(&cluster, version);
             let p = typed(&cluster.create(bound_pod("app", &node, sources("kubevol.io/test-signer"))).await);
             m.wait_for_attach_and_mount(&p).await.expect("mounted once the certificates are issued");
             let dir = m.mounted_volumes_for_pod(&kubevol::pod_uid(&p))["certs"].path.clone();
@@ -299,8 +328,7 @@ cluster_test_with_faults! {
             assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o644, "the volume's default mode");
 
             // The requests: one per source, for this pod, its account and this node, by UID.
-            let pcrs: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(cluster.admin_client(), cluster.namespace(),
-                &kube::api::ApiResource::erase::<k8s_openapi::api::certificates::v1beta1::PodCertificateRequest>(&()));
+            let pcrs = requests_api(&cluster, version);
             let requests: Vec<Value> = pcrs.list(&Default::default()).await.unwrap().items.into_iter().map(|o| serde_json::to_value(o).unwrap()).collect();
             assert_eq!(requests.len(), 2, "{requests:#?}");
             let node_uid = cluster.get("v1", "nodes", &node).await.unwrap()["metadata"]["uid"].clone();

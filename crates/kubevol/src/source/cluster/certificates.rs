@@ -7,15 +7,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::certificates::v1beta1::PodCertificateRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher::{self, watcher, Event};
 
-use crate::certificates::CertificateRequests;
+use crate::certificates::{CertificateRequests, PodCertificateRequest};
 use crate::error::ApiError;
 use crate::plugins::Refresher;
 use crate::source::cluster::backoff::{api_error, refused, AbortOnDrop, WatchBackoff};
+use crate::source::cluster::served::Served;
 use crate::source::BoxFuture;
 
 /// (namespace, name) of a request.
@@ -35,38 +35,70 @@ fn key_of(r: &PodCertificateRequest) -> RequestKey {
     )
 }
 
-/// PodCertificateRequests in the API server (`certificates.k8s.io/v1beta1`, served where the
-/// `PodCertificateRequest` feature is on). The watch of the node's requests starts with the
-/// first request made, so a node whose pods have no such source never asks for it.
+/// PodCertificateRequests in the API server, at the version it serves them
+/// (`certificates.k8s.io/v1` from 1.37, `v1beta1` on 1.36 where the `PodCertificateRequest`
+/// feature is on). The watch of the node's requests starts with the first request made, so a
+/// node whose pods have no such source never asks for it.
 pub struct ClusterCertificates {
+    client: kube::Client,
+    watch: Arc<RequestWatch>,
+    seen: Arc<Mutex<Seen>>,
+    served: Arc<Served>,
+}
+
+/// The watch of this node's requests, started with the first request made.
+struct RequestWatch {
     client: kube::Client,
     node: String,
     refresher: Refresher,
     seen: Arc<Mutex<Seen>>,
-    watch: Mutex<Option<AbortOnDrop>>,
+    task: Mutex<Option<AbortOnDrop>>,
+}
+
+/// A request as the node reads it, from the object the server sent.
+fn typed(o: DynamicObject) -> Option<PodCertificateRequest> {
+    serde_json::to_value(o)
+        .and_then(serde_json::from_value)
+        .ok()
 }
 
 impl ClusterCertificates {
     /// Requests for `manager`'s pods, made with `client` (the node's identity); a pod whose
     /// request the signer answers is processed again at once.
     pub fn new(manager: &crate::VolumeManager, client: kube::Client) -> Self {
-        ClusterCertificates {
-            client,
+        let served = Served::new(
+            client.clone(),
+            "certificates.k8s.io",
+            &["v1", "v1beta1"],
+            "PodCertificateRequest",
+            "podcertificaterequests",
+        );
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let watch = RequestWatch {
+            client: client.clone(),
             node: manager.config().node_name.clone(),
             refresher: manager.refresher(),
-            seen: Arc::default(),
-            watch: Mutex::new(None),
+            seen: seen.clone(),
+            task: Mutex::new(None),
+        };
+        ClusterCertificates {
+            client,
+            watch: Arc::new(watch),
+            seen,
+            served: Arc::new(served),
         }
     }
+}
 
-    /// Starts the watch of this node's requests, once. A node may list and watch them only
-    /// with the field selector `spec.nodeName=<node>`.
-    fn watch_requests(&self) {
-        let mut watch = crate::sync::lock(&self.watch);
+impl RequestWatch {
+    /// Starts the watch of this node's requests (`resource`, at the version served), once. A
+    /// node may list and watch them only with the field selector `spec.nodeName=<node>`.
+    fn start(&self, resource: &ApiResource) {
+        let mut watch = crate::sync::lock(&self.task);
         if watch.is_some() {
             return;
         }
-        let api: Api<PodCertificateRequest> = Api::all(self.client.clone());
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
         let refresher = self.refresher.clone();
         let seen = self.seen.clone();
@@ -81,9 +113,11 @@ impl ClusterCertificates {
                         continue;
                     }
                     Ok(Event::InitApply(r)) => {
-                        listing
-                            .get_or_insert_with(HashMap::new)
-                            .insert(key_of(&r), r);
+                        if let Some(r) = typed(r) {
+                            listing
+                                .get_or_insert_with(HashMap::new)
+                                .insert(key_of(&r), r);
+                        }
                         continue;
                     }
                     Ok(Event::InitDone) => {
@@ -102,6 +136,7 @@ impl ClusterCertificates {
                         pods
                     }
                     Ok(Event::Apply(r)) => {
+                        let Some(r) = typed(r) else { continue };
                         let pod = r.spec.pod_uid.clone();
                         let mut s = crate::sync::lock(&seen);
                         s.ever.insert(key_of(&r));
@@ -109,6 +144,7 @@ impl ClusterCertificates {
                         HashSet::from([pod])
                     }
                     Ok(Event::Delete(r)) => {
+                        let Some(r) = typed(r) else { continue };
                         crate::sync::lock(&seen).requests.remove(&key_of(&r));
                         HashSet::from([r.spec.pod_uid.clone()])
                     }
@@ -128,14 +164,27 @@ impl ClusterCertificates {
     }
 }
 
+/// What a volume says where the server serves no PodCertificateRequests.
+fn not_served(served: &Served) -> String {
+    format!(
+        "the API server does not serve PodCertificateRequests ({}): enable that API on the server (on 1.36, the PodCertificateRequest feature and certificates.k8s.io/v1beta1), or remove the source",
+        served.spelled()
+    )
+}
+
 /// What a refusal of the API means for a source.
-fn explain(e: kube::Error) -> ApiError {
+fn explain(e: kube::Error, served: &Served) -> ApiError {
     match &e {
         // Made in the pod's namespace, which exists: the resource is what is missing.
-        kube::Error::Api(s) if s.code == 404 => ApiError::NotServed(
-            "the API server does not serve PodCertificateRequests (certificates.k8s.io/v1beta1): enable the PodCertificateRequest feature and that API on the server, or remove the source".into(),
+        kube::Error::Api(s) if s.code == 404 => {
+            served.forget();
+            ApiError::NotServed(not_served(served))
+        }
+        _ => api_error(
+            "cannot make a PodCertificateRequest",
+            &e,
+            ApiError::NotServed,
         ),
-        _ => api_error("cannot make a PodCertificateRequest", &e, ApiError::NotServed),
     }
 }
 
@@ -145,17 +194,20 @@ impl CertificateRequests for ClusterCertificates {
         namespace: String,
         request: serde_json::Value,
     ) -> BoxFuture<Result<String, ApiError>> {
-        self.watch_requests();
-        let resource = ApiResource::erase::<PodCertificateRequest>(&());
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &namespace, &resource);
+        let (client, served, watch) =
+            (self.client.clone(), self.served.clone(), self.watch.clone());
         Box::pin(async move {
+            let resource = served.resource(|| not_served(&served)).await?;
+            watch.start(&resource);
+            let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
+            let mut request = request;
+            request["apiVersion"] = serde_json::json!(resource.api_version);
             let object: DynamicObject = serde_json::from_value(request)
                 .map_err(|e| ApiError::Refused(format!("cannot encode: {e}")))?;
             let created = api
                 .create(&PostParams::default(), &object)
                 .await
-                .map_err(explain)?;
+                .map_err(|e| explain(e, &served))?;
             created.metadata.name.ok_or_else(|| {
                 ApiError::Unavailable("the API server's answer names no request".to_string())
             })
@@ -204,7 +256,7 @@ impl CertificateRequests for ClusterCertificates {
 impl std::fmt::Debug for ClusterCertificates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterCertificates")
-            .field("node", &self.node)
+            .field("node", &self.watch.node)
             .finish_non_exhaustive()
     }
 }

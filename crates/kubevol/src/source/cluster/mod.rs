@@ -37,6 +37,7 @@ mod node_status;
 mod objects;
 mod publish;
 mod raw;
+mod served;
 mod tokens;
 mod trust;
 

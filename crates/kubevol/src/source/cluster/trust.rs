@@ -2,25 +2,45 @@
 
 use std::collections::BTreeSet;
 
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 
 use super::backoff::api_error;
+use super::served::Served;
 use crate::error::ApiError;
 
-/// `clusterTrustBundle` projected sources from the API server's ClusterTrustBundles
-/// (`certificates.k8s.io/v1beta1`): the one named, or every one of a signer that the label
-/// selector matches (an unset selector matches none, an empty one all), their certificates
-/// deduplicated in a stable order. Where the server does not serve the API, the volume says
-/// so.
+/// `clusterTrustBundle` projected sources from the API server's ClusterTrustBundles (at the
+/// version the server serves: `certificates.k8s.io/v1` from 1.37, `v1beta1` on 1.36): the one
+/// named, or every one of a signer that the label selector matches (an unset selector matches
+/// none, an empty one all), their certificates deduplicated in a stable order. Where the server
+/// does not serve the API, the volume says so.
 pub struct ClusterTrustBundles {
     client: kube::Client,
+    served: std::sync::Arc<Served>,
 }
 
 impl ClusterTrustBundles {
     /// Reads with `client`.
     pub fn new(client: kube::Client) -> Self {
-        ClusterTrustBundles { client }
+        let served = Served::new(
+            client.clone(),
+            "certificates.k8s.io",
+            &["v1", "v1beta1"],
+            "ClusterTrustBundle",
+            "clustertrustbundles",
+        );
+        ClusterTrustBundles {
+            client,
+            served: std::sync::Arc::new(served),
+        }
     }
+}
+
+/// What a volume says where the server serves no ClusterTrustBundles.
+fn not_served(served: &Served) -> String {
+    format!(
+        "the API server does not serve ClusterTrustBundles ({}): enable that API on the server (on 1.36, the ClusterTrustBundle feature and certificates.k8s.io/v1beta1), or remove the source",
+        served.spelled()
+    )
 }
 
 /// A label selector in the API's query syntax.
@@ -65,8 +85,7 @@ impl crate::plugins::TrustBundles for ClusterTrustBundles {
         &self,
         source: k8s_openapi::api::core::v1::ClusterTrustBundleProjection,
     ) -> crate::plugins::BoxFuture<Result<Option<String>, ApiError>> {
-        use k8s_openapi::api::certificates::v1beta1::ClusterTrustBundle;
-        let api: Api<ClusterTrustBundle> = Api::all(self.client.clone());
+        let (client, served) = (self.client.clone(), self.served.clone());
         Box::pin(async move {
             let params = match (&source.name, &source.signer_name) {
                 (Some(name), _) => {
@@ -85,16 +104,22 @@ impl crate::plugins::TrustBundles for ClusterTrustBundles {
                     ))
                 }
             };
+            let resource = served.resource(|| not_served(&served)).await?;
+            let api: Api<DynamicObject> = Api::all_with(client, &resource);
             let list = api.list(&params).await.map_err(|e| match &e {
-                kube::Error::Api(s) if s.code == 404 => ApiError::NotServed("the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1beta1): enable that API on the server, or remove the source".to_string()),
+                kube::Error::Api(s) if s.code == 404 => {
+                    served.forget();
+                    ApiError::NotServed(not_served(&served))
+                }
                 _ => api_error("cannot read ClusterTrustBundles", &e, ApiError::NotServed),
             })?;
             if list.items.is_empty() {
                 return Ok(None);
             }
-            Ok(Some(merge_pem(
-                list.items.iter().map(|b| b.spec.trust_bundle.as_str()),
-            )))
+            let bundle =
+                |b: &DynamicObject| b.data["spec"]["trustBundle"].as_str().map(String::from);
+            let bundles: Vec<String> = list.items.iter().filter_map(bundle).collect();
+            Ok(Some(merge_pem(bundles.iter().map(String::as_str))))
         })
     }
 }
