@@ -57,6 +57,18 @@ cluster_test_with_faults! {
                 each.sort();
                 assert_eq!(signer, each.concat(), "every bundle of the signer, each certificate once, in a stable order");
                 assert!(!dir.join("absent.pem").exists(), "an optional source that matches nothing is skipped");
+
+                // Ten volumes that select the same bundles share one read (each set-up reads):
+                // at most one more LIST, with one answer kept for the rest.
+                let lists = || cluster.node_requests().map(|r| r.get("list clustertrustbundles").copied().unwrap_or(0));
+                let before = lists();
+                let same: Vec<Value> = (0..10).map(|i| json!({"name": format!("ca{i}"), "projected": {"sources": [
+                    {"clusterTrustBundle": {"signerName": "kubevol.io/test-signer", "labelSelector": {"matchLabels": {"trust": "yes"}}, "path": "signer.pem"}}]}})).collect();
+                let many = typed(&cluster.create(bound_pod("many", &node, json!(same))).await);
+                m.wait_for_attach_and_mount(&many).await.expect("ten volumes of one selection");
+                if let (Some(before), Some(after)) = (before, lists()) {
+                    assert!(after - before <= 1, "{} LISTs for ten volumes of one selection", after - before);
+                }
             }
 
             // A server without the API: the volume says so.
@@ -67,7 +79,10 @@ cluster_test_with_faults! {
                 cluster.clean_up().await;
                 return;
             }
-            let q = typed(&cluster.create(bound_pod("later", &node, sources)).await);
+            // (A selection of its own: an answer read for another is kept a while.)
+            let _ = sources;
+            let later = json!([{"name": "ca", "projected": {"sources": [{"clusterTrustBundle": {"name": "kubevol-test-later", "path": "later.pem"}}]}}]);
+            let q = typed(&cluster.create(bound_pod("later", &node, later)).await);
             // (Waits for the error that names the missing API: a retried error of another
             // kind may come first.)
             let unserved = "the API server does not serve ClusterTrustBundles (certificates.k8s.io/v1 or v1beta1)";
