@@ -694,6 +694,69 @@ pub fn certificate_sources(volume: &Volume) -> Vec<(usize, &PodCertificateProjec
     sources_of(volume, |s| s.pod_certificate.as_ref())
 }
 
+/// Whether a content volume's files would be made from the same parts of its pod in `old` and
+/// `new` (each with its `spec.volumes[]` entry): the volume's definition, the pod's identity
+/// (tokens are bound to it), service account and fsGroup (ownership and modes), and the value
+/// of every downward API item it projects. Anything else of the pod (an annotation no item
+/// reads, a label of a configMap volume's pod) changes nothing of the volume, which need not be
+/// written again for it. The objects, tokens, bundles and certificates it reads are compared
+/// apart.
+pub fn same_pod_inputs(old: (&Pod, &Volume), new: (&Pod, &Volume), node: &NodeAllocatable) -> bool {
+    let ((op, ov), (np, nv)) = (old, new);
+    fn spec(p: &Pod) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
+        p.spec.as_ref()
+    }
+    let fs_group = |p: &Pod| {
+        spec(p)
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|c| c.fs_group)
+    };
+    let account = |p: &Pod| {
+        spec(p)
+            .and_then(|s| s.service_account_name.clone().or(s.service_account.clone()))
+            .unwrap_or_default()
+    };
+    let identity = |p: &Pod| {
+        (
+            p.metadata.name.clone(),
+            pod_namespace(p).to_string(),
+            p.metadata.uid.clone(),
+        )
+    };
+    if ov != nv
+        || fs_group(op) != fs_group(np)
+        || account(op) != account(np)
+        || identity(op) != identity(np)
+    {
+        return false;
+    }
+    // The downward API items' values, in order (the sources are the same: the volume is).
+    let values = |p: &Pod, v: &Volume| -> Vec<Result<String, String>> {
+        sources(p, v)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|s| match s {
+                Source::Downward { items, .. } => items.iter().collect::<Vec<_>>(),
+                _ => Vec::new(),
+            })
+            .map(|item| match (&item.field_ref, &item.resource_field_ref) {
+                (Some(f), _) => field_value(p, f),
+                (None, Some(r)) => resource_value(p, r, None, node),
+                (None, None) => Err(String::new()),
+            })
+            .collect()
+    };
+    values(op, ov) == values(np, nv)
+}
+
+/// Whether a content volume reads what is fetched for it rather than stored (service account
+/// tokens, cluster trust bundles, pod certificates): it is written again when they are due.
+pub fn fetches(volume: &Volume) -> bool {
+    !token_sources(volume).is_empty()
+        || !trust_bundle_sources(volume).is_empty()
+        || !certificate_sources(volume).is_empty()
+}
+
 /// The objects a volume reads: a change to any of them rewrites the volume.
 pub fn referenced_objects(pod: &Pod, volume: &Volume) -> Vec<ObjectRef> {
     sources(pod, volume)

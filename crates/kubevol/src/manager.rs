@@ -834,6 +834,13 @@ impl VolumeManager {
         self.parts.events.all()
     }
 
+    /// How many content rewrites (of ConfigMap, Secret, projected and downwardAPI volumes) were
+    /// held back to their turn so far: an object's or a volume's changes come faster than one a
+    /// second, and the writes meanwhile are one write of the latest.
+    pub fn content_rewrites_held(&self) -> u64 {
+        self.parts.world.rewrites_held()
+    }
+
     /// The Prometheus text exposition.
     pub fn metrics_text(&self) -> String {
         let metrics = &self.parts.metrics;

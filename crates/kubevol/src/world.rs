@@ -78,6 +78,8 @@ pub struct World {
     /// The store's version (its change count) that the storage controllers' last finished look
     /// began from (standalone mode).
     storage_seen: std::sync::atomic::AtomicU64,
+    /// Content rewrites the populator held back to their turn (an object's or a volume's pace).
+    rewrites_held: std::sync::atomic::AtomicU64,
 }
 
 /// The volumes whose desired or actual state changed since the reconciler last planned, or
@@ -121,6 +123,7 @@ impl World {
             }),
             passes: std::sync::atomic::AtomicU64::new(0),
             storage_seen: std::sync::atomic::AtomicU64::new(0),
+            rewrites_held: std::sync::atomic::AtomicU64::new(0),
         });
         (
             world.clone(),
@@ -186,6 +189,18 @@ impl World {
     /// nothing announces nothing else, and whoever waits for the reconciler to have looked
     /// (after a restart, with every recorded volume awaited) would otherwise wait for an
     /// unrelated change.
+    /// Counts a content rewrite held back to its turn.
+    pub(crate) fn count_rewrite_held(&self) {
+        self.rewrites_held
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The content rewrites held back to their turn so far.
+    pub fn rewrites_held(&self) -> u64 {
+        self.rewrites_held
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub(crate) fn count_pass(&self) {
         let before = self
             .passes

@@ -70,6 +70,14 @@ pub struct Populator {
     due: BTreeSet<PodUid>,
     /// The pace of content rewrites: changes of a ConfigMap or Secret held back to its turn.
     pace: pace::Pace,
+    /// The pace of each content volume's rewrites, whatever asks for them.
+    volume_pace: pace::VolumePace,
+    /// The content volumes held back whose turn has come: written again when their pod is
+    /// processed in this pass.
+    rewrite_now: HashMap<PodUid, HashSet<String>>,
+    /// Pods whose fetched content (tokens, trust bundles, certificates) is due: their volumes
+    /// that read such content are written again.
+    fetch_due: HashSet<PodUid>,
     /// The next pass looks at every pod (the first one, and the one after a panic).
     full_pass_due: bool,
     /// Pods recorded at start from a manifest file that have not come back yet: while their
@@ -102,6 +110,9 @@ impl Populator {
             readers: HashMap::default(),
             due: BTreeSet::new(),
             pace: pace::Pace::default(),
+            volume_pace: pace::VolumePace::default(),
+            rewrite_now: HashMap::default(),
+            fetch_due: HashSet::default(),
             full_pass_due: true,
             recorded: Default::default(),
         }
@@ -110,6 +121,7 @@ impl Populator {
     /// Rewrites the volumes of one ConfigMap or Secret at most once per `every`.
     pub(crate) fn pacing(mut self, every: std::time::Duration) -> Self {
         self.pace = pace::Pace::every(every);
+        self.volume_pace = pace::VolumePace::every(every);
         self
     }
 
@@ -176,7 +188,10 @@ impl Populator {
             // The status report shows manifest errors too: status watchers hear of every
             // store change.
             self.dsw.world().announce();
-            let held_back = self.pace.next();
+            let held_back = [self.pace.next(), self.volume_pace.next()]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 r = store_rx.changed() => if r.is_err() { return },
                 // A change held back to its object's turn.
@@ -232,6 +247,11 @@ impl Populator {
         let sources_synced = self.store.all_sources_synced();
         let (keys, everything) = self.store.take_changes();
         let mut changed = false;
+        // Content volumes held back whose turn has come: their pods are processed now.
+        for (uid, volume) in self.volume_pace.due(Instant::now()) {
+            self.due.insert(uid.clone());
+            self.rewrite_now.entry(uid).or_default().insert(volume);
+        }
         if everything || std::mem::take(&mut self.full_pass_due) {
             let pods = self.store.pods();
             let listed: HashSet<&PodUid> = pods.iter().map(|(uid, _)| uid).collect();
@@ -260,7 +280,10 @@ impl Populator {
                     other
                         if !self
                             .pace
-                            .admit(&other, now, self.store.holds_content(&other)) => {}
+                            .admit(&other, now, self.store.holds_content(&other)) =>
+                    {
+                        self.dsw.world().count_rewrite_held();
+                    }
                     other => {
                         if matches!(other, ObjectKey::PersistentVolume(_)) {
                             touched.extend(self.readers_of(&ANY_PERSISTENT_VOLUME));
@@ -311,6 +334,9 @@ impl Populator {
             // Its certificates' keys go with it (a set-up that never succeeded has no
             // teardown to drop them).
             self.host.certificates.forget_pod(uid.as_str());
+            self.volume_pace.forget_pod(uid);
+            self.rewrite_now.remove(uid);
+            self.fetch_due.remove(uid);
             self.dsw.remove_pod(uid);
             self.dsw.world().notify_pod(uid);
             return true;
@@ -335,9 +361,18 @@ impl Populator {
         let (same_pod, same_objects) = self.seen.get(uid).map_or((false, false), |s| {
             (Arc::ptr_eq(&s.pod, pod), s.objects == objects)
         });
-        if same_pod && same_objects {
+        let rewrites_due = self.rewrite_now.contains_key(uid) || self.fetch_due.contains(uid);
+        if same_pod && same_objects && !rewrites_due {
             return false;
         }
+        // The volumes whose objects changed since the pod was last processed (all of them the
+        // first time): only those are written again for it.
+        let objects_changed: Option<HashSet<String>> = self.seen.get(uid).map(|_| {
+            Seen::changed_volumes(self.seen.get(uid), &objects, &versions.spans)
+                .into_iter()
+                .map(String::from)
+                .collect()
+        });
         if !same_objects {
             // An object appeared or changed: retry now, not after backoff, the volumes that
             // read it, and only those (a change another volume reads is no news to them).
@@ -380,7 +415,9 @@ impl Populator {
                 spans: versions.spans,
             },
         );
-        self.process_pod(uid, stored, &pending);
+        self.process_pod(uid, stored, &pending, objects_changed.as_ref());
+        self.rewrite_now.remove(uid);
+        self.fetch_due.remove(uid);
         // Its waiters are woken only when they have something to decide: a pod whose volumes
         // are still to be set up has nothing, and a thousand pods coming at once would wake a
         // thousand waiters for nothing, ahead of the operations that make them ready.
@@ -392,13 +429,66 @@ impl Populator {
         true
     }
 
-    /// Processes `uid` again in the next pass whatever changed: forgotten, so nothing
-    /// compares equal.
+    /// Processes `uid` again in the next pass whatever changed: its volumes that read fetched
+    /// content (tokens, trust bundles, certificates) are due to be written again, and only those.
     fn refresh(&mut self, uid: PodUid) {
-        if let Some(old) = self.seen.remove(&uid) {
-            self.forget_readers(&uid, &old);
-        }
+        self.fetch_due.insert(uid.clone());
         self.due.insert(uid);
+    }
+
+    /// The content generation of volume `volume` (unique name `name`) of pod `uid`: a new one,
+    /// which writes the volume again, when it is new, when an object it reads changed
+    /// (`objects_changed`: the volumes whose objects did, `None` for all), when its fetched
+    /// content is due, or when what it projects of the pod changed (its definition, the pod's
+    /// identity, account and fsGroup, a downward API item's value); else the one it has. An
+    /// annotation no item reads writes nothing (a pod patched ten times a second wrote all its
+    /// content volumes ten times a second). A rewrite of a volume written less than a turn ago
+    /// waits for its turn ([`pace::VolumePace`]).
+    fn content_generation_of(
+        &mut self,
+        uid: &PodUid,
+        pod: &Arc<Pod>,
+        volume: &str,
+        name: &kubevol_core::UniqueVolumeName,
+        spec: &VolumeSpec,
+        objects_changed: Option<&HashSet<String>>,
+    ) -> u64 {
+        let before = {
+            let world = self.dsw.world();
+            let dsw = world.dsw();
+            dsw.volume(name)
+                .and_then(|v| v.pods.get(uid))
+                .map(|b| (b.content_generation, b.pod.clone(), b.spec.clone()))
+        };
+        let key = (uid.clone(), volume.to_string());
+        let now = Instant::now();
+        let Some((generation, old_pod, old_spec)) = before else {
+            self.volume_pace.wrote(&key, now);
+            self.content_generation += 1;
+            return self.content_generation;
+        };
+        let turn_came = self
+            .rewrite_now
+            .get(uid)
+            .is_some_and(|s| s.contains(volume));
+        let wanted = turn_came
+            || objects_changed.is_none_or(|c| c.contains(volume))
+            || (self.fetch_due.contains(uid) && kubevol_core::projection::fetches(&spec.volume))
+            || old_spec.extensions != spec.extensions
+            || !kubevol_core::projection::same_pod_inputs(
+                (&old_pod, &old_spec.volume),
+                (pod, &spec.volume),
+                &self.host.node_allocatable,
+            );
+        if wanted && (turn_came || self.volume_pace.admit(&key, now)) {
+            self.content_generation += 1;
+            self.content_generation
+        } else {
+            if wanted {
+                self.dsw.world().count_rewrite_held();
+            }
+            generation
+        }
     }
 
     fn readers_of(&self, key: &ObjectKey) -> Vec<PodUid> {
@@ -427,6 +517,7 @@ impl Populator {
         uid: &PodUid,
         stored: &StoredPod,
         pending: &BTreeMap<String, ObjectKey>,
+        objects_changed: Option<&HashSet<String>>,
     ) {
         let pod = &stored.pod;
         let pref = pod_ref(pod, uid);
@@ -573,10 +664,7 @@ impl Populator {
                 }
             };
             let content_generation = if plugin.requires_remount() {
-                // The pod or an object it reads changed: content volumes are written again
-                // (the writer leaves unchanged content alone).
-                self.content_generation += 1;
-                self.content_generation
+                self.content_generation_of(uid, pod, v.name.as_str(), &name, &spec, objects_changed)
             } else {
                 // A volume set up again when the pod's change asks for it (a memory-backed
                 // emptyDir whose size changed); else what was asked before stands.

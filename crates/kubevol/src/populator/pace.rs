@@ -97,9 +97,123 @@ impl Pace {
     }
 }
 
+/// A content volume: its pod and its name in the pod.
+pub(super) type VolumeKey = (kubevol_core::PodUid, String);
+
+/// The pace of each content volume's rewrites: at most one a [`CONTENT_EVERY`], however many of
+/// the objects it reads changed (a volume of 20 Secrets, each patched once a second, was written
+/// 14 times a second: each object had its own turn), and for a change of the pod's own fields
+/// (a downward API item) alike. The first write of a volume is never held back.
+pub(super) struct VolumePace {
+    every: Duration,
+    last: HashMap<VolumeKey, Instant>,
+    held: BTreeMap<VolumeKey, Instant>,
+}
+
+impl Default for VolumePace {
+    fn default() -> Self {
+        VolumePace::every(CONTENT_EVERY)
+    }
+}
+
+impl VolumePace {
+    /// A pace of one rewrite per `every`.
+    pub(super) fn every(every: Duration) -> VolumePace {
+        VolumePace {
+            every,
+            last: HashMap::default(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// Whether `volume` may be written again now; if not, it is held to its turn (and the
+    /// rewrite then writes what the store has then).
+    pub(super) fn admit(&mut self, volume: &VolumeKey, now: Instant) -> bool {
+        if self.held.contains_key(volume) {
+            return false;
+        }
+        match self.last.get(volume) {
+            Some(last) if now < *last + self.every => {
+                self.held.insert(volume.clone(), *last + self.every);
+                false
+            }
+            _ => {
+                self.last.insert(volume.clone(), now);
+                true
+            }
+        }
+    }
+
+    /// Notes a first write of `volume` (it starts its pace; it is not held).
+    pub(super) fn wrote(&mut self, volume: &VolumeKey, now: Instant) {
+        self.last.insert(volume.clone(), now);
+    }
+
+    /// The volumes held back whose turn has come (written now), and the forgetting of volumes
+    /// not written for a turn.
+    pub(super) fn due(&mut self, now: Instant) -> Vec<VolumeKey> {
+        let due: Vec<VolumeKey> = self
+            .held
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &due {
+            self.held.remove(key);
+            self.last.insert(key.clone(), now);
+        }
+        self.last.retain(|_, last| now < *last + self.every);
+        due
+    }
+
+    /// When the next volume held back is due.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.held.values().min().copied()
+    }
+
+    /// Forgets the volumes of a pod that is gone.
+    pub(super) fn forget_pod(&mut self, uid: &kubevol_core::PodUid) {
+        self.held.retain(|(u, _), _| u != uid);
+        self.last.retain(|(u, _), _| u != uid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rewrites of one volume, whatever asks for them, are one a turn; volumes are paced
+    /// apart; a first write starts the pace without being held.
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_is_written_again_at_most_once_a_turn() {
+        let mut pace = VolumePace::default();
+        let v = |n: &str| (kubevol_core::PodUid("u".into()), n.to_string());
+        let (a, b) = (v("a"), v("b"));
+        let start = Instant::now();
+        pace.wrote(&a, start);
+        for ms in [1, 100, 999] {
+            assert!(
+                !pace.admit(&a, start + Duration::from_millis(ms)),
+                "held within the turn"
+            );
+        }
+        assert!(pace.admit(&b, start), "per volume");
+        assert_eq!(
+            pace.next(),
+            Some(start + CONTENT_EVERY),
+            "one turn for all of a's"
+        );
+        assert!(pace.due(start + Duration::from_millis(999)).is_empty());
+        assert_eq!(pace.due(start + CONTENT_EVERY), vec![a.clone()]);
+        assert!(!pace.admit(&a, start + CONTENT_EVERY + Duration::from_millis(1)));
+        // Quiet for a turn: the next rewrite goes at once.
+        let later = start + CONTENT_EVERY * 4;
+        assert_eq!(pace.due(later), vec![a.clone()]);
+        assert!(pace.due(later + CONTENT_EVERY * 2).is_empty());
+        assert!(pace.admit(&a, later + CONTENT_EVERY * 2));
+        pace.forget_pod(&a.0);
+        assert!(pace.last.is_empty() && pace.held.is_empty());
+    }
 
     fn config_map(name: &str) -> ObjectKey {
         ObjectKey::ConfigMap(("ns".to_string(), name.to_string()))
