@@ -181,6 +181,10 @@ fn unsafe_entry(dir: &Dir, name: &str, reason: impl Into<String>) -> MountError 
 /// below it that has one (the link's owner).
 type Top<'a> = BTreeMap<&'a str, Option<u32>>;
 
+/// The most path elements an entry may have (the validation of item paths refuses deeper
+/// ones first, with the field named).
+pub const MAX_DEPTH: usize = 32;
+
 fn check_entries<'a>(entries: &[Entry<'a>]) -> Result<Top<'a>, MountError> {
     let mut top: Top<'a> = BTreeMap::new();
     for e in entries {
@@ -189,7 +193,8 @@ fn check_entries<'a>(entries: &[Entry<'a>]) -> Result<Top<'a>, MountError> {
             && e.path
                 .split('/')
                 .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255)
-            && e.path.len() <= 4096;
+            && e.path.len() <= 4096
+            && e.path.split('/').count() <= MAX_DEPTH;
         if !ok {
             return Err(MountError::NotRelative {
                 path: e.path.into(),
@@ -359,34 +364,44 @@ fn file_is(
     Ok(data == e.data)
 }
 
-fn create_dirs<'d>(
-    root: &Dir,
-    cache: &'d mut BTreeMap<String, Dir>,
-    rel: &str,
-    own: Ownership,
-) -> Result<&'d Dir, MountError> {
-    if !cache.contains_key(rel) {
-        let (parent, name) = match rel.rsplit_once('/') {
-            Some((p, n)) => (Some(p), n),
-            None => (None, rel),
-        };
-        let parent_dir = match parent {
-            Some(p) => {
-                create_dirs(root, cache, p, own)?;
-                &cache[p]
+/// The directories of the payload open along the path of the last entry written, root first:
+/// the next entry's directories are made and opened from where its path leaves that chain, so
+/// a payload of many entries holds at most one descriptor per level of its deepest path
+/// (bounded by [`MAX_DEPTH`]), never one per directory it has (60 items of 300 levels held
+/// 18,000), and no recursion.
+struct Chain {
+    open: Vec<(String, Dir)>,
+}
+
+impl Chain {
+    /// The directory `rel` of the payload (`/`-separated, checked), made where missing.
+    fn dir<'c>(
+        &'c mut self,
+        root: &'c Dir,
+        rel: &str,
+        own: Ownership,
+    ) -> Result<&'c Dir, MountError> {
+        let names: Vec<&str> = rel.split('/').collect();
+        let common = self
+            .open
+            .iter()
+            .zip(&names)
+            .take_while(|((have, _), want)| have == *want)
+            .count();
+        self.open.truncate(common);
+        for name in &names[common..] {
+            let parent = self.open.last().map_or(root, |(_, d)| d);
+            let path = parent.child_path(OsStr::new(name));
+            match rustix::fs::mkdirat(&parent.fd, *name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(io("mkdir", &path)(e)),
             }
-            None => root,
-        };
-        let path = parent_dir.child_path(OsStr::new(name));
-        match rustix::fs::mkdirat(&parent_dir.fd, name, Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io("mkdir", &path)(e)),
+            let d = parent.open_child(OsStr::new(name))?;
+            own.apply(&d.fd, own.dir_mode(), &path)?;
+            self.open.push((name.to_string(), d));
         }
-        let d = parent_dir.open_child(OsStr::new(name))?;
-        own.apply(&d.fd, own.dir_mode(), &path)?;
-        cache.insert(rel.to_string(), d);
+        Ok(self.open.last().map_or(root, |(_, d)| d))
     }
-    Ok(&cache[rel])
 }
 
 fn write_file(dir: &Dir, name: &str, e: &Entry<'_>, own: Ownership) -> Result<(), MountError> {
@@ -539,14 +554,17 @@ fn write_payload(
     let payload = dir.open_child(OsStr::new(new_name))?;
     own.apply(&payload.fd, own.dir_mode(), &payload.path)?;
     hook(Step::PayloadDirCreated);
-    let mut dirs: BTreeMap<String, Dir> = BTreeMap::new();
-    for e in entries {
+    let mut chain = Chain { open: Vec::new() };
+    // In path order, so that entries of one directory follow each other.
+    let mut order: Vec<&Entry<'_>> = entries.iter().collect();
+    order.sort_by(|a, b| a.path.cmp(b.path));
+    for e in order {
         let (parent, name) = match e.path.rsplit_once('/') {
             Some((p, n)) => (Some(p), n),
             None => (None, e.path),
         };
         let parent_dir = match parent {
-            Some(p) => create_dirs(&payload, &mut dirs, p, own)?,
+            Some(p) => chain.dir(&payload, p, own)?,
             None => &payload,
         };
         write_file(parent_dir, name, e, own)?;

@@ -385,3 +385,64 @@ fn killed_at_every_step_converges_on_the_next_write() {
     assert!(killed >= 9, "every step was a kill point ({killed})");
     eprintln!("writer killed at {killed} points, converged each time");
 }
+
+/// A payload of many deep paths holds one descriptor per level of the path being written, not
+/// one per directory it makes (60 items of 300 levels held 18,000), and a path deeper than the
+/// limit is refused before anything is made.
+#[test]
+fn deep_payloads_hold_a_descriptor_per_level_and_the_limit_is_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let paths: Vec<String> = (0..60)
+        .map(|i| format!("{}f", format!("d{i}/").repeat(atomic::MAX_DEPTH - 1)))
+        .collect();
+    let entries: Vec<Entry<'_>> = paths
+        .iter()
+        .map(|p| Entry {
+            path: p,
+            data: b"v",
+            mode: 0o644,
+            user: None,
+        })
+        .collect();
+    // Only the descriptors of this test's directory (other tests run beside it).
+    let here = fs::canonicalize(t.path()).unwrap();
+    let open = || {
+        fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target.starts_with(&here))
+            .count()
+    };
+    let before = open();
+    let mut most = 0;
+    let d = Dir::open(t.path()).unwrap();
+    atomic::write(&d, &entries, Ownership { gid: None }, &mut |s| {
+        if s == Step::FileWritten {
+            most = most.max(open());
+        }
+    })
+    .unwrap();
+    assert!(
+        most <= before + atomic::MAX_DEPTH + 4,
+        "{most} descriptors open while writing, {before} before"
+    );
+    assert_eq!(
+        fs::read_to_string(t.path().join(&paths[59])).unwrap(),
+        "v",
+        "written through ..data"
+    );
+    let deeper = format!("{}f", "d/".repeat(atomic::MAX_DEPTH));
+    let e = atomic::write(
+        &d,
+        &[Entry {
+            path: &deeper,
+            data: b"v",
+            mode: 0o644,
+            user: None,
+        }],
+        Ownership { gid: None },
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, MountError::NotRelative { .. }), "{e}");
+}

@@ -254,8 +254,20 @@ pub fn item_path_errors(p: &str) -> Vec<String> {
             "each path element must be no more than {MAX_PATH_ELEMENT} bytes"
         ));
     }
+    let depth = p.split('/').filter(|e| !e.is_empty() && *e != ".").count();
+    if depth > MAX_ITEM_DEPTH {
+        out.push(format!(
+            "must have at most {MAX_ITEM_DEPTH} path elements (it has {depth}): kubevol makes a directory of the volume for each, and refuses deeper paths"
+        ));
+    }
     out
 }
+
+/// The most path elements an item path may have: each but the last is a directory the writer
+/// makes in the volume (and counts in the pod's budget). The API allows a path of 4,096 bytes,
+/// 2,048 levels; kubevol refuses more than this, which no real volume comes near (60 items of
+/// 300 levels made 181,855 directories, 714 MB of ext4, in ten volumes of one key).
+pub const MAX_ITEM_DEPTH: usize = 32;
 
 /// A relative path with empty and `.` elements removed (`./a//b/` is `a/b`); `""` if nothing is
 /// left. Paths with `..` never get here.

@@ -80,6 +80,19 @@ pub(crate) fn pages(len: usize) -> u64 {
     (len as u64).div_ceil(PAGE).max(1) * PAGE
 }
 
+/// How many directories the payload paths `paths` make (each distinct parent, at any depth).
+pub(crate) fn directories<'a>(paths: impl Iterator<Item = &'a str>) -> u64 {
+    let mut dirs = std::collections::HashSet::new();
+    for p in paths {
+        for (i, c) in p.char_indices() {
+            if c == '/' {
+                dirs.insert(&p[..i]);
+            }
+        }
+    }
+    dirs.len() as u64
+}
+
 impl ContentUsage {
     /// Counts `need` bytes for `volume` of `pod` (in place of what it took before), unless
     /// that takes the pod's content past `budget`: then what the pod's other content volumes

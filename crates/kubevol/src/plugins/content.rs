@@ -240,11 +240,13 @@ fn write_content(
         plugin: kind.plugin_name(),
         operation: "set-up of a volume of another type",
     })??;
-    // Counted against the pod's budget before anything is made.
+    // Counted against the pod's budget before anything is made: each file's pages, and each
+    // directory its paths make (a block each).
     let need: u64 = payload
         .values()
         .map(|f| super::budget::pages(f.data.len()))
-        .sum();
+        .sum::<u64>()
+        + super::budget::directories(payload.keys().map(String::as_str)) * super::budget::pages(0);
     let (budget, of) = super::budget::budget_of(&req.pod, kind.in_memory(), &host.node_allocatable);
     host.content_usage
         .take(&req.pod_ref.uid, &req.outer_volume_name, need, budget)

@@ -290,6 +290,50 @@ mount_test! {
 }
 
 mount_test! {
+    /// A tenant's one-key ConfigMap projected at deep item paths: the directories the paths
+    /// make count in the pod's budget (ten items of 30 levels, 300 directories, take 1.2 MiB:
+    /// refused under a limit of 1 MiB, which counting the files alone, 40 KiB, let through), a
+    /// path deeper than kubevol's 32 levels is refused by its field, and the set-ups hold no
+    /// more descriptors than the deepest path has levels (kubevol's own stay far from its
+    /// limit). A shallow pod beside them is mounted.
+    fn a_tenants_deep_item_paths_count_in_its_budget_and_are_bounded() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let tenant = tenant_client(&cluster).await;
+            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata": {"name": "one"}, "data": {"k": "v"}})).unwrap();
+            kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::default_namespaced(tenant.clone()).create(&Default::default(), &cm).await.expect("the tenant's ConfigMap");
+            let deep = |levels: usize, i: usize| format!("{}f{i}", format!("d{i}/").repeat(levels - 1));
+            let items = |levels: usize, n: usize| -> Vec<serde_json::Value> { (0..n).map(|i| json!({"key": "k", "path": deep(levels, i)})).collect() };
+            let pods_api = kube::Api::<k8s_openapi::api::core::v1::Pod>::default_namespaced(tenant);
+            let mut budgeted = bound_pod("deep", &node, json!([{"name": "c", "configMap": {"name": "one", "items": items(31, 10)}}]));
+            budgeted["spec"]["containers"][0]["resources"] = json!({"limits": {"ephemeral-storage": "1Mi"}});
+            let too_deep = bound_pod("deeper", &node, json!([{"name": "c", "configMap": {"name": "one", "items": items(40, 1)}}]));
+            let shallow = bound_pod("shallow", &node, json!([{"name": "c", "configMap": {"name": "one", "items": items(8, 10)}}]));
+            let m = cluster_manager(root.path(), &cluster);
+            let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+            let before = fds();
+            let mut made = Vec::new();
+            for pod in [budgeted, too_deep, shallow] {
+                made.push(pods_api.create(&Default::default(), &serde_json::from_value(pod).unwrap()).await.expect("the tenant's pod"));
+            }
+            // (The error the budget gives: a volume waits for its ConfigMap's first read first.)
+            let s = wait_for_status(&m, &made[0], 120, |s| s.volumes[0].retry.last_error.as_ref().is_some_and(|e| e.contains("past the pod's budget"))).await;
+            let e = s.volumes[0].retry.last_error.clone().unwrap();
+            assert!(e.contains("past the pod's budget of 1024 KiB") && e.contains("its content takes 1240 KiB"), "{e}");
+            let s = wait_for_status(&m, &made[1], 120, |s| s.phase == kubevol::status::PodPhase::Rejected).await;
+            assert!(s.errors.iter().any(|e| e.contains("spec.volumes[0].configMap.items[0].path") && e.contains("must have at most 32 path elements")), "{:?}", s.errors);
+            m.wait_for_attach_and_mount(&made[2]).await.expect("the shallow pod mounted");
+            let after = fds();
+            assert!(after < before + 200, "{before} descriptors open before, {after} after");
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
+mount_test! {
     /// A tenant's pod with a volume whose ConfigMap is missing and ten siblings whose
     /// ConfigMaps the tenant makes one by one: each of those is news only to the volume that
     /// reads it, and the one left failing is tried on its own backoff (2 s), not once per
