@@ -333,6 +333,66 @@ mount_test! {
     }
 }
 
+/// This process's TCP connections to port `port` of 127.0.0.1 that are established.
+fn connections_to(port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|t| {
+            t.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(String::from)
+        })
+        .collect();
+    let want = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // remote address, state 01 (established), inode
+            f.len() > 9 && f[2] == want && f[3] == "01" && inodes.contains(f[9])
+        })
+        .count()
+}
+
+mount_test! {
+    /// A tenant's pod reads 300 Secrets in one projected volume: the node watches each by name,
+    /// over more than one connection (90 watches a connection). Once the pod is deleted and its
+    /// watches end, the connections they took are closed (they stayed for hyper's 90 s idle
+    /// timeout): one is left for what comes next.
+    fn the_connections_a_deleted_pods_watches_took_are_closed() {
+        let root = TestRoot::new();
+        runtime().block_on(async {
+            let cluster = TestCluster::start_on(Backend::Real, NODE).await;
+            let node = cluster.node_name().to_string();
+            let port: u16 = cluster.node_config().cluster_url.port_u16().expect("the server's port");
+            let tenant = tenant_client(&cluster).await;
+            let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::default_namespaced(tenant.clone());
+            for i in 0..300 {
+                let s = serde_json::from_value(json!({"metadata": {"name": format!("s{i}")}, "stringData": {format!("k{i}"): "v"}})).unwrap();
+                secrets.create(&Default::default(), &s).await.expect("the tenant's Secrets");
+            }
+            let sources: Vec<serde_json::Value> = (0..300).map(|i| json!({"secret": {"name": format!("s{i}")}})).collect();
+            let pods_api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::default_namespaced(tenant);
+            let m = cluster_manager(root.path(), &cluster);
+            let made = pods_api.create(&Default::default(), &serde_json::from_value(bound_pod("wide", &node, json!([{"name": "all", "projected": {"sources": sources}}]))).unwrap()).await.expect("the tenant's pod");
+            let p = typed(&serde_json::to_value(&made).unwrap());
+            m.wait_for_attach_and_mount(&p).await.expect("mounted with its 300 Secrets");
+            let during = connections_to(port);
+            assert!(during >= 4, "300 watches take at least 4 connections: {during}");
+            // Deleted for good (as the kubelet deletes a pod once its containers are gone).
+            pods_api.delete("wide", &kube::api::DeleteParams::default().grace_period(0)).await.expect("the tenant deletes its pod");
+            m.wait_for_unmount(&p).await.expect("torn down");
+            kubevol_testserver::cluster::eventually("the connections of the ended watches closed", 60, || async { connections_to(port) <= 2 }).await;
+            m.shutdown();
+            cluster.clean_up().await;
+        });
+    }
+}
+
 mount_test! {
     /// A tenant's pod with a volume whose ConfigMap is missing and ten siblings whose
     /// ConfigMaps the tenant makes one by one: each of those is news only to the volume that

@@ -7,8 +7,10 @@
 //! until [`STREAMS_PER_CONNECTION`] of them are open on it (a watch stays open while it is
 //! watched; kube-apiserver allows 100 streams per connection unless told otherwise, and
 //! queues — forever, for watches — what goes beyond), then the next is opened, as Go's
-//! transport does; the first with room is always taken, so that the pool shrinks again when
-//! watches end (an idle connection is closed after 90 s). Each connection with open streams is
+//! transport does; the first with room is always taken, and a connection other than the
+//! first is closed as soon as its last request ends, so that the pool shrinks again when
+//! watches end (112 connections of a deleted pod's 10,000 watches stayed open for 90 s,
+//! hyper's idle timeout). Each connection with open streams is
 //! pinged every 30 s and dropped when a ping is not answered within 15 s (a connection frozen
 //! by the network is noticed in about 45 s, and every watch on it restarts), and every request
 //! but a watch has a deadline. Against a server without TLS (the in-process test server) it
@@ -77,6 +79,20 @@ struct Pool {
 struct Connection {
     client: HyperClient<Connector, Body>,
     open: Arc<AtomicUsize>,
+}
+
+impl Pool {
+    /// Closes the connection whose count is `open` if no request is open on it and it is not
+    /// the first (which stays for the next request): its client is dropped, and with the last
+    /// clone, held by no request now, the connection.
+    fn release(&self, open: &Arc<AtomicUsize>) {
+        let mut all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = all.iter().position(|c| Arc::ptr_eq(&c.open, open)) {
+            if i > 0 && all[i].open.load(Ordering::SeqCst) == 0 {
+                all.remove(i);
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -182,12 +198,17 @@ fn is_watch(req: &http::Request<Body>) -> bool {
 }
 
 /// Uncounts a request on its connection when dropped: with its answer's body, once read or
-/// given up, or with the request if it failed.
-struct Open(Arc<AtomicUsize>);
+/// given up, or with the request if it failed. The last request of a connection other than
+/// the first closes it.
+struct Open(Arc<AtomicUsize>, std::sync::Weak<Pool>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        if self.0.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if let Some(pool) = self.1.upgrade() {
+                pool.release(&self.0);
+            }
+        }
     }
 }
 
@@ -231,7 +252,7 @@ impl tower::Service<http::Request<Body>> for Spread {
         let watch = is_watch(&req);
         let pool = self.0.clone();
         let (client, open) = pool.take();
-        let open = Open(open);
+        let open = Open(open, Arc::downgrade(&pool));
         let answer = client.request(req);
         Box::pin(async move {
             let answer = if watch {
