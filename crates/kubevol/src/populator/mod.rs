@@ -586,10 +586,16 @@ impl Populator {
                 failed.insert(
                     v.name.clone(),
                     ProcessFailure {
-                        message: format!(
-                            "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (it has not been read yet)",
-                            stored.origin(), v.name
-                        ),
+                        message: match self.store.refusal() {
+                            None => format!(
+                                "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key} (it has not been read yet)",
+                                stored.origin(), v.name
+                            ),
+                            Some(why) => format!(
+                                "{}: volume {:?} of pod {pref}: waiting for the API server to deliver {key}, which refuses the node's reads: {why}",
+                                stored.origin(), v.name
+                            ),
+                        },
                         unsupported: false,
                         waiting: true,
                     },

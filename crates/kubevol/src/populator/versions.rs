@@ -25,8 +25,9 @@ pub(super) enum Version {
     Volume(Arc<k8s_openapi::api::core::v1::PersistentVolume>),
     Driver(Arc<k8s_openapi::api::storage::v1::CSIDriver>),
     Node(Arc<k8s_openapi::api::core::v1::Node>),
-    /// Missing, and the API server is still to list it.
-    Pending(ObjectKey),
+    /// Missing, and the API server is still to list it; whether the server refuses the node's
+    /// reads meanwhile (the pod's message says so).
+    Pending(ObjectKey, bool),
     /// A claim the storage controllers have not bound, and why, once they have said.
     Unbound(Option<String>),
 }
@@ -35,7 +36,7 @@ impl PartialEq for Version {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Version::Missing, Version::Missing) => true,
-            (Version::Pending(a), Version::Pending(b)) => a == b,
+            (Version::Pending(a, x), Version::Pending(b, y)) => a == b && x == y,
             (Version::Unbound(a), Version::Unbound(b)) => a == b,
             (Version::NotLoaded, Version::NotLoaded) => true,
             (Version::ConfigMap(a), Version::ConfigMap(b)) => Arc::ptr_eq(a, b),
@@ -55,7 +56,8 @@ pub(super) const ANY_PERSISTENT_VOLUME: ObjectKey = ObjectKey::PersistentVolume(
 /// An object the store does not hold: still to be listed by the API server, or missing.
 fn absent(store: &ObjectStore, key: ObjectKey) -> Version {
     if store.pending(&key) {
-        Version::Pending(key)
+        let refused = store.refusal().is_some();
+        Version::Pending(key, refused)
     } else {
         Version::Missing
     }
@@ -180,7 +182,7 @@ pub(super) fn object_versions(
         volume_versions(store, node, pod, &pref, v, &mut out);
         spans.push((v.name.clone(), start..out.len()));
         let first = out[start..].iter().find_map(|(_, x)| match x {
-            Version::Pending(key) => Some(key.clone()),
+            Version::Pending(key, _) => Some(key.clone()),
             _ => None,
         });
         if let Some(key) = first {

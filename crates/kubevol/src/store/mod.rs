@@ -326,6 +326,10 @@ struct SourceState {
     synced: bool,
     /// Why it cannot deliver now (a directory missing or unreadable), for the status.
     problem: Option<String>,
+    /// Why the API server refuses the source's reads (the node's credentials): apart from
+    /// `problem`, which the pods' watch sets and clears, since a watch started before the
+    /// refusal goes on delivering while every new read is refused.
+    refused: Option<String>,
 }
 
 /// The store.
@@ -415,6 +419,38 @@ impl ObjectStore {
         self.bump();
     }
 
+    /// Records why the API server refuses a source's new reads (its credentials), or that it
+    /// takes them again (`None`).
+    pub(crate) fn set_source_refused(&self, name: &str, refused: Option<String>) {
+        {
+            let mut sources = crate::sync::lock(&self.sources);
+            let state = sources.entry(name.to_string()).or_default();
+            if state.refused == refused {
+                return;
+            }
+            match &refused {
+                Some(why) => tracing::warn!(
+                    source = name,
+                    "the API server refuses the node's reads: {why}"
+                ),
+                None => {
+                    tracing::info!(source = name, "the API server takes the node's reads again")
+                }
+            }
+            state.refused = refused;
+        }
+        // The volumes that wait for an object say why: every pod is looked at again.
+        self.write().journal.everything = true;
+        self.bump();
+    }
+
+    /// Why the API server refuses the node's reads now, if it does (the first source's).
+    pub fn refusal(&self) -> Option<String> {
+        crate::sync::lock(&self.sources)
+            .values()
+            .find_map(|s| s.refused.clone())
+    }
+
     /// Every registered source, and whether it has delivered its first listing.
     pub fn sources(&self) -> Vec<(String, bool)> {
         crate::sync::lock(&self.sources)
@@ -438,14 +474,17 @@ impl ObjectStore {
     pub fn source_problems(&self) -> Vec<String> {
         crate::sync::lock(&self.sources)
             .iter()
-            .filter_map(|(name, s)| {
-                let p = s.problem.as_ref()?;
+            .flat_map(|(name, s)| {
                 let waiting = if s.synced {
                     "what it delivered before stays"
                 } else {
                     "nothing is torn down until it has been listed"
                 };
-                Some(format!("pod source {name}: {p}; {waiting}"))
+                let problem = s.problem.as_ref().map(|p| format!("pod source {name}: {p}; {waiting}"));
+                let refused = s.refused.as_ref().map(|r| {
+                    format!("pod source {name}: the API server refuses the node's new reads: {r}; {waiting}, and what is not read yet waits")
+                });
+                problem.into_iter().chain(refused)
             })
             .collect()
     }
@@ -835,6 +874,12 @@ impl Sink {
     /// Records why the source cannot deliver now (shown by the status), or that it can again.
     pub fn problem(&self, problem: Option<String>) {
         self.store.set_source_problem(self.name, problem);
+    }
+
+    /// Records that the API server refuses the source's new reads (its credentials: an expired
+    /// certificate, a revoked token), or that a new read was taken again (`None`).
+    pub fn refused(&self, why: Option<String>) {
+        self.store.set_source_refused(self.name, why);
     }
 }
 

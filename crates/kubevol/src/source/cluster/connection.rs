@@ -190,6 +190,44 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     words.join(": ")
 }
 
+/// Why the API server refused a request for the node's credentials, if it did: the expiry of
+/// the client certificate where it has expired, else the server's 401.
+pub(crate) fn refusal(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(s) if s.code == 401 => Some(format!(
+            "the API server refused the node's credentials (401 Unauthorized: {}); give the node valid credentials",
+            s.message
+        )),
+        kube::Error::Service(inner) => {
+            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+            while let Some(c) = cause {
+                if let Some(ConnectionError::Expired(x)) = c.downcast_ref::<ConnectionError>() {
+                    return Some(x.to_string());
+                }
+                if let Some(x) = c.downcast_ref::<Expired>() {
+                    return Some(x.to_string());
+                }
+                cause = c.source();
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// [`refusal`] of a watch's failure.
+pub(crate) fn watch_refusal(e: &kube::runtime::watcher::Error) -> Option<String> {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(e) | W::WatchStartFailed(e) | W::WatchFailed(e) => refusal(e),
+        W::WatchError(s) if s.code == 401 => Some(format!(
+            "the API server refused the node's credentials (401 Unauthorized: {}); give the node valid credentials",
+            s.message
+        )),
+        _ => None,
+    }
+}
+
 /// Whether a request is a watch (its answer is a stream that lasts minutes).
 fn is_watch(req: &http::Request<Body>) -> bool {
     req.uri()

@@ -338,8 +338,16 @@ async fn read_one<K>(
     loop {
         place.turn().await;
         let read = api.get_opt(&name).await;
-        if read.is_ok() {
-            place.allowed();
+        match &read {
+            Ok(_) => {
+                place.allowed();
+                sink.refused(None);
+            }
+            Err(e) => {
+                if let Some(why) = super::connection::refusal(e) {
+                    sink.refused(Some(why));
+                }
+            }
         }
         let wait = match read {
             Ok(Some(o)) => {
@@ -441,6 +449,7 @@ pub(super) async fn watch_one<K>(
             Ok(Event::InitDone) => {
                 backoff.reset();
                 place.allowed();
+                sink.refused(None);
                 listings.listed_object();
                 if !listed {
                     // A streaming list comes from the server's watch cache at whatever version
@@ -482,6 +491,9 @@ pub(super) async fn watch_one<K>(
                 events = watcher(api.clone(), config.clone()).boxed();
             }
             Err(e) => {
+                if let Some(why) = super::connection::watch_refusal(&e) {
+                    sink.refused(Some(why));
+                }
                 let lagging = watch_forbidden(&e);
                 let delay = place.retry_after(&mut backoff, lagging, object_watch_refused(&e));
                 tracing::debug!(object = ?key, "watch: {e}; retrying in {delay:.1?}");
