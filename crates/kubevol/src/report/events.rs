@@ -86,10 +86,34 @@ pub struct PodEvent {
     pub message: String,
 }
 
+/// A pod's events: the last [`EVENTS_PER_POD`], and how often each distinct event came (by a
+/// hash of its reason and message), however many there are: a repeat is logged at its 2nd,
+/// 4th, 8th, ... time whether or not it is still among the last kept (a pod of 300 failing
+/// volumes pushed each volume's failure out of the 32 kept before it came again, and every
+/// repeat was logged).
+#[derive(Default)]
+struct PodEvents {
+    kept: VecDeque<Event>,
+    seen: kubevol_core::collections::HashMap<u64, u32>,
+}
+
+/// The most distinct events counted for one pod; past it the counts start again (a pod whose
+/// messages never repeat, a changing count in each, would otherwise grow the map forever).
+const COUNTED_PER_POD: usize = 4096;
+
+fn event_hash(reason: &str, message: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
+    h.write(reason.as_bytes());
+    h.write_u8(0);
+    h.write(message.as_bytes());
+    h.finish()
+}
+
 /// The recorder.
 #[derive(Default)]
 pub struct EventRecorder {
-    per_pod: Mutex<BTreeMap<PodUid, VecDeque<Event>>>,
+    per_pod: Mutex<BTreeMap<PodUid, PodEvents>>,
     /// Where events go besides memory; a full queue drops the event (the sink is behind).
     sink: std::sync::OnceLock<tokio::sync::mpsc::Sender<PodEvent>>,
 }
@@ -138,27 +162,38 @@ impl EventRecorder {
         }
         let now = now_secs();
         let mut map = crate::sync::lock(&self.per_pod);
-        let q = map.entry(pod.uid.clone()).or_default();
+        let events = map.entry(pod.uid.clone()).or_default();
+        if events.seen.len() >= COUNTED_PER_POD {
+            events.seen.clear();
+        }
+        let count = {
+            let n = events.seen.entry(event_hash(reason, &message)).or_default();
+            *n = n.saturating_add(1);
+            *n
+        };
+        // The same event again is logged at its 2nd, 4th, 8th, ... time, with the count: a
+        // volume that keeps failing the same way (each failure a backoff step after the last)
+        // fills no log.
+        match count {
+            1 => log(pod, warning, reason, &message),
+            n if n.is_power_of_two() => log(
+                pod,
+                warning,
+                reason,
+                &format!("{message} (the same event {n} times)"),
+            ),
+            _ => {}
+        }
+        let q = &mut events.kept;
         if let Some(last) = q
             .iter_mut()
             .find(|e| e.reason == reason && e.message == message)
         {
-            last.count += 1;
+            // Folded into the one kept.
+            last.count = count;
             last.last_timestamp = now;
-            // The same event again is folded, and logged at its 2nd, 4th, 8th, ... time, with
-            // the count: a volume that keeps failing the same way (each failure a backoff step
-            // after the last) fills no log.
-            if last.count.is_power_of_two() {
-                log(
-                    pod,
-                    warning,
-                    reason,
-                    &format!("{message} (the same event {} times)", last.count),
-                );
-            }
             return;
         }
-        log(pod, warning, reason, &message);
         if q.len() == EVENTS_PER_POD {
             q.pop_front();
         }
@@ -168,7 +203,7 @@ impl EventRecorder {
             type_: Cow::Borrowed(if warning { "Warning" } else { "Normal" }),
             reason: Cow::Borrowed(reason),
             message,
-            count: 1,
+            count,
             first_timestamp: now,
             last_timestamp: now,
         });
@@ -178,14 +213,14 @@ impl EventRecorder {
     pub fn for_pod(&self, uid: &PodUid) -> Vec<Event> {
         let map = crate::sync::lock(&self.per_pod);
         map.get(uid)
-            .map(|q| q.iter().cloned().collect())
+            .map(|q| q.kept.iter().cloned().collect())
             .unwrap_or_default()
     }
 
     /// Every event, ordered by last occurrence.
     pub fn all(&self) -> Vec<Event> {
         let map = crate::sync::lock(&self.per_pod);
-        let mut v: Vec<Event> = map.values().flatten().cloned().collect();
+        let mut v: Vec<Event> = map.values().flat_map(|e| &e.kept).cloned().collect();
         v.sort_by_key(|e| e.last_timestamp);
         v
     }
@@ -254,6 +289,49 @@ mod tests {
             "another event is logged at once: {text}"
         );
         assert_eq!(r.for_pod(&pod.uid)[0].count, 10, "every one counted");
+    }
+
+    /// A pod of 300 volumes failing the same way again and again: each volume's failure is
+    /// logged at its 1st, 2nd, 4th and 8th time (not at each), though only the last 32 events
+    /// are kept; the count kept is the whole count.
+    #[test]
+    fn repeats_of_many_distinct_failures_are_folded_in_the_log() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogBuf(writer.clone()))
+            .finish();
+        let r = EventRecorder::default();
+        let pod = pod();
+        tracing::subscriber::with_default(subscriber, || {
+            for _round in 0..10 {
+                for v in 0..300 {
+                    r.record(&pod, true, reason::FAILED_MOUNT, format!("volume v{v}: configMap c{v} not found"));
+                }
+            }
+        });
+        let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+        let lines = text.lines().count();
+        // Rounds 1, 2, 4 and 8 of each volume.
+        assert_eq!(lines, 300 * 4, "{lines} lines for 3,000 failures of 300 volumes");
+        assert!(text.contains("volume v7: configMap c7 not found (the same event 8 times)"));
+        let kept = r.for_pod(&pod.uid);
+        assert_eq!(kept.len(), EVENTS_PER_POD);
+        assert!(kept.iter().all(|e| e.count == 10), "{kept:?}");
+    }
+
+    /// A writer of log lines into a shared buffer.
+    struct LogBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for LogBuf {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[test]
