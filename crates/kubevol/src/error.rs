@@ -146,6 +146,17 @@ pub enum VolumeError {
         /// Whether the error it replaces is permanent.
         permanent: bool,
     },
+    /// A set-up that failed after it made something on the node (the volume's directory, its
+    /// tmpfs): the volume is uncertain, so that it is torn down (what was made removed) if the
+    /// pod goes before a retry succeeds. A directory left by a write that ran out of
+    /// descriptors was otherwise kept for ever, and after a restart taken for a foreign pod's.
+    #[error("{message}")]
+    Partial {
+        /// The error's message.
+        message: String,
+        /// Whether the error it stands for is permanent.
+        permanent: bool,
+    },
     /// The intent could not be recorded: nothing was done on the node.
     #[error("cannot record the intent in {} ({source}); nothing was done on the node and it is tried again: make room or fix permissions there", dir.display())]
     Record {
@@ -170,6 +181,17 @@ impl VolumeError {
         }
     }
 
+    /// This error, of a set-up that made something on the node before it failed: uncertain.
+    pub(crate) fn after_something_made(self) -> VolumeError {
+        if self.class() == ErrorClass::Uncertain {
+            return self;
+        }
+        VolumeError::Partial {
+            message: self.to_string(),
+            permanent: self.is_permanent(),
+        }
+    }
+
     /// Whether the failure cannot clear without a change of the pod's spec (or an object it
     /// reads) or of the node's configuration: the operation is not retried on a timer, only
     /// when the pod or an object it reads changes, and `run --once` counts its pod as failed
@@ -186,7 +208,9 @@ impl VolumeError {
             | VolumeError::MountOption { .. }
             | VolumeError::PathName(_)
             | VolumeError::SubPath { .. } => true,
-            VolumeError::Redacted { permanent, .. } => *permanent,
+            VolumeError::Redacted { permanent, .. } | VolumeError::Partial { permanent, .. } => {
+                *permanent
+            }
             VolumeError::Content(e) => {
                 matches!(e, P::NeedsCluster { .. } | P::Field { .. } | P::Path { .. })
                     || matches!(e, P::Certificate { error, .. } if error.permanent)
@@ -214,7 +238,7 @@ impl VolumeError {
                     ErrorClass::Final
                 }
             }
-            VolumeError::Task(_) => ErrorClass::Uncertain,
+            VolumeError::Task(_) | VolumeError::Partial { .. } => ErrorClass::Uncertain,
             VolumeError::Redacted { class, .. } => *class,
             VolumeError::Csi(e) if e.is_final() => ErrorClass::Final,
             VolumeError::Csi(_) => ErrorClass::Uncertain,

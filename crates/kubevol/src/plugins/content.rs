@@ -269,16 +269,20 @@ fn write_content(
         0o777,
         fs,
     )?;
+    // What fails from here leaves the volume's directory (and tmpfs) made: uncertain, so that
+    // it is torn down if the pod goes.
+    let made = VolumeError::after_something_made;
     // A tmpfs mounted just now has the size asked for: nothing to grow.
     let grow = kind.in_memory() && !dir.mounted_now();
-    let dir = dir.open()?;
+    let dir = dir.open().map_err(|e| made(e.into()))?;
     if grow {
-        grow_tmpfs(host, &path, &dir, size)?;
+        grow_tmpfs(host, &path, &dir, size).map_err(made)?;
     }
     let group = fs_group(&req.pod);
     if let Some((gid, _)) = group {
         // The payload gets its group from the writer; the root once, here.
-        dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)?;
+        dir.apply_fs_group(gid, true, FsGroupPolicy::OnRootMismatch)
+            .map_err(|e| made(e.into()))?;
     }
     let owners =
         kubevol_core::projection::FileOwners::of_volume(&req.spec.volume, &req.spec.extensions);
@@ -294,7 +298,7 @@ fn write_content(
     let own = Ownership {
         gid: group.map(|(gid, _)| gid),
     };
-    let written = atomic::write(&dir, &entries, own, &mut |_| {})?;
+    let written = atomic::write(&dir, &entries, own, &mut |_| {}).map_err(|e| made(e.into()))?;
     tracing::debug!(pod = %req.pod_ref, volume = %req.outer_volume_name, ?written, files = entries.len(), "content written");
     Ok(SetUpResult {
         path,

@@ -349,13 +349,16 @@ impl QuickPlugin for EmptyDirPlugin {
         // A tmpfs mounted just now has the size asked for now: nothing to resize.
         let resize = memory && !dir.mounted_now();
         if resize || fs_group.is_some() {
-            let root = dir.open()?;
+            // What fails from here leaves the volume made: uncertain, torn down if the pod goes.
+            let made = VolumeError::after_something_made;
+            let root = dir.open().map_err(|e| made(e.into()))?;
             if resize {
-                resize_tmpfs(host, &req, &path, &root)?;
+                resize_tmpfs(host, &req, &path, &root).map_err(made)?;
             }
             if let Some((gid, policy)) = fs_group {
                 let volume = &req.outer_volume_name;
-                host.apply_fs_group(&req.pod_ref, volume, &root, gid, policy)?;
+                host.apply_fs_group(&req.pod_ref, volume, &root, gid, policy)
+                    .map_err(|e| made(e.into()))?;
             }
         }
         Ok(SetUpResult {

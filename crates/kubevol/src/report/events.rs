@@ -307,14 +307,23 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             for _round in 0..10 {
                 for v in 0..300 {
-                    r.record(&pod, true, reason::FAILED_MOUNT, format!("volume v{v}: configMap c{v} not found"));
+                    r.record(
+                        &pod,
+                        true,
+                        reason::FAILED_MOUNT,
+                        format!("volume v{v}: configMap c{v} not found"),
+                    );
                 }
             }
         });
         let text = String::from_utf8(log.lock().unwrap().clone()).unwrap();
         let lines = text.lines().count();
         // Rounds 1, 2, 4 and 8 of each volume.
-        assert_eq!(lines, 300 * 4, "{lines} lines for 3,000 failures of 300 volumes");
+        assert_eq!(
+            lines,
+            300 * 4,
+            "{lines} lines for 3,000 failures of 300 volumes"
+        );
         assert!(text.contains("volume v7: configMap c7 not found (the same event 8 times)"));
         let kept = r.for_pod(&pod.uid);
         assert_eq!(kept.len(), EVENTS_PER_POD);
