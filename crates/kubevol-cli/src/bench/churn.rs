@@ -6,24 +6,56 @@
 
 use super::*;
 
+/// The content benchmark's pod, with a downwardAPI volume besides: four content volumes.
+fn content_pod(i: usize) -> Pod {
+    let mut p = super::content::pod(i);
+    let spec = p.spec.as_mut().expect("a spec");
+    spec.containers[0]
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(
+            serde_json::from_value(serde_json::json!({"name": "info", "mountPath": "/info"}))
+                .expect("a mount"),
+        );
+    spec.volumes.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(
+            serde_json::json!({"name": "info", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}),
+        )
+        .expect("a volume"),
+    );
+    p
+}
+
 /// Runs the churn benchmark for `seconds`.
 pub fn run(args: &BenchArgs, seconds: u64) -> anyhow::Result<ExitCode> {
     let n = args.pods();
     let (tmp, _) = BenchRoot::new(args)?;
-    println!(
-        "kubevol bench --churn {seconds}: waves of {n} pods x {} Memory emptyDir volumes, added and removed for {seconds} s",
-        args.volumes
-    );
+    let volumes = if args.content { 4 } else { args.volumes };
+    match args.content {
+        true => println!(
+            "kubevol bench --churn {seconds} --content: waves of {n} pods x 4 content volumes (configMap, secret, projected, downwardAPI), added and removed for {seconds} s"
+        ),
+        false => println!(
+            "kubevol bench --churn {seconds}: waves of {n} pods x {volumes} Memory emptyDir volumes, added and removed for {seconds} s"
+        ),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let root = tmp.path().join("root");
     let figures = runtime.block_on(async {
         let (manager, running) = start_manager(&root, args, |_| {})?;
+        if args.content {
+            manager.library().upsert_objects(super::content::objects(0));
+        }
         let input = |wave: usize| -> Vec<Pod> {
             (0..n)
                 .map(|i| {
-                    let mut p = pod(i, args.volumes);
+                    let mut p = match args.content {
+                        true => content_pod(i),
+                        false => pod(i, args.volumes),
+                    };
                     // Every wave's pods are new pods (another UID), as a node sees them.
                     p.metadata.name = Some(format!("bench-{wave}-{i}"));
                     p
@@ -62,7 +94,7 @@ pub fn run(args: &BenchArgs, seconds: u64) -> anyhow::Result<ExitCode> {
     println!(
         "{waves} waves, {} pods and {} volumes set up and torn down in {:.1} s; {left} pods left",
         waves * n,
-        waves * n * args.volumes,
+        waves * n * volumes,
         churned.as_secs_f64()
     );
     println!("resident memory (MiB):");

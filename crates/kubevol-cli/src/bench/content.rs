@@ -12,7 +12,7 @@ fn value(version: u32, key: usize) -> String {
     format!("value {version} of key {key}: {}", "x".repeat(64))
 }
 
-fn objects(version: u32) -> Vec<Object> {
+pub(super) fn objects(version: u32) -> Vec<Object> {
     let data: serde_json::Map<String, serde_json::Value> = (0..CONFIG_KEYS)
         .map(|k| (format!("k{k}"), value(version, k).into()))
         .collect();
@@ -31,7 +31,7 @@ fn objects(version: u32) -> Vec<Object> {
     ]
 }
 
-fn pod(i: usize) -> Pod {
+pub(super) fn pod(i: usize) -> Pod {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("bench-{i}"), "namespace": "bench"},

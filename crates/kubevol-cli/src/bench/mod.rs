@@ -20,6 +20,8 @@ use kubevol_core::PodRef;
 use kubevol_mount::{LinuxMounter, MountOptions, Mounter};
 
 mod churn;
+mod deep;
+mod manifests;
 
 /// Benchmark options.
 #[derive(clap::Args)]
@@ -81,8 +83,9 @@ pub struct BenchArgs {
     scale: Vec<usize>,
     /// Benchmark memory after churn instead: waves of N pods are added and removed for this
     /// many seconds, then every pod is gone; reports the resident memory before, at its peak
-    /// and after.
-    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale"])]
+    /// and after. With --content each pod has four content volumes (configMap, secret,
+    /// projected, downwardAPI) instead of Memory emptyDirs.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["csi", "cluster", "restart", "scale"])]
     churn: Option<u64>,
     /// Benchmark fsGroup instead: a volume of this many files and directories is given a
     /// pod's fsGroup by kubevol, by the kubelet's own SetVolumeOwnership (built from
@@ -100,6 +103,15 @@ pub struct BenchArgs {
     /// the ratios.
     #[arg(long, conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn", "fs_group"])]
     versus_kubelet: bool,
+    /// Benchmark the walks over a tree a pod made instead: a chain of this many directories is
+    /// walked by kubevol's usage, fsGroup and teardown walks, beside `rm -rf` of it.
+    #[arg(long, value_name = "LEVELS", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn", "fs_group", "volume_stats", "versus_kubelet"])]
+    deep_tree: Option<usize>,
+    /// Benchmark manifest reading instead: files of this many MB (valid pods, pods with octal
+    /// and quoted modes, ConfigMaps of unknown fields, documents with a type error) are parsed
+    /// as the manifest watch parses them; prints CPU seconds per MB beside the YAML parser's.
+    #[arg(long, value_name = "MB", conflicts_with_all = ["content", "csi", "cluster", "restart", "scale", "churn", "fs_group", "volume_stats", "versus_kubelet"])]
+    manifests: Option<f64>,
     /// Put the benchmark's root (kubevol's and the floor's) in a temporary directory on the
     /// disk instead of a fresh tmpfs, so that the durable record's fsyncs are real.
     #[arg(long)]
@@ -435,6 +447,15 @@ async fn add_and_wait(
 
 /// Runs the benchmark and prints its figures.
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(mb) = args.manifests {
+        return manifests::run(mb);
+    }
+    if let Some(levels) = args.deep_tree {
+        return deep::run(args, levels);
+    }
+    if let Some(seconds) = args.churn {
+        return churn::run(args, seconds);
+    }
     if args.content {
         return content::run(args);
     }
@@ -446,9 +467,6 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if args.restart {
         return restart(args);
-    }
-    if let Some(seconds) = args.churn {
-        return churn::run(args, seconds);
     }
     if let Some(files) = args.fs_group {
         return fsgroup::run(args, files);
