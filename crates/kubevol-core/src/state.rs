@@ -512,6 +512,11 @@ impl DesiredState {
         self.volumes.get(name).and_then(|v| v.pods.get(uid))
     }
 
+    /// How many pods are desired.
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
     /// Every desired pod.
     pub fn pods(&self) -> impl Iterator<Item = &DesiredPod> {
         self.pods.values()

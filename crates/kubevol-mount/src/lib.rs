@@ -9,6 +9,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod alloc;
 mod at;
 pub mod atomic;
 pub mod fake;

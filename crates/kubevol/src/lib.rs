@@ -38,6 +38,7 @@ mod dir_watch;
 pub mod error;
 mod inspect;
 mod manager;
+mod memory;
 pub mod node;
 mod operations;
 pub mod plugins;

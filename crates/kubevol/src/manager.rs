@@ -525,6 +525,10 @@ impl VolumeManager {
             p.metrics.clone(),
             p.config.volume_stats_period,
         ));
+        beside.spawn(crate::memory::trim_after_storms(
+            p.world.clone(),
+            stop.clone(),
+        ));
         beside.spawn(crate::storage::run(
             p.host.clone(),
             p.world.clone(),
