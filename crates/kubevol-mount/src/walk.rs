@@ -213,7 +213,7 @@ fn kept(level: usize, top: usize) -> bool {
         return true;
     }
     let mut block = BASE;
-    while level % block == 0 {
+    while level.is_multiple_of(block) {
         let Some(outer) = block.checked_mul(BASE) else {
             return true;
         };
@@ -407,7 +407,7 @@ fn give_up_descriptors(frames: &mut [Frame]) {
     }
     let mut block = BASE;
     while let Some(outer) = block.checked_mul(BASE) {
-        if top % outer != 0 {
+        if !top.is_multiple_of(outer) {
             break;
         }
         for level in (top - outer..=left).step_by(block) {

@@ -6,16 +6,16 @@
 
 use super::*;
 
-/// The kinds of file measured: a name, and the text of one unit of it (repeated to the size).
-fn units() -> Vec<(&'static str, Box<dyn Fn(usize) -> String>)> {
+/// The text of the `i`th unit of a kind of file (repeated to the file's size).
+type Unit = Box<dyn Fn(usize) -> String>;
+
+/// The kinds of file measured: a name, and its unit.
+fn units() -> Vec<(&'static str, Unit)> {
     let pod = |i: usize, mode: &str| {
         format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}}}\nspec:\n  containers: [{{name: c, image: i}}]\n  volumes:\n  - name: s\n    secret: {{secretName: s, defaultMode: {mode}}}\n---\n")
     };
     vec![
-        (
-            "valid pods",
-            Box::new(move |i| pod(i, "420")) as Box<dyn Fn(usize) -> String>,
-        ),
+        ("valid pods", Box::new(move |i| pod(i, "420")) as Unit),
         (
             "pods with octal modes (0644)",
             Box::new(move |i| pod(i, "0644")),
