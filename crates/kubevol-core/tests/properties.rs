@@ -140,3 +140,43 @@ proptest! {
         }
     }
 }
+
+/// Fixed cases beside the properties above, which hold of a validator that refuses everything:
+/// what must pass passes, and what must be refused is.
+#[test]
+fn the_properties_checks_take_what_is_good_and_refuse_what_is_not() {
+    for good in ["noatime", "ro", "context=\"a,b\"", "vers=4.1", "uid=1000"] {
+        assert_eq!(mount_option_error(good), None, "{good}");
+    }
+    for bad in ["a\"", "", "a\nb", "x\0y", "\"a,b"] {
+        assert!(mount_option_error(bad).is_some(), "{bad:?}");
+    }
+    let label = "system_u:object_r:container_file_t:s0:c1,c2";
+    assert_eq!(
+        selinux::context_option(label).as_deref(),
+        Some("context=\"system_u:object_r:container_file_t:s0:c1,c2\"")
+    );
+    for bad in ["a\"b", "a\nb", "a\\b"] {
+        assert_eq!(selinux::context_option(bad), None, "{bad:?}");
+    }
+    let good = k8s_openapi::api::core::v1::SELinuxOptions {
+        user: Some("system_u".into()),
+        role: Some("object_r".into()),
+        type_: Some("container_t".into()),
+        level: Some("s0:c1,c2".into()),
+    };
+    assert!(kubevol_core::validation::selinux_options_errors(&good).is_empty());
+    let smuggling = k8s_openapi::api::core::v1::SELinuxOptions {
+        level: Some("s0\",ro".into()),
+        ..good.clone()
+    };
+    assert!(!kubevol_core::validation::selinux_options_errors(&smuggling).is_empty());
+    for good in ["a", "a/b", "./a//b/", "key.txt"] {
+        assert!(item_path_errors(good).is_empty(), "{good}");
+    }
+    for bad in ["/a", "../a", "a/../b", "..a"] {
+        assert!(!item_path_errors(bad).is_empty(), "{bad}");
+    }
+    assert!(PathName::new("a name", "pvc-0b3f").is_ok());
+    assert!(PathName::new("a name", "a/b").is_err());
+}

@@ -500,3 +500,47 @@ proptest::proptest! {
         }
     }
 }
+
+/// Fixed cases of the property's inputs, which holds of a resolver that refuses everything: a
+/// plain mount and a subPath mount resolve, to the volume's path and the subPath's mount.
+#[test]
+fn the_propertys_plain_inputs_resolve_to_the_states_paths() {
+    let p = pod(
+        json!([{"name": "c", "volumeMounts": [{"name": "a", "mountPath": "/x"}, {"name": "a", "mountPath": "/y", "subPath": "s"}, {"name": "b", "mountPath": "/z", "readOnly": true}]}]),
+        json!([{"name": "a", "emptyDir": {}}, {"name": "b", "hostPath": {"path": "/srv"}}]),
+    );
+    let mut a = volume("kubernetes.io/empty-dir", "/r/a");
+    a.sub_paths.push(SubPathMount {
+        container: "c".into(),
+        index: 1,
+        sub_path: "s".into(),
+        path: "/r/sub/1".into(),
+    });
+    let mounted: BTreeMap<_, _> = [
+        ("a".to_string(), a),
+        ("b".to_string(), volume("kubernetes.io/host-path", "/r/b")),
+    ]
+    .into();
+    let m = resolve(&p, "c", &mounted, true)
+        .0
+        .expect("plain mounts resolve");
+    let paths: Vec<_> = m
+        .mounts
+        .iter()
+        .map(|m| {
+            (
+                m.container_path.as_str(),
+                m.host_path.clone().unwrap(),
+                m.read_only,
+            )
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            ("/x", "/r/a".into(), false),
+            ("/y", "/r/sub/1".into(), false),
+            ("/z", "/r/b".into(), true)
+        ]
+    );
+}

@@ -129,6 +129,12 @@ pub fn waits_for_others(store: &ObjectStore, pod: &PodRef, volume: &Volume) -> b
                     .volume_of(ns, &name, &claim_uid(&c))
                     .is_some_and(|v| bindings.is_releasing(&v))
         }
+        // In standalone mode kubevol's own ephemeral-volume controller makes the claim of a
+        // generic ephemeral volume: until it has, the volume waits (unless a manifest with an
+        // error holds a claim of that name back).
+        None if volume.ephemeral.is_some() && !store.serves_a_cluster() => store
+            .not_loaded("PersistentVolumeClaim", ns, &name)
+            .is_none(),
         None => store.absent(&crate::store::ObjectKey::PersistentVolumeClaim((
             ns.to_string(),
             name.to_string(),
@@ -188,6 +194,7 @@ fn ephemeral_absence(store: &ObjectStore, ns: &str, name: &str) -> String {
     }
     match store.not_loaded("PersistentVolumeClaim", ns, name) {
         Some(why) => format!("is not loaded: {why}"),
+        None if !store.serves_a_cluster() => "is not made yet: kubevol's ephemeral-volume controller makes it from the volume's volumeClaimTemplate, and the volume waits for it".into(),
         None => format!(
             "does not exist: add it to the manifests (the volumeClaimTemplate's spec, named {name}, with an ownerReference to the pod: kind Pod, its name, controller: true)"
         ),
