@@ -636,3 +636,69 @@ async fn a_stop_ends_every_wait_asleep_or_begun_after() {
     let after = m.wait_for_attach_and_mount(&never).await;
     assert!(matches!(after, Err(WaitError::Stopped)), "{after:?}");
 }
+
+/// A PersistentVolume and a StorageClass whose `mountOptions` hold an unclosed quote (`a"`,
+/// which would swallow the options after it) are refused end to end: the pods that use them
+/// say which field to fix, nothing is provisioned for the class's claim, and no mount call
+/// carries the option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_options_that_open_a_quote_never_reach_a_mount() {
+    use kubevol::store::Object;
+    let t = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeMounter::new());
+    let m = start(t.path(), fake.clone());
+    let json = |v: serde_json::Value| v;
+    let objects = vec![
+        Object::StorageClass(serde_json::from_value(json(serde_json::json!({"metadata": {"name": "quoted"}, "provisioner": "kubevol.io/local-path", "mountOptions": ["noatime", "a\""]}))).unwrap()),
+        Object::PersistentVolumeClaim(serde_json::from_value(json(serde_json::json!({"metadata": {"name": "by-class", "namespace": "default"},
+            "spec": {"storageClassName": "quoted", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}))).unwrap()),
+        Object::PersistentVolume(serde_json::from_value(json(serde_json::json!({"metadata": {"name": "quoted-pv"},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "mountOptions": ["a\""], "storageClassName": "",
+                     "hostPath": {"path": t.path().join("data").to_str().unwrap(), "type": "DirectoryOrCreate"},
+                     "claimRef": {"namespace": "default", "name": "by-volume"}}}))).unwrap()),
+        Object::PersistentVolumeClaim(serde_json::from_value(json(serde_json::json!({"metadata": {"name": "by-volume", "namespace": "default"},
+            "spec": {"storageClassName": "", "volumeName": "quoted-pv", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}))).unwrap()),
+    ];
+    m.library().upsert_objects(objects);
+    let claim_pod = |name: &str, claim: &str| -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "d", "mountPath": "/d"}]}],
+                     "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": claim}}]}}))
+        .unwrap()
+    };
+    for (pod, claim, why) in [
+        ("by-class", "by-class", "StorageClass quoted"),
+        (
+            "by-volume",
+            "by-volume",
+            "PersistentVolume quoted-pv is invalid",
+        ),
+    ] {
+        let p = claim_pod(pod, claim);
+        m.add_pod(p.clone());
+        let s = wait_for_status(&m, &p, 120, |s| {
+            s.volumes[0]
+                .retry
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("must close every double quote it opens"))
+        })
+        .await;
+        let e = s.volumes[0].retry.last_error.clone().unwrap();
+        assert!(e.contains(why) && e.contains("mountOptions["), "{pod}: {e}");
+    }
+    assert!(
+        m.status(false)
+            .bindings
+            .iter()
+            .all(|b| b.claim != "default/by-class"),
+        "nothing provisioned for the class's claim"
+    );
+    let carried = fake.calls().into_iter().any(|c| matches!(&c, MountCall::Mount { options, .. } if options.data.iter().any(|o| o.contains('"'))));
+    assert!(
+        !carried,
+        "no mount call carries the quoted option: {:?}",
+        fake.calls()
+    );
+    m.shutdown();
+}

@@ -70,6 +70,12 @@ pub fn bind_claim(
         };
     // None fits: one of its class is made, where the class has a provisioner kubevol runs.
     let why_not = match super::classes::storage_class(store, &class) {
+        Some(_) if super::classes::invalid_class(store, &class).is_some() => {
+            StorageError::Refused(format!(
+                "StorageClass {class} is invalid (the API server refuses it too), so nothing is provisioned of it: {}; fix the StorageClass",
+                super::classes::invalid_class(store, &class).unwrap_or_default()
+            ))
+        }
         Some(c) => match super::provision::provision(host, ns, cname, claim, &c) {
             Ok(name) => return Ok(Some(name)),
             Err(e) => e,

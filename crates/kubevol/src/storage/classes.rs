@@ -80,6 +80,16 @@ pub fn storage_class(store: &ObjectStore, name: &str) -> Option<Arc<StorageClass
     })
 }
 
+/// Why the StorageClass `name` of the manifests or the library is invalid, if it is: nothing is
+/// provisioned of it (its `mountOptions` would reach the volume's mounts).
+pub fn invalid_class(store: &ObjectStore, name: &str) -> Option<Arc<str>> {
+    store
+        .storage_classes()
+        .into_iter()
+        .find(|c| c.object.metadata.name.as_deref() == Some(name))
+        .and_then(|c| c.invalid)
+}
+
 /// Whether claims of class `class` are bound (or get a volume) at once rather than when a pod
 /// first uses them: `volumeBindingMode: Immediate`, the API's default, and the behaviour of the
 /// PersistentVolume controller for a class that no StorageClass defines.
