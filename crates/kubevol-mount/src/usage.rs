@@ -109,37 +109,81 @@ fn quotactl<T>(fd: BorrowedFd<'_>, cmd: libc::c_int, id: u32, out: &mut T) -> Re
     checked(ret)
 }
 
+/// The kernel's calls of project quotas, behind a trait so that what kubevol asks of them (the
+/// command, the ID, the flags it sets) is tested against a recording fake where the machine's
+/// kernel accounts no quotas.
+trait QuotaCalls {
+    fn get_xattr(&self, fd: BorrowedFd<'_>) -> Result<FsXattr, Errno>;
+    fn set_xattr(&self, fd: BorrowedFd<'_>, x: &FsXattr) -> Result<(), Errno>;
+    /// `Q_GETINFO` of project quotas: whether the filesystem accounts them.
+    fn info(&self, fd: BorrowedFd<'_>) -> Result<(), Errno>;
+    /// `Q_GETQUOTA` of project `id`: its bytes and inodes.
+    fn get_quota(&self, fd: BorrowedFd<'_>, id: u32) -> Result<(u64, u64), Errno>;
+}
+
+/// The kernel itself.
+struct Kernel;
+
+impl QuotaCalls for Kernel {
+    fn get_xattr(&self, fd: BorrowedFd<'_>) -> Result<FsXattr, Errno> {
+        get_xattr(fd)
+    }
+
+    fn set_xattr(&self, fd: BorrowedFd<'_>, x: &FsXattr) -> Result<(), Errno> {
+        set_xattr(fd, x)
+    }
+
+    fn info(&self, fd: BorrowedFd<'_>) -> Result<(), Errno> {
+        let mut info = DqInfo::default();
+        quotactl(fd, Q_GETINFO, 0, &mut info)
+    }
+
+    fn get_quota(&self, fd: BorrowedFd<'_>, id: u32) -> Result<(u64, u64), Errno> {
+        let mut q = libc::dqblk {
+            dqb_bhardlimit: 0,
+            dqb_bsoftlimit: 0,
+            dqb_curspace: 0,
+            dqb_ihardlimit: 0,
+            dqb_isoftlimit: 0,
+            dqb_curinodes: 0,
+            dqb_btime: 0,
+            dqb_itime: 0,
+            dqb_valid: 0,
+        };
+        quotactl(fd, Q_GETQUOTA, id, &mut q).map(|()| (q.dqb_curspace, q.dqb_curinodes))
+    }
+}
+
 /// Whether the filesystem of `dir` accounts project quotas now.
 pub fn project_quotas(dir: &Dir) -> bool {
-    let mut info = DqInfo::default();
-    quotactl(dir.fd(), Q_GETINFO, 0, &mut info).is_ok() && get_xattr(dir.fd()).is_ok()
+    project_quotas_with(&Kernel, dir)
+}
+
+fn project_quotas_with(k: &dyn QuotaCalls, dir: &Dir) -> bool {
+    k.info(dir.fd()).is_ok() && k.get_xattr(dir.fd()).is_ok()
 }
 
 /// The project of `dir` when it is one kubevol gives (from [`FIRST_PROJECT`], inherited by new
 /// entries), else `None`.
 pub fn project(dir: &Dir) -> Result<Option<u32>, MountError> {
-    let x = get_xattr(dir.fd()).map_err(io("FS_IOC_FSGETXATTR", dir.path()))?;
+    project_with(&Kernel, dir)
+}
+
+fn project_with(k: &dyn QuotaCalls, dir: &Dir) -> Result<Option<u32>, MountError> {
+    let x = k
+        .get_xattr(dir.fd())
+        .map_err(io("FS_IOC_FSGETXATTR", dir.path()))?;
     Ok((x.projid >= FIRST_PROJECT && x.xflags & FS_XFLAG_PROJINHERIT != 0).then_some(x.projid))
 }
 
 /// What project `id` holds on the filesystem of `dir` (nothing for a project never used).
 pub fn project_usage(dir: &Dir, id: u32) -> Result<Usage, MountError> {
-    let mut q = libc::dqblk {
-        dqb_bhardlimit: 0,
-        dqb_bsoftlimit: 0,
-        dqb_curspace: 0,
-        dqb_ihardlimit: 0,
-        dqb_isoftlimit: 0,
-        dqb_curinodes: 0,
-        dqb_btime: 0,
-        dqb_itime: 0,
-        dqb_valid: 0,
-    };
-    match quotactl(dir.fd(), Q_GETQUOTA, id, &mut q) {
-        Ok(()) => Ok(Usage {
-            bytes: q.dqb_curspace,
-            inodes: q.dqb_curinodes,
-        }),
+    project_usage_with(&Kernel, dir, id)
+}
+
+fn project_usage_with(k: &dyn QuotaCalls, dir: &Dir, id: u32) -> Result<Usage, MountError> {
+    match k.get_quota(dir.fd(), id) {
+        Ok((bytes, inodes)) => Ok(Usage { bytes, inodes }),
         // XFS keeps no record of a project nothing was ever charged to.
         Err(Errno::NOENT) => Ok(Usage::default()),
         Err(e) => Err(io("quotactl(Q_GETQUOTA)", dir.path())(e)),
@@ -150,20 +194,31 @@ pub fn project_usage(dir: &Dir, id: u32) -> Result<Usage, MountError> {
 /// the project holds nothing anywhere on the filesystem (an ID in use by another directory, or
 /// left over, is not shared): `Ok(false)` when it does.
 pub fn give_project(dir: &Dir, id: u32) -> Result<bool, MountError> {
-    if project_usage(dir, id)? != Usage::default() {
+    give_project_with(&Kernel, dir, id)
+}
+
+fn give_project_with(k: &dyn QuotaCalls, dir: &Dir, id: u32) -> Result<bool, MountError> {
+    if project_usage_with(k, dir, id)? != Usage::default() {
         return Ok(false);
     }
-    set_project(dir, id)?;
+    set_project_with(k, dir, id)?;
     Ok(true)
 }
 
 /// Gives `dir` the project `id`, inherited by what is made in it (whether or not the
 /// filesystem accounts projects: XFS keeps the ID regardless).
 pub fn set_project(dir: &Dir, id: u32) -> Result<(), MountError> {
-    let mut x = get_xattr(dir.fd()).map_err(io("FS_IOC_FSGETXATTR", dir.path()))?;
+    set_project_with(&Kernel, dir, id)
+}
+
+fn set_project_with(k: &dyn QuotaCalls, dir: &Dir, id: u32) -> Result<(), MountError> {
+    let mut x = k
+        .get_xattr(dir.fd())
+        .map_err(io("FS_IOC_FSGETXATTR", dir.path()))?;
     x.projid = id;
     x.xflags |= FS_XFLAG_PROJINHERIT;
-    set_xattr(dir.fd(), &x).map_err(io("FS_IOC_FSSETXATTR", dir.path()))
+    k.set_xattr(dir.fd(), &x)
+        .map_err(io("FS_IOC_FSSETXATTR", dir.path()))
 }
 
 /// What the tree of `dir` takes, walked: every entry stated once (never through a link), a file
@@ -290,6 +345,114 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    /// What kubevol asks of the quota calls, recorded: a project's usage is the kernel's
+    /// `Q_GETQUOTA` of that ID, none when the kernel keeps no record (ENOENT); a project is given
+    /// only when it holds nothing, with PROJINHERIT set and the other flags kept; a directory's
+    /// project is kubevol's only from FIRST_PROJECT up and inherited.
+    #[test]
+    fn the_quota_calls_ask_what_they_must_and_read_what_they_get() {
+        use std::cell::RefCell;
+        #[derive(Default)]
+        struct Recording {
+            calls: RefCell<Vec<String>>,
+            xflags: u32,
+            projid: u32,
+            usage: Option<(u64, u64)>,
+            accounted: bool,
+        }
+        impl QuotaCalls for Recording {
+            fn get_xattr(&self, _: BorrowedFd<'_>) -> Result<FsXattr, Errno> {
+                self.calls.borrow_mut().push("get_xattr".into());
+                Ok(FsXattr {
+                    xflags: self.xflags,
+                    projid: self.projid,
+                    ..Default::default()
+                })
+            }
+            fn set_xattr(&self, _: BorrowedFd<'_>, x: &FsXattr) -> Result<(), Errno> {
+                self.calls.borrow_mut().push(format!(
+                    "set_xattr projid={} xflags={:#x}",
+                    x.projid, x.xflags
+                ));
+                Ok(())
+            }
+            fn info(&self, _: BorrowedFd<'_>) -> Result<(), Errno> {
+                self.calls.borrow_mut().push("info".into());
+                if self.accounted {
+                    Ok(())
+                } else {
+                    Err(Errno::NOSYS)
+                }
+            }
+            fn get_quota(&self, _: BorrowedFd<'_>, id: u32) -> Result<(u64, u64), Errno> {
+                self.calls.borrow_mut().push(format!("get_quota {id}"));
+                self.usage.ok_or(Errno::NOENT)
+            }
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = Dir::open(t.path()).unwrap();
+        let id = FIRST_PROJECT + 7;
+        let used = Recording {
+            usage: Some((4096 * 3, 5)),
+            accounted: true,
+            ..Default::default()
+        };
+        assert!(project_quotas_with(&used, &dir));
+        assert_eq!(
+            project_usage_with(&used, &dir, id).unwrap(),
+            Usage {
+                bytes: 12288,
+                inodes: 5
+            }
+        );
+        assert!(
+            !give_project_with(&used, &dir, id).unwrap(),
+            "a project that holds something is not given"
+        );
+        assert!(!used
+            .calls
+            .borrow()
+            .iter()
+            .any(|c| c.starts_with("set_xattr")));
+        let unused = Recording {
+            xflags: 0x1,
+            ..Default::default()
+        };
+        assert!(
+            !project_quotas_with(&unused, &dir),
+            "Q_GETINFO refused: not accounted"
+        );
+        assert_eq!(
+            project_usage_with(&unused, &dir, id).unwrap(),
+            Usage::default(),
+            "ENOENT: none"
+        );
+        assert!(give_project_with(&unused, &dir, id).unwrap());
+        assert_eq!(
+            unused.calls.borrow().last().unwrap(),
+            &format!(
+                "set_xattr projid={id} xflags={:#x}",
+                0x1 | FS_XFLAG_PROJINHERIT
+            )
+        );
+        for (projid, xflags, want) in [
+            (id, FS_XFLAG_PROJINHERIT, Some(id)),
+            (id, 0, None),
+            (FIRST_PROJECT - 1, FS_XFLAG_PROJINHERIT, None),
+        ] {
+            let r = Recording {
+                projid,
+                xflags,
+                ..Default::default()
+            };
+            assert_eq!(
+                project_with(&r, &dir).unwrap(),
+                want,
+                "projid {projid} xflags {xflags:#x}"
+            );
+        }
     }
 
     #[test]

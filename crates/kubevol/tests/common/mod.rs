@@ -477,6 +477,22 @@ pub fn defined_pods(dir: &Path) -> std::collections::BTreeSet<String> {
     names
 }
 
+/// Says that a test took another way than the one it is about, and why (the machine cannot do
+/// it): written for the test command's closing report (a file in `$KUBEVOL_TEST_SKIPS`, which
+/// `test.sh` prints beside the total, as cargo prints ignored tests), and to stderr.
+#[allow(dead_code)]
+pub fn skipped(what: &str, why: &str) {
+    let line = format!("{what}: skipped, {why}");
+    eprintln!("{line}");
+    if let Some(dir) = std::env::var_os("KUBEVOL_TEST_SKIPS") {
+        let name: String = what
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let _ = std::fs::write(Path::new(&dir).join(format!("{name}.txt")), line + "\n");
+    }
+}
+
 /// A FUSE mount at `target` whose daemon never answers: every request (a lookup or an open of
 /// its root) hangs until the returned descriptor is closed, after which it fails with ENOTCONN
 /// (a dead mount).
