@@ -234,7 +234,8 @@ cluster_test! {
     /// Node's other fields are left as they are.
     fn a_cluster_node_reports_its_volumes_in_use_before_staging_and_after_unstaging(backend) {
         let t = TestRoot::new();
-        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &[]);
+        // NodeUnstageVolume answers 20 s after its work: the volume must stay in use meanwhile.
+        let driver = Driver::start(&t.path().join("driver"), Some(&registry(t.path())), &["--delay", "NodeUnstageVolume:20000"]);
         runtime().block_on(async {
             let (cluster, _driver_name) = cluster_for(backend, DRIVER).await;
             let name = cluster.node_name().to_string();
@@ -296,6 +297,11 @@ cluster_test! {
 
             cluster.delete("v1", "pods", "app", Some(0)).await;
             let in_use = || async { cluster.get("v1", "nodes", &name).await.unwrap()["status"]["volumesInUse"].clone() };
+            // While the unstage is in flight (begun, not answered), the volume is still in use.
+            eventually("NodeUnstageVolume begun", 120, || async { !driver.requests("NodeUnstageVolume").is_empty() }).await;
+            let during = in_use().await;
+            assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 0, "the unstage was still in flight when volumesInUse was read");
+            assert!(during.as_array().is_some_and(|v| !v.is_empty()), "in use while the unstage is in flight: {during}");
             eventually("volumesInUse emptied", 120, || async { in_use().await.as_array().is_none_or(Vec::is_empty) }).await;
             assert_eq!(driver.count("NodeUnstageVolume", "Ok"), 1, "dropped from volumesInUse only after the unstage");
 

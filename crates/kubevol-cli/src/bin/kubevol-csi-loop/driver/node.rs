@@ -74,6 +74,16 @@ impl Node for Svc {
             return Err(invalid("staging_target_path"));
         }
         let staging = PathBuf::from(&r.staging_target_path);
+        // Begun (a test reads the call in flight before its answer).
+        self.log_request(
+            "NodeUnstageVolume",
+            &r.volume_id,
+            &HashMap::new(),
+            &HashMap::new(),
+            &HashMap::new(),
+            None,
+            false,
+        );
         // Without a controller that publishes, the node attached the device at stage.
         let image = (!self.controller_publish && check_id(&r.volume_id).is_ok())
             .then(|| self.image(&r.volume_id));
