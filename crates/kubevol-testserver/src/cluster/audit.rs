@@ -2,7 +2,7 @@
 //! (`DIR/audit.log`, every request of group `system:nodes`, JSON lines) and the CPU its
 //! kube-apiserver and etcd have used (`DIR/processes`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
@@ -22,6 +22,8 @@ pub struct NodeRequest {
     pub at: Option<k8s_openapi::jiff::Timestamp>,
     /// The name a list or watch selects (`fieldSelector=metadata.name=<name>`).
     pub selected: Option<String>,
+    /// Whether its answer has ended (a watch closed: the log has its `ResponseComplete`).
+    pub ended: bool,
 }
 
 impl NodeRequest {
@@ -42,23 +44,38 @@ pub fn node_requests(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<(String, No
     let Ok(log) = std::fs::File::open(dir.join("audit.log")) else {
         return Vec::new();
     };
-    let mut seen = HashSet::new();
-    std::io::BufReader::new(log)
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut out: Vec<(String, NodeRequest)> = Vec::new();
+    for e in std::io::BufReader::new(log)
         .lines()
         .map_while(Result::ok)
         .filter(|l| l.contains("\"system:node:"))
         .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
-        .filter_map(|e| {
-            let node = e["user"]["username"]
-                .as_str()?
-                .strip_prefix("system:node:")?
-                .to_string();
-            if !keep(&node) || !seen.insert(e["auditID"].as_str()?.to_string()) {
-                return None;
+    {
+        let Some(node) = e["user"]["username"]
+            .as_str()
+            .and_then(|u| u.strip_prefix("system:node:"))
+        else {
+            continue;
+        };
+        let Some(id) = e["auditID"].as_str() else {
+            continue;
+        };
+        if !keep(node) {
+            continue;
+        }
+        let ended = matches!(e["stage"].as_str(), Some("ResponseComplete" | "Panic"));
+        match at.get(id) {
+            Some(&i) => out[i].1.ended |= ended,
+            None => {
+                at.insert(id.to_string(), out.len());
+                let mut r = request(&e);
+                r.ended = ended;
+                out.push((node.to_string(), r));
             }
-            Some((node, request(&e)))
-        })
-        .collect()
+        }
+    }
+    out
 }
 
 fn request(e: &Value) -> NodeRequest {
@@ -81,6 +98,7 @@ fn request(e: &Value) -> NodeRequest {
             .as_str()
             .and_then(|t| t.parse().ok()),
         selected,
+        ended: false,
     }
 }
 

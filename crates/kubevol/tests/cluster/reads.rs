@@ -83,6 +83,23 @@ cluster_test_with_faults! {
                 })
                 .await;
             }
+            // The real server's own record: one watch of the Secret it answered (the others
+            // refused in the authorizer's lag), ended once the listing was read, and never a
+            // watch again.
+            if cluster.audited().is_some() {
+                let answered = || -> Vec<kubevol_testserver::cluster::audit::NodeRequest> {
+                    cluster.audited().unwrap().into_iter()
+                        .filter(|r| r.verb == "watch" && r.resource == "secrets" && r.selected.as_deref() == Some("frozen") && r.code == 200)
+                        .collect()
+                };
+                assert_eq!(answered().len(), 1, "one watch of the immutable Secret answered: {:#?}", answered());
+                kubevol_testserver::cluster::eventually("the immutable Secret's one watch ended, by the server's audit log", 120, || {
+                    let ended = answered().iter().all(|r| r.ended);
+                    async move { ended }
+                })
+                .await;
+                assert_eq!(answered().len(), 1, "never watched again: {:#?}", answered());
+            }
             assert!(requests.get("watch configmaps").is_some_and(|n| *n >= 1), "the mutable ConfigMap is watched: {requests:#?}");
             m.shutdown();
             cluster.clean_up().await;
